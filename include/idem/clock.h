@@ -1,0 +1,41 @@
+// include/idem/clock.h — the injected sources of time and randomness.
+//
+// Library code never reads the system clock or the system random source directly; it asks one of
+// these, so tests and the simulator can drive time and tokens deterministically.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <span>
+
+namespace idem {
+
+// Wall-clock time with millisecond resolution, as persisted in records (ms since the Unix epoch).
+using Timestamp = std::chrono::sys_time<std::chrono::milliseconds>;
+using Millis = std::chrono::milliseconds;
+
+inline int64_t ToUnixMillis(Timestamp t) { return t.time_since_epoch().count(); }
+inline Timestamp FromUnixMillis(int64_t ms) { return Timestamp(Millis(ms)); }
+
+// A source of the current time. Implementations are thread-safe.
+class Clock {
+ public:
+  virtual ~Clock() = default;
+  virtual Timestamp Now() const = 0;
+};
+
+// A source of unpredictable bytes (owner tokens, nonces, ids). Implementations are thread-safe.
+class Random {
+ public:
+  virtual ~Random() = default;
+  // Fills `out` completely. Aborts if the system cannot provide randomness (an environment failure
+  // no caller can handle).
+  virtual void Fill(std::span<uint8_t> out) = 0;
+};
+
+// The process-wide real implementations: system_clock and OpenSSL's RAND_bytes.
+Clock& SystemClock();
+Random& SystemRandom();
+
+}  // namespace idem

@@ -1,0 +1,127 @@
+// include/idem/engine.h — the idempotency protocol over a Store: key → scope → fingerprint →
+// claim or decide → execute → finish in the business transaction.
+//
+// The engine knows nothing of HTTP. idemd's idempotency filter, the queue consumer and the gateway
+// mode drive the same engine with their own route policies.
+#pragma once
+
+#include <functional>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "include/idem/canonical.h"
+#include "include/idem/clock.h"
+#include "include/idem/fingerprint.h"
+#include "include/idem/key.h"
+#include "include/idem/limits.h"
+#include "include/idem/record.h"
+#include "include/idem/result.h"
+#include "include/idem/seal.h"
+#include "include/idem/store.h"
+
+namespace idem {
+
+// Everything the protocol needs to know about one route. Value type.
+struct RoutePolicy {
+  std::string route;  // the route id in the scope, e.g. "payments.create"
+  KeyPolicy key_policy;
+  CanonicalRules rules;  // current rules; new records use rules.version
+  // Rules of earlier versions still present in stored records (rotation of the rule set).
+  std::vector<CanonicalRules> previous_rules;
+  Millis lease{30000};
+  Millis retention{7LL * 24 * 3600 * 1000};
+  // Quotas per principal: records PROCESSING at once, and records retained.
+  int64_t max_processing = limits::kMaxProcessingPerPrincipal;
+  int64_t max_retained = limits::kMaxRetainedPerPrincipal;
+  // The Retry-After suggested to a duplicate that meets a running execution, at most.
+  Millis retry_after{1000};
+};
+
+// Who is asking: from authentication, never from the request.
+struct Principal {
+  std::string tenant;
+  std::string user;
+};
+
+struct Request {
+  Principal principal;
+  std::optional<std::string_view> key_header;  // nullopt when the header is absent
+  std::string_view method;
+  std::string_view content_type;
+  std::string_view api_version;
+  std::string_view body;
+};
+
+// The right to execute one claimed operation, and what the claim saw.
+struct Ticket {
+  ScopeHash scope{};
+  Lease lease;
+  Record record;        // the record right after the claim (recovery point, resource id)
+  bool resumed = false;  // true after a takeover or a retry: a downstream call may have happened
+};
+
+struct Decision {
+  enum class Kind {
+    kExecute,     // the caller runs the operation and calls Finish (ticket is set)
+    kReplay,      // a finished outcome; answer `response` again (marked as a replay)
+    kInProgress,  // another executor holds a live lease; answer 409/202 with retry_after
+  };
+  Kind kind = Kind::kExecute;
+  std::string key;           // the parsed key
+  Ticket ticket;             // kExecute
+  StoredResponse response;   // kReplay
+  Record record;             // every kind: the record as decided on
+  Millis retry_after{0};     // kInProgress
+  Timestamp key_expires{};   // until when a retry with this key is recognised
+};
+
+// Business writes that join a record transaction. Returning an error rolls the transaction back.
+using TxnHook = std::function<Status(StoreTxn& txn, const Record& record)>;
+
+// Runs the protocol. Borrows everything it is given; all of it must outlive the engine.
+// Thread-safe: one engine serves all requests.
+class Engine {
+ public:
+  Engine(Store& store, const Fingerprinter& fingerprinter, const Sealer& sealer, Clock& clock);
+
+  // Steps 1–4 and 13: parses the key, fingerprints the request, and claims or decides.
+  // `on_claim` runs inside the claim transaction when this call wins the right to execute (fix
+  // ids, insert pending business rows, Advance the recovery point).
+  // Errors: kInvalidArgument (key missing or malformed, body invalid), kTooLarge (body),
+  // kFingerprintMismatch (the key was used for a different request), kResourceExhausted
+  // (quota), kUnavailable (store), kDataLoss (a stored record or response failed to verify).
+  Result<Decision> Start(const RoutePolicy& policy, const Request& request,
+                         const TxnHook& on_claim = {});
+
+  // Step 6: records progress before a side effect (e.g. "charge_sent"), in its own transaction
+  // with optional business writes. Errors: kFenced if the lease was lost.
+  Status Advance(const Ticket& ticket, std::string_view point, std::string_view resource_id = {},
+                 const TxnHook& business = {});
+
+  // Extends the ticket's lease (heartbeat). Errors: kFenced.
+  Status Renew(const RoutePolicy& policy, Ticket& ticket);
+
+  // Step 7: finishes the operation with `state` and `response` (sealed before it is stored), in
+  // one transaction with `business`. Errors: kFenced (lost the lease; nothing was written, the
+  // business writes included), kTooLarge (response over the cap), kUnavailable.
+  Status Finish(const Ticket& ticket, RecordState state, const StoredResponse& response,
+                const TxnHook& business = {});
+
+ private:
+  Result<Decision> DecideExisting(const RoutePolicy& policy, const Request& request,
+                                  Decision decision, const CanonicalRequest& canonical);
+  Result<Decision> Replay(Decision decision);
+  Status CheckQuota(const RoutePolicy& policy, StoreTxn& txn, const Principal& who);
+  Result<Decision> ClaimInTxn(const RoutePolicy& policy, const Request& request,
+                              const ClaimSpec& spec, const CanonicalRequest& canonical,
+                              Decision decision, const TxnHook& on_claim);
+
+  Store& store_;
+  const Fingerprinter& fingerprinter_;
+  const Sealer& sealer_;
+  Clock& clock_;
+};
+
+}  // namespace idem

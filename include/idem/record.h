@@ -1,0 +1,81 @@
+// include/idem/record.h — the idempotency record, its state machine, leases and stored responses.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "include/idem/clock.h"
+#include "include/idem/fingerprint.h"
+#include "include/idem/key.h"
+#include "include/idem/result.h"
+
+namespace idem {
+
+// PROCESSING → SUCCEEDED | FAILED_FINAL | FAILED_RETRYABLE. A FAILED_RETRYABLE record, a
+// PROCESSING record whose lease expired, and any record past its expiry may be claimed again
+// (PROCESSING, fence + 1). SUCCEEDED and FAILED_FINAL are replayed until they expire.
+enum class RecordState : uint8_t {
+  kProcessing = 1,
+  kSucceeded = 2,
+  kFailedFinal = 3,
+  kFailedRetryable = 4,
+};
+
+// "PROCESSING", "SUCCEEDED", "FAILED_FINAL", "FAILED_RETRYABLE": the stored spelling.
+std::string_view RecordStateName(RecordState state);
+// Errors: kDataLoss for a spelling that is none of the four (the store holds something foreign).
+Result<RecordState> ParseRecordState(std::string_view name);
+// Whether a finished outcome is replayed as it is (SUCCEEDED, FAILED_FINAL).
+bool IsReplayable(RecordState state);
+// Whether `from → to` is a transition of the state machine (PROCESSING → PROCESSING is a
+// takeover or a renewal; X → PROCESSING is a re-claim, legal from FAILED_RETRYABLE, and from any
+// state once the record expired, which the store checks, not this function).
+bool IsLegalTransition(RecordState from, RecordState to);
+
+using OwnerToken = std::array<uint8_t, 16>;
+
+// The right to execute a claimed record: whoever holds the record's current owner token and fence.
+// A takeover bumps the fence, so every write of the previous holder matches nothing.
+struct Lease {
+  OwnerToken owner{};
+  int64_t fence = 0;
+  Timestamp until{};
+};
+
+// One row of the records table (see docs/design.md for every column).
+struct Record {
+  ScopeHash scope{};
+  std::string tenant;
+  std::string user;
+  std::string route;
+  Fingerprint fingerprint;
+  RecordState state = RecordState::kProcessing;
+  std::string recovery_point;  // advanced by the business code: "claimed", "charge_sent", ...
+  std::string resource_id;     // fixed in the claim transaction (the payment id)
+  int status_code = 0;         // once finished
+  std::string response;        // sealed StoredResponse bytes, once finished
+  Lease lease;
+  Timestamp created_at{};
+  Timestamp updated_at{};
+  Timestamp expires_at{};
+};
+
+// The answer replayed for a finished record: status, the headers that matter, the exact body.
+struct StoredResponse {
+  int status = 0;
+  std::vector<std::pair<std::string, std::string>> headers;
+  std::string body;
+
+  bool operator==(const StoredResponse&) const = default;
+};
+
+// A compact length-prefixed encoding of StoredResponse (sealed before it is stored).
+std::string EncodeResponse(const StoredResponse& response);
+// Errors: kDataLoss for bytes that EncodeResponse did not make.
+Result<StoredResponse> DecodeResponse(std::string_view bytes);
+
+}  // namespace idem

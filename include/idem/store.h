@@ -1,0 +1,136 @@
+// include/idem/store.h — the durable home of idempotency records.
+//
+// The API is transaction-shaped: a StoreTxn is one database transaction, and the caller's business
+// writes (Exec) commit or roll back together with the record operations made through it. Every
+// operation that needs a lease is conditional on the lease's owner token and fence, so a stale
+// executor's transaction changes nothing — its business writes included.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <variant>
+#include <vector>
+
+#include "include/idem/clock.h"
+#include "include/idem/record.h"
+#include "include/idem/result.h"
+
+namespace idem {
+
+// What a backend can do; tests and callers branch on these, never on the backend's name.
+struct StoreCapabilities {
+  std::string name;                 // "sqlite", for logs
+  bool shared_across_processes = false;  // several processes may open the same store
+  bool durable = false;             // records survive a restart of the process
+};
+
+// What a claim writes for a new (or renewed-by-expiry) record.
+struct ClaimSpec {
+  ScopeHash scope{};
+  std::string tenant;
+  std::string user;
+  std::string route;
+  Fingerprint fingerprint;
+  Millis lease_ttl{30000};
+  Millis retention{7LL * 24 * 3600 * 1000};
+};
+
+struct ClaimResult {
+  // true: the record was inserted and the caller holds record.lease. false: a record already
+  // existed and `record` is it, unchanged; the caller decides from its state.
+  bool claimed = false;
+  Record record;
+};
+
+// The end of an execution, written by StoreTxn::Finish.
+struct Outcome {
+  RecordState state = RecordState::kSucceeded;  // must not be kProcessing
+  int status_code = 0;
+  std::string sealed_response;  // Sealer output; may be empty for FAILED_RETRYABLE
+  std::string recovery_point;   // the point reached, e.g. "done"; empty leaves it unchanged
+};
+
+// A value bound to or read from business SQL. Blob distinguishes bytes from text.
+struct Blob {
+  std::string bytes;
+  bool operator==(const Blob&) const = default;
+};
+using SqlValue = std::variant<std::monostate, int64_t, std::string, Blob>;
+using SqlRow = std::vector<SqlValue>;
+
+// One write transaction, on one connection, used by one thread. Destroying it without a successful
+// Commit rolls everything back.
+class StoreTxn {
+ public:
+  virtual ~StoreTxn() = default;
+
+  // Atomically inserts a PROCESSING record with a fresh owner token, fence 1, a lease of
+  // spec.lease_ttl and an expiry of spec.retention from now, unless a record with this scope
+  // exists. Never "select then insert". Errors: kUnavailable / kInternal from the database.
+  virtual Result<ClaimResult> Claim(const ClaimSpec& spec) = 0;
+
+  // Claims an existing record again, if it still has fence `seen_fence` and is claimable: a
+  // PROCESSING record whose lease expired (a takeover: recovery point and resource id are kept),
+  // a FAILED_RETRYABLE record (a retry: the same), or any record past its expiry (a new
+  // operation: every column is rewritten from `spec`). The new holder gets a fresh owner token,
+  // fence + 1 and a lease of spec.lease_ttl. Errors: kConflict if the record moved on or its
+  // lease is still live; kNotFound if it is gone.
+  virtual Result<Record> Reclaim(const ClaimSpec& spec, int64_t seen_fence) = 0;
+
+  // Extends a live lease to now + ttl (a heartbeat; retention is not touched).
+  // Errors: kFenced if `lease` no longer owns a PROCESSING record.
+  virtual Result<Lease> Renew(const ScopeHash& scope, const Lease& lease, Millis ttl) = 0;
+
+  // Records progress: the recovery point, and the resource id when non-empty.
+  // Errors: kFenced as for Renew.
+  virtual Status Advance(const ScopeHash& scope, const Lease& lease, std::string_view point,
+                         std::string_view resource_id) = 0;
+
+  // Finishes the execution: PROCESSING → outcome.state with the sealed response.
+  // Errors: kFenced as for Renew; the caller must then drop the transaction, which rolls back its
+  // business writes.
+  virtual Status Finish(const ScopeHash& scope, const Lease& lease, const Outcome& outcome) = 0;
+
+  // The record as this transaction sees it, or nullopt.
+  virtual Result<std::optional<Record>> Get(const ScopeHash& scope) = 0;
+
+  // Records of one principal, in `state` or in any state when nullopt, counting at most `limit`
+  // (so the cost is bounded by the quota being checked).
+  virtual Result<int64_t> Count(std::string_view tenant, std::string_view user,
+                                std::optional<RecordState> state, int64_t limit) = 0;
+
+  // Runs one business SQL statement with '?' placeholders bound to `params`, returning its rows.
+  // Errors: kAlreadyExists on a unique or primary key violation (decide from the existing row);
+  // kInvalidArgument for SQL the database rejects; kUnavailable when the database is busy.
+  virtual Result<std::vector<SqlRow>> Exec(std::string_view sql,
+                                           const std::vector<SqlValue>& params = {}) = 0;
+
+  // Makes every write of this transaction durable. After an error nothing was committed unless
+  // the error is kDeadlineExceeded (outcome unknown: re-read before acting).
+  virtual Status Commit() = 0;
+};
+
+// A Store is safe for concurrent use from many threads without external locking.
+class Store {
+ public:
+  virtual ~Store() = default;
+
+  virtual const StoreCapabilities& capabilities() const = 0;
+
+  // Starts a write transaction. Errors: kUnavailable if no connection or write lock could be had
+  // within the configured waits.
+  virtual Result<std::unique_ptr<StoreTxn>> Begin() = 0;
+
+  // Reads one record outside any write transaction (a consistent snapshot).
+  virtual Result<std::optional<Record>> Read(const ScopeHash& scope) = 0;
+
+  // Deletes up to `batch` finished records (not PROCESSING) whose expiry has passed, oldest
+  // first, and returns how many it deleted. PROCESSING records are left to the reconciler, which
+  // must first learn whether their downstream call happened.
+  virtual Result<int> Sweep(int batch) = 0;
+};
+
+}  // namespace idem

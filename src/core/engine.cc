@@ -1,0 +1,197 @@
+// src/core/engine.cc — the protocol steps of docs/design.md over the Store interface.
+#include "include/idem/engine.h"
+
+#include <algorithm>
+
+namespace idem {
+
+Engine::Engine(Store& store, const Fingerprinter& fingerprinter, const Sealer& sealer,
+               Clock& clock)
+    : store_(store), fingerprinter_(fingerprinter), sealer_(sealer), clock_(clock) {}
+
+namespace {
+
+const CanonicalRules* RulesOfVersion(const RoutePolicy& policy, uint32_t version) {
+  if (policy.rules.version == version) return &policy.rules;
+  for (const CanonicalRules& r : policy.previous_rules) {
+    if (r.version == version) return &r;
+  }
+  return nullptr;
+}
+
+RequestFacts FactsOf(const RoutePolicy& policy, const Request& request) {
+  return RequestFacts{request.method,      policy.route, request.content_type,
+                      request.api_version, request.body, request.principal.user};
+}
+
+// Whether `stored` fingerprints this request, under the rules and secret that made it.
+Status VerifySameRequest(const RoutePolicy& policy, const Request& request,
+                         const CanonicalRequest& current, const Fingerprinter& fingerprinter,
+                         const Fingerprint& stored) {
+  const CanonicalRequest* canonical = &current;
+  CanonicalRequest older;
+  if (stored.rules_version != current.rules_version) {
+    const CanonicalRules* rules = RulesOfVersion(policy, stored.rules_version);
+    if (rules == nullptr) {
+      return MakeError(Errc::kDataLoss, "record made under canonical rules v" +
+                                            std::to_string(stored.rules_version) +
+                                            ", which are no longer configured");
+    }
+    IDEM_ASSIGN_OR_RETURN(older, MakeCanonicalRequest(FactsOf(policy, request), *rules));
+    canonical = &older;
+  }
+  IDEM_ASSIGN_OR_RETURN(bool same, fingerprinter.Verify(*canonical, stored));
+  if (!same) {
+    return MakeError(Errc::kFingerprintMismatch,
+                     "this Idempotency-Key was already used with a different request");
+  }
+  return Ok();
+}
+
+}  // namespace
+
+Result<Decision> Engine::Start(const RoutePolicy& policy, const Request& request,
+                               const TxnHook& on_claim) {
+  if (!request.key_header) {
+    return MakeError(Errc::kInvalidArgument, "the Idempotency-Key header is required");
+  }
+  Decision decision;
+  IDEM_ASSIGN_OR_RETURN(decision.key, ParseIdempotencyKey(*request.key_header, policy.key_policy));
+  const Scope scope{request.principal.tenant, request.principal.user, policy.route, decision.key};
+  IDEM_ASSIGN_OR_RETURN(ScopeHash hash, scope.Hash());
+  IDEM_ASSIGN_OR_RETURN(CanonicalRequest canonical,
+                        MakeCanonicalRequest(FactsOf(policy, request), policy.rules));
+
+  // A finished, unexpired record never changes again: answer it from a snapshot read, without
+  // taking the write lock.
+  IDEM_ASSIGN_OR_RETURN(std::optional<Record> seen, store_.Read(hash));
+  if (seen && IsReplayable(seen->state) && seen->expires_at > clock_.Now()) {
+    IDEM_RETURN_IF_ERROR(
+        VerifySameRequest(policy, request, canonical, fingerprinter_, seen->fingerprint));
+    decision.record = std::move(*seen);
+    return Replay(std::move(decision));
+  }
+
+  ClaimSpec spec{hash,
+                 request.principal.tenant,
+                 request.principal.user,
+                 policy.route,
+                 fingerprinter_.Sign(canonical),
+                 policy.lease,
+                 policy.retention};
+  return ClaimInTxn(policy, request, spec, canonical, std::move(decision), on_claim);
+}
+
+Result<Decision> Engine::ClaimInTxn(const RoutePolicy& policy, const Request& request,
+                                    const ClaimSpec& spec, const CanonicalRequest& canonical,
+                                    Decision decision, const TxnHook& on_claim) {
+  IDEM_ASSIGN_OR_RETURN(std::unique_ptr<StoreTxn> txn, store_.Begin());
+  IDEM_ASSIGN_OR_RETURN(ClaimResult claim, txn->Claim(spec));
+  Record record = std::move(claim.record);
+  bool resumed = false;
+  if (!claim.claimed) {
+    const Timestamp now = clock_.Now();
+    if (record.expires_at <= now) {
+      // Past retention: the old operation is forgotten and this is a new one.
+      IDEM_ASSIGN_OR_RETURN(record, txn->Reclaim(spec, record.lease.fence));
+    } else {
+      IDEM_RETURN_IF_ERROR(
+          VerifySameRequest(policy, request, canonical, fingerprinter_, record.fingerprint));
+      if (IsReplayable(record.state)) {
+        decision.record = std::move(record);
+        return Replay(std::move(decision));
+      }
+      if (record.state == RecordState::kProcessing && record.lease.until >= now) {
+        decision.kind = Decision::Kind::kInProgress;
+        decision.retry_after = std::clamp(
+            std::chrono::duration_cast<Millis>(record.lease.until - now), Millis(1),
+            policy.retry_after);
+        decision.key_expires = record.expires_at;
+        decision.record = std::move(record);
+        return decision;
+      }
+      // A retry after a retryable failure, or a takeover of an expired lease.
+      IDEM_ASSIGN_OR_RETURN(record, txn->Reclaim(spec, record.lease.fence));
+      resumed = true;
+    }
+  }
+  IDEM_RETURN_IF_ERROR(CheckQuota(policy, *txn, request.principal));
+  if (on_claim) {
+    IDEM_RETURN_IF_ERROR(on_claim(*txn, record));
+    IDEM_ASSIGN_OR_RETURN(std::optional<Record> updated, txn->Get(spec.scope));
+    if (!updated) return MakeError(Errc::kInternal, "claim hook deleted its own record");
+    record = std::move(*updated);
+  }
+  IDEM_RETURN_IF_ERROR(txn->Commit());
+  decision.kind = Decision::Kind::kExecute;
+  decision.key_expires = record.expires_at;
+  decision.ticket = Ticket{spec.scope, record.lease, record, resumed};
+  decision.record = std::move(record);
+  return decision;
+}
+
+Status Engine::CheckQuota(const RoutePolicy& policy, StoreTxn& txn, const Principal& who) {
+  // Counted after the claim's own write, inside its transaction: over the limit rolls it back.
+  IDEM_ASSIGN_OR_RETURN(int64_t running, txn.Count(who.tenant, who.user, RecordState::kProcessing,
+                                                   policy.max_processing + 1));
+  if (running > policy.max_processing) {
+    return MakeError(Errc::kResourceExhausted,
+                     "too many operations in progress for this principal (limit " +
+                         std::to_string(policy.max_processing) + ")");
+  }
+  IDEM_ASSIGN_OR_RETURN(int64_t retained,
+                        txn.Count(who.tenant, who.user, std::nullopt, policy.max_retained + 1));
+  if (retained > policy.max_retained) {
+    return MakeError(Errc::kResourceExhausted,
+                     "too many retained idempotency keys for this principal (limit " +
+                         std::to_string(policy.max_retained) + ")");
+  }
+  return Ok();
+}
+
+Result<Decision> Engine::Replay(Decision decision) {
+  IDEM_ASSIGN_OR_RETURN(std::string plain,
+                        sealer_.Open(decision.record.scope, decision.record.response));
+  IDEM_ASSIGN_OR_RETURN(decision.response, DecodeResponse(plain));
+  decision.kind = Decision::Kind::kReplay;
+  decision.key_expires = decision.record.expires_at;
+  return decision;
+}
+
+Status Engine::Advance(const Ticket& ticket, std::string_view point, std::string_view resource_id,
+                       const TxnHook& business) {
+  IDEM_ASSIGN_OR_RETURN(std::unique_ptr<StoreTxn> txn, store_.Begin());
+  IDEM_RETURN_IF_ERROR(txn->Advance(ticket.scope, ticket.lease, point, resource_id));
+  if (business) IDEM_RETURN_IF_ERROR(business(*txn, ticket.record));
+  return txn->Commit();
+}
+
+Status Engine::Renew(const RoutePolicy& policy, Ticket& ticket) {
+  IDEM_ASSIGN_OR_RETURN(std::unique_ptr<StoreTxn> txn, store_.Begin());
+  IDEM_ASSIGN_OR_RETURN(Lease renewed, txn->Renew(ticket.scope, ticket.lease, policy.lease));
+  IDEM_RETURN_IF_ERROR(txn->Commit());
+  ticket.lease = renewed;
+  ticket.record.lease = renewed;
+  return Ok();
+}
+
+Status Engine::Finish(const Ticket& ticket, RecordState state, const StoredResponse& response,
+                      const TxnHook& business) {
+  IDEM_CHECK(state != RecordState::kProcessing);
+  Outcome outcome;
+  outcome.state = state;
+  outcome.status_code = response.status;
+  if (IsReplayable(state)) {
+    // Sealed before the transaction starts, so the write lock is held only for the writes.
+    IDEM_ASSIGN_OR_RETURN(outcome.sealed_response,
+                          sealer_.Seal(ticket.scope, EncodeResponse(response)));
+    outcome.recovery_point = "done";
+  }
+  IDEM_ASSIGN_OR_RETURN(std::unique_ptr<StoreTxn> txn, store_.Begin());
+  // The fenced record update first: a stale executor learns it lost before writing business rows.
+  IDEM_RETURN_IF_ERROR(txn->Finish(ticket.scope, ticket.lease, outcome));
+  if (business) IDEM_RETURN_IF_ERROR(business(*txn, ticket.record));
+  return txn->Commit();
+}
+
+}  // namespace idem

@@ -1,0 +1,315 @@
+// src/core/engine_test.cc — the protocol end to end on a real SQLite file, with a fake clock.
+#include "include/idem/engine.h"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <deque>
+#include <thread>
+
+#include "include/idem/store/sqlite.h"
+#include "testing/fakes.h"
+
+namespace idem {
+namespace {
+
+constexpr Millis kLease{10000};
+constexpr Millis kRetention{24LL * 3600 * 1000};
+
+class EngineTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    SqliteStoreOptions options;
+    options.path = dir_.File("idem.db");
+    options.app_name = "engine_test";
+    options.app_migrations = {
+        {1, "CREATE TABLE payments (id TEXT PRIMARY KEY, status TEXT NOT NULL)"}};
+    store_ = std::move(*OpenSqliteStore(options, clock_, random_));
+    fingerprinter_ = std::move(*Fingerprinter::Create({{1, std::string(32, 'h')}}, 1));
+    sealer_ = std::move(*Sealer::Create({{1, std::string(32, 's')}}, 1, random_));
+    engine_ = std::make_unique<Engine>(*store_, *fingerprinter_, *sealer_, clock_);
+
+    policy_.route = "payments.create";
+    policy_.rules.money_fields = {"amount"};
+    policy_.rules.removed_fields = {"trace_id"};
+    policy_.lease = kLease;
+    policy_.retention = kRetention;
+    policy_.retry_after = Millis(1000);
+  }
+
+  Request Req(std::string_view key, std::string_view body = R"({"amount":"100.00"})",
+              std::string user = "alice") {
+    bodies_.emplace_back(body);
+    keys_.emplace_back(key);
+    Request r;
+    r.principal = {"acme", std::move(user)};
+    r.key_header = keys_.back();
+    r.method = "POST";
+    r.content_type = "application/json";
+    r.api_version = "v1";
+    r.body = bodies_.back();
+    return r;
+  }
+
+  Decision MustStart(const Request& r, const TxnHook& hook = {}) {
+    auto d = engine_->Start(policy_, r, hook);
+    EXPECT_TRUE(d.has_value()) << d.error().message;
+    return d ? std::move(*d) : Decision{};
+  }
+
+  Errc StartError(const Request& r, const TxnHook& hook = {}) {
+    auto d = engine_->Start(policy_, r, hook);
+    EXPECT_FALSE(d.has_value());
+    return d ? Errc::kInternal : d.error().code;
+  }
+
+  std::optional<Record> RecordOf(const std::string& key, const std::string& user = "alice") {
+    return *store_->Read(*Scope{"acme", user, policy_.route, key}.Hash());
+  }
+
+  int64_t Payments(const std::string& id) {
+    auto txn = std::move(*store_->Begin());
+    return std::get<int64_t>(
+        txn->Exec("SELECT count(*) FROM payments WHERE id = ?", {id})->at(0).at(0));
+  }
+
+  static StoredResponse Created(std::string id) {
+    return {201,
+            {{"Location", "/v1/payments/" + id}, {"Content-Type", "application/json"}},
+            R"({"id":")" + id + R"(","status":"succeeded"})"};
+  }
+
+  // A claim hook that fixes the payment id and inserts the pending payment, once per operation.
+  static TxnHook InsertPending(std::string id) {
+    return [id](StoreTxn& txn, const Record& record) -> Status {
+      if (!record.resource_id.empty()) return Ok();
+      IDEM_RETURN_IF_ERROR(
+          txn.Exec("INSERT INTO payments (id, status) VALUES (?, 'pending')", {id}));
+      return txn.Advance(record.scope, record.lease, "claimed", id);
+    };
+  }
+
+  static TxnHook MarkSucceeded(std::string id) {
+    return [id](StoreTxn& txn, const Record&) -> Status {
+      IDEM_RETURN_IF_ERROR(
+          txn.Exec("UPDATE payments SET status = 'succeeded' WHERE id = ?", {id}));
+      return Ok();
+    };
+  }
+
+  testing::TempDir dir_;
+  testing::FakeClock clock_;
+  testing::SeededRandom random_{3};
+  std::unique_ptr<Store> store_;
+  std::unique_ptr<Fingerprinter> fingerprinter_;
+  std::unique_ptr<Sealer> sealer_;
+  std::unique_ptr<Engine> engine_;
+  RoutePolicy policy_;
+  std::deque<std::string> bodies_, keys_;
+};
+
+TEST_F(EngineTest, FirstRequestExecutesAndRetriesReplayTheSameAnswer) {
+  Decision first = MustStart(Req("key-00001"), InsertPending("pay_1"));
+  ASSERT_EQ(first.kind, Decision::Kind::kExecute);
+  EXPECT_FALSE(first.ticket.resumed);
+  EXPECT_EQ(first.ticket.record.resource_id, "pay_1");
+  EXPECT_EQ(first.ticket.record.recovery_point, "claimed");
+  EXPECT_EQ(first.key_expires, clock_.Now() + kRetention);
+  ASSERT_TRUE(engine_->Finish(first.ticket, RecordState::kSucceeded, Created("pay_1"),
+                              MarkSucceeded("pay_1"))
+                  .has_value());
+
+  clock_.Advance(Millis(5000));
+  // The same request written differently (money as a number, another trace id) is a retry.
+  for (std::string_view body : {R"({"amount":"100.00"})", R"({"amount":100,"trace_id":"x"})"}) {
+    Decision again = MustStart(Req("\"key-00001\"", body), InsertPending("pay_2"));
+    ASSERT_EQ(again.kind, Decision::Kind::kReplay);
+    EXPECT_EQ(again.response, Created("pay_1"));
+    EXPECT_EQ(again.key_expires, first.key_expires);
+  }
+  EXPECT_EQ(Payments("pay_1"), 1);
+  EXPECT_EQ(Payments("pay_2"), 0) << "a replay must not run the claim hook";
+  EXPECT_EQ(RecordOf("key-00001")->recovery_point, "done");
+}
+
+TEST_F(EngineTest, SameKeyWithADifferentRequestIsAMismatch) {
+  Decision first = MustStart(Req("key-00002"));
+  // While running, and after finishing.
+  EXPECT_EQ(StartError(Req("key-00002", R"({"amount":"100.01"})")), Errc::kFingerprintMismatch);
+  ASSERT_TRUE(engine_->Finish(first.ticket, RecordState::kSucceeded, Created("p")).has_value());
+  EXPECT_EQ(StartError(Req("key-00002", R"({"amount":"100.01"})")), Errc::kFingerprintMismatch);
+  // The same key of another user is another record.
+  EXPECT_EQ(MustStart(Req("key-00002", R"({"amount":"100.01"})", "bob")).kind,
+            Decision::Kind::kExecute);
+}
+
+TEST_F(EngineTest, BadInputLeavesNoRecord) {
+  Request missing = Req("unused-key");
+  missing.key_header.reset();
+  EXPECT_EQ(StartError(missing), Errc::kInvalidArgument);
+  EXPECT_EQ(StartError(Req("short")), Errc::kInvalidArgument);
+  EXPECT_EQ(StartError(Req("key-00003", R"({"amount":)")), Errc::kInvalidArgument);
+  EXPECT_EQ(StartError(Req("key-00003", R"({"amount":"ten"})")), Errc::kInvalidArgument);
+  EXPECT_EQ(StartError(Req("key-00003", std::string(limits::kJsonMaxBytes + 1, ' '))),
+            Errc::kTooLarge);
+  EXPECT_FALSE(RecordOf("key-00003").has_value());
+}
+
+TEST_F(EngineTest, DuplicateWhileRunningIsInProgress) {
+  Decision first = MustStart(Req("key-00004"));
+  ASSERT_EQ(first.kind, Decision::Kind::kExecute);
+  clock_.Advance(Millis(9500));
+  Decision dup = MustStart(Req("key-00004"));
+  ASSERT_EQ(dup.kind, Decision::Kind::kInProgress);
+  EXPECT_EQ(dup.retry_after, Millis(500)) << "never later than the lease's end";
+  EXPECT_EQ(dup.key_expires, first.key_expires);
+  clock_.Advance(Millis(-9000));
+  EXPECT_EQ(MustStart(Req("key-00004")).retry_after, Millis(1000)) << "capped by the policy";
+}
+
+TEST_F(EngineTest, ExpiredLeaseIsTakenOverAndTheStaleExecutorIsFencedOut) {
+  Decision slow = MustStart(Req("key-00005"), InsertPending("pay_5"));
+  ASSERT_TRUE(engine_->Advance(slow.ticket, "charge_sent").has_value());
+  clock_.Advance(kLease + Millis(1));
+
+  Decision taker = MustStart(Req("key-00005"), InsertPending("pay_other"));
+  ASSERT_EQ(taker.kind, Decision::Kind::kExecute);
+  EXPECT_TRUE(taker.ticket.resumed);
+  // The new executor learns a charge may have left, and for which payment.
+  EXPECT_EQ(taker.ticket.record.recovery_point, "charge_sent");
+  EXPECT_EQ(taker.ticket.record.resource_id, "pay_5");
+  EXPECT_EQ(Payments("pay_other"), 0);
+
+  auto late = engine_->Finish(slow.ticket, RecordState::kSucceeded, Created("pay_5"),
+                              [](StoreTxn& txn, const Record&) -> Status {
+                                IDEM_RETURN_IF_ERROR(txn.Exec(
+                                    "INSERT INTO payments (id, status) VALUES ('ghost', 'x')"));
+                                return Ok();
+                              });
+  ASSERT_FALSE(late.has_value());
+  EXPECT_EQ(late.error().code, Errc::kFenced);
+  EXPECT_EQ(Payments("ghost"), 0);
+  EXPECT_EQ(engine_->Advance(slow.ticket, "done").error().code, Errc::kFenced);
+
+  ASSERT_TRUE(engine_->Finish(taker.ticket, RecordState::kSucceeded, Created("pay_5"),
+                              MarkSucceeded("pay_5"))
+                  .has_value());
+  Decision replay = MustStart(Req("key-00005"));
+  ASSERT_EQ(replay.kind, Decision::Kind::kReplay);
+  EXPECT_EQ(replay.response, Created("pay_5"));
+}
+
+TEST_F(EngineTest, RenewalKeepsATakeoverAway) {
+  Decision d = MustStart(Req("key-00006"));
+  clock_.Advance(kLease - Millis(1000));
+  ASSERT_TRUE(engine_->Renew(policy_, d.ticket).has_value());
+  clock_.Advance(Millis(5000));
+  EXPECT_EQ(MustStart(Req("key-00006")).kind, Decision::Kind::kInProgress);
+  ASSERT_TRUE(engine_->Finish(d.ticket, RecordState::kSucceeded, Created("p6")).has_value());
+}
+
+TEST_F(EngineTest, RetryableFailureRunsAgainFinalFailureReplays) {
+  Decision d = MustStart(Req("key-00007"), InsertPending("pay_7"));
+  ASSERT_TRUE(engine_->Finish(d.ticket, RecordState::kFailedRetryable, {503, {}, "busy"})
+                  .has_value());
+  Decision retry = MustStart(Req("key-00007"), InsertPending("pay_7b"));
+  ASSERT_EQ(retry.kind, Decision::Kind::kExecute);
+  EXPECT_TRUE(retry.ticket.resumed);
+  EXPECT_EQ(retry.ticket.record.resource_id, "pay_7") << "the payment id is fixed once";
+
+  const StoredResponse declined{402, {{"Content-Type", "application/problem+json"}}, "{}"};
+  ASSERT_TRUE(engine_->Finish(retry.ticket, RecordState::kFailedFinal, declined).has_value());
+  Decision replay = MustStart(Req("key-00007"));
+  ASSERT_EQ(replay.kind, Decision::Kind::kReplay);
+  EXPECT_EQ(replay.response, declined);
+  EXPECT_EQ(replay.record.state, RecordState::kFailedFinal);
+}
+
+TEST_F(EngineTest, AfterRetentionTheKeyStartsANewOperation) {
+  Decision d = MustStart(Req("key-00008"));
+  ASSERT_TRUE(engine_->Finish(d.ticket, RecordState::kSucceeded, Created("p8")).has_value());
+  clock_.Advance(kRetention);
+  Decision fresh = MustStart(Req("key-00008", R"({"amount":"5"})"));
+  ASSERT_EQ(fresh.kind, Decision::Kind::kExecute);
+  EXPECT_FALSE(fresh.ticket.resumed);
+  EXPECT_EQ(fresh.key_expires, clock_.Now() + kRetention);
+}
+
+TEST_F(EngineTest, QuotasAtAndPastTheLimit) {
+  policy_.max_processing = 2;
+  policy_.max_retained = 3;
+  Decision a = MustStart(Req("quota-0001"));
+  MustStart(Req("quota-0002"));
+  EXPECT_EQ(StartError(Req("quota-0003")), Errc::kResourceExhausted);
+  EXPECT_FALSE(RecordOf("quota-0003").has_value()) << "a refused claim leaves nothing";
+  // Another principal has its own quota.
+  EXPECT_EQ(MustStart(Req("quota-0003", R"({"amount":1})", "bob")).kind,
+            Decision::Kind::kExecute);
+
+  ASSERT_TRUE(engine_->Finish(a.ticket, RecordState::kSucceeded, Created("a")).has_value());
+  MustStart(Req("quota-0003"));  // 2 running + 1 retained = 3
+  EXPECT_EQ(StartError(Req("quota-0004")), Errc::kResourceExhausted);
+  // Replays are never refused by quota.
+  EXPECT_EQ(MustStart(Req("quota-0001")).kind, Decision::Kind::kReplay);
+}
+
+TEST_F(EngineTest, AFailingClaimHookRollsTheClaimBack) {
+  auto refused = engine_->Start(policy_, Req("key-00009"),
+                                [](StoreTxn& txn, const Record&) -> Status {
+                                  IDEM_RETURN_IF_ERROR(txn.Exec(
+                                      "INSERT INTO payments (id, status) VALUES ('h', 'p')"));
+                                  return MakeError(Errc::kAlreadyExists, "order exists");
+                                });
+  ASSERT_FALSE(refused.has_value());
+  EXPECT_EQ(refused.error().code, Errc::kAlreadyExists);
+  EXPECT_FALSE(RecordOf("key-00009").has_value());
+  EXPECT_EQ(Payments("h"), 0);
+}
+
+TEST_F(EngineTest, RecordsUnderOlderRulesStillVerify) {
+  Decision d = MustStart(Req("key-00010", R"({"amount":"1.00","trace_id":"a"})"));
+  ASSERT_TRUE(engine_->Finish(d.ticket, RecordState::kSucceeded, Created("p10")).has_value());
+
+  CanonicalRules v2 = policy_.rules;
+  v2.version = 2;
+  v2.defaults = {{"currency", "\"CNY\""}};
+  policy_.previous_rules = {policy_.rules};
+  policy_.rules = v2;
+  EXPECT_EQ(MustStart(Req("key-00010", R"({"amount":1,"trace_id":"b"})")).kind,
+            Decision::Kind::kReplay);
+  EXPECT_EQ(StartError(Req("key-00010", R"({"amount":2})")), Errc::kFingerprintMismatch);
+
+  policy_.previous_rules.clear();
+  EXPECT_EQ(StartError(Req("key-00010", R"({"amount":1})")), Errc::kDataLoss);
+}
+
+TEST_F(EngineTest, ConcurrentDuplicatesYieldOneExecution) {
+  constexpr int kThreads = 16;
+  std::atomic<int> executed{0}, in_progress{0}, failed{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&] {
+      Request r;
+      r.principal = {"acme", "alice"};
+      r.key_header = "key-concurrent";
+      r.method = "POST";
+      r.content_type = "application/json";
+      r.body = R"({"amount":"7.00"})";
+      auto d = engine_->Start(policy_, r);
+      if (!d) {
+        ++failed;
+      } else if (d->kind == Decision::Kind::kExecute) {
+        ++executed;
+      } else if (d->kind == Decision::Kind::kInProgress) {
+        ++in_progress;
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(failed.load(), 0);
+  EXPECT_EQ(executed.load(), 1);
+  EXPECT_EQ(in_progress.load(), kThreads - 1);
+}
+
+}  // namespace
+}  // namespace idem

@@ -1,0 +1,116 @@
+// src/core/fingerprint_test.cc — HMAC fingerprints: inputs that must and must not collide,
+// secret rotation, rule versions.
+#include "include/idem/fingerprint.h"
+
+#include <gtest/gtest.h>
+#include <openssl/hmac.h>
+
+#include <cstring>
+
+namespace idem {
+namespace {
+
+const std::string kSecretA(32, 'a');
+const std::string kSecretB(40, 'b');
+
+std::unique_ptr<Fingerprinter> Make(uint32_t current) {
+  auto fp = Fingerprinter::Create({{1, kSecretA}, {2, kSecretB}}, current);
+  EXPECT_TRUE(fp.has_value()) << fp.error().message;
+  return std::move(*fp);
+}
+
+CanonicalRequest Request(std::string body = R"({"amount":"100.00","trace_id":"t1"})",
+                         std::string user = "alice") {
+  CanonicalRules rules;
+  rules.money_fields = {"amount"};
+  rules.removed_fields = {"trace_id"};
+  // MakeCanonicalRequest copies what the views show.
+  RequestFacts facts{"POST", "payments.create", "application/json", "2024-01-01", body, user};
+  return *MakeCanonicalRequest(facts, rules);
+}
+
+TEST(Fingerprint, SameMeaningSameFingerprint) {
+  auto fp = Make(1);
+  EXPECT_EQ(fp->Sign(Request()).mac, fp->Sign(Request(R"({"trace_id":"t2","amount":1e2})")).mac);
+}
+
+TEST(Fingerprint, EveryFieldMatters) {
+  auto fp = Make(1);
+  const auto base = fp->Sign(Request()).mac;
+  EXPECT_NE(base, fp->Sign(Request(R"({"amount":"100.01"})")).mac);
+  EXPECT_NE(base, fp->Sign(Request(R"({"amount":"100.00"})", "bob")).mac);
+  CanonicalRequest r = Request();
+  for (std::string CanonicalRequest::*field :
+       {&CanonicalRequest::method, &CanonicalRequest::route, &CanonicalRequest::content_type,
+        &CanonicalRequest::api_version}) {
+    CanonicalRequest changed = r;
+    changed.*field += "x";
+    EXPECT_NE(base, fp->Sign(changed).mac);
+  }
+  CanonicalRequest versioned = r;
+  versioned.rules_version = 2;
+  EXPECT_NE(base, fp->Sign(versioned).mac);
+}
+
+TEST(Fingerprint, FieldBoundariesCannotShift) {
+  auto fp = Make(1);
+  CanonicalRequest a = Request(), b = Request();
+  a.method = "POS";
+  a.route = "Tpayments.create";
+  b.method = "POST";
+  b.route = "payments.create";
+  EXPECT_NE(fp->Sign(a).mac, fp->Sign(b).mac);
+}
+
+TEST(Fingerprint, IsHmacSha256OverLengthPrefixedFields) {
+  auto fp = Make(1);
+  CanonicalRequest r{1, "M", "R", "C", "V", "{}", "U"};
+  std::string input;
+  for (std::string f : {"1", "M", "R", "C", "V", "{}", "U"}) {
+    input += std::string("\0\0\0", 3) + static_cast<char>(f.size()) + f;
+  }
+  unsigned char want[32];
+  unsigned int len = 0;
+  HMAC(EVP_sha256(), kSecretA.data(), static_cast<int>(kSecretA.size()),
+       reinterpret_cast<const unsigned char*>(input.data()), input.size(), want, &len);
+  ASSERT_EQ(len, 32u);
+  EXPECT_EQ(std::memcmp(fp->Sign(r).mac.data(), want, 32), 0);
+}
+
+TEST(Fingerprint, VerifiesUnderTheSecretThatMadeIt) {
+  auto old_fp = Make(1);
+  const Fingerprint stored = old_fp->Sign(Request());
+  EXPECT_EQ(stored.secret_id, 1u);
+  auto rotated = Make(2);  // secret 2 is now current; secret 1 still verifies
+  EXPECT_NE(rotated->Sign(Request()).mac, stored.mac);
+  EXPECT_TRUE(*rotated->Verify(Request(), stored));
+  EXPECT_FALSE(*rotated->Verify(Request(R"({"amount":"5"})"), stored));
+
+  auto retired = Fingerprinter::Create({{2, kSecretB}}, 2);
+  auto r = (*retired)->Verify(Request(), stored);
+  ASSERT_FALSE(r.has_value());
+  EXPECT_EQ(r.error().code, Errc::kDataLoss);
+}
+
+TEST(Fingerprint, VerifyRefusesAnotherRulesVersion) {
+  auto fp = Make(1);
+  Fingerprint stored = fp->Sign(Request());
+  stored.rules_version = 9;
+  EXPECT_EQ(fp->Verify(Request(), stored).error().code, Errc::kInvalidArgument);
+}
+
+TEST(Fingerprint, RejectsWeakOrAmbiguousSecrets) {
+  EXPECT_EQ(Fingerprinter::Create({{1, std::string(31, 'x')}}, 1).error().code,
+            Errc::kInvalidArgument);
+  EXPECT_EQ(Fingerprinter::Create({{1, kSecretA}, {1, kSecretB}}, 1).error().code,
+            Errc::kInvalidArgument);
+  EXPECT_EQ(Fingerprinter::Create({{1, kSecretA}}, 2).error().code, Errc::kInvalidArgument);
+}
+
+TEST(Fingerprint, InvalidBodyIsAnError) {
+  RequestFacts facts{"POST", "r", "application/json", "", "{\"a\":1,\"a\":2}", "u"};
+  EXPECT_EQ(MakeCanonicalRequest(facts, {}).error().code, Errc::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace idem

@@ -1,0 +1,107 @@
+// src/core/record.cc — record states and the stored-response encoding.
+#include "include/idem/record.h"
+
+namespace idem {
+
+std::string_view RecordStateName(RecordState state) {
+  switch (state) {
+    case RecordState::kProcessing: return "PROCESSING";
+    case RecordState::kSucceeded: return "SUCCEEDED";
+    case RecordState::kFailedFinal: return "FAILED_FINAL";
+    case RecordState::kFailedRetryable: return "FAILED_RETRYABLE";
+  }
+  return "UNKNOWN";
+}
+
+Result<RecordState> ParseRecordState(std::string_view name) {
+  for (RecordState s : {RecordState::kProcessing, RecordState::kSucceeded,
+                        RecordState::kFailedFinal, RecordState::kFailedRetryable}) {
+    if (RecordStateName(s) == name) return s;
+  }
+  return MakeError(Errc::kDataLoss, "unknown record state '" + std::string(name) + "'");
+}
+
+bool IsReplayable(RecordState state) {
+  return state == RecordState::kSucceeded || state == RecordState::kFailedFinal;
+}
+
+bool IsLegalTransition(RecordState from, RecordState to) {
+  if (from == RecordState::kProcessing) return true;  // finish, renew or take over
+  return from == RecordState::kFailedRetryable && to == RecordState::kProcessing;
+}
+
+namespace {
+
+void PutU32(std::string& out, uint32_t v) {
+  for (int shift = 24; shift >= 0; shift -= 8) out.push_back(static_cast<char>(v >> shift));
+}
+
+void PutBytes(std::string& out, std::string_view s) {
+  PutU32(out, static_cast<uint32_t>(s.size()));
+  out.append(s);
+}
+
+class Reader {
+ public:
+  explicit Reader(std::string_view in) : in_(in) {}
+  bool U32(uint32_t* v) {
+    if (in_.size() < 4) return false;
+    *v = 0;
+    for (int i = 0; i < 4; ++i) *v = (*v << 8) | static_cast<uint8_t>(in_[static_cast<size_t>(i)]);
+    in_.remove_prefix(4);
+    return true;
+  }
+  bool Bytes(std::string* s) {
+    uint32_t n;
+    if (!U32(&n) || in_.size() < n) return false;
+    s->assign(in_.substr(0, n));
+    in_.remove_prefix(n);
+    return true;
+  }
+  bool done() const { return in_.empty(); }
+
+ private:
+  std::string_view in_;
+};
+
+constexpr uint32_t kResponseFormat = 1;
+
+}  // namespace
+
+std::string EncodeResponse(const StoredResponse& r) {
+  std::string out;
+  out.reserve(16 + r.body.size());
+  PutU32(out, kResponseFormat);
+  PutU32(out, static_cast<uint32_t>(r.status));
+  PutU32(out, static_cast<uint32_t>(r.headers.size()));
+  for (const auto& [name, value] : r.headers) {
+    PutBytes(out, name);
+    PutBytes(out, value);
+  }
+  PutBytes(out, r.body);
+  return out;
+}
+
+Result<StoredResponse> DecodeResponse(std::string_view bytes) {
+  Reader in(bytes);
+  StoredResponse r;
+  uint32_t format, status, count;
+  if (!in.U32(&format) || format != kResponseFormat || !in.U32(&status) || !in.U32(&count) ||
+      count > 64) {
+    return MakeError(Errc::kDataLoss, "stored response: bad header");
+  }
+  r.status = static_cast<int>(status);
+  for (uint32_t i = 0; i < count; ++i) {
+    std::string name, value;
+    if (!in.Bytes(&name) || !in.Bytes(&value)) {
+      return MakeError(Errc::kDataLoss, "stored response: truncated header");
+    }
+    r.headers.emplace_back(std::move(name), std::move(value));
+  }
+  if (!in.Bytes(&r.body) || !in.done()) {
+    return MakeError(Errc::kDataLoss, "stored response: bad body");
+  }
+  return r;
+}
+
+}  // namespace idem

@@ -1,0 +1,55 @@
+// src/core/record_test.cc — the state machine's names and transitions, and the stored-response
+// encoding.
+#include "include/idem/record.h"
+
+#include <gtest/gtest.h>
+
+namespace idem {
+namespace {
+
+constexpr RecordState kAll[] = {RecordState::kProcessing, RecordState::kSucceeded,
+                                RecordState::kFailedFinal, RecordState::kFailedRetryable};
+
+TEST(RecordState, NamesRoundTrip) {
+  for (RecordState s : kAll) EXPECT_EQ(*ParseRecordState(RecordStateName(s)), s);
+  EXPECT_EQ(ParseRecordState("DONE").error().code, Errc::kDataLoss);
+  EXPECT_EQ(ParseRecordState("processing").error().code, Errc::kDataLoss);
+}
+
+TEST(RecordState, Transitions) {
+  for (RecordState to : kAll) {
+    EXPECT_TRUE(IsLegalTransition(RecordState::kProcessing, to));
+  }
+  EXPECT_TRUE(IsLegalTransition(RecordState::kFailedRetryable, RecordState::kProcessing));
+  for (RecordState from : {RecordState::kSucceeded, RecordState::kFailedFinal}) {
+    for (RecordState to : kAll) EXPECT_FALSE(IsLegalTransition(from, to));
+  }
+  EXPECT_FALSE(IsLegalTransition(RecordState::kFailedRetryable, RecordState::kSucceeded));
+  EXPECT_TRUE(IsReplayable(RecordState::kSucceeded));
+  EXPECT_TRUE(IsReplayable(RecordState::kFailedFinal));
+  EXPECT_FALSE(IsReplayable(RecordState::kFailedRetryable));
+  EXPECT_FALSE(IsReplayable(RecordState::kProcessing));
+}
+
+TEST(StoredResponse, RoundTripsByteForByte) {
+  StoredResponse r{201,
+                   {{"Location", "/v1/payments/pay_1"}, {"Content-Type", "application/json"}},
+                   std::string("{\"a\":1}\0binary\xff", 15)};
+  EXPECT_EQ(*DecodeResponse(EncodeResponse(r)), r);
+  StoredResponse empty{204, {}, ""};
+  EXPECT_EQ(*DecodeResponse(EncodeResponse(empty)), empty);
+}
+
+TEST(StoredResponse, RejectsForeignBytes) {
+  const std::string good = EncodeResponse({200, {{"a", "b"}}, "body"});
+  for (std::size_t n = 0; n < good.size(); ++n) {
+    EXPECT_EQ(DecodeResponse(good.substr(0, n)).error().code, Errc::kDataLoss) << n;
+  }
+  EXPECT_EQ(DecodeResponse(good + "x").error().code, Errc::kDataLoss);
+  std::string wrong_format = good;
+  wrong_format[3] = 9;
+  EXPECT_EQ(DecodeResponse(wrong_format).error().code, Errc::kDataLoss);
+}
+
+}  // namespace
+}  // namespace idem

@@ -1,0 +1,203 @@
+// src/store/sqlite/sqlite_store_test.cc — the contract suite on SQLite files, plus what only
+// SQLite has: migrations on open, and several processes sharing one file.
+#include "include/idem/store/sqlite.h"
+
+#include <gtest/gtest.h>
+#include <sqlite3.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <fstream>
+
+#include "testing/fakes.h"
+#include "testing/store_contract.h"
+
+namespace idem::testing {
+namespace {
+
+SqliteStoreOptions Options(const std::string& path, int pool_size) {
+  SqliteStoreOptions options;
+  options.path = path;
+  options.pool_size = pool_size;
+  options.app_name = "contract";
+  options.app_migrations = {{1, kContractBusinessTable}};
+  return options;
+}
+
+StoreFactory SqliteFactory(int pool_size, bool synchronous_full) {
+  return StoreFactory{
+      "SqlitePool" + std::to_string(pool_size) + (synchronous_full ? "Full" : "Normal"),
+      [=](StoreTestEnv& env) {
+        SqliteStoreOptions options = Options(env.dir.File("idem.db"), pool_size);
+        options.synchronous_full = synchronous_full;
+        return OpenSqliteStore(options, env.clock, env.random);
+      }};
+}
+
+INSTANTIATE_TEST_SUITE_P(Sqlite, StoreContractTest,
+                         ::testing::Values(SqliteFactory(1, true), SqliteFactory(4, false)),
+                         FactoryName);
+
+int64_t QueryInt(const std::string& path, const char* sql) {
+  sqlite3* db = nullptr;
+  EXPECT_EQ(sqlite3_open(path.c_str(), &db), SQLITE_OK);
+  sqlite3_stmt* stmt = nullptr;
+  EXPECT_EQ(sqlite3_prepare_v2(db, sql, -1, &stmt, nullptr), SQLITE_OK) << sqlite3_errmsg(db);
+  int64_t value = -1;
+  if (sqlite3_step(stmt) == SQLITE_ROW) value = sqlite3_column_int64(stmt, 0);
+  sqlite3_finalize(stmt);
+  sqlite3_close(db);
+  return value;
+}
+
+TEST(SqliteStore, OpensInWalModeAndAppliesEachMigrationOnce) {
+  StoreTestEnv env;
+  const std::string path = env.dir.File("idem.db");
+  for (int i = 0; i < 3; ++i) {
+    auto store = OpenSqliteStore(Options(path, 2), env.clock, env.random);
+    ASSERT_TRUE(store.has_value()) << store.error().message;
+  }
+  EXPECT_EQ(QueryInt(path, "SELECT count(*) FROM idem_schema WHERE component = 'idem'"), 1);
+  EXPECT_EQ(QueryInt(path, "SELECT count(*) FROM idem_schema WHERE component = 'contract'"), 1);
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open(path.c_str(), &db), SQLITE_OK);
+  sqlite3_stmt* stmt = nullptr;
+  ASSERT_EQ(sqlite3_prepare_v2(db, "PRAGMA journal_mode", -1, &stmt, nullptr), SQLITE_OK);
+  ASSERT_EQ(sqlite3_step(stmt), SQLITE_ROW);
+  EXPECT_STREQ(reinterpret_cast<const char*>(sqlite3_column_text(stmt, 0)), "wal");
+  sqlite3_finalize(stmt);
+  sqlite3_close(db);
+}
+
+TEST(SqliteStore, AppliesANewAppMigrationOnReopen) {
+  StoreTestEnv env;
+  const std::string path = env.dir.File("idem.db");
+  ASSERT_TRUE(OpenSqliteStore(Options(path, 1), env.clock, env.random).has_value());
+  SqliteStoreOptions v2 = Options(path, 1);
+  v2.app_migrations.push_back({2, "ALTER TABLE contract_business ADD COLUMN extra TEXT"});
+  auto store = OpenSqliteStore(v2, env.clock, env.random);
+  ASSERT_TRUE(store.has_value()) << store.error().message;
+  EXPECT_EQ(QueryInt(path, "SELECT max(version) FROM idem_schema WHERE component = 'contract'"),
+            2);
+}
+
+TEST(SqliteStore, RefusesASchemaNewerThanItKnows) {
+  StoreTestEnv env;
+  const std::string path = env.dir.File("idem.db");
+  ASSERT_TRUE(OpenSqliteStore(Options(path, 1), env.clock, env.random).has_value());
+  QueryInt(path, "INSERT INTO idem_schema VALUES ('idem', 99, 0) RETURNING 1");
+  auto store = OpenSqliteStore(Options(path, 1), env.clock, env.random);
+  ASSERT_FALSE(store.has_value());
+  EXPECT_EQ(store.error().code, Errc::kDataLoss);
+}
+
+TEST(SqliteStore, ABrokenMigrationLeavesNothingApplied) {
+  StoreTestEnv env;
+  const std::string path = env.dir.File("idem.db");
+  SqliteStoreOptions options = Options(path, 1);
+  options.app_migrations = {{1, "CREATE TABLE ok_table (x INTEGER)"}, {2, "THIS IS NOT SQL"}};
+  auto store = OpenSqliteStore(options, env.clock, env.random);
+  ASSERT_FALSE(store.has_value());
+  EXPECT_EQ(store.error().code, Errc::kInvalidArgument);
+  EXPECT_EQ(QueryInt(path, "SELECT count(*) FROM sqlite_master WHERE name = 'ok_table'"), 0);
+}
+
+TEST(SqliteStore, RejectsBadOptions) {
+  StoreTestEnv env;
+  EXPECT_EQ(OpenSqliteStore(SqliteStoreOptions{}, env.clock, env.random).error().code,
+            Errc::kInvalidArgument);
+  SqliteStoreOptions too_many = Options(env.dir.File("a.db"), 65);
+  EXPECT_EQ(OpenSqliteStore(too_many, env.clock, env.random).error().code,
+            Errc::kInvalidArgument);
+  SqliteStoreOptions unnamed = Options(env.dir.File("b.db"), 1);
+  unnamed.app_name.clear();
+  EXPECT_EQ(OpenSqliteStore(unnamed, env.clock, env.random).error().code, Errc::kInvalidArgument);
+  SqliteStoreOptions nowhere = Options("/nonexistent-dir/x/idem.db", 1);
+  EXPECT_EQ(OpenSqliteStore(nowhere, env.clock, env.random).error().code, Errc::kUnavailable);
+}
+
+TEST(SqliteStore, BeginReportsUnavailableWhenThePoolStaysBusy) {
+  StoreTestEnv env;
+  SqliteStoreOptions options = Options(env.dir.File("idem.db"), 1);
+  options.pool_wait = Millis(50);  // one writer connection per store
+  auto store = OpenSqliteStore(options, env.clock, env.random);
+  ASSERT_TRUE(store.has_value());
+  auto held = (*store)->Begin();
+  ASSERT_TRUE(held.has_value());
+  auto second = (*store)->Begin();
+  ASSERT_FALSE(second.has_value());
+  EXPECT_EQ(second.error().code, Errc::kUnavailable);
+}
+
+TEST(SqliteStore, WriteLockHeldByAnotherStoreTimesOutAsUnavailable) {
+  StoreTestEnv env;
+  SqliteStoreOptions options = Options(env.dir.File("idem.db"), 1);
+  options.busy_timeout = Millis(50);
+  auto a = OpenSqliteStore(options, env.clock, env.random);
+  auto b = OpenSqliteStore(options, env.clock, env.random);
+  ASSERT_TRUE(a.has_value() && b.has_value());
+  auto held = (*a)->Begin();
+  ASSERT_TRUE(held.has_value());
+  auto blocked = (*b)->Begin();
+  ASSERT_FALSE(blocked.has_value());
+  EXPECT_EQ(blocked.error().code, Errc::kUnavailable);
+  held->reset();
+  EXPECT_TRUE((*b)->Begin().has_value());
+}
+
+// Several processes claim the same scopes in one file: each scope has exactly one winner.
+TEST(SqliteStore, ProcessesSharingTheFileClaimEachScopeOnce) {
+  constexpr int kProcesses = 4;
+  constexpr int kScopes = 300;
+  TempDir dir;
+  const std::string path = dir.File("idem.db");
+  {
+    FakeClock clock;
+    SeededRandom random(1);
+    ASSERT_TRUE(OpenSqliteStore(Options(path, 1), clock, random).has_value());
+  }
+  std::vector<pid_t> children;
+  for (int p = 0; p < kProcesses; ++p) {
+    pid_t pid = fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+      FakeClock clock;
+      SeededRandom random(static_cast<uint64_t>(100 + p));
+      auto store = OpenSqliteStore(Options(path, 2), clock, random);
+      if (!store) _exit(2);
+      std::ofstream wins(dir.File("wins-" + std::to_string(p)));
+      for (int i = 0; i < kScopes; ++i) {
+        ClaimSpec spec;
+        spec.scope = *Scope{"acme", "alice", "r", "multi-" + std::to_string(i)}.Hash();
+        spec.tenant = "acme";
+        spec.user = "alice";
+        spec.route = "r";
+        auto txn = (*store)->Begin();
+        if (!txn) _exit(3);
+        auto claim = (*txn)->Claim(spec);
+        if (!claim || !(*txn)->Commit()) _exit(4);
+        if (claim->claimed) wins << i << "\n";
+      }
+      wins.close();
+      _exit(0);
+    }
+    children.push_back(pid);
+  }
+  for (pid_t pid : children) {
+    int status = 0;
+    ASSERT_EQ(waitpid(pid, &status, 0), pid);
+    ASSERT_TRUE(WIFEXITED(status));
+    ASSERT_EQ(WEXITSTATUS(status), 0);
+  }
+  std::vector<int> winners(kScopes, 0);
+  for (int p = 0; p < kProcesses; ++p) {
+    std::ifstream in(dir.File("wins-" + std::to_string(p)));
+    int i;
+    while (in >> i) ++winners[static_cast<std::size_t>(i)];
+  }
+  for (int i = 0; i < kScopes; ++i) EXPECT_EQ(winners[static_cast<std::size_t>(i)], 1) << i;
+  EXPECT_EQ(QueryInt(path, "SELECT count(*) FROM idem_records"), kScopes);
+}
+
+}  // namespace
+}  // namespace idem::testing

@@ -1,0 +1,423 @@
+// testing/store_contract.cc — the store contract suite (see store_contract.h).
+#include "testing/store_contract.h"
+
+#include <atomic>
+#include <barrier>
+#include <thread>
+
+namespace idem::testing {
+
+std::string FactoryName(const ::testing::TestParamInfo<StoreFactory>& info) {
+  return info.param.name;
+}
+
+void StoreContractTest::SetUp() { store_ = Open(); }
+
+std::unique_ptr<Store> StoreContractTest::Open() {
+  auto store = GetParam().open(env_);
+  EXPECT_TRUE(store.has_value()) << store.error().message;
+  return store ? std::move(*store) : nullptr;
+}
+
+namespace {
+
+constexpr Millis kLease{30000};
+constexpr Millis kRetention{3600 * 1000};
+
+ClaimSpec Spec(const std::string& key, const std::string& tenant = "acme",
+               const std::string& user = "alice", uint8_t fp_byte = 1) {
+  ClaimSpec spec;
+  spec.scope = *Scope{tenant, user, "payments.create", key}.Hash();
+  spec.tenant = tenant;
+  spec.user = user;
+  spec.route = "payments.create";
+  spec.fingerprint.rules_version = 1;
+  spec.fingerprint.secret_id = 7;
+  spec.fingerprint.mac.fill(fp_byte);
+  spec.lease_ttl = kLease;
+  spec.retention = kRetention;
+  return spec;
+}
+
+std::unique_ptr<StoreTxn> MustBegin(Store& store) {
+  auto txn = store.Begin();
+  EXPECT_TRUE(txn.has_value()) << txn.error().message;
+  return txn ? std::move(*txn) : nullptr;
+}
+
+// Claims `spec` in its own committed transaction and returns the record.
+Record MustClaim(Store& store, const ClaimSpec& spec) {
+  auto txn = MustBegin(store);
+  auto claim = txn->Claim(spec);
+  EXPECT_TRUE(claim.has_value()) << claim.error().message;
+  EXPECT_TRUE(claim->claimed);
+  EXPECT_TRUE(txn->Commit().has_value());
+  return claim->record;
+}
+
+Outcome Succeeded(std::string body = "sealed-bytes") {
+  return Outcome{RecordState::kSucceeded, 201, std::move(body), "done"};
+}
+
+void MustFinish(Store& store, const ClaimSpec& spec, const Lease& lease, const Outcome& outcome) {
+  auto txn = MustBegin(store);
+  auto s = txn->Finish(spec.scope, lease, outcome);
+  ASSERT_TRUE(s.has_value()) << s.error().message;
+  ASSERT_TRUE(txn->Commit().has_value());
+}
+
+std::optional<Record> MustRead(Store& store, const ScopeHash& scope) {
+  auto r = store.Read(scope);
+  EXPECT_TRUE(r.has_value()) << r.error().message;
+  return r ? *r : std::nullopt;
+}
+
+int64_t BusinessRows(Store& store, const std::string& k) {
+  auto txn = MustBegin(store);
+  auto rows = txn->Exec("SELECT count(*) FROM contract_business WHERE k = ?", {k});
+  EXPECT_TRUE(rows.has_value()) << rows.error().message;
+  return rows ? std::get<int64_t>(rows->at(0).at(0)) : -1;
+}
+
+TEST_P(StoreContractTest, ClaimInsertsProcessingRecordOnce) {
+  const ClaimSpec spec = Spec("key-claim-1");
+  const Timestamp now = env_.clock.Now();
+  Record first = MustClaim(*store_, spec);
+  EXPECT_EQ(first.state, RecordState::kProcessing);
+  EXPECT_EQ(first.lease.fence, 1);
+  EXPECT_EQ(first.lease.until, now + kLease);
+  EXPECT_EQ(first.expires_at, now + kRetention);
+  EXPECT_EQ(first.recovery_point, "");
+
+  auto txn = MustBegin(*store_);
+  auto again = txn->Claim(Spec("key-claim-1", "acme", "alice", /*fp_byte=*/9));
+  ASSERT_TRUE(again.has_value()) << again.error().message;
+  EXPECT_FALSE(again->claimed);
+  // The existing record comes back untouched: the first owner and fingerprint.
+  EXPECT_EQ(again->record.lease.owner, first.lease.owner);
+  EXPECT_EQ(again->record.fingerprint.mac, spec.fingerprint.mac);
+  EXPECT_EQ(again->record.tenant, "acme");
+  EXPECT_EQ(again->record.user, "alice");
+  EXPECT_EQ(again->record.route, "payments.create");
+}
+
+TEST_P(StoreContractTest, ScopesOfOtherPrincipalsDoNotCollide) {
+  MustClaim(*store_, Spec("same-key-1", "acme", "alice"));
+  MustClaim(*store_, Spec("same-key-1", "acme", "bob"));
+  MustClaim(*store_, Spec("same-key-1", "globex", "alice"));
+}
+
+TEST_P(StoreContractTest, UncommittedClaimLeavesNothing) {
+  const ClaimSpec spec = Spec("key-rollback");
+  {
+    auto txn = MustBegin(*store_);
+    ASSERT_TRUE(txn->Claim(spec)->claimed);
+    ASSERT_TRUE(txn->Exec("INSERT INTO contract_business (k, v) VALUES (?, ?)",
+                          {std::string("rolled"), std::string("back")})
+                    .has_value());
+  }
+  EXPECT_FALSE(MustRead(*store_, spec.scope).has_value());
+  EXPECT_EQ(BusinessRows(*store_, "rolled"), 0);
+}
+
+TEST_P(StoreContractTest, ClaimRaceHasExactlyOneWinner) {
+  // Separate store instances (separate connections, as separate processes would have) and many
+  // threads claim the same fresh scope at once, round after round.
+  constexpr int kThreads = 8;
+  constexpr int kRounds = 2000;
+  std::unique_ptr<Store> second = Open();
+  ASSERT_NE(second, nullptr);
+  std::vector<ClaimSpec> specs;
+  for (int r = 0; r < kRounds; ++r) specs.push_back(Spec("race-" + std::to_string(r) + "-key"));
+
+  std::vector<std::atomic<int>> winners(kRounds);
+  std::atomic<int> errors{0};
+  std::barrier start(kThreads);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      Store& store = (t % 2 == 0) ? *store_ : *second;
+      for (int r = 0; r < kRounds; ++r) {
+        start.arrive_and_wait();
+        auto txn = store.Begin();
+        if (!txn) {
+          ++errors;
+          continue;
+        }
+        auto claim = (*txn)->Claim(specs[static_cast<std::size_t>(r)]);
+        if (!claim || !(*txn)->Commit()) {
+          ++errors;
+          continue;
+        }
+        if (claim->claimed) ++winners[static_cast<std::size_t>(r)];
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(errors.load(), 0);
+  int bad_rounds = 0;
+  for (int r = 0; r < kRounds; ++r) bad_rounds += winners[static_cast<std::size_t>(r)] != 1;
+  EXPECT_EQ(bad_rounds, 0) << "rounds without exactly one winner";
+}
+
+TEST_P(StoreContractTest, ReclaimTakesOverOnlyAnExpiredLeaseAtTheSeenFence) {
+  const ClaimSpec spec = Spec("key-takeover");
+  Record first = MustClaim(*store_, spec);
+  {
+    auto txn = MustBegin(*store_);
+    ASSERT_TRUE(txn->Advance(spec.scope, first.lease, "charge_sent", "pay_123").has_value());
+    ASSERT_TRUE(txn->Commit().has_value());
+  }
+  {
+    auto txn = MustBegin(*store_);
+    auto early = txn->Reclaim(spec, first.lease.fence);
+    ASSERT_FALSE(early.has_value());
+    EXPECT_EQ(early.error().code, Errc::kConflict);
+  }
+  env_.clock.Advance(kLease + Millis(1));
+  Record second;
+  {
+    auto txn = MustBegin(*store_);
+    auto taken = txn->Reclaim(spec, first.lease.fence);
+    ASSERT_TRUE(taken.has_value()) << taken.error().message;
+    second = *taken;
+    ASSERT_TRUE(txn->Commit().has_value());
+  }
+  EXPECT_EQ(second.state, RecordState::kProcessing);
+  EXPECT_EQ(second.lease.fence, first.lease.fence + 1);
+  EXPECT_NE(second.lease.owner, first.lease.owner);
+  EXPECT_EQ(second.lease.until, env_.clock.Now() + kLease);
+  // Same operation: progress, resource and retention survive a takeover.
+  EXPECT_EQ(second.recovery_point, "charge_sent");
+  EXPECT_EQ(second.resource_id, "pay_123");
+  EXPECT_EQ(second.expires_at, first.expires_at);
+  EXPECT_EQ(second.created_at, first.created_at);
+
+  // A second taker that saw the old fence loses, even once this lease expires too.
+  env_.clock.Advance(kLease + Millis(1));
+  auto txn = MustBegin(*store_);
+  auto stale = txn->Reclaim(spec, first.lease.fence);
+  ASSERT_FALSE(stale.has_value());
+  EXPECT_EQ(stale.error().code, Errc::kConflict);
+}
+
+TEST_P(StoreContractTest, FencedFinishIsRejectedAndItsBusinessWriteRollsBack) {
+  const ClaimSpec spec = Spec("key-fenced");
+  Record old_owner = MustClaim(*store_, spec);
+  env_.clock.Advance(kLease + Millis(1));
+  Record new_owner;
+  {
+    auto txn = MustBegin(*store_);
+    new_owner = *txn->Reclaim(spec, old_owner.lease.fence);
+    ASSERT_TRUE(txn->Commit().has_value());
+  }
+  {
+    // The slow first executor wakes up and tries to complete, business write first.
+    auto txn = MustBegin(*store_);
+    ASSERT_TRUE(txn->Exec("INSERT INTO contract_business (k, v) VALUES (?, ?)",
+                          {std::string("pay-1"), std::string("stale")})
+                    .has_value());
+    auto finished = txn->Finish(spec.scope, old_owner.lease, Succeeded());
+    ASSERT_FALSE(finished.has_value());
+    EXPECT_EQ(finished.error().code, Errc::kFenced);
+    auto advanced = txn->Advance(spec.scope, old_owner.lease, "done", "");
+    ASSERT_FALSE(advanced.has_value());
+    EXPECT_EQ(advanced.error().code, Errc::kFenced);
+  }  // dropped: rolled back
+  EXPECT_EQ(BusinessRows(*store_, "pay-1"), 0);
+  auto record = MustRead(*store_, spec.scope);
+  ASSERT_TRUE(record.has_value());
+  EXPECT_EQ(record->state, RecordState::kProcessing);
+  EXPECT_EQ(record->lease.owner, new_owner.lease.owner);
+
+  // The current owner completes with its business write.
+  {
+    auto txn = MustBegin(*store_);
+    ASSERT_TRUE(txn->Exec("INSERT INTO contract_business (k, v) VALUES (?, ?)",
+                          {std::string("pay-1"), std::string("fresh")})
+                    .has_value());
+    ASSERT_TRUE(txn->Finish(spec.scope, new_owner.lease, Succeeded("answer")).has_value());
+    ASSERT_TRUE(txn->Commit().has_value());
+  }
+  EXPECT_EQ(BusinessRows(*store_, "pay-1"), 1);
+  record = MustRead(*store_, spec.scope);
+  EXPECT_EQ(record->state, RecordState::kSucceeded);
+  EXPECT_EQ(record->status_code, 201);
+  EXPECT_EQ(record->response, "answer");
+  EXPECT_EQ(record->recovery_point, "done");
+}
+
+TEST_P(StoreContractTest, RenewExtendsTheLeaseOfItsOwnerOnly) {
+  const ClaimSpec spec = Spec("key-renew");
+  Record rec = MustClaim(*store_, spec);
+  env_.clock.Advance(Millis(20000));
+  {
+    auto txn = MustBegin(*store_);
+    auto renewed = txn->Renew(spec.scope, rec.lease, kLease);
+    ASSERT_TRUE(renewed.has_value()) << renewed.error().message;
+    EXPECT_EQ(renewed->until, env_.clock.Now() + kLease);
+    EXPECT_EQ(renewed->fence, rec.lease.fence);
+    ASSERT_TRUE(txn->Commit().has_value());
+  }
+  // Past the original lease but within the renewed one: no takeover.
+  env_.clock.Advance(Millis(20000));
+  {
+    auto txn = MustBegin(*store_);
+    auto taken = txn->Reclaim(spec, rec.lease.fence);
+    ASSERT_FALSE(taken.has_value());
+    EXPECT_EQ(taken.error().code, Errc::kConflict);
+  }
+  auto record = MustRead(*store_, spec.scope);
+  EXPECT_EQ(record->expires_at, rec.expires_at) << "renewal must not touch retention";
+
+  Lease stranger = rec.lease;
+  stranger.owner[0] ^= 0xff;
+  auto txn = MustBegin(*store_);
+  auto refused = txn->Renew(spec.scope, stranger, kLease);
+  ASSERT_FALSE(refused.has_value());
+  EXPECT_EQ(refused.error().code, Errc::kFenced);
+}
+
+TEST_P(StoreContractTest, FinishedRecordsCannotBeRenewedOrFinishedAgain) {
+  const ClaimSpec spec = Spec("key-finished");
+  Record rec = MustClaim(*store_, spec);
+  MustFinish(*store_, spec, rec.lease, Succeeded());
+  auto txn = MustBegin(*store_);
+  EXPECT_EQ(txn->Renew(spec.scope, rec.lease, kLease).error().code, Errc::kFenced);
+  EXPECT_EQ(txn->Finish(spec.scope, rec.lease, Succeeded()).error().code, Errc::kFenced);
+}
+
+TEST_P(StoreContractTest, RetryableFailureMayBeClaimedAgainAtOnceFinalMayNot) {
+  const ClaimSpec retry = Spec("key-retryable");
+  Record r1 = MustClaim(*store_, retry);
+  {
+    auto txn = MustBegin(*store_);
+    ASSERT_TRUE(txn->Advance(retry.scope, r1.lease, "claimed", "pay_9").has_value());
+    ASSERT_TRUE(txn->Commit().has_value());
+  }
+  MustFinish(*store_, retry, r1.lease, Outcome{RecordState::kFailedRetryable, 503, "", ""});
+  {
+    auto txn = MustBegin(*store_);
+    auto again = txn->Reclaim(retry, r1.lease.fence);
+    ASSERT_TRUE(again.has_value()) << again.error().message;
+    EXPECT_EQ(again->state, RecordState::kProcessing);
+    EXPECT_EQ(again->lease.fence, 2);
+    EXPECT_EQ(again->resource_id, "pay_9") << "a retry keeps the operation's resource id";
+    EXPECT_EQ(again->recovery_point, "claimed");
+    ASSERT_TRUE(txn->Commit().has_value());
+  }
+
+  const ClaimSpec final_spec = Spec("key-final");
+  Record f1 = MustClaim(*store_, final_spec);
+  MustFinish(*store_, final_spec, f1.lease,
+             Outcome{RecordState::kFailedFinal, 402, "declined", "done"});
+  env_.clock.Advance(kLease * 2);
+  auto txn = MustBegin(*store_);
+  auto refused = txn->Reclaim(final_spec, f1.lease.fence);
+  ASSERT_FALSE(refused.has_value());
+  EXPECT_EQ(refused.error().code, Errc::kConflict);
+}
+
+TEST_P(StoreContractTest, ExpiredRecordIsReclaimedAsANewOperation) {
+  const ClaimSpec spec = Spec("key-expired");
+  Record old = MustClaim(*store_, spec);
+  {
+    auto txn = MustBegin(*store_);
+    ASSERT_TRUE(txn->Advance(spec.scope, old.lease, "claimed", "pay_old").has_value());
+    ASSERT_TRUE(txn->Finish(spec.scope, old.lease, Succeeded()).has_value());
+    ASSERT_TRUE(txn->Commit().has_value());
+  }
+  env_.clock.Advance(kRetention);
+  const ClaimSpec next = Spec("key-expired", "acme", "alice", /*fp_byte=*/5);
+  auto txn = MustBegin(*store_);
+  auto fresh = txn->Reclaim(next, old.lease.fence);
+  ASSERT_TRUE(fresh.has_value()) << fresh.error().message;
+  EXPECT_EQ(fresh->state, RecordState::kProcessing);
+  EXPECT_EQ(fresh->fingerprint.mac, next.fingerprint.mac);
+  EXPECT_EQ(fresh->resource_id, "");
+  EXPECT_EQ(fresh->recovery_point, "");
+  EXPECT_EQ(fresh->response, "");
+  EXPECT_EQ(fresh->created_at, env_.clock.Now());
+  EXPECT_EQ(fresh->expires_at, env_.clock.Now() + kRetention);
+  EXPECT_EQ(fresh->lease.fence, old.lease.fence + 1);
+}
+
+TEST_P(StoreContractTest, CountsPerPrincipalAndStateAreBoundedByTheLimit) {
+  for (int i = 0; i < 5; ++i) MustClaim(*store_, Spec("alice-run-" + std::to_string(i)));
+  for (int i = 0; i < 3; ++i) {
+    ClaimSpec spec = Spec("alice-done-" + std::to_string(i));
+    MustFinish(*store_, spec, MustClaim(*store_, spec).lease, Succeeded());
+  }
+  MustClaim(*store_, Spec("bob-run-00", "acme", "bob"));
+  MustClaim(*store_, Spec("alice-other", "globex", "alice"));
+
+  auto txn = MustBegin(*store_);
+  EXPECT_EQ(*txn->Count("acme", "alice", RecordState::kProcessing, 100), 5);
+  EXPECT_EQ(*txn->Count("acme", "alice", RecordState::kSucceeded, 100), 3);
+  EXPECT_EQ(*txn->Count("acme", "alice", std::nullopt, 100), 8);
+  EXPECT_EQ(*txn->Count("acme", "alice", std::nullopt, 4), 4);
+  EXPECT_EQ(*txn->Count("acme", "bob", RecordState::kProcessing, 100), 1);
+  EXPECT_EQ(*txn->Count("globex", "alice", std::nullopt, 100), 1);
+  EXPECT_EQ(*txn->Count("globex", "nobody", std::nullopt, 100), 0);
+}
+
+TEST_P(StoreContractTest, SweeperDeletesExpiredFinishedRecordsInBatchesOnly) {
+  std::vector<ClaimSpec> expired, live;
+  for (int i = 0; i < 7; ++i) {
+    expired.push_back(Spec("old-" + std::to_string(i) + "-key"));
+    MustFinish(*store_, expired.back(), MustClaim(*store_, expired.back()).lease, Succeeded());
+  }
+  const ClaimSpec stuck = Spec("old-processing");
+  MustClaim(*store_, stuck);
+  env_.clock.Advance(kRetention);
+  for (int i = 0; i < 2; ++i) {
+    live.push_back(Spec("new-" + std::to_string(i) + "-key"));
+    MustFinish(*store_, live.back(), MustClaim(*store_, live.back()).lease, Succeeded());
+  }
+
+  auto first = store_->Sweep(3);
+  ASSERT_TRUE(first.has_value()) << first.error().message;
+  EXPECT_EQ(*first, 3);
+  EXPECT_EQ(*store_->Sweep(3), 3);
+  EXPECT_EQ(*store_->Sweep(3), 1);
+  EXPECT_EQ(*store_->Sweep(3), 0);
+  for (const ClaimSpec& s : expired) EXPECT_FALSE(MustRead(*store_, s.scope).has_value());
+  for (const ClaimSpec& s : live) EXPECT_TRUE(MustRead(*store_, s.scope).has_value());
+  EXPECT_TRUE(MustRead(*store_, stuck.scope).has_value())
+      << "an unresolved PROCESSING record is the reconciler's, not the sweeper's";
+}
+
+TEST_P(StoreContractTest, ExecReportsUniqueViolationsAsAlreadyExists) {
+  auto txn = MustBegin(*store_);
+  ASSERT_TRUE(txn->Exec("INSERT INTO contract_business (k, v) VALUES (?, ?)",
+                        {std::string("ord-1"), std::string("a")})
+                  .has_value());
+  auto dup = txn->Exec("INSERT INTO contract_business (k, v) VALUES (?, ?)",
+                       {std::string("ord-1"), std::string("b")});
+  ASSERT_FALSE(dup.has_value());
+  EXPECT_EQ(dup.error().code, Errc::kAlreadyExists);
+  // The transaction is still usable: decide from the existing row.
+  auto rows = txn->Exec("SELECT v FROM contract_business WHERE k = ?", {std::string("ord-1")});
+  ASSERT_TRUE(rows.has_value()) << rows.error().message;
+  ASSERT_EQ(rows->size(), 1u);
+  EXPECT_EQ(std::get<std::string>(rows->at(0).at(0)), "a");
+}
+
+TEST_P(StoreContractTest, RecordsSurviveReopeningTheStore) {
+  if (!store_->capabilities().durable) GTEST_SKIP() << "store is not durable";
+  const ClaimSpec spec = Spec("key-durable");
+  Record rec = MustClaim(*store_, spec);
+  MustFinish(*store_, spec, rec.lease, Succeeded("kept"));
+  store_.reset();
+  store_ = Open();
+  ASSERT_NE(store_, nullptr);
+  auto record = MustRead(*store_, spec.scope);
+  ASSERT_TRUE(record.has_value());
+  EXPECT_EQ(record->state, RecordState::kSucceeded);
+  EXPECT_EQ(record->response, "kept");
+  EXPECT_EQ(record->lease.owner, rec.lease.owner);
+  EXPECT_EQ(record->expires_at, rec.expires_at);
+}
+
+}  // namespace
+}  // namespace idem::testing

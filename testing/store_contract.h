@@ -1,0 +1,50 @@
+// testing/store_contract.h — the store contract suite: every Store backend passes it unchanged.
+//
+// A backend's test file instantiates it with one line:
+//   INSTANTIATE_TEST_SUITE_P(Sqlite, StoreContractTest, ::testing::Values(SqliteFactory()), ...);
+// Backend differences reach the suite only through StoreCapabilities.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "include/idem/store.h"
+#include "testing/fakes.h"
+
+namespace idem::testing {
+
+// What one test gives a factory: its clock, its randomness and a directory of its own.
+struct StoreTestEnv {
+  FakeClock clock;
+  SeededRandom random{42};
+  TempDir dir;
+};
+
+// The SQL of the business table the suite writes to (contract_business(k TEXT PRIMARY KEY,
+// v TEXT)); a factory applies it as an application migration.
+inline constexpr const char* kContractBusinessTable =
+    "CREATE TABLE contract_business (k TEXT PRIMARY KEY, v TEXT NOT NULL)";
+
+struct StoreFactory {
+  std::string name;
+  // Opens a store on this test's data. Called again, it opens another instance (other
+  // connections) on the same data, as a second process would.
+  std::function<Result<std::unique_ptr<Store>>(StoreTestEnv& env)> open;
+};
+
+class StoreContractTest : public ::testing::TestWithParam<StoreFactory> {
+ protected:
+  void SetUp() override;
+  std::unique_ptr<Store> Open();
+
+  StoreTestEnv env_;
+  std::unique_ptr<Store> store_;
+};
+
+// Names parameterised instances after their factory.
+std::string FactoryName(const ::testing::TestParamInfo<StoreFactory>& info);
+
+}  // namespace idem::testing
