@@ -83,14 +83,38 @@ Result<std::string> DecimalFromJsonNumber(std::string_view s) {
   return out;
 }
 
-// ---- The tree -------------------------------------------------------------------------------
+// ---- The document: one arena of text and a flat array of nodes -----------------------------
+//
+// Canonicalising a request is on every request's path, so the tree costs a handful of
+// allocations, not one per value: all strings, member names and numbers live in one arena, and
+// nodes refer to each other by index (children as a singly linked list, kept sorted by name).
+
+enum class Kind : uint8_t { kNull, kFalse, kTrue, kNumber, kString, kArray, kObject };
+
+struct Slice {
+  uint32_t offset = 0;
+  uint32_t size = 0;
+};
 
 struct Node {
-  enum class Kind : uint8_t { kNull, kFalse, kTrue, kNumber, kString, kArray, kObject };
   Kind kind = Kind::kNull;
-  std::string text;                // number: canonical decimal; string: decoded UTF-8
-  std::vector<std::string> keys;   // object member names, sorted
-  std::vector<Node> children;      // array elements, or object member values parallel to keys
+  Slice text;        // number: canonical decimal; string: decoded UTF-8
+  Slice key;         // member name, when the node is an object member
+  int32_t first = -1;  // first child
+  int32_t last = -1;   // last child (appending while parsing)
+  int32_t next = -1;   // next sibling
+};
+
+struct Doc {
+  std::string arena;
+  std::vector<Node> nodes;
+
+  std::string_view View(Slice s) const { return std::string_view(arena).substr(s.offset, s.size); }
+  Slice Append(std::string_view s) {
+    Slice slice{static_cast<uint32_t>(arena.size()), static_cast<uint32_t>(s.size())};
+    arena.append(s);
+    return slice;
+  }
 };
 
 // RFC 8785 §3.2.3: members sorted by their names' UTF-16 code units. For valid UTF-8, byte order
@@ -112,70 +136,55 @@ bool KeyLess(std::string_view a, std::string_view b) {
   return x < y;
 }
 
-// Sorts an object's members and reports whether two share a name.
-bool SortMembers(Node& obj, std::string* duplicate) {
-  const std::size_t n = obj.keys.size();
-  std::vector<std::size_t> order(n);
-  for (std::size_t i = 0; i < n; ++i) order[i] = i;
-  std::sort(order.begin(), order.end(),
-            [&](std::size_t x, std::size_t y) { return KeyLess(obj.keys[x], obj.keys[y]); });
-  std::vector<std::string> keys;
-  std::vector<Node> children;
-  keys.reserve(n);
-  children.reserve(n);
-  for (std::size_t i : order) {
-    if (!keys.empty() && keys.back() == obj.keys[i]) {
-      *duplicate = obj.keys[i];
-      return false;
-    }
-    keys.push_back(std::move(obj.keys[i]));
-    children.push_back(std::move(obj.children[i]));
-  }
-  obj.keys = std::move(keys);
-  obj.children = std::move(children);
-  return true;
-}
+// ---- Boost.JSON SAX handler building the document -------------------------------------------
 
-// ---- Boost.JSON SAX handler building the tree -----------------------------------------------
-
-class TreeBuilder {
+class DocBuilder {
  public:
   static constexpr std::size_t max_array_size = static_cast<std::size_t>(-1);
   static constexpr std::size_t max_object_size = static_cast<std::size_t>(-1);
   static constexpr std::size_t max_string_size = static_cast<std::size_t>(-1);
   static constexpr std::size_t max_key_size = static_cast<std::size_t>(-1);
 
-  explicit TreeBuilder(std::size_t max_container) : max_container_(max_container) {}
+  DocBuilder(Doc& doc, std::size_t max_container) : doc_(doc), max_container_(max_container) {}
 
-  Node root;
+  int32_t root = -1;    // the first node this parse made
   std::string failure;  // set when the handler itself refused the input
 
   bool on_document_begin(boost::json::error_code&) { return true; }
   bool on_document_end(boost::json::error_code&) { return true; }
-  bool on_array_begin(boost::json::error_code& ec) { return Open(Node::Kind::kArray, ec); }
-  bool on_object_begin(boost::json::error_code& ec) { return Open(Node::Kind::kObject, ec); }
-  bool on_array_end(std::size_t, boost::json::error_code& ec) { return Close(ec); }
-  bool on_object_end(std::size_t, boost::json::error_code& ec) { return Close(ec); }
+  bool on_array_begin(boost::json::error_code& ec) { return Open(Kind::kArray, ec); }
+  bool on_object_begin(boost::json::error_code& ec) { return Open(Kind::kObject, ec); }
+  bool on_array_end(std::size_t, boost::json::error_code&) {
+    stack_.pop_back();
+    return true;
+  }
+  bool on_object_end(std::size_t, boost::json::error_code& ec) {
+    const int32_t obj = stack_.back();
+    stack_.pop_back();
+    return SortMembers(obj, ec);
+  }
   bool on_string_part(boost::json::string_view s, std::size_t, boost::json::error_code&) {
-    buffer_.append(s.data(), s.size());
+    Part(s);
     return true;
   }
   bool on_string(boost::json::string_view s, std::size_t, boost::json::error_code& ec) {
-    buffer_.append(s.data(), s.size());
-    return Leaf(Node::Kind::kString, ec);
+    Part(s);
+    const int32_t n = Place(Kind::kString, ec);
+    if (n < 0) return false;
+    doc_.nodes[static_cast<std::size_t>(n)].text = TakePart();
+    return true;
   }
   bool on_key_part(boost::json::string_view s, std::size_t, boost::json::error_code&) {
-    buffer_.append(s.data(), s.size());
+    Part(s);
     return true;
   }
   bool on_key(boost::json::string_view s, std::size_t, boost::json::error_code&) {
-    buffer_.append(s.data(), s.size());
-    stack_.back()->keys.push_back(std::move(buffer_));
-    buffer_.clear();
+    Part(s);
+    pending_key_ = TakePart();
     return true;
   }
   bool on_number_part(boost::json::string_view s, boost::json::error_code&) {
-    buffer_.append(s.data(), s.size());
+    number_.append(s.data(), s.size());
     return true;
   }
   bool on_int64(int64_t, boost::json::string_view s, boost::json::error_code& ec) {
@@ -188,9 +197,9 @@ class TreeBuilder {
     return Number(s, ec);
   }
   bool on_bool(bool b, boost::json::error_code& ec) {
-    return Leaf(b ? Node::Kind::kTrue : Node::Kind::kFalse, ec);
+    return Place(b ? Kind::kTrue : Kind::kFalse, ec) >= 0;
   }
-  bool on_null(boost::json::error_code& ec) { return Leaf(Node::Kind::kNull, ec); }
+  bool on_null(boost::json::error_code& ec) { return Place(Kind::kNull, ec) >= 0; }
   bool on_comment_part(boost::json::string_view, boost::json::error_code&) { return true; }
   bool on_comment(boost::json::string_view, boost::json::error_code&) { return true; }
 
@@ -201,73 +210,114 @@ class TreeBuilder {
     return false;
   }
 
-  // Places a new node where the parser is: the root, the next array element, or the value of the
-  // member whose key was just read.
-  Node* Place(boost::json::error_code& ec) {
-    if (stack_.empty()) return &root;
-    Node* parent = stack_.back();
-    if (parent->children.size() >= max_container_) {
+  // Strings and keys arrive in parts, appended straight to the arena.
+  void Part(boost::json::string_view s) {
+    if (part_start_ < 0) part_start_ = static_cast<int64_t>(doc_.arena.size());
+    doc_.arena.append(s.data(), s.size());
+  }
+  Slice TakePart() {
+    if (part_start_ < 0) part_start_ = static_cast<int64_t>(doc_.arena.size());
+    Slice slice{static_cast<uint32_t>(part_start_),
+                static_cast<uint32_t>(doc_.arena.size() - static_cast<std::size_t>(part_start_))};
+    part_start_ = -1;
+    return slice;
+  }
+
+  // Appends a node where the parser is: the root, the next array element, or the value of the
+  // member whose key was just read. Returns its index, or -1 after refusing.
+  int32_t Place(Kind kind, boost::json::error_code& ec) {
+    const auto index = static_cast<int32_t>(doc_.nodes.size());
+    Node node;
+    node.kind = kind;
+    if (stack_.empty()) {
+      root = index;
+      doc_.nodes.push_back(node);
+      return index;
+    }
+    const int32_t parent_index = stack_.back();
+    std::size_t& count = counts_.back();
+    if (++count > max_container_) {
       Refuse("an array or object has more than " + std::to_string(max_container_) + " entries",
              ec);
-      return nullptr;
+      return -1;
     }
-    return &parent->children.emplace_back();
+    if (doc_.nodes[static_cast<std::size_t>(parent_index)].kind == Kind::kObject) {
+      node.key = pending_key_;
+    }
+    doc_.nodes.push_back(node);
+    Node& parent = doc_.nodes[static_cast<std::size_t>(parent_index)];
+    if (parent.last < 0) {
+      parent.first = index;
+    } else {
+      doc_.nodes[static_cast<std::size_t>(parent.last)].next = index;
+    }
+    parent.last = index;
+    return index;
   }
 
-  bool Open(Node::Kind kind, boost::json::error_code& ec) {
-    Node* node = Place(ec);
-    if (node == nullptr) return false;
-    node->kind = kind;
-    stack_.push_back(node);
+  bool Open(Kind kind, boost::json::error_code& ec) {
+    const int32_t index = Place(kind, ec);
+    if (index < 0) return false;
+    stack_.push_back(index);
+    counts_.push_back(0);
     return true;
   }
 
-  bool Close(boost::json::error_code& ec) {
-    Node* node = stack_.back();
-    stack_.pop_back();
-    if (node->kind == Node::Kind::kObject) {
-      std::string duplicate;
-      if (!SortMembers(*node, &duplicate)) return Refuse("duplicate member '" + duplicate + "'", ec);
+  // Relinks an object's members in canonical order; refuses duplicate names.
+  bool SortMembers(int32_t obj, boost::json::error_code& ec) {
+    counts_.pop_back();
+    members_.clear();
+    for (int32_t c = doc_.nodes[static_cast<std::size_t>(obj)].first; c >= 0;
+         c = doc_.nodes[static_cast<std::size_t>(c)].next) {
+      members_.push_back(c);
     }
-    return true;
-  }
-
-  bool Leaf(Node::Kind kind, boost::json::error_code& ec) {
-    Node* node = Place(ec);
-    if (node == nullptr) return false;
-    node->kind = kind;
-    if (kind == Node::Kind::kString) {
-      node->text = std::move(buffer_);
-      buffer_.clear();
+    if (members_.empty()) return true;
+    auto key = [&](int32_t i) { return doc_.View(doc_.nodes[static_cast<std::size_t>(i)].key); };
+    std::sort(members_.begin(), members_.end(),
+              [&](int32_t a, int32_t b) { return KeyLess(key(a), key(b)); });
+    for (std::size_t i = 0; i + 1 < members_.size(); ++i) {
+      if (key(members_[i]) == key(members_[i + 1])) {
+        return Refuse("duplicate member '" + std::string(key(members_[i])) + "'", ec);
+      }
+      doc_.nodes[static_cast<std::size_t>(members_[i])].next = members_[i + 1];
     }
+    doc_.nodes[static_cast<std::size_t>(members_.back())].next = -1;
+    Node& o = doc_.nodes[static_cast<std::size_t>(obj)];
+    o.first = members_.front();
+    o.last = members_.back();
     return true;
   }
 
   bool Number(boost::json::string_view s, boost::json::error_code& ec) {
-    buffer_.append(s.data(), s.size());
-    auto decimal = DecimalFromJsonNumber(buffer_);
-    buffer_.clear();
+    number_.append(s.data(), s.size());
+    auto decimal = DecimalFromJsonNumber(number_);
+    number_.clear();
     if (!decimal) return Refuse(decimal.error().message, ec);
-    Node* node = Place(ec);
-    if (node == nullptr) return false;
-    node->kind = Node::Kind::kNumber;
-    node->text = std::move(*decimal);
+    const int32_t n = Place(Kind::kNumber, ec);
+    if (n < 0) return false;
+    doc_.nodes[static_cast<std::size_t>(n)].text = doc_.Append(*decimal);
     return true;
   }
 
+  Doc& doc_;
   std::size_t max_container_;
-  std::vector<Node*> stack_;
-  std::string buffer_;
+  std::vector<int32_t> stack_;
+  std::vector<std::size_t> counts_;
+  std::vector<int32_t> members_;
+  std::string number_;
+  Slice pending_key_;
+  int64_t part_start_ = -1;
 };
 
-Result<Node> ParseTree(std::string_view json, const CanonicalRules& rules) {
+// Parses `json` into `doc` and returns the index of its root node.
+Result<int32_t> ParseInto(Doc& doc, std::string_view json, const CanonicalRules& rules) {
   if (json.size() > rules.max_bytes) {
     return MakeError(Errc::kTooLarge,
                      "JSON body is larger than " + std::to_string(rules.max_bytes) + " bytes");
   }
   boost::json::parse_options options;
   options.max_depth = rules.max_depth;
-  boost::json::basic_parser<TreeBuilder> parser(options, rules.max_container_size);
+  boost::json::basic_parser<DocBuilder> parser(options, doc, rules.max_container_size);
   boost::json::error_code ec;
   std::size_t used = parser.write_some(false, json.data(), json.size(), ec);
   if (!ec && used != json.size()) ec = boost::json::error::extra_data;
@@ -279,7 +329,7 @@ Result<Node> ParseTree(std::string_view json, const CanonicalRules& rules) {
     return MakeError(Errc::kInvalidArgument,
                      "invalid JSON at byte " + std::to_string(used) + ": " + why);
   }
-  return std::move(parser.handler().root);
+  return parser.handler().root;
 }
 
 // ---- Rules ----------------------------------------------------------------------------------
@@ -295,71 +345,81 @@ std::vector<std::string_view> SplitPath(std::string_view path) {
   return parts;
 }
 
-// The object that holds the last member of `path`, or null if some step is missing.
-Node* ParentOf(Node& root, const std::vector<std::string_view>& parts) {
-  Node* node = &root;
-  for (std::size_t i = 0; i + 1 < parts.size(); ++i) {
-    if (node->kind != Node::Kind::kObject) return nullptr;
-    auto it = std::lower_bound(node->keys.begin(), node->keys.end(), parts[i], KeyLess);
-    if (it == node->keys.end() || *it != parts[i]) return nullptr;
-    node = &node->children[static_cast<std::size_t>(it - node->keys.begin())];
+// Where a member is, or would go, in an object's sorted member list.
+struct MemberPos {
+  int32_t parent = -1;  // the object; -1 when some step of the path is missing
+  int32_t prev = -1;    // the member before it (or before the insertion point)
+  int32_t found = -1;   // the member, if present
+};
+
+MemberPos Locate(const Doc& doc, int32_t root, const std::vector<std::string_view>& parts) {
+  MemberPos pos;
+  int32_t node = root;
+  for (std::size_t i = 0; i < parts.size(); ++i) {
+    if (doc.nodes[static_cast<std::size_t>(node)].kind != Kind::kObject) return MemberPos{};
+    int32_t prev = -1, found = -1;
+    for (int32_t c = doc.nodes[static_cast<std::size_t>(node)].first; c >= 0;
+         c = doc.nodes[static_cast<std::size_t>(c)].next) {
+      const std::string_view name = doc.View(doc.nodes[static_cast<std::size_t>(c)].key);
+      if (name == parts[i]) {
+        found = c;
+        break;
+      }
+      if (!KeyLess(name, parts[i])) break;
+      prev = c;
+    }
+    if (i + 1 == parts.size()) return MemberPos{node, prev, found};
+    if (found < 0) return MemberPos{};
+    node = found;
   }
-  return node->kind == Node::Kind::kObject ? node : nullptr;
+  return pos;
 }
 
-// Index of member `name` in `obj`, or the position to insert it at with found = false.
-std::size_t FindMember(const Node& obj, std::string_view name, bool* found) {
-  auto it = std::lower_bound(obj.keys.begin(), obj.keys.end(), name, KeyLess);
-  *found = it != obj.keys.end() && *it == name;
-  return static_cast<std::size_t>(it - obj.keys.begin());
-}
-
-Status ApplyRules(Node& root, const CanonicalRules& rules) {
+Status ApplyRules(Doc& doc, int32_t root, const CanonicalRules& rules) {
+  auto at = [&](int32_t i) -> Node& { return doc.nodes[static_cast<std::size_t>(i)]; };
   for (const std::string& path : rules.removed_fields) {
-    auto parts = SplitPath(path);
-    Node* parent = ParentOf(root, parts);
-    if (parent == nullptr) continue;
-    bool found;
-    std::size_t i = FindMember(*parent, parts.back(), &found);
-    if (!found) continue;
-    parent->keys.erase(parent->keys.begin() + static_cast<std::ptrdiff_t>(i));
-    parent->children.erase(parent->children.begin() + static_cast<std::ptrdiff_t>(i));
+    const MemberPos pos = Locate(doc, root, SplitPath(path));
+    if (pos.found < 0) continue;
+    const int32_t after = at(pos.found).next;
+    if (pos.prev < 0) {
+      at(pos.parent).first = after;
+    } else {
+      at(pos.prev).next = after;
+    }
   }
   for (const auto& [path, value_json] : rules.defaults) {
-    auto parts = SplitPath(path);
-    Node* parent = ParentOf(root, parts);
-    if (parent == nullptr) continue;
-    bool found;
-    std::size_t i = FindMember(*parent, parts.back(), &found);
-    if (found) continue;
-    CanonicalRules plain;
-    auto value = ParseTree(value_json, plain);
-    if (!value) {
+    const auto parts = SplitPath(path);
+    const MemberPos pos = Locate(doc, root, parts);
+    if (pos.parent < 0 || pos.found >= 0) continue;
+    auto parsed = ParseInto(doc, value_json, CanonicalRules{});
+    if (!parsed) {
       return MakeError(Errc::kInvalidArgument,
-                       "default for '" + path + "': " + value.error().message);
+                       "default for '" + path + "': " + parsed.error().message);
     }
-    parent->keys.insert(parent->keys.begin() + static_cast<std::ptrdiff_t>(i),
-                        std::string(parts.back()));
-    parent->children.insert(parent->children.begin() + static_cast<std::ptrdiff_t>(i),
-                            std::move(*value));
+    const int32_t value = *parsed;
+    at(value).key = doc.Append(parts.back());
+    if (pos.prev < 0) {
+      at(value).next = at(pos.parent).first;
+      at(pos.parent).first = value;
+    } else {
+      at(value).next = at(pos.prev).next;
+      at(pos.prev).next = value;
+    }
   }
   for (const std::string& path : rules.money_fields) {
-    auto parts = SplitPath(path);
-    Node* parent = ParentOf(root, parts);
-    if (parent == nullptr) continue;
-    bool found;
-    std::size_t i = FindMember(*parent, parts.back(), &found);
-    if (!found) continue;
-    Node& money = parent->children[i];
-    if (money.kind == Node::Kind::kString) {
-      auto decimal = DecimalFromJsonNumber(money.text);
+    const MemberPos pos = Locate(doc, root, SplitPath(path));
+    if (pos.found < 0) continue;
+    Node& money = at(pos.found);
+    if (money.kind == Kind::kString) {
+      auto decimal = DecimalFromJsonNumber(doc.View(money.text));
       if (!decimal) {
         return MakeError(Errc::kInvalidArgument,
                          "'" + path + "' must be a decimal number or a string holding one");
       }
-      money.kind = Node::Kind::kNumber;
-      money.text = std::move(*decimal);
-    } else if (money.kind != Node::Kind::kNumber) {
+      const Slice text = doc.Append(*decimal);
+      at(pos.found).kind = Kind::kNumber;
+      at(pos.found).text = text;
+    } else if (money.kind != Kind::kNumber) {
       return MakeError(Errc::kInvalidArgument,
                        "'" + path + "' must be a decimal number or a string holding one");
     }
@@ -421,31 +481,29 @@ void WriteString(std::string_view s, std::string& out) {
   out.push_back('"');
 }
 
-void Write(const Node& node, std::string& out) {
+void Write(const Doc& doc, int32_t index, std::string& out) {
+  const Node& node = doc.nodes[static_cast<std::size_t>(index)];
   switch (node.kind) {
-    case Node::Kind::kNull: out.append("null"); break;
-    case Node::Kind::kFalse: out.append("false"); break;
-    case Node::Kind::kTrue: out.append("true"); break;
-    case Node::Kind::kNumber: out.append(node.text); break;
-    case Node::Kind::kString: WriteString(node.text, out); break;
-    case Node::Kind::kArray:
-      out.push_back('[');
-      for (std::size_t i = 0; i < node.children.size(); ++i) {
-        if (i > 0) out.push_back(',');
-        Write(node.children[i], out);
+    case Kind::kNull: out.append("null"); break;
+    case Kind::kFalse: out.append("false"); break;
+    case Kind::kTrue: out.append("true"); break;
+    case Kind::kNumber: out.append(doc.View(node.text)); break;
+    case Kind::kString: WriteString(doc.View(node.text), out); break;
+    case Kind::kArray:
+    case Kind::kObject: {
+      const bool object = node.kind == Kind::kObject;
+      out.push_back(object ? '{' : '[');
+      for (int32_t c = node.first; c >= 0; c = doc.nodes[static_cast<std::size_t>(c)].next) {
+        if (c != node.first) out.push_back(',');
+        if (object) {
+          WriteString(doc.View(doc.nodes[static_cast<std::size_t>(c)].key), out);
+          out.push_back(':');
+        }
+        Write(doc, c, out);
       }
-      out.push_back(']');
+      out.push_back(object ? '}' : ']');
       break;
-    case Node::Kind::kObject:
-      out.push_back('{');
-      for (std::size_t i = 0; i < node.children.size(); ++i) {
-        if (i > 0) out.push_back(',');
-        WriteString(node.keys[i], out);
-        out.push_back(':');
-        Write(node.children[i], out);
-      }
-      out.push_back('}');
-      break;
+    }
   }
 }
 
@@ -454,11 +512,14 @@ void Write(const Node& node, std::string& out) {
 Result<std::string> CanonicalDecimal(std::string_view text) { return DecimalFromJsonNumber(text); }
 
 Result<std::string> Canonicalize(std::string_view json, const CanonicalRules& rules) {
-  IDEM_ASSIGN_OR_RETURN(Node root, ParseTree(json, rules));
-  IDEM_RETURN_IF_ERROR(ApplyRules(root, rules));
+  Doc doc;
+  doc.arena.reserve(json.size() + 64);
+  doc.nodes.reserve(json.size() / 8 + 4);
+  IDEM_ASSIGN_OR_RETURN(const int32_t root, ParseInto(doc, json, rules));
+  IDEM_RETURN_IF_ERROR(ApplyRules(doc, root, rules));
   std::string out;
   out.reserve(json.size());
-  Write(root, out);
+  Write(doc, root, out);
   return out;
 }
 
