@@ -342,6 +342,25 @@ TEST_P(StoreContractTest, ExpiredRecordIsReclaimedAsANewOperation) {
   EXPECT_EQ(fresh->lease.fence, old.lease.fence + 1);
 }
 
+TEST_P(StoreContractTest, ExpiredProcessingRecordIsOnlyTakenOver) {
+  const ClaimSpec spec = Spec("key-expired-processing");
+  Record old = MustClaim(*store_, spec);
+  {
+    auto txn = MustBegin(*store_);
+    ASSERT_TRUE(txn->Advance(spec.scope, old.lease, "charge_sent", "pay_x").has_value());
+    ASSERT_TRUE(txn->Commit().has_value());
+  }
+  env_.clock.Advance(kRetention);
+  auto txn = MustBegin(*store_);
+  auto taken = txn->Reclaim(Spec("key-expired-processing", "acme", "alice", 5), old.lease.fence);
+  ASSERT_TRUE(taken.has_value()) << taken.error().message;
+  // The charge may have left: progress and ids survive, and so does the original fingerprint.
+  EXPECT_EQ(taken->recovery_point, "charge_sent");
+  EXPECT_EQ(taken->resource_id, "pay_x");
+  EXPECT_EQ(taken->fingerprint.mac, spec.fingerprint.mac);
+  EXPECT_EQ(taken->created_at, old.created_at);
+}
+
 TEST_P(StoreContractTest, CountsPerPrincipalAndStateAreBoundedByTheLimit) {
   for (int i = 0; i < 5; ++i) MustClaim(*store_, Spec("alice-run-" + std::to_string(i)));
   for (int i = 0; i < 3; ++i) {

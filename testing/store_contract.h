@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <functional>
+#include <ostream>
 #include <memory>
 #include <string>
 
@@ -34,6 +35,9 @@ struct StoreFactory {
   // connections) on the same data, as a second process would.
   std::function<Result<std::unique_ptr<Store>>(StoreTestEnv& env)> open;
 };
+
+// gtest prints parameters of failing tests with this.
+inline void PrintTo(const StoreFactory& factory, std::ostream* os) { *os << factory.name; }
 
 class StoreContractTest : public ::testing::TestWithParam<StoreFactory> {
  protected:

@@ -77,7 +77,10 @@ struct Decision {
   Timestamp key_expires{};   // until when a retry with this key is recognised
 };
 
-// Business writes that join a record transaction. Returning an error rolls the transaction back.
+// Business writes that join a record transaction. Returning an error rolls the transaction back;
+// so does throwing, which the engine reports as kInternal. A claim hook runs on every claim that
+// wins the right to execute, resumes included: record.resource_id tells whether an earlier
+// attempt already fixed the operation's ids.
 using TxnHook = std::function<Status(StoreTxn& txn, const Record& record)>;
 
 // Runs the protocol. Borrows everything it is given; all of it must outlive the engine.

@@ -74,8 +74,9 @@ class StoreTxn {
 
   // Claims an existing record again, if it still has fence `seen_fence` and is claimable: a
   // PROCESSING record whose lease expired (a takeover: recovery point and resource id are kept),
-  // a FAILED_RETRYABLE record (a retry: the same), or any record past its expiry (a new
-  // operation: every column is rewritten from `spec`). The new holder gets a fresh owner token,
+  // a FAILED_RETRYABLE record (a retry: the same), or a finished record past its expiry (a new
+  // operation: every column is rewritten from `spec`). A PROCESSING record past its expiry is
+  // only ever taken over: its downstream call may have happened. The new holder gets a fresh owner token,
   // fence + 1 and a lease of spec.lease_ttl. Errors: kConflict if the record moved on or its
   // lease is still live; kNotFound if it is gone.
   virtual Result<Record> Reclaim(const ClaimSpec& spec, int64_t seen_fence) = 0;

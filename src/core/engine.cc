@@ -2,6 +2,7 @@
 #include "include/idem/engine.h"
 
 #include <algorithm>
+#include <exception>
 
 namespace idem {
 
@@ -10,6 +11,18 @@ Engine::Engine(Store& store, const Fingerprinter& fingerprinter, const Sealer& s
     : store_(store), fingerprinter_(fingerprinter), sealer_(sealer), clock_(clock) {}
 
 namespace {
+
+// Runs caller code inside a transaction. A hook that throws is reported as kInternal, so no
+// exception crosses the engine and the transaction rolls back.
+Status RunHook(const TxnHook& hook, StoreTxn& txn, const Record& record) {
+  try {
+    return hook(txn, record);
+  } catch (const std::exception& e) {
+    return MakeError(Errc::kInternal, std::string("transaction hook threw: ") + e.what());
+  } catch (...) {
+    return MakeError(Errc::kInternal, "transaction hook threw");
+  }
+}
 
 const CanonicalRules* RulesOfVersion(const RoutePolicy& policy, uint32_t version) {
   if (policy.rules.version == version) return &policy.rules;
@@ -91,8 +104,9 @@ Result<Decision> Engine::ClaimInTxn(const RoutePolicy& policy, const Request& re
   bool resumed = false;
   if (!claim.claimed) {
     const Timestamp now = clock_.Now();
-    if (record.expires_at <= now) {
-      // Past retention: the old operation is forgotten and this is a new one.
+    if (record.expires_at <= now && record.state != RecordState::kProcessing) {
+      // Past retention: the old operation is forgotten and this is a new one. (An unresolved
+      // PROCESSING record is never forgotten; it is decided below like a live one.)
       IDEM_ASSIGN_OR_RETURN(record, txn->Reclaim(spec, record.lease.fence));
     } else {
       IDEM_RETURN_IF_ERROR(
@@ -117,7 +131,7 @@ Result<Decision> Engine::ClaimInTxn(const RoutePolicy& policy, const Request& re
   }
   IDEM_RETURN_IF_ERROR(CheckQuota(policy, *txn, request.principal));
   if (on_claim) {
-    IDEM_RETURN_IF_ERROR(on_claim(*txn, record));
+    IDEM_RETURN_IF_ERROR(RunHook(on_claim, *txn, record));
     IDEM_ASSIGN_OR_RETURN(std::optional<Record> updated, txn->Get(spec.scope));
     if (!updated) return MakeError(Errc::kInternal, "claim hook deleted its own record");
     record = std::move(*updated);
@@ -162,7 +176,7 @@ Status Engine::Advance(const Ticket& ticket, std::string_view point, std::string
                        const TxnHook& business) {
   IDEM_ASSIGN_OR_RETURN(std::unique_ptr<StoreTxn> txn, store_.Begin());
   IDEM_RETURN_IF_ERROR(txn->Advance(ticket.scope, ticket.lease, point, resource_id));
-  if (business) IDEM_RETURN_IF_ERROR(business(*txn, ticket.record));
+  if (business) IDEM_RETURN_IF_ERROR(RunHook(business, *txn, ticket.record));
   return txn->Commit();
 }
 
@@ -190,7 +204,7 @@ Status Engine::Finish(const Ticket& ticket, RecordState state, const StoredRespo
   IDEM_ASSIGN_OR_RETURN(std::unique_ptr<StoreTxn> txn, store_.Begin());
   // The fenced record update first: a stale executor learns it lost before writing business rows.
   IDEM_RETURN_IF_ERROR(txn->Finish(ticket.scope, ticket.lease, outcome));
-  if (business) IDEM_RETURN_IF_ERROR(business(*txn, ticket.record));
+  if (business) IDEM_RETURN_IF_ERROR(RunHook(business, *txn, ticket.record));
   return txn->Commit();
 }
 

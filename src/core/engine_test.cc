@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <deque>
+#include <stdexcept>
 #include <thread>
 
 #include "include/idem/store/sqlite.h"
@@ -233,6 +234,31 @@ TEST_F(EngineTest, AfterRetentionTheKeyStartsANewOperation) {
   ASSERT_EQ(fresh.kind, Decision::Kind::kExecute);
   EXPECT_FALSE(fresh.ticket.resumed);
   EXPECT_EQ(fresh.key_expires, clock_.Now() + kRetention);
+}
+
+TEST_F(EngineTest, AnUnresolvedExecutionIsNeverForgottenByExpiry) {
+  Decision d = MustStart(Req("key-00011"), InsertPending("pay_11"));
+  ASSERT_TRUE(engine_->Advance(d.ticket, "charge_sent").has_value());
+  clock_.Advance(kRetention);
+  // Another body cannot start a new operation on an unresolved one: it is a mismatch...
+  EXPECT_EQ(StartError(Req("key-00011", R"({"amount":"3"})")), Errc::kFingerprintMismatch);
+  // ...and the same body resumes it, with the payment id and recovery point intact.
+  Decision resumed = MustStart(Req("key-00011"));
+  ASSERT_EQ(resumed.kind, Decision::Kind::kExecute);
+  EXPECT_TRUE(resumed.ticket.resumed);
+  EXPECT_EQ(resumed.ticket.record.recovery_point, "charge_sent");
+  EXPECT_EQ(resumed.ticket.record.resource_id, "pay_11");
+}
+
+TEST_F(EngineTest, AThrowingHookIsAnErrorAndRollsBack) {
+  auto r = engine_->Start(policy_, Req("key-00012"), [](StoreTxn& txn, const Record&) -> Status {
+    (void)txn.Exec("INSERT INTO payments (id, status) VALUES ('thrown', 'p')");
+    throw std::runtime_error("boom");
+  });
+  ASSERT_FALSE(r.has_value());
+  EXPECT_EQ(r.error().code, Errc::kInternal);
+  EXPECT_FALSE(RecordOf("key-00012").has_value());
+  EXPECT_EQ(Payments("thrown"), 0);
 }
 
 TEST_F(EngineTest, QuotasAtAndPastTheLimit) {

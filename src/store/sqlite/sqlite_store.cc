@@ -254,6 +254,14 @@ class PooledConnection {
   Connection* conn_;
 };
 
+// The one integer a query like "SELECT count(*)" returns. Errors: kDataLoss for anything else.
+Result<int64_t> SingleInteger(const std::vector<SqlRow>& rows, const char* what) {
+  if (rows.size() == 1 && rows[0].size() == 1) {
+    if (const int64_t* n = std::get_if<int64_t>(&rows[0][0])) return *n;
+  }
+  return MakeError(Errc::kDataLoss, std::string(what) + ": expected one integer");
+}
+
 // ---- Record mapping ------------------------------------------------------------------------
 
 constexpr std::string_view kRecordColumns =
@@ -369,13 +377,14 @@ class SqliteTxn final : public StoreTxn {
     const Timestamp now = clock_.Now();
     const int64_t now_ms = ToUnixMillis(now);
     Record r = NewRecord(spec, now, seen_fence + 1);
-    // An expired record starts a new operation: all columns from the spec.
+    // An expired, finished record starts a new operation: all columns from the spec. An expired
+    // PROCESSING record is still unresolved (a charge may have left) and is only taken over.
     static const std::string fresh_sql =
         "UPDATE idem_records SET tenant = ?, user_id = ?, route = ?, request_hash = ?, "
         "fp_version = ?, secret_id = ?, state = 'PROCESSING', recovery_point = '', "
         "resource_id = '', status_code = 0, response = NULL, owner_token = ?, fence = ?, "
         "lease_until = ?, created_at = ?, updated_at = ?, expires_at = ? "
-        "WHERE scope_hash = ? AND fence = ? AND expires_at <= ?";
+        "WHERE scope_hash = ? AND fence = ? AND expires_at <= ? AND state <> 'PROCESSING'";
     IDEM_ASSIGN_OR_RETURN(
         int changed,
         Change(*conn_, fresh_sql,
@@ -499,7 +508,7 @@ class SqliteTxn final : public StoreTxn {
     Statement stmt(conn, raw);
     for (const SqlValue& p : params) stmt.Bind(p);
     IDEM_ASSIGN_OR_RETURN(auto rows, stmt.Run());
-    return std::get<int64_t>(rows.at(0).at(0));
+    return SingleInteger(rows, "count");
   }
 
  private:
@@ -573,8 +582,9 @@ class SqliteStore final : public Store {
     IDEM_RETURN_IF_ERROR(txn->Exec(sql, {ToUnixMillis(clock_.Now()), int64_t{batch}}));
     // Exec does not report changes; SQLite's changes() does, for the statement just run.
     IDEM_ASSIGN_OR_RETURN(auto rows, txn->Exec("SELECT changes()"));
+    IDEM_ASSIGN_OR_RETURN(int64_t deleted, SingleInteger(rows, "sweep"));
     IDEM_RETURN_IF_ERROR(txn->Commit());
-    return static_cast<int>(std::get<int64_t>(rows.at(0).at(0)));
+    return static_cast<int>(deleted);
   }
 
  private:
@@ -603,7 +613,7 @@ Status Migrate(Connection& conn, std::string_view component,
   {
     Statement stmt(conn, raw);
     IDEM_ASSIGN_OR_RETURN(auto rows, stmt.Bind(std::string(component)).Run());
-    current = std::get<int64_t>(rows.at(0).at(0));
+    IDEM_ASSIGN_OR_RETURN(current, SingleInteger(rows, "schema version"));
   }
   int64_t known = 0;
   for (const Migration& m : migrations) known = std::max<int64_t>(known, m.version);
