@@ -42,10 +42,10 @@ struct Fixture {
   RoutePolicy policy;
 };
 
-const StoredResponse kCreated{201,
-                              {{"Location", "/v1/payments/pay_1"},
-                               {"Content-Type", "application/json"}},
-                              R"({"id":"pay_1","amount":"100.00","status":"succeeded"})"};
+const StoredResponse kCreated{
+    201,
+    {{"Location", "/v1/payments/pay_1"}, {"Content-Type", "application/json"}},
+    R"({"id":"pay_1","amount":"100.00","status":"succeeded"})"};
 
 // Engine::Start (claim transaction) + Engine::Finish (completion transaction) per operation.
 void BM_SqliteClaimAndFinish(benchmark::State& state) {

@@ -15,7 +15,8 @@ namespace idem::testing {
 // A clock that moves only when told. Thread-safe.
 class FakeClock final : public Clock {
  public:
-  explicit FakeClock(Timestamp start = FromUnixMillis(1'800'000'000'000)) : now_ms_(ToUnixMillis(start)) {}
+  explicit FakeClock(Timestamp start = FromUnixMillis(1'800'000'000'000))
+      : now_ms_(ToUnixMillis(start)) {}
   Timestamp Now() const override { return FromUnixMillis(now_ms_.load()); }
   void Advance(Millis d) { now_ms_ += d.count(); }
 

@@ -45,7 +45,8 @@ Result<Secrets> LoadOrCreateSecrets(const std::string& path) {
     (name == "hmac" ? s.hmac : s.seal) = std::move(bytes);
   }
   if (s.hmac.size() != 32 || s.seal.size() != 32) {
-    return MakeError(Errc::kInvalidArgument, path + ": expected 'hmac <64 hex>' and 'seal <64 hex>'");
+    return MakeError(Errc::kInvalidArgument,
+                     path + ": expected 'hmac <64 hex>' and 'seal <64 hex>'");
   }
   return s;
 }
@@ -63,9 +64,12 @@ CREATE TABLE payments (
 
 std::string Describe(const Decision& d) {
   switch (d.kind) {
-    case Decision::Kind::kExecute: return "EXECUTE (this request won the claim)";
-    case Decision::Kind::kReplay: return "REPLAY (answered from the stored response)";
-    case Decision::Kind::kInProgress: return "IN PROGRESS (another request holds the lease)";
+    case Decision::Kind::kExecute:
+      return "EXECUTE (this request won the claim)";
+    case Decision::Kind::kReplay:
+      return "REPLAY (answered from the stored response)";
+    case Decision::Kind::kInProgress:
+      return "IN PROGRESS (another request holds the lease)";
   }
   return "?";
 }
@@ -85,8 +89,9 @@ int Run(const std::string& db_path, const std::string& secrets_path) {
   auto sealer = Sealer::Create({{1, secrets->seal}}, 1, SystemRandom());
   if (!store || !fingerprinter || !sealer) {
     std::cerr << "start-up failed: "
-              << (!store ? store.error().message
-                         : !fingerprinter ? fingerprinter.error().message : sealer.error().message)
+              << (!store           ? store.error().message
+                  : !fingerprinter ? fingerprinter.error().message
+                                   : sealer.error().message)
               << "\n";
     return 1;
   }
@@ -113,14 +118,15 @@ int Run(const std::string& db_path, const std::string& secrets_path) {
     request.content_type = "application/json";
     request.api_version = "v1";
     request.body = body;
-    auto decision = engine.Start(policy, request, [&](StoreTxn& txn, const Record& record) -> Status {
-      if (!record.resource_id.empty()) return Ok();
-      IDEM_RETURN_IF_ERROR(txn.Exec(
-          "INSERT INTO payments (id, tenant, merchant_order_no, amount, currency, status) "
-          "VALUES (?, 'acme', ?, '100', 'CNY', 'pending')",
-          {payment_id, order}));
-      return txn.Advance(record.scope, record.lease, "claimed", payment_id);
-    });
+    auto decision =
+        engine.Start(policy, request, [&](StoreTxn& txn, const Record& record) -> Status {
+          if (!record.resource_id.empty()) return Ok();
+          IDEM_RETURN_IF_ERROR(txn.Exec(
+              "INSERT INTO payments (id, tenant, merchant_order_no, amount, currency, status) "
+              "VALUES (?, 'acme', ?, '100', 'CNY', 'pending')",
+              {payment_id, order}));
+          return txn.Advance(record.scope, record.lease, "claimed", payment_id);
+        });
     if (!decision) {
       std::cout << "   -> refused: " << ErrcName(decision.error().code) << ": "
                 << decision.error().message << "\n\n";
@@ -130,18 +136,18 @@ int Run(const std::string& db_path, const std::string& secrets_path) {
     StoredResponse response;
     if (decision->kind == Decision::Kind::kExecute) {
       // A real service would call the payment provider here, with Idempotency-Key: payment id.
-      response = {201,
-                  {{"Location", "/v1/payments/" + payment_id},
-                   {"Content-Type", "application/json"}},
-                  R"({"id":")" + payment_id + R"(","merchant_order_no":")" + order +
-                      R"(","amount":"100.00","currency":"CNY","status":"succeeded"})"};
-      auto finished = engine.Finish(decision->ticket, RecordState::kSucceeded, response,
-                                    [&](StoreTxn& txn, const Record&) -> Status {
-                                      IDEM_RETURN_IF_ERROR(txn.Exec(
-                                          "UPDATE payments SET status = 'succeeded' WHERE id = ?",
-                                          {payment_id}));
-                                      return Ok();
-                                    });
+      response = {
+          201,
+          {{"Location", "/v1/payments/" + payment_id}, {"Content-Type", "application/json"}},
+          R"({"id":")" + payment_id + R"(","merchant_order_no":")" + order +
+              R"(","amount":"100.00","currency":"CNY","status":"succeeded"})"};
+      auto finished = engine.Finish(
+          decision->ticket, RecordState::kSucceeded, response,
+          [&](StoreTxn& txn, const Record&) -> Status {
+            IDEM_RETURN_IF_ERROR(
+                txn.Exec("UPDATE payments SET status = 'succeeded' WHERE id = ?", {payment_id}));
+            return Ok();
+          });
       if (!finished) {
         std::cout << "   -> finish failed: " << finished.error().message << "\n\n";
         return 500;
@@ -156,7 +162,8 @@ int Run(const std::string& db_path, const std::string& secrets_path) {
   const int first = send("1. first request", R"({"amount":"100.00","currency":"CNY"})");
   const int retry = send("2. retry, same meaning written differently",
                          R"({"currency":"CNY","amount":100,"trace_id":"retry-2"})");
-  const int reuse = send("3. same key, different amount", R"({"amount":"250.00","currency":"CNY"})");
+  const int reuse =
+      send("3. same key, different amount", R"({"amount":"250.00","currency":"CNY"})");
   auto txn = (*store)->Begin();
   auto rows = (*txn)->Exec("SELECT count(*) FROM payments WHERE merchant_order_no = ?", {order});
   const int64_t payments = rows ? std::get<int64_t>(rows->at(0).at(0)) : -1;

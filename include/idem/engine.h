@@ -58,7 +58,7 @@ struct Request {
 struct Ticket {
   ScopeHash scope{};
   Lease lease;
-  Record record;        // the record right after the claim (recovery point, resource id)
+  Record record;         // the record right after the claim (recovery point, resource id)
   bool resumed = false;  // true after a takeover or a retry: a downstream call may have happened
 };
 
@@ -69,12 +69,12 @@ struct Decision {
     kInProgress,  // another executor holds a live lease; answer 409/202 with retry_after
   };
   Kind kind = Kind::kExecute;
-  std::string key;           // the parsed key
-  Ticket ticket;             // kExecute
-  StoredResponse response;   // kReplay
-  Record record;             // every kind: the record as decided on
-  Millis retry_after{0};     // kInProgress
-  Timestamp key_expires{};   // until when a retry with this key is recognised
+  std::string key;          // the parsed key
+  Ticket ticket;            // kExecute
+  StoredResponse response;  // kReplay
+  Record record;            // every kind: the record as decided on
+  Millis retry_after{0};    // kInProgress
+  Timestamp key_expires{};  // until when a retry with this key is recognised
 };
 
 // Business writes that join a record transaction. Returning an error rolls the transaction back;

@@ -52,12 +52,12 @@ struct Error {
 };
 
 // Always-on assertion for programmer errors (never for input from the network or a database).
-#define IDEM_CHECK(cond)                                                              \
-  do {                                                                                \
-    if (!(cond)) {                                                                    \
+#define IDEM_CHECK(cond)                                                            \
+  do {                                                                              \
+    if (!(cond)) {                                                                  \
       std::fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #cond); \
-      std::abort();                                                                   \
-    }                                                                                 \
+      std::abort();                                                                 \
+    }                                                                               \
   } while (false)
 
 // Result<T> holds a T or an Error; spelled like std::expected<T, Error>.
@@ -136,9 +136,9 @@ inline Error MakeError(Errc code, std::string message) { return Error{code, std:
 #define IDEM_CONCAT_(a, b) IDEM_CONCAT_INNER_(a, b)
 
 // Returns the error of `expr` (a Result) from the enclosing function, if it has one.
-#define IDEM_RETURN_IF_ERROR(expr)                                   \
-  do {                                                               \
-    auto idem_status_ = (expr);                                      \
+#define IDEM_RETURN_IF_ERROR(expr)                                         \
+  do {                                                                     \
+    auto idem_status_ = (expr);                                            \
     if (!idem_status_.has_value()) return std::move(idem_status_).error(); \
   } while (false)
 

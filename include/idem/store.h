@@ -22,9 +22,9 @@ namespace idem {
 
 // What a backend can do; tests and callers branch on these, never on the backend's name.
 struct StoreCapabilities {
-  std::string name;                 // "sqlite", for logs
+  std::string name;                      // "sqlite", for logs
   bool shared_across_processes = false;  // several processes may open the same store
-  bool durable = false;             // records survive a restart of the process
+  bool durable = false;                  // records survive a restart of the process
 };
 
 // What a claim writes for a new (or renewed-by-expiry) record.
@@ -76,8 +76,8 @@ class StoreTxn {
   // PROCESSING record whose lease expired (a takeover: recovery point and resource id are kept),
   // a FAILED_RETRYABLE record (a retry: the same), or a finished record past its expiry (a new
   // operation: every column is rewritten from `spec`). A PROCESSING record past its expiry is
-  // only ever taken over: its downstream call may have happened. The new holder gets a fresh owner token,
-  // fence + 1 and a lease of spec.lease_ttl. Errors: kConflict if the record moved on or its
+  // only ever taken over: its downstream call may have happened. The new holder gets a fresh owner
+  // token, fence + 1 and a lease of spec.lease_ttl. Errors: kConflict if the record moved on or its
   // lease is still live; kNotFound if it is gone.
   virtual Result<Record> Reclaim(const ClaimSpec& spec, int64_t seen_fence) = 0;
 

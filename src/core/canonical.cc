@@ -3,8 +3,8 @@
 #include "include/idem/canonical.h"
 
 #include <algorithm>
-#include <cstring>
 #include <boost/json/basic_parser_impl.hpp>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -18,8 +18,8 @@ constexpr int64_t kPlainDigitsMax = 40;
 
 Result<std::string> DecimalFromJsonNumber(std::string_view s) {
   auto bad = [&](const char* why) {
-    return MakeError(Errc::kInvalidArgument, std::string("number '") +
-                                                 std::string(s.substr(0, 40)) + "': " + why);
+    return MakeError(Errc::kInvalidArgument,
+                     std::string("number '") + std::string(s.substr(0, 40)) + "': " + why);
   };
   std::size_t i = 0;
   bool negative = false;
@@ -98,8 +98,8 @@ struct Slice {
 
 struct Node {
   Kind kind = Kind::kNull;
-  Slice text;        // number: canonical decimal; string: decoded UTF-8
-  Slice key;         // member name, when the node is an object member
+  Slice text;          // number: canonical decimal; string: decoded UTF-8
+  Slice key;           // member name, when the node is an object member
   int32_t first = -1;  // first child
   int32_t last = -1;   // last child (appending while parsing)
   int32_t next = -1;   // next sibling
@@ -237,8 +237,7 @@ class DocBuilder {
     const int32_t parent_index = stack_.back();
     std::size_t& count = counts_.back();
     if (++count > max_container_) {
-      Refuse("an array or object has more than " + std::to_string(max_container_) + " entries",
-             ec);
+      Refuse("an array or object has more than " + std::to_string(max_container_) + " entries", ec);
       return -1;
     }
     if (doc_.nodes[static_cast<std::size_t>(parent_index)].kind == Kind::kObject) {
@@ -463,13 +462,27 @@ void WriteString(std::string_view s, std::string& out) {
     if (run == s.size()) break;
     const char c = s[run];
     switch (c) {
-      case '"': out.append("\\\""); break;
-      case '\\': out.append("\\\\"); break;
-      case '\b': out.append("\\b"); break;
-      case '\f': out.append("\\f"); break;
-      case '\n': out.append("\\n"); break;
-      case '\r': out.append("\\r"); break;
-      case '\t': out.append("\\t"); break;
+      case '"':
+        out.append("\\\"");
+        break;
+      case '\\':
+        out.append("\\\\");
+        break;
+      case '\b':
+        out.append("\\b");
+        break;
+      case '\f':
+        out.append("\\f");
+        break;
+      case '\n':
+        out.append("\\n");
+        break;
+      case '\r':
+        out.append("\\r");
+        break;
+      case '\t':
+        out.append("\\t");
+        break;
       default: {
         const auto u = static_cast<unsigned char>(c);
         const char escape[] = {'\\', 'u', '0', '0', kHex[u >> 4], kHex[u & 0xf]};
@@ -484,11 +497,21 @@ void WriteString(std::string_view s, std::string& out) {
 void Write(const Doc& doc, int32_t index, std::string& out) {
   const Node& node = doc.nodes[static_cast<std::size_t>(index)];
   switch (node.kind) {
-    case Kind::kNull: out.append("null"); break;
-    case Kind::kFalse: out.append("false"); break;
-    case Kind::kTrue: out.append("true"); break;
-    case Kind::kNumber: out.append(doc.View(node.text)); break;
-    case Kind::kString: WriteString(doc.View(node.text), out); break;
+    case Kind::kNull:
+      out.append("null");
+      break;
+    case Kind::kFalse:
+      out.append("false");
+      break;
+    case Kind::kTrue:
+      out.append("true");
+      break;
+    case Kind::kNumber:
+      out.append(doc.View(node.text));
+      break;
+    case Kind::kString:
+      WriteString(doc.View(node.text), out);
+      break;
     case Kind::kArray:
     case Kind::kObject: {
       const bool object = node.kind == Kind::kObject;

@@ -20,8 +20,9 @@ Errc CanonError(std::string_view json, const CanonicalRules& rules = {}) {
 }
 
 TEST(Canonicalize, SortsMembersAndDropsWhitespace) {
-  EXPECT_EQ(Canon(R"( { "b" : 1 , "a" : [ true , false , null ] , "c" : { "z" : "x", "y" : {} } } )"),
-            R"({"a":[true,false,null],"b":1,"c":{"y":{},"z":"x"}})");
+  EXPECT_EQ(
+      Canon(R"( { "b" : 1 , "a" : [ true , false , null ] , "c" : { "z" : "x", "y" : {} } } )"),
+      R"({"a":[true,false,null],"b":1,"c":{"y":{},"z":"x"}})");
   EXPECT_EQ(Canon("[]"), "[]");
   EXPECT_EQ(Canon("\"s\""), "\"s\"");
 }
@@ -47,7 +48,8 @@ TEST(Canonicalize, Rfc8785StringEscapes) {
 }
 
 TEST(Canonicalize, UnicodeEscapesEqualTheirRawCharacters) {
-  EXPECT_EQ(Canon(R"({"name":"J\u00fcrgen \ud83d\ude00"})"), Canon("{\"name\":\"J\xc3\xbcrgen \xf0\x9f\x98\x80\"}"));
+  EXPECT_EQ(Canon(R"({"name":"J\u00fcrgen \ud83d\ude00"})"),
+            Canon("{\"name\":\"J\xc3\xbcrgen \xf0\x9f\x98\x80\"}"));
 }
 
 TEST(Canonicalize, RejectsInvalidUtf8AndLoneSurrogates) {
@@ -68,15 +70,16 @@ TEST(Canonicalize, RejectsDuplicateMemberNames) {
 }
 
 TEST(Canonicalize, RejectsMalformedJson) {
-  for (std::string_view bad : {"", "{", "{\"a\":}", "[1,]", "{\"a\":1,}", "01", "1.", ".5", "+1",
-                               "NaN", "Infinity", "'a'", "{a:1}", "[1] [2]", "/*c*/1", "\"\t\"",
-                               "tru", "[1}"}) {
+  for (std::string_view bad :
+       {"", "{", "{\"a\":}", "[1,]", "{\"a\":1,}", "01", "1.", ".5", "+1", "NaN", "Infinity", "'a'",
+        "{a:1}", "[1] [2]", "/*c*/1", "\"\t\"", "tru", "[1}"}) {
     EXPECT_EQ(CanonError(bad), Errc::kInvalidArgument) << bad;
   }
 }
 
 TEST(CanonicalDecimal, EqualAmountsShareOneForm) {
-  for (std::string_view s : {"100", "100.0", "1e2", "1E2", "1e+2", "100.000", "0.1e3", "10000e-2"}) {
+  for (std::string_view s :
+       {"100", "100.0", "1e2", "1E2", "1e+2", "100.000", "0.1e3", "10000e-2"}) {
     EXPECT_EQ(*CanonicalDecimal(s), "100") << s;
   }
   EXPECT_EQ(*CanonicalDecimal("-0.50"), "-0.5");
@@ -92,8 +95,7 @@ TEST(CanonicalDecimal, NeverGoesThroughDouble) {
   // Distinct as decimals, equal as doubles.
   EXPECT_NE(*CanonicalDecimal("9007199254740993"), *CanonicalDecimal("9007199254740992"));
   EXPECT_NE(*CanonicalDecimal("0.1000000000000000000001"), *CanonicalDecimal("0.1"));
-  EXPECT_EQ(*CanonicalDecimal("123456789012345678901234567890"),
-            "123456789012345678901234567890");
+  EXPECT_EQ(*CanonicalDecimal("123456789012345678901234567890"), "123456789012345678901234567890");
   EXPECT_EQ(*CanonicalDecimal("-123456789012345678901234567890.50"),
             "-123456789012345678901234567890.5");
 }
@@ -119,8 +121,8 @@ TEST(CanonicalDecimal, LimitsAtAndPastTheEdge) {
 }
 
 TEST(CanonicalDecimal, RejectsNonNumbers) {
-  for (std::string_view bad : {"", "-", "1.", ".1", "01", "1e", "1e+", "abc", "1,0", " 1", "1 ",
-                               "0x10", "--1", "1.2.3"}) {
+  for (std::string_view bad :
+       {"", "-", "1.", ".1", "01", "1e", "1e+", "abc", "1,0", " 1", "1 ", "0x10", "--1", "1.2.3"}) {
     EXPECT_EQ(CanonicalDecimal(bad).error().code, Errc::kInvalidArgument) << bad;
   }
 }
@@ -143,10 +145,9 @@ CanonicalRules PaymentRules() {
 TEST(Canonicalize, MoneyFieldsAcceptNumbersAndDecimalStringsAlike) {
   const CanonicalRules rules = PaymentRules();
   const std::string want = Canon(R"({"amount":100,"currency":"CNY"})", rules);
-  for (std::string_view body : {R"({"amount":"100.00","currency":"CNY"})",
-                                R"({"amount":100.0,"currency":"CNY"})",
-                                R"({"amount":1e2,"currency":"CNY"})",
-                                R"({"currency":"CNY","amount":"100"})"}) {
+  for (std::string_view body :
+       {R"({"amount":"100.00","currency":"CNY"})", R"({"amount":100.0,"currency":"CNY"})",
+        R"({"amount":1e2,"currency":"CNY"})", R"({"currency":"CNY","amount":"100"})"}) {
     EXPECT_EQ(Canon(body, rules), want) << body;
   }
   EXPECT_NE(Canon(R"({"amount":"100.01","currency":"CNY"})", rules), want);
@@ -216,8 +217,8 @@ TEST(Canonicalize, ContainerLimitAtAndPastTheEdge) {
 
 TEST(Canonicalize, IsIdempotent) {
   const CanonicalRules rules = PaymentRules();
-  const std::string once =
-      Canon(R"({"metadata":{"z":[1.50,"\u00e9"],"a":null},"amount":"12.30","trace_id":"t"})", rules);
+  const std::string once = Canon(
+      R"({"metadata":{"z":[1.50,"\u00e9"],"a":null},"amount":"12.30","trace_id":"t"})", rules);
   EXPECT_EQ(Canon(once, rules), once);
 }
 

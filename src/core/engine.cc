@@ -6,8 +6,7 @@
 
 namespace idem {
 
-Engine::Engine(Store& store, const Fingerprinter& fingerprinter, const Sealer& sealer,
-               Clock& clock)
+Engine::Engine(Store& store, const Fingerprinter& fingerprinter, const Sealer& sealer, Clock& clock)
     : store_(store), fingerprinter_(fingerprinter), sealer_(sealer), clock_(clock) {}
 
 namespace {
@@ -117,9 +116,9 @@ Result<Decision> Engine::ClaimInTxn(const RoutePolicy& policy, const Request& re
       }
       if (record.state == RecordState::kProcessing && record.lease.until >= now) {
         decision.kind = Decision::Kind::kInProgress;
-        decision.retry_after = std::clamp(
-            std::chrono::duration_cast<Millis>(record.lease.until - now), Millis(1),
-            policy.retry_after);
+        decision.retry_after =
+            std::clamp(std::chrono::duration_cast<Millis>(record.lease.until - now), Millis(1),
+                       policy.retry_after);
         decision.key_expires = record.expires_at;
         decision.record = std::move(record);
         return decision;

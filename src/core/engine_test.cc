@@ -92,8 +92,7 @@ class EngineTest : public ::testing::Test {
 
   static TxnHook MarkSucceeded(std::string id) {
     return [id](StoreTxn& txn, const Record&) -> Status {
-      IDEM_RETURN_IF_ERROR(
-          txn.Exec("UPDATE payments SET status = 'succeeded' WHERE id = ?", {id}));
+      IDEM_RETURN_IF_ERROR(txn.Exec("UPDATE payments SET status = 'succeeded' WHERE id = ?", {id}));
       return Ok();
     };
   }
@@ -116,9 +115,10 @@ TEST_F(EngineTest, FirstRequestExecutesAndRetriesReplayTheSameAnswer) {
   EXPECT_EQ(first.ticket.record.resource_id, "pay_1");
   EXPECT_EQ(first.ticket.record.recovery_point, "claimed");
   EXPECT_EQ(first.key_expires, clock_.Now() + kRetention);
-  ASSERT_TRUE(engine_->Finish(first.ticket, RecordState::kSucceeded, Created("pay_1"),
-                              MarkSucceeded("pay_1"))
-                  .has_value());
+  ASSERT_TRUE(
+      engine_
+          ->Finish(first.ticket, RecordState::kSucceeded, Created("pay_1"), MarkSucceeded("pay_1"))
+          .has_value());
 
   clock_.Advance(Millis(5000));
   // The same request written differently (money as a number, another trace id) is a retry.
@@ -181,20 +181,21 @@ TEST_F(EngineTest, ExpiredLeaseIsTakenOverAndTheStaleExecutorIsFencedOut) {
   EXPECT_EQ(taker.ticket.record.resource_id, "pay_5");
   EXPECT_EQ(Payments("pay_other"), 0);
 
-  auto late = engine_->Finish(slow.ticket, RecordState::kSucceeded, Created("pay_5"),
-                              [](StoreTxn& txn, const Record&) -> Status {
-                                IDEM_RETURN_IF_ERROR(txn.Exec(
-                                    "INSERT INTO payments (id, status) VALUES ('ghost', 'x')"));
-                                return Ok();
-                              });
+  auto late = engine_->Finish(
+      slow.ticket, RecordState::kSucceeded, Created("pay_5"),
+      [](StoreTxn& txn, const Record&) -> Status {
+        IDEM_RETURN_IF_ERROR(txn.Exec("INSERT INTO payments (id, status) VALUES ('ghost', 'x')"));
+        return Ok();
+      });
   ASSERT_FALSE(late.has_value());
   EXPECT_EQ(late.error().code, Errc::kFenced);
   EXPECT_EQ(Payments("ghost"), 0);
   EXPECT_EQ(engine_->Advance(slow.ticket, "done").error().code, Errc::kFenced);
 
-  ASSERT_TRUE(engine_->Finish(taker.ticket, RecordState::kSucceeded, Created("pay_5"),
-                              MarkSucceeded("pay_5"))
-                  .has_value());
+  ASSERT_TRUE(
+      engine_
+          ->Finish(taker.ticket, RecordState::kSucceeded, Created("pay_5"), MarkSucceeded("pay_5"))
+          .has_value());
   Decision replay = MustStart(Req("key-00005"));
   ASSERT_EQ(replay.kind, Decision::Kind::kReplay);
   EXPECT_EQ(replay.response, Created("pay_5"));
@@ -211,8 +212,8 @@ TEST_F(EngineTest, RenewalKeepsATakeoverAway) {
 
 TEST_F(EngineTest, RetryableFailureRunsAgainFinalFailureReplays) {
   Decision d = MustStart(Req("key-00007"), InsertPending("pay_7"));
-  ASSERT_TRUE(engine_->Finish(d.ticket, RecordState::kFailedRetryable, {503, {}, "busy"})
-                  .has_value());
+  ASSERT_TRUE(
+      engine_->Finish(d.ticket, RecordState::kFailedRetryable, {503, {}, "busy"}).has_value());
   Decision retry = MustStart(Req("key-00007"), InsertPending("pay_7b"));
   ASSERT_EQ(retry.kind, Decision::Kind::kExecute);
   EXPECT_TRUE(retry.ticket.resumed);
@@ -269,8 +270,7 @@ TEST_F(EngineTest, QuotasAtAndPastTheLimit) {
   EXPECT_EQ(StartError(Req("quota-0003")), Errc::kResourceExhausted);
   EXPECT_FALSE(RecordOf("quota-0003").has_value()) << "a refused claim leaves nothing";
   // Another principal has its own quota.
-  EXPECT_EQ(MustStart(Req("quota-0003", R"({"amount":1})", "bob")).kind,
-            Decision::Kind::kExecute);
+  EXPECT_EQ(MustStart(Req("quota-0003", R"({"amount":1})", "bob")).kind, Decision::Kind::kExecute);
 
   ASSERT_TRUE(engine_->Finish(a.ticket, RecordState::kSucceeded, Created("a")).has_value());
   MustStart(Req("quota-0003"));  // 2 running + 1 retained = 3
@@ -280,12 +280,11 @@ TEST_F(EngineTest, QuotasAtAndPastTheLimit) {
 }
 
 TEST_F(EngineTest, AFailingClaimHookRollsTheClaimBack) {
-  auto refused = engine_->Start(policy_, Req("key-00009"),
-                                [](StoreTxn& txn, const Record&) -> Status {
-                                  IDEM_RETURN_IF_ERROR(txn.Exec(
-                                      "INSERT INTO payments (id, status) VALUES ('h', 'p')"));
-                                  return MakeError(Errc::kAlreadyExists, "order exists");
-                                });
+  auto refused =
+      engine_->Start(policy_, Req("key-00009"), [](StoreTxn& txn, const Record&) -> Status {
+        IDEM_RETURN_IF_ERROR(txn.Exec("INSERT INTO payments (id, status) VALUES ('h', 'p')"));
+        return MakeError(Errc::kAlreadyExists, "order exists");
+      });
   ASSERT_FALSE(refused.has_value());
   EXPECT_EQ(refused.error().code, Errc::kAlreadyExists);
   EXPECT_FALSE(RecordOf("key-00009").has_value());

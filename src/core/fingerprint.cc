@@ -46,8 +46,9 @@ class HmacFingerprinter final : public Fingerprinter {
     }
     auto it = keyed_.find(stored.secret_id);
     if (it == keyed_.end()) {
-      return MakeError(Errc::kDataLoss, "fingerprint: secret id " +
-                                            std::to_string(stored.secret_id) + " is not configured");
+      return MakeError(
+          Errc::kDataLoss,
+          "fingerprint: secret id " + std::to_string(stored.secret_id) + " is not configured");
     }
     auto mac = Mac(*it->second, request);
     return CRYPTO_memcmp(mac.data(), stored.mac.data(), mac.size()) == 0;
@@ -56,8 +57,8 @@ class HmacFingerprinter final : public Fingerprinter {
  private:
   static std::array<uint8_t, 32> Mac(const EVP_MAC_CTX& keyed, const CanonicalRequest& r) {
     const std::string version = std::to_string(r.rules_version);
-    const std::string_view fields[] = {version,       r.method,      r.route, r.content_type,
-                                       r.api_version, r.body,        r.user};
+    const std::string_view fields[] = {version,       r.method, r.route, r.content_type,
+                                       r.api_version, r.body,   r.user};
     // One buffer and one update: each EVP_MAC_update goes through the provider's dispatch, which
     // costs more than copying a short field.
     std::size_t total = 0;

@@ -48,8 +48,7 @@ std::bitset<256> KeyPolicy::Charset(std::string_view chars) {
 }
 
 std::bitset<256> KeyPolicy::DefaultCharset() {
-  return Charset(
-      "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_.:");
+  return Charset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_.:");
 }
 
 Result<std::string> ParseIdempotencyKey(std::string_view header_value, const KeyPolicy& policy) {
@@ -76,9 +75,8 @@ Result<std::string> ParseIdempotencyKey(std::string_view header_value, const Key
   }
   for (std::size_t i = 0; i < key.size(); ++i) {
     if (!policy.allowed.test(static_cast<unsigned char>(key[i]))) {
-      return MakeError(Errc::kInvalidArgument,
-                       "Idempotency-Key: character at position " + std::to_string(i) +
-                           " is not allowed");
+      return MakeError(Errc::kInvalidArgument, "Idempotency-Key: character at position " +
+                                                   std::to_string(i) + " is not allowed");
     }
   }
   return key;

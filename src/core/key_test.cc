@@ -24,8 +24,7 @@ TEST(ParseIdempotencyKey, EnforcesLengthAtAndPastTheLimits) {
   EXPECT_EQ(ParseIdempotencyKey(std::string(7, 'a'), p).error().code, Errc::kInvalidArgument);
   EXPECT_TRUE(ParseIdempotencyKey(std::string(255, 'a'), p).has_value());
   EXPECT_EQ(ParseIdempotencyKey(std::string(256, 'a'), p).error().code, Errc::kInvalidArgument);
-  EXPECT_EQ(ParseIdempotencyKey(std::string(1 << 20, 'a'), p).error().code,
-            Errc::kInvalidArgument);
+  EXPECT_EQ(ParseIdempotencyKey(std::string(1 << 20, 'a'), p).error().code, Errc::kInvalidArgument);
   EXPECT_TRUE(ParseIdempotencyKey("\"" + std::string(255, 'a') + "\"", p).has_value());
   EXPECT_FALSE(ParseIdempotencyKey("\"" + std::string(256, 'a') + "\"", p).has_value());
 }
@@ -42,8 +41,8 @@ TEST(ParseIdempotencyKey, RejectsCharactersOutsideThePolicy) {
 
 TEST(ParseIdempotencyKey, RejectsBrokenSfStrings) {
   KeyPolicy p;
-  for (std::string bad : {"\"abcdefgh", "\"abcd\"efgh\"", "\"abcd\\xefgh\"", "\"\"", "\"",
-                          "\"abcdefgh\\\""}) {
+  for (std::string bad :
+       {"\"abcdefgh", "\"abcd\"efgh\"", "\"abcd\\xefgh\"", "\"\"", "\"", "\"abcdefgh\\\""}) {
     EXPECT_EQ(ParseIdempotencyKey(bad, p).error().code, Errc::kInvalidArgument) << bad;
   }
   // An escaped quote decodes to '"', which the default charset then refuses.

@@ -5,10 +5,14 @@ namespace idem {
 
 std::string_view RecordStateName(RecordState state) {
   switch (state) {
-    case RecordState::kProcessing: return "PROCESSING";
-    case RecordState::kSucceeded: return "SUCCEEDED";
-    case RecordState::kFailedFinal: return "FAILED_FINAL";
-    case RecordState::kFailedRetryable: return "FAILED_RETRYABLE";
+    case RecordState::kProcessing:
+      return "PROCESSING";
+    case RecordState::kSucceeded:
+      return "SUCCEEDED";
+    case RecordState::kFailedFinal:
+      return "FAILED_FINAL";
+    case RecordState::kFailedRetryable:
+      return "FAILED_RETRYABLE";
   }
   return "UNKNOWN";
 }

@@ -54,15 +54,14 @@ class AesGcmSealer final : public Sealer {
     CipherCtx ctx(EVP_CIPHER_CTX_new());
     int len = 0;
     uint8_t* ct = nonce + kNonceBytes;
-    if (!ctx ||
-        EVP_EncryptInit_ex(ctx.get(), EVP_aes_256_gcm(), nullptr, Bytes(key), nonce) != 1 ||
+    if (!ctx || EVP_EncryptInit_ex(ctx.get(), EVP_aes_256_gcm(), nullptr, Bytes(key), nonce) != 1 ||
         EVP_EncryptUpdate(ctx.get(), nullptr, &len, Bytes(aad), static_cast<int>(aad.size())) !=
             1 ||
         EVP_EncryptUpdate(ctx.get(), ct, &len, Bytes(plaintext),
                           static_cast<int>(plaintext.size())) != 1 ||
         EVP_EncryptFinal_ex(ctx.get(), ct + len, &len) != 1 ||
-        EVP_CIPHER_CTX_ctrl(ctx.get(), EVP_CTRL_GCM_GET_TAG, kTagBytes,
-                            ct + plaintext.size()) != 1) {
+        EVP_CIPHER_CTX_ctrl(ctx.get(), EVP_CTRL_GCM_GET_TAG, kTagBytes, ct + plaintext.size()) !=
+            1) {
       return MakeError(Errc::kInternal, "AES-256-GCM encryption failed");
     }
     return out;
@@ -90,8 +89,7 @@ class AesGcmSealer final : public Sealer {
     CipherCtx ctx(EVP_CIPHER_CTX_new());
     int len = 0;
     if (!ctx ||
-        EVP_DecryptInit_ex(ctx.get(), EVP_aes_256_gcm(), nullptr, Bytes(key->second), nonce) !=
-            1 ||
+        EVP_DecryptInit_ex(ctx.get(), EVP_aes_256_gcm(), nullptr, Bytes(key->second), nonce) != 1 ||
         EVP_DecryptUpdate(ctx.get(), nullptr, &len, Bytes(aad), static_cast<int>(aad.size())) !=
             1 ||
         EVP_DecryptUpdate(ctx.get(), Bytes(plain), &len, ct, static_cast<int>(ct_len)) != 1 ||
@@ -116,8 +114,8 @@ Result<std::unique_ptr<Sealer>> Sealer::Create(std::vector<Secret> keys, uint32_
   IDEM_RETURN_IF_ERROR(ValidateSecrets(keys, current_key_id, 32, 32));
   std::map<uint32_t, std::string> by_id;
   for (Secret& k : keys) by_id.emplace(k.id, std::move(k.bytes));
-  return std::unique_ptr<Sealer>(
-      std::make_unique<AesGcmSealer>(std::move(by_id), current_key_id, random, max_plaintext_bytes));
+  return std::unique_ptr<Sealer>(std::make_unique<AesGcmSealer>(std::move(by_id), current_key_id,
+                                                                random, max_plaintext_bytes));
 }
 
 }  // namespace idem

@@ -14,8 +14,8 @@ namespace idem {
 
 // A schema change of the application that shares the database (its business tables).
 struct Migration {
-  int version = 0;       // 1, 2, ... applied in order, each once
-  std::string sql;       // one or more statements
+  int version = 0;  // 1, 2, ... applied in order, each once
+  std::string sql;  // one or more statements
 };
 
 struct SqliteStoreOptions {

@@ -84,9 +84,9 @@ class Connection {
   }
 
   Status Open(const SqliteStoreOptions& options) {
-    int rc = sqlite3_open_v2(options.path.c_str(), &db_,
-                             SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX,
-                             nullptr);
+    int rc =
+        sqlite3_open_v2(options.path.c_str(), &db_,
+                        SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX, nullptr);
     if (rc != SQLITE_OK) return SqliteError(db_, rc, "open " + options.path);
     sqlite3_extended_result_codes(db_, 1);
     sqlite3_busy_timeout(db_, static_cast<int>(options.busy_timeout.count()));
@@ -180,17 +180,21 @@ class Statement {
  private:
   SqlValue Column(int c) {
     switch (sqlite3_column_type(stmt_, c)) {
-      case SQLITE_INTEGER: return static_cast<int64_t>(sqlite3_column_int64(stmt_, c));
+      case SQLITE_INTEGER:
+        return static_cast<int64_t>(sqlite3_column_int64(stmt_, c));
       case SQLITE_TEXT: {
         auto* p = reinterpret_cast<const char*>(sqlite3_column_text(stmt_, c));
         return std::string(p, static_cast<std::size_t>(sqlite3_column_bytes(stmt_, c)));
       }
       case SQLITE_BLOB: {
         auto* p = static_cast<const char*>(sqlite3_column_blob(stmt_, c));
-        return Blob{std::string(p ? p : "", static_cast<std::size_t>(sqlite3_column_bytes(stmt_, c)))};
+        return Blob{
+            std::string(p ? p : "", static_cast<std::size_t>(sqlite3_column_bytes(stmt_, c)))};
       }
-      case SQLITE_FLOAT: return std::to_string(sqlite3_column_double(stmt_, c));
-      default: return std::monostate{};
+      case SQLITE_FLOAT:
+        return std::to_string(sqlite3_column_double(stmt_, c));
+      default:
+        return std::monostate{};
     }
   }
 
@@ -214,8 +218,8 @@ class Pool {
   Result<Connection*> Acquire(Millis wait) {
     std::unique_lock lock(mu_);
     if (!cv_.wait_for(lock, wait, [&] { return !idle_.empty(); })) {
-      return MakeError(Errc::kUnavailable, "sqlite: no free connection within " +
-                                               std::to_string(wait.count()) + " ms");
+      return MakeError(Errc::kUnavailable,
+                       "sqlite: no free connection within " + std::to_string(wait.count()) + " ms");
     }
     Connection* c = idle_.back().release();
     idle_.pop_back();
@@ -360,13 +364,12 @@ class SqliteTxn final : public StoreTxn {
     const Timestamp now = clock_.Now();
     Record r = NewRecord(spec, now, 1);
     IDEM_ASSIGN_OR_RETURN(
-        int changed,
-        Change(*conn_, sql,
-               {BytesOf(spec.scope), spec.tenant, spec.user, spec.route,
-                BytesOf(spec.fingerprint.mac), int64_t{spec.fingerprint.rules_version},
-                int64_t{spec.fingerprint.secret_id}, BytesOf(r.lease.owner),
-                ToUnixMillis(r.lease.until), ToUnixMillis(now), ToUnixMillis(now),
-                ToUnixMillis(r.expires_at)}));
+        int changed, Change(*conn_, sql,
+                            {BytesOf(spec.scope), spec.tenant, spec.user, spec.route,
+                             BytesOf(spec.fingerprint.mac), int64_t{spec.fingerprint.rules_version},
+                             int64_t{spec.fingerprint.secret_id}, BytesOf(r.lease.owner),
+                             ToUnixMillis(r.lease.until), ToUnixMillis(now), ToUnixMillis(now),
+                             ToUnixMillis(r.expires_at)}));
     if (changed == 1) return ClaimResult{true, std::move(r)};
     IDEM_ASSIGN_OR_RETURN(auto existing, GetRecord(*conn_, spec.scope));
     if (!existing) return MakeError(Errc::kInternal, "claim: conflicting record vanished");
@@ -390,18 +393,18 @@ class SqliteTxn final : public StoreTxn {
         Change(*conn_, fresh_sql,
                {spec.tenant, spec.user, spec.route, BytesOf(spec.fingerprint.mac),
                 int64_t{spec.fingerprint.rules_version}, int64_t{spec.fingerprint.secret_id},
-                BytesOf(r.lease.owner), r.lease.fence, ToUnixMillis(r.lease.until), now_ms,
-                now_ms, ToUnixMillis(r.expires_at), BytesOf(spec.scope), seen_fence, now_ms}));
+                BytesOf(r.lease.owner), r.lease.fence, ToUnixMillis(r.lease.until), now_ms, now_ms,
+                ToUnixMillis(r.expires_at), BytesOf(spec.scope), seen_fence, now_ms}));
     if (changed == 0) {
       // A takeover of an expired lease, or a retry after a retryable failure: same operation.
       static const std::string resume_sql =
           "UPDATE idem_records SET state = 'PROCESSING', owner_token = ?, fence = ?, "
           "lease_until = ?, updated_at = ? WHERE scope_hash = ? AND fence = ? AND "
           "(state = 'FAILED_RETRYABLE' OR (state = 'PROCESSING' AND lease_until < ?))";
-      IDEM_ASSIGN_OR_RETURN(changed, Change(*conn_, resume_sql,
-                                            {BytesOf(r.lease.owner), r.lease.fence,
-                                             ToUnixMillis(r.lease.until), now_ms,
-                                             BytesOf(spec.scope), seen_fence, now_ms}));
+      IDEM_ASSIGN_OR_RETURN(
+          changed, Change(*conn_, resume_sql,
+                          {BytesOf(r.lease.owner), r.lease.fence, ToUnixMillis(r.lease.until),
+                           now_ms, BytesOf(spec.scope), seen_fence, now_ms}));
     }
     IDEM_ASSIGN_OR_RETURN(auto current, GetRecord(*conn_, spec.scope));
     if (!current) return MakeError(Errc::kNotFound, "reclaim: record is gone");
@@ -433,11 +436,10 @@ class SqliteTxn final : public StoreTxn {
         "UPDATE idem_records SET recovery_point = ?, "
         "resource_id = CASE WHEN ? = '' THEN resource_id ELSE ? END, updated_at = ? "
         "WHERE scope_hash = ? AND owner_token = ? AND fence = ? AND state = 'PROCESSING'";
-    IDEM_ASSIGN_OR_RETURN(
-        int changed,
-        Change(*conn_, sql,
-               {std::string(point), std::string(resource_id), std::string(resource_id),
-                ToUnixMillis(clock_.Now()), BytesOf(scope), BytesOf(lease.owner), lease.fence}));
+    IDEM_ASSIGN_OR_RETURN(int changed, Change(*conn_, sql,
+                                              {std::string(point), std::string(resource_id),
+                                               std::string(resource_id), ToUnixMillis(clock_.Now()),
+                                               BytesOf(scope), BytesOf(lease.owner), lease.fence}));
     if (changed == 0) return Fenced("advance");
     return Ok();
   }
@@ -448,15 +450,14 @@ class SqliteTxn final : public StoreTxn {
         "UPDATE idem_records SET state = ?, status_code = ?, response = ?, "
         "recovery_point = CASE WHEN ? = '' THEN recovery_point ELSE ? END, updated_at = ? "
         "WHERE scope_hash = ? AND owner_token = ? AND fence = ? AND state = 'PROCESSING'";
-    SqlValue response = outcome.sealed_response.empty() ? SqlValue{}
-                                                        : SqlValue{Blob{outcome.sealed_response}};
+    SqlValue response =
+        outcome.sealed_response.empty() ? SqlValue{} : SqlValue{Blob{outcome.sealed_response}};
     IDEM_ASSIGN_OR_RETURN(
         int changed,
         Change(*conn_, sql,
                {std::string(RecordStateName(outcome.state)), int64_t{outcome.status_code},
                 std::move(response), outcome.recovery_point, outcome.recovery_point,
-                ToUnixMillis(clock_.Now()),
-                BytesOf(scope), BytesOf(lease.owner), lease.fence}));
+                ToUnixMillis(clock_.Now()), BytesOf(scope), BytesOf(lease.owner), lease.fence}));
     if (changed == 0) return Fenced("finish");
     return Ok();
   }
@@ -474,10 +475,10 @@ class SqliteTxn final : public StoreTxn {
                                    const std::vector<SqlValue>& params) override {
     IDEM_ASSIGN_OR_RETURN(sqlite3_stmt * raw, conn_->Prepare(sql));
     if (sqlite3_bind_parameter_count(raw) != static_cast<int>(params.size())) {
-      return MakeError(Errc::kInvalidArgument, "exec: statement takes " +
-                                                   std::to_string(sqlite3_bind_parameter_count(raw)) +
-                                                   " parameters, got " +
-                                                   std::to_string(params.size()));
+      return MakeError(Errc::kInvalidArgument,
+                       "exec: statement takes " +
+                           std::to_string(sqlite3_bind_parameter_count(raw)) + " parameters, got " +
+                           std::to_string(params.size()));
     }
     Statement stmt(*conn_, raw);
     for (const SqlValue& p : params) stmt.Bind(p);
@@ -677,9 +678,9 @@ Result<std::unique_ptr<Store>> OpenSqliteStore(const SqliteStoreOptions& options
   std::vector<std::unique_ptr<Connection>> writer;
   writer.push_back(std::move(conns.front()));
   conns.erase(conns.begin());
-  return std::unique_ptr<Store>(
-      std::make_unique<SqliteStore>(std::make_unique<Pool>(std::move(writer)),
-                                    std::make_unique<Pool>(std::move(conns)), options, clock, random));
+  return std::unique_ptr<Store>(std::make_unique<SqliteStore>(
+      std::make_unique<Pool>(std::move(writer)), std::make_unique<Pool>(std::move(conns)), options,
+      clock, random));
 }
 
 }  // namespace idem

@@ -1,7 +1,5 @@
 // src/store/sqlite/sqlite_store_test.cc — the contract suite on SQLite files, plus what only
 // SQLite has: migrations on open, and several processes sharing one file.
-#include "include/idem/store/sqlite.h"
-
 #include <gtest/gtest.h>
 #include <sqlite3.h>
 #include <sys/wait.h>
@@ -9,6 +7,7 @@
 
 #include <fstream>
 
+#include "include/idem/store/sqlite.h"
 #include "testing/fakes.h"
 #include "testing/store_contract.h"
 
@@ -77,8 +76,7 @@ TEST(SqliteStore, AppliesANewAppMigrationOnReopen) {
   v2.app_migrations.push_back({2, "ALTER TABLE contract_business ADD COLUMN extra TEXT"});
   auto store = OpenSqliteStore(v2, env.clock, env.random);
   ASSERT_TRUE(store.has_value()) << store.error().message;
-  EXPECT_EQ(QueryInt(path, "SELECT max(version) FROM idem_schema WHERE component = 'contract'"),
-            2);
+  EXPECT_EQ(QueryInt(path, "SELECT max(version) FROM idem_schema WHERE component = 'contract'"), 2);
 }
 
 TEST(SqliteStore, RefusesASchemaNewerThanItKnows) {
@@ -107,8 +105,7 @@ TEST(SqliteStore, RejectsBadOptions) {
   EXPECT_EQ(OpenSqliteStore(SqliteStoreOptions{}, env.clock, env.random).error().code,
             Errc::kInvalidArgument);
   SqliteStoreOptions too_many = Options(env.dir.File("a.db"), 65);
-  EXPECT_EQ(OpenSqliteStore(too_many, env.clock, env.random).error().code,
-            Errc::kInvalidArgument);
+  EXPECT_EQ(OpenSqliteStore(too_many, env.clock, env.random).error().code, Errc::kInvalidArgument);
   SqliteStoreOptions unnamed = Options(env.dir.File("b.db"), 1);
   unnamed.app_name.clear();
   EXPECT_EQ(OpenSqliteStore(unnamed, env.clock, env.random).error().code, Errc::kInvalidArgument);
