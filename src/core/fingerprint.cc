@@ -1,7 +1,7 @@
 // src/core/fingerprint.cc — HMAC-SHA-256 fingerprints with OpenSSL's EVP_MAC.
 //
 // Keying HMAC costs two SHA-256 blocks and fetching the algorithm costs more than hashing a 1 KiB
-// body, so each secret's keyed context is built once and duplicated per call.
+// body, so each secret's keyed context is built once; used contexts are re-initialised and reused.
 #include "include/idem/fingerprint.h"
 
 #include <openssl/core_names.h>
@@ -9,6 +9,8 @@
 #include <openssl/evp.h>
 
 #include <map>
+#include <mutex>
+#include <vector>
 
 namespace idem {
 namespace {
@@ -27,16 +29,62 @@ void AppendField(std::string& input, std::string_view field) {
   input.append(field);
 }
 
+// One secret's keyed HMAC context, and a free list of copies ready for use. Duplicating a keyed
+// context costs several allocations; re-initialising a used one with its own key costs none.
+class KeyedMac {
+ public:
+  explicit KeyedMac(MacCtx keyed) : keyed_(std::move(keyed)) {}
+
+  std::array<uint8_t, 32> Mac(std::string_view input) const {
+    MacCtx ctx = Take();
+    IDEM_CHECK(EVP_MAC_update(ctx.get(), reinterpret_cast<const uint8_t*>(input.data()),
+                              input.size()) == 1);
+    std::array<uint8_t, 32> out{};
+    std::size_t len = 0;
+    IDEM_CHECK(EVP_MAC_final(ctx.get(), out.data(), &len, out.size()) == 1 && len == out.size());
+    // A null key re-initialises the context with the key it already holds.
+    IDEM_CHECK(EVP_MAC_init(ctx.get(), nullptr, 0, nullptr) == 1);
+    Give(std::move(ctx));
+    return out;
+  }
+
+ private:
+  static constexpr std::size_t kMaxIdle = 64;
+
+  MacCtx Take() const {
+    {
+      std::lock_guard lock(mu_);
+      if (!idle_.empty()) {
+        MacCtx ctx = std::move(idle_.back());
+        idle_.pop_back();
+        return ctx;
+      }
+    }
+    MacCtx ctx(EVP_MAC_CTX_dup(keyed_.get()));
+    IDEM_CHECK(ctx != nullptr);
+    return ctx;
+  }
+
+  void Give(MacCtx ctx) const {
+    std::lock_guard lock(mu_);
+    if (idle_.size() < kMaxIdle) idle_.push_back(std::move(ctx));
+  }
+
+  MacCtx keyed_;
+  mutable std::mutex mu_;
+  mutable std::vector<MacCtx> idle_;
+};
+
 class HmacFingerprinter final : public Fingerprinter {
  public:
-  HmacFingerprinter(std::map<uint32_t, MacCtx> keyed, uint32_t current)
+  HmacFingerprinter(std::map<uint32_t, std::unique_ptr<KeyedMac>> keyed, uint32_t current)
       : keyed_(std::move(keyed)), current_(current) {}
 
   Fingerprint Sign(const CanonicalRequest& request) const override {
     Fingerprint fp;
     fp.rules_version = request.rules_version;
     fp.secret_id = current_;
-    fp.mac = Mac(*keyed_.at(current_), request);
+    fp.mac = keyed_.at(current_)->Mac(Input(request));
     return fp;
   }
 
@@ -50,34 +98,26 @@ class HmacFingerprinter final : public Fingerprinter {
           Errc::kDataLoss,
           "fingerprint: secret id " + std::to_string(stored.secret_id) + " is not configured");
     }
-    auto mac = Mac(*it->second, request);
+    auto mac = it->second->Mac(Input(request));
     return CRYPTO_memcmp(mac.data(), stored.mac.data(), mac.size()) == 0;
   }
 
  private:
-  static std::array<uint8_t, 32> Mac(const EVP_MAC_CTX& keyed, const CanonicalRequest& r) {
+  // The MAC input in one buffer, so it goes to OpenSSL in one update: each update passes through
+  // the provider's dispatch, which costs more than copying a short field.
+  static std::string Input(const CanonicalRequest& r) {
     const std::string version = std::to_string(r.rules_version);
     const std::string_view fields[] = {version,       r.method, r.route, r.content_type,
                                        r.api_version, r.body,   r.user};
-    // One buffer and one update: each EVP_MAC_update goes through the provider's dispatch, which
-    // costs more than copying a short field.
     std::size_t total = 0;
     for (std::string_view f : fields) total += 4 + f.size();
     std::string input;
     input.reserve(total);
     for (std::string_view f : fields) AppendField(input, f);
-
-    MacCtx ctx(EVP_MAC_CTX_dup(&keyed));
-    IDEM_CHECK(ctx != nullptr);
-    IDEM_CHECK(EVP_MAC_update(ctx.get(), reinterpret_cast<const uint8_t*>(input.data()),
-                              input.size()) == 1);
-    std::array<uint8_t, 32> out{};
-    std::size_t len = 0;
-    IDEM_CHECK(EVP_MAC_final(ctx.get(), out.data(), &len, out.size()) == 1 && len == out.size());
-    return out;
+    return input;
   }
 
-  std::map<uint32_t, MacCtx> keyed_;
+  std::map<uint32_t, std::unique_ptr<KeyedMac>> keyed_;
   uint32_t current_;
 };
 
@@ -100,7 +140,7 @@ Result<std::unique_ptr<Fingerprinter>> Fingerprinter::Create(std::vector<Secret>
   IDEM_RETURN_IF_ERROR(ValidateSecrets(secrets, current_secret_id, 32, 0));
   EVP_MAC* hmac = EVP_MAC_fetch(nullptr, "HMAC", nullptr);
   if (hmac == nullptr) return MakeError(Errc::kInternal, "OpenSSL has no HMAC");
-  std::map<uint32_t, MacCtx> keyed;
+  std::map<uint32_t, std::unique_ptr<KeyedMac>> keyed;
   char digest[] = "SHA256";
   OSSL_PARAM params[] = {OSSL_PARAM_construct_utf8_string(OSSL_MAC_PARAM_DIGEST, digest, 0),
                          OSSL_PARAM_construct_end()};
@@ -111,7 +151,7 @@ Result<std::unique_ptr<Fingerprinter>> Fingerprinter::Create(std::vector<Secret>
       EVP_MAC_free(hmac);
       return MakeError(Errc::kInternal, "OpenSSL could not key HMAC-SHA-256");
     }
-    keyed.emplace(s.id, std::move(ctx));
+    keyed.emplace(s.id, std::make_unique<KeyedMac>(std::move(ctx)));
   }
   EVP_MAC_free(hmac);
   return std::unique_ptr<Fingerprinter>(
