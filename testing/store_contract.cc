@@ -406,6 +406,43 @@ TEST_P(StoreContractTest, SweeperDeletesExpiredFinishedRecordsInBatchesOnly) {
       << "an unresolved PROCESSING record is the reconciler's, not the sweeper's";
 }
 
+TEST_P(StoreContractTest, ListStaleFindsExpiredLeasesOnly) {
+  const ClaimSpec live = Spec("stale-live-key");
+  const ClaimSpec stale = Spec("stale-old-key");
+  const ClaimSpec done = Spec("stale-done-key");
+  MustClaim(*store_, stale);
+  MustFinish(*store_, done, MustClaim(*store_, done).lease, Succeeded());
+  env_.clock.Advance(kLease + Millis(1));
+  MustClaim(*store_, live);
+  auto found = store_->ListStale(10);
+  ASSERT_TRUE(found.has_value()) << found.error().message;
+  ASSERT_EQ(found->size(), 1u);
+  EXPECT_EQ(found->at(0).scope, stale.scope);
+  EXPECT_EQ(found->at(0).state, RecordState::kProcessing);
+  EXPECT_EQ(store_->ListStale(0)->size(), 0u);
+}
+
+TEST_P(StoreContractTest, QueryReadsCommittedBusinessRowsAndRefusesWrites) {
+  {
+    auto txn = MustBegin(*store_);
+    ASSERT_TRUE(txn->Exec("INSERT INTO contract_business (k, v) VALUES (?, ?)",
+                          {std::string("q1"), std::string("v1")})
+                    .has_value());
+    // Not visible outside the transaction until it commits.
+    auto before = store_->Query("SELECT v FROM contract_business WHERE k = ?", {std::string("q1")});
+    ASSERT_TRUE(before.has_value()) << before.error().message;
+    EXPECT_TRUE(before->empty());
+    ASSERT_TRUE(txn->Commit().has_value());
+  }
+  auto rows = store_->Query("SELECT v FROM contract_business WHERE k = ?", {std::string("q1")});
+  ASSERT_TRUE(rows.has_value());
+  ASSERT_EQ(rows->size(), 1u);
+  EXPECT_EQ(std::get<std::string>(rows->at(0).at(0)), "v1");
+  auto write = store_->Query("DELETE FROM contract_business");
+  ASSERT_FALSE(write.has_value());
+  EXPECT_EQ(write.error().code, Errc::kInvalidArgument);
+}
+
 TEST_P(StoreContractTest, ExecReportsUniqueViolationsAsAlreadyExists) {
   auto txn = MustBegin(*store_);
   ASSERT_TRUE(txn->Exec("INSERT INTO contract_business (k, v) VALUES (?, ?)",

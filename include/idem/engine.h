@@ -106,6 +106,15 @@ class Engine {
   // Extends the ticket's lease (heartbeat). Errors: kFenced.
   Status Renew(const RoutePolicy& policy, Ticket& ticket);
 
+  // Gives the lease up now, leaving the record PROCESSING at its recovery point, so the next
+  // attempt (or the reconciler) takes over at once: used when the outcome is unknown.
+  // Errors: kFenced.
+  Status Release(Ticket& ticket);
+
+  // Takes over a stale PROCESSING record found by Store::ListStale (the reconciler's claim).
+  // Errors: kConflict if someone else took it first; kUnavailable.
+  Result<Ticket> TakeOver(const RoutePolicy& policy, const Record& stale);
+
   // Step 7: finishes the operation with `state` and `response` (sealed before it is stored), in
   // one transaction with `business`. Errors: kFenced (lost the lease; nothing was written, the
   // business writes included), kTooLarge (response over the cap), kUnavailable.

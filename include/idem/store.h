@@ -128,6 +128,16 @@ class Store {
   // Reads one record outside any write transaction (a consistent snapshot).
   virtual Result<std::optional<Record>> Read(const ScopeHash& scope) = 0;
 
+  // Runs one read-only business SQL statement ('?' placeholders) outside any write transaction,
+  // on a consistent snapshot. Errors: kInvalidArgument for SQL the database rejects (or that
+  // writes); kUnavailable when no connection is free in time.
+  virtual Result<std::vector<SqlRow>> Query(std::string_view sql,
+                                            const std::vector<SqlValue>& params = {}) = 0;
+
+  // Up to `limit` PROCESSING records whose lease has expired, oldest lease first: executions that
+  // crashed or stalled, for the reconciler to resolve.
+  virtual Result<std::vector<Record>> ListStale(int limit) = 0;
+
   // Deletes up to `batch` finished records (not PROCESSING) whose expiry has passed, oldest
   // first, and returns how many it deleted. PROCESSING records are left to the reconciler, which
   // must first learn whether their downstream call happened.

@@ -188,6 +188,24 @@ Status Engine::Renew(const RoutePolicy& policy, Ticket& ticket) {
   return Ok();
 }
 
+Status Engine::Release(Ticket& ticket) {
+  IDEM_ASSIGN_OR_RETURN(std::unique_ptr<StoreTxn> txn, store_.Begin());
+  IDEM_ASSIGN_OR_RETURN(Lease released, txn->Renew(ticket.scope, ticket.lease, Millis(0)));
+  IDEM_RETURN_IF_ERROR(txn->Commit());
+  ticket.lease = released;
+  ticket.record.lease = released;
+  return Ok();
+}
+
+Result<Ticket> Engine::TakeOver(const RoutePolicy& policy, const Record& stale) {
+  ClaimSpec spec{stale.scope,       stale.tenant,  stale.user, stale.route,
+                 stale.fingerprint, policy.lease, policy.retention};
+  IDEM_ASSIGN_OR_RETURN(std::unique_ptr<StoreTxn> txn, store_.Begin());
+  IDEM_ASSIGN_OR_RETURN(Record record, txn->Reclaim(spec, stale.lease.fence));
+  IDEM_RETURN_IF_ERROR(txn->Commit());
+  return Ticket{stale.scope, record.lease, record, /*resumed=*/true};
+}
+
 Status Engine::Finish(const Ticket& ticket, RecordState state, const StoredResponse& response,
                       const TxnHook& business) {
   IDEM_CHECK(state != RecordState::kProcessing);

@@ -338,3 +338,38 @@ TEST_F(EngineTest, ConcurrentDuplicatesYieldOneExecution) {
 
 }  // namespace
 }  // namespace idem
+
+namespace idem {
+namespace {
+
+TEST_F(EngineTest, ReleaseLetsTheNextAttemptTakeOverAtOnce) {
+  Decision d = MustStart(Req("key-00013"), InsertPending("pay_13"));
+  ASSERT_TRUE(engine_->Advance(d.ticket, "charge_sent").has_value());
+  ASSERT_TRUE(engine_->Release(d.ticket).has_value());
+  clock_.Advance(Millis(1));
+  Decision next = MustStart(Req("key-00013"));
+  ASSERT_EQ(next.kind, Decision::Kind::kExecute);
+  EXPECT_TRUE(next.ticket.resumed);
+  EXPECT_EQ(next.ticket.record.recovery_point, "charge_sent");
+  EXPECT_EQ(engine_->Release(d.ticket).error().code, Errc::kFenced);
+}
+
+TEST_F(EngineTest, TakeOverClaimsAStaleRecordOnce) {
+  Decision d = MustStart(Req("key-00014"), InsertPending("pay_14"));
+  clock_.Advance(kLease + Millis(1));
+  auto stale = store_->ListStale(10);
+  ASSERT_TRUE(stale.has_value());
+  ASSERT_EQ(stale->size(), 1u);
+  auto ticket = engine_->TakeOver(policy_, stale->at(0));
+  ASSERT_TRUE(ticket.has_value()) << ticket.error().message;
+  EXPECT_EQ(ticket->record.resource_id, "pay_14");
+  EXPECT_EQ(ticket->lease.fence, d.ticket.lease.fence + 1);
+  EXPECT_EQ(engine_->TakeOver(policy_, stale->at(0)).error().code, Errc::kConflict);
+  EXPECT_EQ(engine_->Finish(d.ticket, RecordState::kSucceeded, Created("x")).error().code,
+            Errc::kFenced);
+  EXPECT_TRUE(
+      engine_->Finish(*ticket, RecordState::kFailedRetryable, {503, {}, ""}).has_value());
+}
+
+}  // namespace
+}  // namespace idem

@@ -575,6 +575,38 @@ class SqliteStore final : public Store {
     return GetRecord(*conn, scope);
   }
 
+  Result<std::vector<SqlRow>> Query(std::string_view sql,
+                                    const std::vector<SqlValue>& params) override {
+    IDEM_ASSIGN_OR_RETURN(PooledConnection conn, Lend(*readers_));
+    IDEM_ASSIGN_OR_RETURN(sqlite3_stmt * raw, conn->Prepare(sql));
+    if (sqlite3_stmt_readonly(raw) == 0) {
+      return MakeError(Errc::kInvalidArgument, "query: statement is not read-only");
+    }
+    if (sqlite3_bind_parameter_count(raw) != static_cast<int>(params.size())) {
+      return MakeError(Errc::kInvalidArgument, "query: wrong number of parameters");
+    }
+    Statement stmt(*conn, raw);
+    for (const SqlValue& p : params) stmt.Bind(p);
+    return stmt.Run();
+  }
+
+  Result<std::vector<Record>> ListStale(int limit) override {
+    static const std::string sql = "SELECT " + std::string(kRecordColumns) +
+                                   " FROM idem_records WHERE state = 'PROCESSING' AND "
+                                   "lease_until < ? ORDER BY lease_until LIMIT ?";
+    IDEM_ASSIGN_OR_RETURN(PooledConnection conn, Lend(*readers_));
+    IDEM_ASSIGN_OR_RETURN(sqlite3_stmt * raw, conn->Prepare(sql));
+    Statement stmt(*conn, raw);
+    stmt.Bind(ToUnixMillis(clock_.Now())).Bind(int64_t{limit});
+    IDEM_ASSIGN_OR_RETURN(auto rows, stmt.Run());
+    std::vector<Record> records;
+    for (const SqlRow& row : rows) {
+      IDEM_ASSIGN_OR_RETURN(Record r, RecordFromRow(row));
+      records.push_back(std::move(r));
+    }
+    return records;
+  }
+
   Result<int> Sweep(int batch) override {
     IDEM_ASSIGN_OR_RETURN(auto txn, Begin());
     static const std::string sql =
