@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -45,6 +46,12 @@ struct CanonicalRules {
 // limits, a money field that is neither a number nor a decimal string, or a default that is not
 // valid JSON. The message names the problem and, where known, the byte offset or path.
 Result<std::string> Canonicalize(std::string_view json, const CanonicalRules& rules);
+
+// The scalar at `path` after canonicalisation under `rules`: a number's (or money field's)
+// canonical decimal text, or a string's text; nullopt when absent or not a number or string.
+// Errors: those of Canonicalize().
+Result<std::optional<std::string>> CanonicalScalar(std::string_view json, std::string_view path,
+                                                   const CanonicalRules& rules);
 
 // The canonical text of an exact decimal: a JSON number ("1e2" → "100", "-0.50" → "-0.5",
 // "0" for any zero; very large or small magnitudes as "1.5e-60"). Accepts exactly the JSON number

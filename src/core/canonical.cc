@@ -553,6 +553,20 @@ void Write(const Doc& doc, int32_t index, std::string& out) {
 
 Result<std::string> CanonicalDecimal(std::string_view text) { return DecimalFromJsonNumber(text); }
 
+Result<std::optional<std::string>> CanonicalScalar(std::string_view json, std::string_view path,
+                                                   const CanonicalRules& rules) {
+  Doc doc;
+  IDEM_ASSIGN_OR_RETURN(const int32_t root, ParseInto(doc, json, rules));
+  IDEM_RETURN_IF_ERROR(ApplyRules(doc, root, rules));
+  const MemberPos pos = Locate(doc, root, SplitPath(path));
+  if (pos.found < 0) return std::optional<std::string>();
+  const Node& node = doc.nodes[static_cast<std::size_t>(pos.found)];
+  if (node.kind != Kind::kNumber && node.kind != Kind::kString) {
+    return std::optional<std::string>();
+  }
+  return std::optional<std::string>(std::string(doc.View(node.text)));
+}
+
 Result<std::string> Canonicalize(std::string_view json, const CanonicalRules& rules) {
   // One document per thread, cleared and reused: its buffers stay allocated and warm in cache.
   // A document grown by an unusually large body is dropped rather than kept per thread.

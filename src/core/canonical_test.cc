@@ -222,5 +222,18 @@ TEST(Canonicalize, IsIdempotent) {
   EXPECT_EQ(Canon(once, rules), once);
 }
 
+TEST(CanonicalScalar, ReadsExactNumbersAndStrings) {
+  CanonicalRules rules;
+  rules.money_fields = {"amount"};
+  EXPECT_EQ(**CanonicalScalar(R"({"amount":"100.50"})", "amount", rules), "100.5");
+  EXPECT_EQ(**CanonicalScalar(R"({"amount":12345678901234567890.10})", "amount", rules),
+            "12345678901234567890.1");
+  EXPECT_EQ(**CanonicalScalar(R"({"a":{"b":"x"}})", "a.b", rules), "x");
+  EXPECT_FALSE(CanonicalScalar(R"({"a":{"b":"x"}})", "a", rules)->has_value());
+  EXPECT_FALSE(CanonicalScalar(R"({})", "amount", rules)->has_value());
+  EXPECT_EQ(CanonicalScalar(R"({"amount":"x"})", "amount", rules).error().code,
+            Errc::kInvalidArgument);
+}
+
 }  // namespace
 }  // namespace idem

@@ -1,0 +1,61 @@
+// server/http/message.h — plain HTTP request and response values, free of Beast and Asio, so
+// handlers are pure functions that tests can call directly.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+namespace idem::http {
+
+// Header names are stored in lower case; lookups are case-insensitive.
+struct Headers {
+  std::vector<std::pair<std::string, std::string>> fields;
+
+  // The first value of `name`, or nullopt.
+  std::optional<std::string_view> Get(std::string_view name) const;
+  // How many fields are called `name`.
+  int Count(std::string_view name) const;
+  // Appends a field (the name is lower-cased).
+  void Add(std::string_view name, std::string_view value);
+  // Replaces every field called `name` with one.
+  void Set(std::string_view name, std::string_view value);
+};
+
+struct Request {
+  std::string method;  // "GET", "POST", ...
+  std::string target;  // as sent: path and query
+  Headers headers;
+  std::string body;
+
+  std::string_view Path() const;   // target without the query
+  std::string_view Query() const;  // after '?', or empty
+  // The value of query parameter `name` (not percent-decoded), or nullopt.
+  std::optional<std::string_view> QueryParam(std::string_view name) const;
+};
+
+struct Response {
+  int status = 200;
+  Headers headers;
+  std::string body;
+};
+
+std::string ToLower(std::string_view s);
+
+// RFC 3339 UTC with milliseconds ("2026-11-30T06:00:00.123Z").
+std::string Rfc3339(int64_t unix_ms);
+
+// An IMF-fixdate ("Sun, 06 Nov 1994 08:49:37 GMT") for Unix milliseconds, rounded down.
+std::string HttpDate(int64_t unix_ms);
+
+}  // namespace idem::http
+
+namespace idem::http {
+
+// An RFC 9457 problem+json response: {"type":"urn:idem:problem:<kind>","title","status","detail"}.
+Response Problem(int status, std::string_view kind, std::string_view title,
+                 std::string_view detail);
+
+}  // namespace idem::http

@@ -1,0 +1,337 @@
+// server/http/server.cc — accept loop, coroutine sessions, the worker seam, parking and drain.
+#include "server/http/server.h"
+
+#include <atomic>
+#include <boost/asio.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
+#include <map>
+#include <mutex>
+#include <thread>
+
+namespace idem::http {
+namespace {
+
+namespace beast = boost::beast;
+namespace bhttp = boost::beast::http;
+namespace net = boost::asio;
+using tcp = net::ip::tcp;
+using Strand = net::strand<net::io_context::executor_type>;
+
+constexpr auto kTuple = net::as_tuple(net::use_awaitable);
+
+struct Connection {
+  Connection(tcp::socket socket, Strand executor)
+      : stream(std::move(socket)), strand(std::move(executor)) {}
+  beast::tcp_stream stream;
+  Strand strand;
+  std::atomic<bool> idle{true};
+};
+
+Request FromBeast(bhttp::request<bhttp::string_body>&& in) {
+  Request out;
+  out.method = std::string(in.method_string());
+  out.target = std::string(in.target());
+  for (const auto& field : in) out.headers.Add(field.name_string(), field.value());
+  out.body = std::move(in.body());
+  return out;
+}
+
+bhttp::response<bhttp::string_body> ToBeast(Response&& in, bool keep_alive) {
+  bhttp::response<bhttp::string_body> out;
+  out.result(static_cast<unsigned>(in.status));
+  out.version(11);
+  for (auto& [name, value] : in.headers.fields) out.insert(name, value);
+  out.body() = std::move(in.body);
+  out.keep_alive(keep_alive);
+  out.prepare_payload();
+  return out;
+}
+
+// A request id for the log and the X-Request-Id header: the client's if it is a sane token.
+std::string RequestId(const Request& request, uint64_t counter) {
+  if (auto id = request.headers.Get("x-request-id")) {
+    bool sane = !id->empty() && id->size() <= 64;
+    for (char c : *id) {
+      sane &= (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
+              c == '-' || c == '_' || c == '.';
+    }
+    if (sane) return std::string(*id);
+  }
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "req-%016llx", static_cast<unsigned long long>(counter));
+  return buf;
+}
+
+class ServerImpl final : public Server {
+ public:
+  ServerImpl(const ServerOptions& options, Handler& handler, AccessLog* log)
+      : options_(options),
+        handler_(handler),
+        log_(log),
+        workers_(static_cast<std::size_t>(options.worker_threads)),
+        acceptor_(ioc_) {}
+
+  ~ServerImpl() override { Drain(); }
+
+  Status Listen() {
+    boost::system::error_code ec;
+    auto address = net::ip::make_address(options_.host, ec);
+    if (ec) return MakeError(Errc::kInvalidArgument, "listen address: " + ec.message());
+    tcp::endpoint endpoint(address, options_.port);
+    acceptor_.open(endpoint.protocol(), ec);
+    if (!ec) acceptor_.set_option(net::socket_base::reuse_address(true), ec);
+    if (!ec) acceptor_.bind(endpoint, ec);
+    if (!ec) acceptor_.listen(net::socket_base::max_listen_connections, ec);
+    if (ec) {
+      return MakeError(Errc::kUnavailable, "cannot listen on " + options_.host + ":" +
+                                               std::to_string(options_.port) + ": " + ec.message());
+    }
+    port_ = acceptor_.local_endpoint().port();
+    net::co_spawn(ioc_, Accept(), net::detached);
+    for (int i = 0; i < options_.io_threads; ++i) io_threads_.emplace_back([this] { ioc_.run(); });
+    return Ok();
+  }
+
+  uint16_t port() const override { return port_; }
+
+  void Notify(const std::string& key) override {
+    std::lock_guard lock(park_mu_);
+    auto [begin, end] = parked_.equal_range(key);
+    for (auto it = begin; it != end; ++it) {
+      net::post(it->second.strand, [timer = it->second.timer] {
+        if (auto t = timer.lock()) t->cancel();
+      });
+    }
+  }
+
+  void Spawn(std::function<void()> task) override {
+    ++in_flight_;
+    net::post(workers_, [this, task = std::move(task)] {
+      try {
+        task();
+      } catch (...) {
+        std::fprintf(stderr, "background task threw\n");
+      }
+      --in_flight_;
+    });
+  }
+
+  void Drain() override {
+    if (drained_.exchange(true)) return;
+    draining_ = true;
+    net::post(ioc_, [this] {
+      boost::system::error_code ec;
+      acceptor_.close(ec);
+    });
+    // Idle keep-alive connections are closed now; busy ones close after their response.
+    {
+      std::lock_guard lock(conn_mu_);
+      for (auto& [id, weak] : connections_) {
+        if (auto conn = weak.lock(); conn && conn->idle) {
+          net::post(conn->strand, [conn] {
+            boost::system::error_code ec;
+            conn->stream.socket().shutdown(tcp::socket::shutdown_both, ec);
+            conn->stream.socket().close(ec);
+          });
+        }
+      }
+    }
+    const auto deadline = std::chrono::steady_clock::now() + options_.drain_timeout;
+    while (in_flight_ > 0 && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    ioc_.stop();
+    for (auto& t : io_threads_) t.join();
+    workers_.join();
+  }
+
+ private:
+  net::awaitable<void> Accept() {
+    while (!draining_) {
+      auto [ec, socket] = co_await acceptor_.async_accept(kTuple);
+      if (ec) {
+        if (ec == net::error::operation_aborted || draining_) co_return;
+        continue;  // e.g. too many open files: keep serving the others
+      }
+      if (open_connections_ >= options_.max_connections) {
+        boost::system::error_code ignored;
+        socket.close(ignored);
+        continue;
+      }
+      auto strand = net::make_strand(ioc_);
+      auto conn = std::make_shared<Connection>(std::move(socket), strand);
+      net::co_spawn(strand, Session(conn), net::detached);
+    }
+  }
+
+  net::awaitable<void> Session(std::shared_ptr<Connection> conn) {
+    ++open_connections_;
+    const uint64_t id = next_id_++;
+    {
+      std::lock_guard lock(conn_mu_);
+      connections_[id] = conn;
+    }
+    beast::flat_buffer buffer;
+    while (true) {
+      conn->idle = true;
+      if (draining_) break;
+      bhttp::request_parser<bhttp::string_body> parser;
+      parser.header_limit(static_cast<std::uint32_t>(options_.max_header_bytes));
+      parser.body_limit(options_.max_body_bytes);
+      // One deadline for the whole request: a client sending slowly is cut off.
+      conn->stream.expires_after(options_.read_timeout);
+      auto [ec, bytes] = co_await bhttp::async_read(conn->stream, buffer, parser, kTuple);
+      conn->idle = false;
+      if (ec) {
+        std::optional<Response> refusal;
+        if (ec == bhttp::error::body_limit) {
+          refusal = Problem(
+              413, "payload-too-large", "Payload Too Large",
+              "the body is larger than " + std::to_string(options_.max_body_bytes) + " bytes");
+        } else if (ec == bhttp::error::header_limit) {
+          refusal = Problem(431, "headers-too-large", "Request Header Fields Too Large",
+                            "the header section is too large");
+        } else if (ec != bhttp::error::end_of_stream && ec != beast::error::timeout &&
+                   ec != net::error::operation_aborted && ec != net::error::eof &&
+                   ec != net::error::connection_reset && bytes > 0) {
+          refusal = Problem(400, "malformed-request", "Bad Request",
+                            "the request is not valid HTTP/1.1: " + ec.message());
+        }
+        if (refusal) co_await Write(*conn, std::move(*refusal), false);
+        break;
+      }
+      const auto started = std::chrono::steady_clock::now();
+      Request request = FromBeast(parser.release());
+      const bool keep_alive = parser.keep_alive();
+      const std::string request_id = RequestId(request, id * 1000003ULL + bytes);
+      RequestContext context;
+      Response response;
+      if (draining_) {
+        response = Problem(503, "shutting-down", "Service Unavailable", "the server is stopping");
+        response.headers.Set("Retry-After", "1");
+        context.outcome = "draining";
+      } else if (in_flight_ >= options_.worker_threads + options_.max_queued) {
+        response = Problem(503, "overloaded", "Service Unavailable", "too many requests at once");
+        response.headers.Set("Retry-After", "1");
+        context.outcome = "overloaded";
+      } else {
+        ++in_flight_;
+        response = co_await Run(*conn, request, context);
+        --in_flight_;
+      }
+      if (context.delay.count() > 0) {
+        net::steady_timer timer(conn->strand, context.delay);
+        co_await timer.async_wait(kTuple);
+      }
+      if (context.drop) break;
+      response.headers.Set("X-Request-Id", request_id);
+      const int status = response.status;
+      const bool keep = keep_alive && !draining_;
+      const bool written = co_await Write(*conn, std::move(response), keep);
+      if (log_ != nullptr) {
+        log_->Write(AccessLog::Entry{
+            request_id, request.method, std::string(request.Path()), context.route, context.outcome,
+            status,
+            std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - started)
+                .count()});
+      }
+      if (!written || !keep) break;
+    }
+    boost::system::error_code ignored;
+    conn->stream.socket().shutdown(tcp::socket::shutdown_send, ignored);
+    conn->stream.socket().close(ignored);
+    {
+      std::lock_guard lock(conn_mu_);
+      connections_.erase(id);
+    }
+    --open_connections_;
+  }
+
+  // Calls the handler on a worker thread, parking between calls when it asks to.
+  net::awaitable<Response> Run(Connection& conn, const Request& request, RequestContext& context) {
+    context.spawn = [this](std::function<void()> task) { Spawn(std::move(task)); };
+    context.notify = [this](const std::string& key) { Notify(key); };
+    auto poll = std::chrono::milliseconds(50);
+    while (true) {
+      Response response = co_await net::co_spawn(
+          workers_,
+          [&]() -> net::awaitable<Response> {
+            try {
+              co_return handler_.Handle(request, context);
+            } catch (const std::exception& e) {
+              std::fprintf(stderr, "handler threw: %s\n", e.what());
+            } catch (...) {
+              std::fprintf(stderr, "handler threw\n");
+            }
+            co_return Problem(500, "internal", "Internal Server Error", "unexpected failure");
+          },
+          net::use_awaitable);
+      if (!context.park || draining_) co_return response;
+      // Wait for a notification, but poll too: a completion in another process, or one that
+      // happened between the handler's decision and this registration, is found by the next call.
+      RequestContext::Park park = *context.park;
+      context.park.reset();
+      ++context.attempt;
+      const auto wake = std::min(park.deadline, std::chrono::steady_clock::now() + poll);
+      poll = std::min(poll * 2, std::chrono::milliseconds(1000));
+      auto timer = std::make_shared<net::steady_timer>(conn.strand, wake);
+      std::multimap<std::string, Parked>::iterator registration;
+      {
+        std::lock_guard lock(park_mu_);
+        registration = parked_.emplace(park.key, Parked{timer, conn.strand});
+      }
+      co_await timer->async_wait(kTuple);
+      {
+        std::lock_guard lock(park_mu_);
+        parked_.erase(registration);
+      }
+    }
+  }
+
+  // Writes a response; false if the connection failed.
+  net::awaitable<bool> Write(Connection& conn, Response&& response, bool keep_alive) {
+    auto message = ToBeast(std::move(response), keep_alive);
+    conn.stream.expires_after(options_.write_timeout);
+    auto [ec, n] = co_await bhttp::async_write(conn.stream, message, kTuple);
+    co_return !ec;
+  }
+
+  struct Parked {
+    std::weak_ptr<net::steady_timer> timer;
+    Strand strand;
+  };
+
+  ServerOptions options_;
+  Handler& handler_;
+  AccessLog* log_;
+  net::io_context ioc_;
+  net::thread_pool workers_;
+  tcp::acceptor acceptor_;
+  std::vector<std::thread> io_threads_;
+  uint16_t port_ = 0;
+  std::atomic<bool> draining_{false};
+  std::atomic<bool> drained_{false};
+  std::atomic<int> in_flight_{0};
+  std::atomic<int> open_connections_{0};
+  std::atomic<uint64_t> next_id_{1};
+  std::mutex conn_mu_;
+  std::map<uint64_t, std::weak_ptr<Connection>> connections_;
+  std::mutex park_mu_;
+  std::multimap<std::string, Parked> parked_;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<Server>> Server::Start(const ServerOptions& options, Handler& handler,
+                                              AccessLog* log) {
+  if (options.io_threads < 1 || options.worker_threads < 1 || options.max_queued < 0 ||
+      options.max_connections < 1) {
+    return MakeError(Errc::kInvalidArgument, "server: thread and queue sizes must be positive");
+  }
+  auto server = std::make_unique<ServerImpl>(options, handler, log);
+  IDEM_RETURN_IF_ERROR(server->Listen());
+  return std::unique_ptr<Server>(std::move(server));
+}
+
+}  // namespace idem::http

@@ -1,0 +1,108 @@
+// server/http/server.h — an HTTP/1.1 server on Boost.Beast with C++20 coroutines.
+//
+// Three layers: a handler (a plain function of Request, run on a worker thread because it may
+// block on the store or a downstream call), a thin coroutine session per connection (a deadline
+// on every read, a body limit, keep-alive), and an accept loop. Beast and Asio stay inside
+// server.cc; nothing here includes them.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "include/idem/clock.h"
+#include "include/idem/result.h"
+#include "server/http/message.h"
+
+namespace idem::http {
+
+struct ServerOptions {
+  std::string host = "127.0.0.1";
+  uint16_t port = 8080;  // 0 picks a free port; see Server::port()
+  int io_threads = 1;
+  // Workers run handlers (blocking store and downstream work). Requests beyond
+  // worker_threads + max_queued at once are refused with 503.
+  int worker_threads = 8;
+  int max_queued = 1024;
+  int max_connections = 2048;
+  std::size_t max_body_bytes = 64 * 1024;
+  std::size_t max_header_bytes = 16 * 1024;
+  // The whole request (headers and body) must arrive within this: slow clients are cut off.
+  Millis read_timeout{10000};
+  // How long an idle keep-alive connection is kept.
+  Millis idle_timeout{30000};
+  Millis write_timeout{10000};
+  // On Drain, how long in-flight requests may take to finish.
+  Millis drain_timeout{10000};
+};
+
+// What a handler may ask of the session besides its response.
+struct RequestContext {
+  // Park: wait (without a thread) until Notify(key) or `deadline`, then call Handle again.
+  struct Park {
+    std::string key;
+    std::chrono::steady_clock::time_point deadline;
+  };
+  std::optional<Park> park;
+  // Free for the handler across calls of one request (e.g. the end of a Prefer: wait).
+  std::optional<std::chrono::steady_clock::time_point> wait_until;
+  int attempt = 1;  // 1 on the first call of Handle for this request, 2 after a park, ...
+  // Wait this long before sending the response (test doubles: slow downstreams).
+  Millis delay{0};
+  // Close the connection without answering (after `delay`).
+  bool drop = false;
+  // For the access log line.
+  std::string route;
+  std::string outcome;
+  // Runs `task` on a worker thread later (work that outlives the request: 202 Accepted).
+  std::function<void(std::function<void()>)> spawn;
+  // Wakes requests parked on `key`.
+  std::function<void(const std::string&)> notify;
+};
+
+class Handler {
+ public:
+  virtual ~Handler() = default;
+  // Runs on a worker thread. Must not throw (a throw is answered with 500 and logged).
+  virtual Response Handle(const Request& request, RequestContext& context) = 0;
+};
+
+// Writes one line per finished request. Thread-safe.
+class AccessLog {
+ public:
+  virtual ~AccessLog() = default;
+  struct Entry {
+    std::string request_id;
+    std::string method;
+    std::string path;
+    std::string route;
+    std::string outcome;
+    int status = 0;
+    double latency_ms = 0;
+  };
+  virtual void Write(const Entry& entry) = 0;
+};
+
+// The running server. Thread-safe.
+class Server {
+ public:
+  // Binds and starts serving on background threads. `handler` and `log` must outlive the server.
+  // Errors: kUnavailable if the address cannot be bound; kInvalidArgument for bad options.
+  static Result<std::unique_ptr<Server>> Start(const ServerOptions& options, Handler& handler,
+                                               AccessLog* log);
+  virtual ~Server() = default;
+
+  virtual uint16_t port() const = 0;
+  // Wakes requests parked on `key` (in this process).
+  virtual void Notify(const std::string& key) = 0;
+  // Runs `task` on a worker thread.
+  virtual void Spawn(std::function<void()> task) = 0;
+  // Stops accepting and refuses new requests with 503, lets in-flight requests finish (up to
+  // drain_timeout), closes idle connections, then stops every thread. Idempotent.
+  virtual void Drain() = 0;
+};
+
+}  // namespace idem::http

@@ -1,0 +1,253 @@
+// server/idemd/config.cc — TOML (toml++) into Config, flag overrides, secrets.
+#include "server/idemd/config.h"
+
+#include <sys/stat.h>
+#include <toml++/toml.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+namespace idem::idemd {
+namespace {
+
+Error Bad(const std::string& origin, const std::string& what) {
+  return MakeError(Errc::kInvalidArgument, origin + ": " + what);
+}
+
+// host:port, host non-empty, port 0..65535.
+Status ParseListen(const std::string& text, http::ServerOptions& server,
+                   const std::string& origin) {
+  const std::size_t colon = text.rfind(':');
+  if (colon == std::string::npos || colon == 0) {
+    return Bad(origin, "listen must be HOST:PORT, got '" + text + "'");
+  }
+  const std::string port = text.substr(colon + 1);
+  char* end = nullptr;
+  const long value = std::strtol(port.c_str(), &end, 10);
+  if (port.empty() || *end != '\0' || value < 0 || value > 65535) {
+    return Bad(origin, "bad port in listen '" + text + "'");
+  }
+  server.host = text.substr(0, colon);
+  server.port = static_cast<uint16_t>(value);
+  return Ok();
+}
+
+template <typename T>
+Status Read(const toml::table& t, std::string_view section, std::string_view key, T& out,
+            const std::string& origin) {
+  const toml::node* node = t.at_path(std::string(section) + "." + std::string(key)).node();
+  if (node == nullptr) return Ok();
+  if constexpr (std::is_same_v<T, std::string>) {
+    if (!node->is_string())
+      return Bad(origin, std::string(section) + "." + std::string(key) + " must be a string");
+    out = node->as_string()->get();
+  } else if constexpr (std::is_same_v<T, bool>) {
+    if (!node->is_boolean())
+      return Bad(origin, std::string(section) + "." + std::string(key) + " must be a boolean");
+    out = node->as_boolean()->get();
+  } else {
+    if (!node->is_integer() || node->as_integer()->get() < 0) {
+      return Bad(origin,
+                 std::string(section) + "." + std::string(key) + " must be a non-negative integer");
+    }
+    out = static_cast<T>(node->as_integer()->get());
+  }
+  return Ok();
+}
+
+Status ReadMillis(const toml::table& t, std::string_view section, std::string_view key, Millis& out,
+                  const std::string& origin) {
+  int64_t ms = out.count();
+  IDEM_RETURN_IF_ERROR(Read(t, section, key, ms, origin));
+  out = Millis(ms);
+  return Ok();
+}
+
+Result<std::vector<Secret>> ReadSecretArray(const toml::table& t, const char* name,
+                                            const std::string& origin) {
+  std::vector<Secret> out;
+  const toml::array* array = t[name].as_array();
+  if (array == nullptr) return Bad(origin, std::string("missing [[") + name + "]] entries");
+  for (const toml::node& entry : *array) {
+    const toml::table* e = entry.as_table();
+    if (e == nullptr) return Bad(origin, std::string(name) + " entries must be tables");
+    auto id = (*e)["id"].value<int64_t>();
+    auto key = (*e)["key"].value<std::string>();
+    if (!id || !key || *id < 0 || *id > 0xffffffffLL) {
+      return Bad(origin, std::string(name) + " entries need an id and a hex key");
+    }
+    auto bytes = DecodeHex(*key);
+    if (!bytes) return Bad(origin, std::string(name) + " key " + std::to_string(*id) + ": not hex");
+    out.push_back(Secret{static_cast<uint32_t>(*id), std::move(*bytes)});
+  }
+  return out;
+}
+
+// toml++ reports errors by exception or by value depending on how it was built; either way
+// they become a Result here.
+Result<toml::table> ParseToml(std::string_view text, const std::string& origin, bool is_file) {
+#if TOML_EXCEPTIONS
+  try {
+    return is_file ? toml::parse_file(origin) : toml::parse(text, origin);
+  } catch (const toml::parse_error& e) {
+    std::ostringstream where;
+    where << e.source().begin;
+    return Bad(origin, std::string(e.description()) + " at " + where.str());
+  }
+#else
+  toml::parse_result parsed = is_file ? toml::parse_file(origin) : toml::parse(text, origin);
+  if (!parsed) {
+    std::ostringstream where;
+    where << parsed.error().source().begin;
+    return Bad(origin, std::string(parsed.error().description()) + " at " + where.str());
+  }
+  return std::move(parsed).table();
+#endif
+}
+
+}  // namespace
+
+Result<Secrets> ParseSecrets(std::string_view toml_text, const std::string& origin) {
+  IDEM_ASSIGN_OR_RETURN(const toml::table t, ParseToml(toml_text, origin, false));
+  Secrets s;
+  auto hmac_current = t["hmac_current"].value<int64_t>();
+  auto seal_current = t["seal_current"].value<int64_t>();
+  if (!hmac_current || !seal_current)
+    return Bad(origin, "hmac_current and seal_current are required");
+  s.hmac_current = static_cast<uint32_t>(*hmac_current);
+  s.seal_current = static_cast<uint32_t>(*seal_current);
+  IDEM_ASSIGN_OR_RETURN(s.hmac, ReadSecretArray(t, "hmac", origin));
+  IDEM_ASSIGN_OR_RETURN(s.seal, ReadSecretArray(t, "seal", origin));
+  if (auto st = ValidateSecrets(s.hmac, s.hmac_current, 32, 0); !st)
+    return Bad(origin, "hmac: " + st.error().message);
+  if (auto st = ValidateSecrets(s.seal, s.seal_current, 32, 32); !st)
+    return Bad(origin, "seal: " + st.error().message);
+  return s;
+}
+
+std::string GenerateSecretsToml(Random& random) {
+  auto fresh = [&] {
+    std::array<uint8_t, 32> bytes;
+    random.Fill(bytes);
+    return ToHex(bytes);
+  };
+  return "# Development secrets for idemd, generated once. Never commit this file.\n"
+         "hmac_current = 1\nseal_current = 1\n\n[[hmac]]\nid = 1\nkey = \"" +
+         fresh() + "\"\n\n[[seal]]\nid = 1\nkey = \"" + fresh() + "\"\n";
+}
+
+Result<Config> LoadConfig(const std::string& path, const std::vector<std::string>& overrides) {
+  Config c;
+  IDEM_ASSIGN_OR_RETURN(const toml::table t, ParseToml({}, path, true));
+  const std::string& o = path;
+
+  std::string listen;
+  IDEM_RETURN_IF_ERROR(Read(t, "server", "listen", listen, o));
+  if (!listen.empty()) IDEM_RETURN_IF_ERROR(ParseListen(listen, c.server, o));
+  IDEM_RETURN_IF_ERROR(Read(t, "server", "io_threads", c.server.io_threads, o));
+  IDEM_RETURN_IF_ERROR(Read(t, "server", "worker_threads", c.server.worker_threads, o));
+  IDEM_RETURN_IF_ERROR(Read(t, "server", "max_queued", c.server.max_queued, o));
+  IDEM_RETURN_IF_ERROR(Read(t, "server", "max_connections", c.server.max_connections, o));
+  IDEM_RETURN_IF_ERROR(Read(t, "server", "max_body_bytes", c.server.max_body_bytes, o));
+  IDEM_RETURN_IF_ERROR(ReadMillis(t, "server", "read_timeout_ms", c.server.read_timeout, o));
+  IDEM_RETURN_IF_ERROR(ReadMillis(t, "server", "drain_timeout_ms", c.server.drain_timeout, o));
+
+  IDEM_RETURN_IF_ERROR(Read(t, "store", "url", c.store_url, o));
+  IDEM_RETURN_IF_ERROR(Read(t, "store", "pool_size", c.store_pool_size, o));
+  IDEM_RETURN_IF_ERROR(Read(t, "redis", "url", c.redis_url, o));
+  IDEM_RETURN_IF_ERROR(Read(t, "provider", "url", c.provider_url, o));
+  IDEM_RETURN_IF_ERROR(ReadMillis(t, "provider", "timeout_ms", c.provider_timeout, o));
+  IDEM_RETURN_IF_ERROR(Read(t, "secrets", "file", c.secrets_file, o));
+  IDEM_RETURN_IF_ERROR(Read(t, "secrets", "generate_if_missing", c.generate_secrets, o));
+
+  IDEM_RETURN_IF_ERROR(ReadMillis(t, "idempotency", "lease_ms", c.lease, o));
+  int64_t retention_hours = c.retention.count() / 3600000;
+  IDEM_RETURN_IF_ERROR(Read(t, "idempotency", "retention_hours", retention_hours, o));
+  c.retention = Millis(retention_hours * 3600000);
+  IDEM_RETURN_IF_ERROR(ReadMillis(t, "idempotency", "retention_ms", c.retention, o));
+  IDEM_RETURN_IF_ERROR(Read(t, "idempotency", "max_processing", c.max_processing, o));
+  IDEM_RETURN_IF_ERROR(Read(t, "idempotency", "max_retained", c.max_retained, o));
+  IDEM_RETURN_IF_ERROR(ReadMillis(t, "idempotency", "wait_max_ms", c.wait_max, o));
+  IDEM_RETURN_IF_ERROR(Read(t, "idempotency", "key_min_length", c.key_min_length, o));
+  IDEM_RETURN_IF_ERROR(Read(t, "idempotency", "key_max_length", c.key_max_length, o));
+  IDEM_RETURN_IF_ERROR(ReadMillis(t, "idempotency", "sweep_interval_ms", c.sweep_interval, o));
+  IDEM_RETURN_IF_ERROR(
+      ReadMillis(t, "idempotency", "reconcile_interval_ms", c.reconcile_interval, o));
+
+  if (const toml::array* currencies = t.at_path("payments.currencies").as_array()) {
+    c.currencies.clear();
+    for (const toml::node& n : *currencies) {
+      auto code = n.value<std::string>();
+      if (!code || code->size() != 3) return Bad(o, "payments.currencies: ISO 4217 codes expected");
+      c.currencies.push_back(*code);
+    }
+  }
+  if (const toml::array* principals = t["principals"].as_array()) {
+    for (const toml::node& n : *principals) {
+      const toml::table* p = n.as_table();
+      if (p == nullptr) return Bad(o, "[[principals]] entries must be tables");
+      PrincipalEntry e;
+      e.api_key_sha256 = (*p)["api_key_sha256"].value_or(std::string());
+      e.tenant = (*p)["tenant"].value_or(std::string());
+      e.user = (*p)["user"].value_or(std::string());
+      if (e.api_key_sha256.size() != 64 || !DecodeHex(e.api_key_sha256) || e.tenant.empty() ||
+          e.user.empty()) {
+        return Bad(o, "each [[principals]] needs api_key_sha256 (64 hex), tenant and user");
+      }
+      for (char& ch : e.api_key_sha256) ch = static_cast<char>(std::tolower(ch));
+      c.principals.push_back(std::move(e));
+    }
+  }
+
+  for (std::size_t i = 0; i < overrides.size(); ++i) {
+    const std::string& flag = overrides[i];
+    if (i + 1 >= overrides.size()) return Bad("command line", flag + " needs a value");
+    const std::string& value = overrides[++i];
+    if (flag == "--listen") {
+      IDEM_RETURN_IF_ERROR(ParseListen(value, c.server, "--listen"));
+    } else if (flag == "--store") {
+      c.store_url = value;
+    } else if (flag == "--redis") {
+      c.redis_url = value;
+    } else if (flag == "--provider") {
+      c.provider_url = value;
+    } else {
+      return Bad("command line", "unknown flag " + flag);
+    }
+  }
+  if (c.store_url.empty()) c.store_url = "sqlite:///./data/idem.db";
+  if (c.key_min_length < 1 || c.key_max_length < c.key_min_length ||
+      c.key_max_length > limits::kKeyMaxLength) {
+    return Bad(o, "idempotency key lengths must satisfy 1 <= min <= max <= 255");
+  }
+  if (c.lease.count() <= 0 || c.retention <= c.lease) {
+    return Bad(o, "lease must be positive and shorter than retention");
+  }
+
+  // Secrets: environment first, then the file (generated for development when asked to).
+  if (const char* env = std::getenv("IDEM_SECRETS"); env != nullptr && *env != '\0') {
+    IDEM_ASSIGN_OR_RETURN(c.secrets, ParseSecrets(env, "IDEM_SECRETS"));
+  } else {
+    if (c.secrets_file.empty()) return Bad(o, "no secrets: set IDEM_SECRETS or secrets.file");
+    std::filesystem::path file = c.secrets_file;
+    if (!std::filesystem::exists(file)) {
+      if (!c.generate_secrets) return Bad(o, "secrets file " + c.secrets_file + " does not exist");
+      std::error_code ec;
+      if (file.has_parent_path()) std::filesystem::create_directories(file.parent_path(), ec);
+      std::ofstream out(file);
+      out << GenerateSecretsToml(SystemRandom());
+      out.close();
+      if (!out) return Bad(o, "cannot write secrets file " + c.secrets_file);
+      ::chmod(file.c_str(), 0600);
+    }
+    std::ifstream in(file);
+    std::stringstream text;
+    text << in.rdbuf();
+    IDEM_ASSIGN_OR_RETURN(c.secrets, ParseSecrets(text.str(), c.secrets_file));
+  }
+  return c;
+}
+
+}  // namespace idem::idemd

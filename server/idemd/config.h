@@ -1,0 +1,69 @@
+// server/idemd/config.h — idemd's configuration: a TOML file, then command-line overrides.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "include/idem/clock.h"
+#include "include/idem/key.h"
+#include "include/idem/limits.h"
+#include "include/idem/result.h"
+#include "include/idem/secret.h"
+#include "server/http/server.h"
+
+namespace idem::idemd {
+
+struct PrincipalEntry {
+  std::string api_key_sha256;  // lower-case hex of SHA-256(api key)
+  std::string tenant;
+  std::string user;
+};
+
+struct Secrets {
+  std::vector<Secret> hmac;
+  uint32_t hmac_current = 0;
+  std::vector<Secret> seal;
+  uint32_t seal_current = 0;
+};
+
+struct Config {
+  http::ServerOptions server;
+  std::string store_url;  // "sqlite:///path/idem.db"
+  int store_pool_size = 4;
+  std::string redis_url;  // optional; not used yet
+  std::string provider_url = "http://127.0.0.1:8090";
+  Millis provider_timeout{5000};
+
+  // Where secrets come from: the IDEM_SECRETS environment variable (TOML text) wins; else this
+  // file; a development config may ask for the file to be generated when missing.
+  std::string secrets_file;
+  bool generate_secrets = false;
+  Secrets secrets;
+
+  Millis lease{30000};
+  Millis retention{7LL * 24 * 3600 * 1000};
+  int64_t max_processing = limits::kMaxProcessingPerPrincipal;
+  int64_t max_retained = limits::kMaxRetainedPerPrincipal;
+  Millis wait_max{10000};
+  std::size_t key_min_length = limits::kKeyMinLength;
+  std::size_t key_max_length = limits::kKeyMaxLength;
+  std::vector<std::string> currencies = {"CNY", "USD", "EUR", "JPY"};
+  Millis sweep_interval{60000};
+  Millis reconcile_interval{5000};
+
+  std::vector<PrincipalEntry> principals;
+};
+
+// Reads `path` (TOML), applies `overrides` (--listen, --store, --redis, --provider), then loads
+// the secrets. Errors: kInvalidArgument naming the file, key and problem.
+Result<Config> LoadConfig(const std::string& path, const std::vector<std::string>& overrides);
+
+// Parses secrets from TOML text: hmac_current, seal_current, [[hmac]] / [[seal]] tables with
+// `id` and hex `key`. Errors: kInvalidArgument.
+Result<Secrets> ParseSecrets(std::string_view toml_text, const std::string& origin);
+
+// Fresh development secrets as TOML text (32 random bytes each, id 1).
+std::string GenerateSecretsToml(Random& random);
+
+}  // namespace idem::idemd

@@ -1,0 +1,330 @@
+// server/idemd/filter.cc — Decision → HTTP, Prefer handling, completion, the reconciler pass.
+#include "server/idemd/filter.h"
+
+#include <algorithm>
+#include <boost/json.hpp>
+#include <chrono>
+
+namespace idem::idemd {
+namespace {
+
+namespace json = boost::json;
+
+struct Preferences {
+  std::optional<Millis> wait;
+  bool respond_async = false;
+};
+
+// RFC 7240: comma-separated preferences, each token[=value] with ;parameters, across headers.
+Preferences ParsePrefer(const http::Headers& headers) {
+  Preferences p;
+  for (const auto& [name, value] : headers.fields) {
+    if (name != "prefer") continue;
+    std::string_view rest = value;
+    while (!rest.empty()) {
+      const std::size_t comma = rest.find(',');
+      std::string_view item = rest.substr(0, comma);
+      rest = comma == std::string_view::npos ? std::string_view() : rest.substr(comma + 1);
+      item = item.substr(0, item.find(';'));
+      auto trim = [](std::string_view s) {
+        while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
+        while (!s.empty() && (s.back() == ' ' || s.back() == '\t')) s.remove_suffix(1);
+        return s;
+      };
+      item = trim(item);
+      const std::size_t eq = item.find('=');
+      const std::string token = http::ToLower(trim(item.substr(0, eq)));
+      std::string_view arg =
+          eq == std::string_view::npos ? std::string_view() : trim(item.substr(eq + 1));
+      if (arg.size() >= 2 && arg.front() == '"' && arg.back() == '"')
+        arg = arg.substr(1, arg.size() - 2);
+      if (token == "respond-async") {
+        p.respond_async = true;
+      } else if (token == "wait" && !arg.empty() && arg.size() <= 6 &&
+                 std::all_of(arg.begin(), arg.end(), [](char c) { return c >= '0' && c <= '9'; })) {
+        p.wait = Millis(std::stoll(std::string(arg)) * 1000);
+      }
+    }
+  }
+  return p;
+}
+
+std::string ScopeKey(const ScopeHash& scope) { return ToHex(scope); }
+
+int RetryAfterSeconds(Millis ms) {
+  return static_cast<int>(std::max<int64_t>(1, (ms.count() + 999) / 1000));
+}
+
+}  // namespace
+
+RecordState FailurePolicy::Classify(int status) const {
+  if (status >= 200 && status < 300) return RecordState::kSucceeded;
+  if (std::find(final_statuses.begin(), final_statuses.end(), status) != final_statuses.end()) {
+    return RecordState::kFailedFinal;
+  }
+  if (std::find(retryable_statuses.begin(), retryable_statuses.end(), status) !=
+      retryable_statuses.end()) {
+    return RecordState::kFailedRetryable;
+  }
+  return status >= 500 ? RecordState::kFailedRetryable : RecordState::kFailedFinal;
+}
+
+http::Response ProblemFor(const Error& error) {
+  switch (error.code) {
+    case Errc::kInvalidArgument:
+      return http::Problem(400, "invalid-request", "Bad Request", error.message);
+    case Errc::kTooLarge:
+      return http::Problem(413, "payload-too-large", "Payload Too Large", error.message);
+    case Errc::kNotFound:
+      return http::Problem(404, "not-found", "Not Found", error.message);
+    case Errc::kFingerprintMismatch:
+      return http::Problem(422, "idempotency-key-reused", "Unprocessable Content", error.message);
+    case Errc::kResourceExhausted: {
+      auto r = http::Problem(429, "quota-exceeded", "Too Many Requests", error.message);
+      r.headers.Set("Retry-After", "1");
+      return r;
+    }
+    case Errc::kUnavailable:
+    case Errc::kFenced:
+    case Errc::kConflict: {
+      auto r = http::Problem(503, "unavailable", "Service Unavailable",
+                             "try again shortly: " + error.message);
+      r.headers.Set("Retry-After", "1");
+      return r;
+    }
+    case Errc::kDeadlineExceeded:
+      return http::Problem(504, "timeout", "Gateway Timeout", error.message);
+    case Errc::kAlreadyExists:
+    case Errc::kDataLoss:
+    case Errc::kInternal:
+      break;
+  }
+  return http::Problem(500, "internal", "Internal Server Error", "unexpected failure");
+}
+
+IdempotencyFilter::IdempotencyFilter(Engine& engine, Store& store, const Sealer& sealer,
+                                     Clock& clock, Metrics& metrics, FilterPolicy policy,
+                                     Operation& operation)
+    : engine_(engine),
+      store_(store),
+      sealer_(sealer),
+      clock_(clock),
+      metrics_(metrics),
+      policy_(std::move(policy)),
+      operation_(operation) {}
+
+void IdempotencyFilter::AddExpires(http::Response& response, Timestamp expires) const {
+  response.headers.Set("Idempotency-Key-Expires", http::HttpDate(ToUnixMillis(expires)));
+}
+
+http::Response IdempotencyFilter::Handle(const http::Request& request, const Principal& principal,
+                                         http::RequestContext& context) {
+  context.route = policy_.route_label;
+  auto count = [&](const char* outcome) {
+    context.outcome = outcome;
+    metrics_.CountRequest(policy_.route_label, outcome);
+  };
+  if (auto refusal = operation_.Validate(request, principal)) {
+    count("invalid");
+    return std::move(*refusal);
+  }
+  Request engine_request;
+  engine_request.principal = principal;
+  engine_request.key_header = request.headers.Get("idempotency-key");
+  if (request.headers.Count("idempotency-key") > 1) {
+    count("invalid");
+    return http::Problem(400, "invalid-request", "Bad Request",
+                         "send exactly one Idempotency-Key header");
+  }
+  engine_request.method = request.method;
+  const std::string content_type =
+      http::ToLower(request.headers.Get("content-type").value_or(std::string_view()));
+  engine_request.content_type = content_type;
+  engine_request.api_version = policy_.api_version;
+  engine_request.body = request.body;
+  const Preferences prefer = ParsePrefer(request.headers);
+
+  const auto started = std::chrono::steady_clock::now();
+  auto decision =
+      engine_.Start(policy_.route, engine_request, [&](StoreTxn& txn, const Record& record) {
+        return operation_.OnClaim(txn, record, request, principal);
+      });
+  metrics_.ObserveStore(
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());
+  if (!decision) {
+    const Errc code = decision.error().code;
+    count(code == Errc::kFingerprintMismatch                          ? "mismatch"
+          : code == Errc::kResourceExhausted                          ? "quota"
+          : code == Errc::kInvalidArgument || code == Errc::kTooLarge ? "invalid"
+                                                                      : "error");
+    if (code == Errc::kDataLoss || code == Errc::kInternal) {
+      std::fprintf(stderr, "{\"level\":\"error\",\"msg\":\"engine\",\"code\":\"%s\"}\n",
+                   std::string(ErrcName(code)).c_str());
+    }
+    return ProblemFor(decision.error());
+  }
+
+  const std::string location = policy_.operations_prefix + decision->key;
+  switch (decision->kind) {
+    case Decision::Kind::kReplay: {
+      count("replayed");
+      http::Response response;
+      response.status = decision->response.status;
+      for (auto& [name, value] : decision->response.headers) response.headers.Add(name, value);
+      response.body = std::move(decision->response.body);
+      response.headers.Set("Idempotent-Replayed", "true");
+      AddExpires(response, decision->key_expires);
+      return response;
+    }
+    case Decision::Kind::kInProgress: {
+      const auto now = std::chrono::steady_clock::now();
+      if (prefer.wait && !context.wait_until) {
+        context.wait_until = now + std::min(*prefer.wait, policy_.wait_max);
+      }
+      if (context.wait_until && now < *context.wait_until) {
+        context.park =
+            http::RequestContext::Park{ScopeKey(decision->record.scope), *context.wait_until};
+        return {};
+      }
+      count("in_progress");
+      http::Response response;
+      if (prefer.respond_async) {
+        response = http::Response{202,
+                                  {},
+                                  "{\"key\":" + json::serialize(json::string(decision->key)) +
+                                      ",\"state\":\"PROCESSING\"}"};
+        response.headers.Set("Content-Type", "application/json");
+      } else {
+        response = http::Problem(409, "request-in-progress", "Conflict",
+                                 "a request with this Idempotency-Key is still being processed");
+        response.headers.Set("Retry-After",
+                             std::to_string(RetryAfterSeconds(decision->retry_after)));
+      }
+      response.headers.Set("Location", location);
+      AddExpires(response, decision->key_expires);
+      return response;
+    }
+    case Decision::Kind::kExecute:
+      break;
+  }
+
+  if (decision->ticket.resumed) metrics_.CountTakeover();
+  if (prefer.respond_async) {
+    count("accepted");
+    auto notify = context.notify;
+    context.spawn([this, ticket = decision->ticket, request, principal, notify]() mutable {
+      (void)Run(std::move(ticket), request, principal, notify);
+    });
+    http::Response response{
+        202,
+        {},
+        "{\"key\":" + json::serialize(json::string(decision->key)) + ",\"state\":\"PROCESSING\"}"};
+    response.headers.Set("Content-Type", "application/json");
+    response.headers.Set("Location", location);
+    AddExpires(response, decision->key_expires);
+    return response;
+  }
+  count("executed");
+  http::Response response = Run(std::move(decision->ticket), request, principal, context.notify);
+  AddExpires(response, decision->key_expires);
+  return response;
+}
+
+http::Response IdempotencyFilter::Run(Ticket ticket, const http::Request& request,
+                                      const Principal& principal,
+                                      const std::function<void(const std::string&)>& notify) {
+  Execution execution = operation_.Execute(ticket, request, principal, engine_);
+  http::Response response = Finish(ticket, std::move(execution));
+  if (notify) notify(ScopeKey(ticket.scope));
+  return response;
+}
+
+http::Response IdempotencyFilter::Finish(Ticket& ticket, Execution execution) {
+  if (execution.outcome_unknown) {
+    // Nobody knows whether the downstream acted: keep the record PROCESSING, free the lease.
+    (void)engine_.Release(ticket);
+    return std::move(execution.response);
+  }
+  const RecordState state =
+      execution.state.value_or(policy_.failures.Classify(execution.response.status));
+  StoredResponse stored;
+  stored.status = execution.response.status;
+  for (const std::string& name : policy_.stored_headers) {
+    if (auto value = execution.response.headers.Get(name))
+      stored.headers.emplace_back(name, *value);
+  }
+  stored.body = execution.response.body;
+  const auto started = std::chrono::steady_clock::now();
+  Status finished = engine_.Finish(ticket, state, stored, execution.business);
+  metrics_.ObserveStore(
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());
+  if (!finished) {
+    if (finished.error().code == Errc::kFenced) {
+      metrics_.CountFenced();
+      auto r = http::Problem(409, "request-in-progress", "Conflict",
+                             "this execution lost its lease to another; retry to get its result");
+      r.headers.Set("Retry-After", "1");
+      return r;
+    }
+    return ProblemFor(finished.error());
+  }
+  return std::move(execution.response);
+}
+
+http::Response IdempotencyFilter::GetOperation(std::string_view key, const Principal& principal) {
+  auto parsed = ParseIdempotencyKey(key, policy_.route.key_policy);
+  if (!parsed) return ProblemFor(parsed.error());
+  auto scope = Scope{principal.tenant, principal.user, policy_.route.route, *parsed}.Hash();
+  if (!scope) return ProblemFor(scope.error());
+  auto record = store_.Read(*scope);
+  if (!record) return ProblemFor(record.error());
+  if (!*record || (*record)->expires_at <= clock_.Now()) {
+    return http::Problem(404, "not-found", "Not Found", "no operation with this key");
+  }
+  const Record& r = **record;
+  json::object body;
+  body["key"] = *parsed;
+  body["state"] = RecordStateName(r.state);
+  body["recovery_point"] = r.recovery_point;
+  const bool finished = IsReplayable(r.state);
+  body["status_code"] = finished || r.state == RecordState::kFailedRetryable
+                            ? json::value(r.status_code)
+                            : json::value(nullptr);
+  if (finished) {
+    auto plain = sealer_.Open(r.scope, r.response);
+    if (!plain) return ProblemFor(plain.error());
+    auto stored = DecodeResponse(*plain);
+    if (!stored) return ProblemFor(stored.error());
+    boost::system::error_code ec;
+    json::value parsed_body = json::parse(stored->body, ec);
+    body["response"] = ec ? json::value(stored->body) : std::move(parsed_body);
+  }
+  body["created_at"] = http::Rfc3339(ToUnixMillis(r.created_at));
+  body["expires_at"] = http::Rfc3339(ToUnixMillis(r.expires_at));
+  http::Response response{200, {}, json::serialize(body)};
+  response.headers.Set("Content-Type", "application/json");
+  AddExpires(response, r.expires_at);
+  return response;
+}
+
+int IdempotencyFilter::ReconcileOnce(int limit,
+                                     const std::function<void(const std::string&)>& notify) {
+  auto stale = store_.ListStale(limit);
+  if (!stale) return 0;
+  int resolved = 0;
+  for (const Record& record : *stale) {
+    if (record.route != policy_.route.route) continue;
+    auto ticket = engine_.TakeOver(policy_.route, record);
+    if (!ticket) continue;  // another instance or a retry got there first
+    metrics_.CountTakeover();
+    Execution execution = operation_.Reconcile(*ticket, engine_);
+    const bool unknown = execution.outcome_unknown;
+    (void)Finish(*ticket, std::move(execution));
+    metrics_.CountReconciled(unknown ? "unknown" : "resolved");
+    if (!unknown) ++resolved;
+    if (notify) notify(ScopeKey(record.scope));
+  }
+  return resolved;
+}
+
+}  // namespace idem::idemd

@@ -1,0 +1,103 @@
+// server/idemd/filter.h — the idempotency filter: HTTP in front of the engine, generic over the
+// operation it protects. The payments route uses it today; later routes and the gateway mode
+// plug in another Operation and policy and reuse it unchanged.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "include/idem/engine.h"
+#include "server/http/message.h"
+#include "server/http/server.h"
+#include "server/idemd/metrics.h"
+
+namespace idem::idemd {
+
+// What one execution produced.
+struct Execution {
+  http::Response response;
+  // Business writes committed together with the record's completion.
+  TxnHook business;
+  // Overrides the policy's classification of response.status.
+  std::optional<RecordState> state;
+  // The downstream may have acted and nobody knows: the record stays PROCESSING at its recovery
+  // point, the lease is released, and the next attempt or the reconciler resolves it.
+  bool outcome_unknown = false;
+};
+
+// The work behind an idempotent route. Implementations are thread-safe.
+class Operation {
+ public:
+  virtual ~Operation() = default;
+  // Checks the request before any record exists; a response here ends the request and leaves
+  // nothing behind (400, 415, ...).
+  virtual std::optional<http::Response> Validate(const http::Request& request,
+                                                 const Principal& principal) = 0;
+  // Runs in the claim transaction when this request wins the right to execute (also on resumes;
+  // record.resource_id is set once).
+  virtual Status OnClaim(StoreTxn& txn, const Record& record, const http::Request& request,
+                         const Principal& principal) = 0;
+  // Executes (blocking). `ticket` may be advanced through `engine`.
+  virtual Execution Execute(Ticket& ticket, const http::Request& request,
+                            const Principal& principal, Engine& engine) = 0;
+  // Resolves a stale record without its request (the reconciler): returns the execution to
+  // finish with, or one with outcome_unknown to try again later.
+  virtual Execution Reconcile(Ticket& ticket, Engine& engine) = 0;
+};
+
+// Which finished outcomes are final (replayed) and which retryable, by status code. 2xx is
+// SUCCEEDED; listed codes follow the lists; any other 4xx is final and any other 5xx retryable.
+struct FailurePolicy {
+  std::vector<int> final_statuses;
+  std::vector<int> retryable_statuses;
+  RecordState Classify(int status) const;
+};
+
+struct FilterPolicy {
+  RoutePolicy route;
+  FailurePolicy failures;
+  Millis wait_max{10000};
+  std::string route_label;        // for metrics and logs, e.g. "payments.create"
+  std::string operations_prefix;  // Location of running operations, e.g. "/v1/operations/"
+  std::string api_version = "v1";
+  // Response headers kept with a stored response (besides the status and body).
+  std::vector<std::string> stored_headers = {"Location", "Content-Type"};
+};
+
+// Thread-safe.
+class IdempotencyFilter {
+ public:
+  IdempotencyFilter(Engine& engine, Store& store, const Sealer& sealer, Clock& clock,
+                    Metrics& metrics, FilterPolicy policy, Operation& operation);
+
+  http::Response Handle(const http::Request& request, const Principal& principal,
+                        http::RequestContext& context);
+
+  // GET {operations_prefix}{key}: the caller's own record for `key` on this route.
+  http::Response GetOperation(std::string_view key, const Principal& principal);
+
+  // Resolves up to `limit` stale records of this route; returns how many it resolved.
+  int ReconcileOnce(int limit, const std::function<void(const std::string&)>& notify);
+
+  const FilterPolicy& policy() const { return policy_; }
+
+ private:
+  http::Response Run(Ticket ticket, const http::Request& request, const Principal& principal,
+                     const std::function<void(const std::string&)>& notify);
+  http::Response Finish(Ticket& ticket, Execution execution);
+  void AddExpires(http::Response& response, Timestamp expires) const;
+
+  Engine& engine_;
+  Store& store_;
+  const Sealer& sealer_;
+  Clock& clock_;
+  Metrics& metrics_;
+  FilterPolicy policy_;
+  Operation& operation_;
+};
+
+// The one mapping of libidem errors to HTTP problems.
+http::Response ProblemFor(const Error& error);
+
+}  // namespace idem::idemd

@@ -1,0 +1,158 @@
+// server/idemd/main.cc — wires idemd together: config, store, engine, provider, routes, server,
+// background loops (sweeper, reconciler), and a graceful SIGTERM drain. Nothing else.
+#include <signal.h>
+
+#include <condition_variable>
+#include <cstdio>
+#include <filesystem>
+#include <iostream>
+#include <mutex>
+#include <thread>
+
+#include "include/idem/engine.h"
+#include "include/idem/store/sqlite.h"
+#include "server/http/server.h"
+#include "server/idemd/config.h"
+#include "server/idemd/filter.h"
+#include "server/idemd/metrics.h"
+#include "server/idemd/payments.h"
+#include "server/idemd/provider.h"
+#include "server/idemd/service.h"
+
+namespace {
+
+using namespace idem;
+using namespace idem::idemd;
+
+int Fail(const std::string& what) {
+  std::fprintf(stderr, "idemd: %s\n", what.c_str());
+  return 1;
+}
+
+Result<std::unique_ptr<Store>> OpenStore(const Config& config) {
+  constexpr std::string_view kSqlite = "sqlite://";
+  if (config.store_url.rfind(kSqlite, 0) != 0) {
+    return MakeError(Errc::kInvalidArgument,
+                     "store URL '" + config.store_url +
+                         "' is not supported by this build (use sqlite:///path/idem.db)");
+  }
+  SqliteStoreOptions options;
+  options.path = config.store_url.substr(kSqlite.size());
+  options.pool_size = config.store_pool_size;
+  options.app_name = "payments";
+  options.app_migrations = PaymentsMigrations();
+  const std::filesystem::path parent = std::filesystem::path(options.path).parent_path();
+  std::error_code ec;
+  if (!parent.empty()) std::filesystem::create_directories(parent, ec);
+  return OpenSqliteStore(options, SystemClock(), SystemRandom());
+}
+
+// Runs `work` every `interval` until stopped.
+class Loop {
+ public:
+  Loop(Millis interval, std::function<void()> work)
+      : thread_([this, interval, work = std::move(work)] {
+          std::unique_lock lock(mu_);
+          while (!cv_.wait_for(lock, interval, [this] { return stop_; })) {
+            lock.unlock();
+            work();
+            lock.lock();
+          }
+        }) {}
+  ~Loop() {
+    {
+      std::lock_guard lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stop_ = false;
+  std::thread thread_;
+};
+
+int Run(int argc, char** argv) {
+  std::string config_path;
+  std::vector<std::string> overrides;
+  for (int i = 1; i < argc; ++i) {
+    std::string arg = argv[i];
+    if (arg == "--config" && i + 1 < argc) {
+      config_path = argv[++i];
+    } else if (arg == "--help" || arg == "-h") {
+      std::cout << "usage: idemd --config FILE [--listen HOST:PORT] [--store URL] "
+                   "[--redis URL] [--provider URL]\n";
+      return 0;
+    } else {
+      overrides.push_back(arg);
+    }
+  }
+  if (config_path.empty()) return Fail("--config FILE is required (see config/idemd.dev.toml)");
+  auto config = LoadConfig(config_path, overrides);
+  if (!config) return Fail(config.error().message);
+  if (!config->redis_url.empty()) {
+    std::fprintf(stderr, "idemd: --redis is not supported by this build yet; ignoring it\n");
+  }
+
+  // Signals are taken by this thread only, through sigwait; every other thread blocks them.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+
+  auto store = OpenStore(*config);
+  if (!store) return Fail("store: " + store.error().message);
+  auto fingerprinter = Fingerprinter::Create(config->secrets.hmac, config->secrets.hmac_current);
+  if (!fingerprinter) return Fail("secrets: " + fingerprinter.error().message);
+  auto sealer = Sealer::Create(config->secrets.seal, config->secrets.seal_current, SystemRandom());
+  if (!sealer) return Fail("secrets: " + sealer.error().message);
+  auto provider = MakeHttpProvider(config->provider_url, config->provider_timeout);
+  if (!provider) return Fail("provider: " + provider.error().message);
+
+  Metrics metrics;
+  Engine engine(**store, **fingerprinter, **sealer, SystemClock());
+  KeyPolicy keys;
+  keys.min_length = config->key_min_length;
+  keys.max_length = config->key_max_length;
+  Payments payments(**store, **provider, SystemClock(), SystemRandom(), metrics,
+                    config->currencies);
+  IdempotencyFilter filter(
+      engine, **store, **sealer, SystemClock(), metrics,
+      PaymentsPolicy(keys, config->lease, config->retention, config->max_processing,
+                     config->max_retained, config->wait_max),
+      payments);
+  Service service(config->principals, **store, metrics, filter, payments);
+  JsonAccessLog log;
+  auto server = http::Server::Start(config->server, service, &log);
+  if (!server) return Fail(server.error().message);
+  std::printf("idemd listening on http://%s:%u\n", config->server.host.c_str(),
+              static_cast<unsigned>((*server)->port()));
+  std::fflush(stdout);
+
+  {
+    Loop sweeper(config->sweep_interval, [&] {
+      for (int i = 0; i < 20; ++i) {  // at most 20 batches a round: never hog the write lock
+        auto swept = (*store)->Sweep(limits::kSweepBatch);
+        if (!swept || *swept < limits::kSweepBatch) break;
+      }
+    });
+    Loop reconciler(config->reconcile_interval, [&] {
+      filter.ReconcileOnce(100, [&](const std::string& key) { (*server)->Notify(key); });
+    });
+    int sig = 0;
+    sigwait(&signals, &sig);
+    std::fprintf(stderr, "{\"msg\":\"draining\",\"signal\":%d}\n", sig);
+    (*server)->Drain();
+  }
+  std::fprintf(stderr, "{\"msg\":\"stopped\"}\n");
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) { return Run(argc, argv); }

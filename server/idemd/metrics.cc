@@ -1,0 +1,76 @@
+// server/idemd/metrics.cc — Prometheus text exposition (version 0.0.4).
+#include "server/idemd/metrics.h"
+
+#include <cstdio>
+
+namespace idem::idemd {
+
+void Metrics::CountRequest(const std::string& route, const std::string& outcome) {
+  std::lock_guard lock(mu_);
+  ++requests_[{route, outcome}];
+}
+
+void Metrics::CountReconciled(const std::string& result) {
+  std::lock_guard lock(mu_);
+  ++reconciled_[result];
+}
+
+void Metrics::ObserveStore(double seconds) { store_.Observe(seconds); }
+void Metrics::ObserveProvider(double seconds) { provider_.Observe(seconds); }
+
+void Metrics::Histogram::Observe(double seconds) {
+  for (std::size_t i = 0; i < kBuckets.size(); ++i) {
+    if (seconds <= kBuckets[i]) ++buckets[i];
+  }
+  ++count;
+  sum_micros += static_cast<uint64_t>(seconds * 1e6);
+}
+
+void Metrics::Histogram::Render(const std::string& name, const std::string& help,
+                                std::string& out) const {
+  out += "# HELP " + name + " " + help + "\n# TYPE " + name + " histogram\n";
+  char line[160];
+  for (std::size_t i = 0; i < kBuckets.size(); ++i) {
+    std::snprintf(line, sizeof line, "%s_bucket{le=\"%g\"} %llu\n", name.c_str(), kBuckets[i],
+                  static_cast<unsigned long long>(buckets[i].load()));
+    out += line;
+  }
+  std::snprintf(line, sizeof line, "%s_bucket{le=\"+Inf\"} %llu\n%s_sum %.6f\n%s_count %llu\n",
+                name.c_str(), static_cast<unsigned long long>(count.load()), name.c_str(),
+                static_cast<double>(sum_micros.load()) / 1e6, name.c_str(),
+                static_cast<unsigned long long>(count.load()));
+  out += line;
+}
+
+std::string Metrics::Render() const {
+  std::string out;
+  out += "# HELP idem_requests_total Requests by route and outcome.\n";
+  out += "# TYPE idem_requests_total counter\n";
+  {
+    std::lock_guard lock(mu_);
+    for (const auto& [labels, n] : requests_) {
+      out += "idem_requests_total{route=\"" + labels.first + "\",outcome=\"" + labels.second +
+             "\"} " + std::to_string(n) + "\n";
+    }
+    out += "# HELP idem_reconciler_total Records the reconciler resolved, by result.\n";
+    out += "# TYPE idem_reconciler_total counter\n";
+    for (const auto& [result, n] : reconciled_) {
+      out += "idem_reconciler_total{result=\"" + result + "\"} " + std::to_string(n) + "\n";
+    }
+  }
+  store_.Render("idem_store_seconds", "Latency of store transactions.", out);
+  provider_.Render("idem_provider_seconds", "Latency of provider calls.", out);
+  auto counter = [&](const char* name, const char* help, uint64_t v) {
+    out += std::string("# HELP ") + name + " " + help + "\n# TYPE " + name + " counter\n" + name +
+           " " + std::to_string(v) + "\n";
+  };
+  counter("idem_lease_takeovers_total",
+          "Executions resumed after a lease expired or a retryable failure.", takeovers_.load());
+  counter("idem_fencing_rejections_total", "Completions refused because the lease was lost.",
+          fenced_.load());
+  counter("idem_redis_fallbacks_total", "Redis errors that fell back to the database path.",
+          redis_fallbacks_.load());
+  return out;
+}
+
+}  // namespace idem::idemd

@@ -1,0 +1,49 @@
+// server/idemd/metrics.h — counters and latency histograms in Prometheus text format.
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <map>
+#include <mutex>
+#include <string>
+
+namespace idem::idemd {
+
+// Thread-safe. Names and label values are fixed by the code, never taken from requests.
+class Metrics {
+ public:
+  // idem_requests_total{route, outcome}: executed, replayed, mismatch, in_progress, quota,
+  // invalid, unauthorized, error, ...
+  void CountRequest(const std::string& route, const std::string& outcome);
+  // idem_store_seconds / idem_provider_seconds histograms.
+  void ObserveStore(double seconds);
+  void ObserveProvider(double seconds);
+  void CountTakeover() { ++takeovers_; }
+  void CountFenced() { ++fenced_; }
+  void CountRedisFallback() { ++redis_fallbacks_; }
+  void CountReconciled(const std::string& result);
+
+  std::string Render() const;
+
+ private:
+  static constexpr std::array<double, 12> kBuckets = {0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025,
+                                                      0.05,   0.1,   0.25,   0.5,   1.0,  2.5};
+  struct Histogram {
+    std::array<std::atomic<uint64_t>, kBuckets.size()> buckets{};
+    std::atomic<uint64_t> count{0};
+    std::atomic<uint64_t> sum_micros{0};
+    void Observe(double seconds);
+    void Render(const std::string& name, const std::string& help, std::string& out) const;
+  };
+
+  mutable std::mutex mu_;
+  std::map<std::pair<std::string, std::string>, uint64_t> requests_;
+  std::map<std::string, uint64_t> reconciled_;
+  Histogram store_;
+  Histogram provider_;
+  std::atomic<uint64_t> takeovers_{0};
+  std::atomic<uint64_t> fenced_{0};
+  std::atomic<uint64_t> redis_fallbacks_{0};
+};
+
+}  // namespace idem::idemd

@@ -1,0 +1,429 @@
+// server/idemd/payments.cc — the payments reference API (CONTRACT.md "POST /v1/payments").
+#include "server/idemd/payments.h"
+
+#include <boost/json.hpp>
+#include <chrono>
+
+namespace idem::idemd {
+namespace {
+
+namespace json = boost::json;
+
+constexpr int64_t kMaxMinorUnits = 1'000'000'000'000'000LL;  // 10^18: fits int64 with room
+
+bool IsOrderNo(std::string_view s) {
+  if (s.empty() || s.size() > 64) return false;
+  return std::all_of(s.begin(), s.end(), [](char c) {
+    return (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '-' ||
+           c == '_';
+  });
+}
+
+// Exact decimal text (CanonicalDecimal output) → minor units, or an error message.
+std::optional<std::string> ToMinor(const std::string& canonical, int digits, int64_t* out) {
+  if (canonical.find('e') != std::string::npos) return "amount is out of range";
+  if (!canonical.empty() && canonical[0] == '-') return "amount must be greater than 0";
+  const std::size_t point = canonical.find('.');
+  const std::string whole = canonical.substr(0, point);
+  const std::string frac = point == std::string::npos ? "" : canonical.substr(point + 1);
+  if (static_cast<int>(frac.size()) > digits) {
+    return "amount has more than " + std::to_string(digits) + " decimal places for this currency";
+  }
+  if (whole.size() > 15) return "amount is out of range";
+  int64_t minor = 0;
+  for (char c : whole + frac + std::string(static_cast<std::size_t>(digits) - frac.size(), '0')) {
+    minor = minor * 10 + (c - '0');
+  }
+  if (minor <= 0) return "amount must be greater than 0";
+  if (minor >= kMaxMinorUnits) return "amount is out of range";
+  *out = minor;
+  return std::nullopt;
+}
+
+http::Response ValidationProblem(const json::array& errors) {
+  json::object o;
+  o["type"] = "urn:idem:problem:validation-failed";
+  o["title"] = "Bad Request";
+  o["status"] = 400;
+  o["detail"] = "the request body failed validation";
+  o["errors"] = errors;
+  http::Response r{400, {}, json::serialize(o)};
+  r.headers.Set("Content-Type", "application/problem+json");
+  return r;
+}
+
+std::string Text(const SqlValue& v) {
+  const std::string* s = std::get_if<std::string>(&v);
+  return s ? *s : std::string();
+}
+int64_t Integer(const SqlValue& v) {
+  const int64_t* n = std::get_if<int64_t>(&v);
+  return n ? *n : 0;
+}
+
+}  // namespace
+
+const std::vector<Migration>& PaymentsMigrations() {
+  static const std::vector<Migration> kMigrations = {
+      {1, R"sql(
+CREATE TABLE payments (
+  id                 TEXT PRIMARY KEY,
+  tenant             TEXT NOT NULL,
+  merchant_order_no  TEXT NOT NULL,
+  amount_minor       INTEGER NOT NULL CHECK (amount_minor > 0),
+  currency           TEXT NOT NULL,
+  status             TEXT NOT NULL
+                     CHECK (status IN ('pending', 'succeeded', 'declined')),
+  provider_charge_id TEXT,
+  created_at         INTEGER NOT NULL,
+  updated_at         INTEGER NOT NULL,
+  UNIQUE (tenant, merchant_order_no)
+);
+)sql"},
+  };
+  return kMigrations;
+}
+
+FilterPolicy PaymentsPolicy(const KeyPolicy& keys, Millis lease, Millis retention,
+                            int64_t max_processing, int64_t max_retained, Millis wait_max) {
+  FilterPolicy p;
+  p.route.route = "payments.create";
+  p.route.key_policy = keys;
+  p.route.rules.version = 1;
+  p.route.rules.money_fields = {"amount"};
+  p.route.rules.removed_fields = {"trace_id"};
+  p.route.rules.defaults = {{"description", "\"\""}, {"metadata", "{}"}};
+  p.route.lease = lease;
+  p.route.retention = retention;
+  p.route.max_processing = max_processing;
+  p.route.max_retained = max_retained;
+  p.failures.final_statuses = {400, 402, 409, 422};
+  p.failures.retryable_statuses = {503};
+  p.wait_max = wait_max;
+  p.route_label = "payments.create";
+  p.operations_prefix = "/v1/operations/";
+  return p;
+}
+
+int MinorDigits(std::string_view currency) {
+  return currency == "JPY" || currency == "KRW" ? 0 : 2;
+}
+
+std::string FormatAmount(int64_t minor, int digits) {
+  std::string s = std::to_string(minor);
+  if (digits == 0) return s;
+  if (static_cast<int>(s.size()) <= digits) {
+    s.insert(0, static_cast<std::size_t>(digits) + 1 - s.size(), '0');
+  }
+  s.insert(s.size() - static_cast<std::size_t>(digits), ".");
+  return s;
+}
+
+Payments::Payments(Store& store, Provider& provider, Clock& clock, Random& random, Metrics& metrics,
+                   std::vector<std::string> currencies)
+    : store_(store),
+      provider_(provider),
+      clock_(clock),
+      random_(random),
+      metrics_(metrics),
+      currencies_(std::move(currencies)) {}
+
+Result<Payments::Parsed> Payments::Parse(const std::string& body) const {
+  boost::system::error_code ec;
+  json::value doc = json::parse(body, ec);
+  if (ec) return MakeError(Errc::kInvalidArgument, "malformed JSON: " + ec.message());
+  json::array errors;
+  auto fail = [&](const char* field, const std::string& message) {
+    errors.push_back(json::object{{"field", field}, {"message", message}});
+  };
+  const json::object* o = doc.if_object();
+  if (o == nullptr) {
+    fail("", "the body must be a JSON object");
+    return MakeError(Errc::kInvalidArgument, json::serialize(errors));
+  }
+  Parsed p;
+  for (const auto& [name, value] : *o) {
+    if (name != "merchant_order_no" && name != "amount" && name != "currency" &&
+        name != "description" && name != "metadata" && name != "trace_id") {
+      fail(std::string(name).c_str(), "unknown field");
+    }
+  }
+  const json::value* order = o->if_contains("merchant_order_no");
+  if (order == nullptr || !order->is_string() || !IsOrderNo(order->as_string())) {
+    fail("merchant_order_no", "required: 1..64 characters of A-Z a-z 0-9 - _");
+  } else {
+    p.merchant_order_no = std::string(order->as_string());
+  }
+  const json::value* currency = o->if_contains("currency");
+  if (currency == nullptr || !currency->is_string() ||
+      std::find(currencies_.begin(), currencies_.end(), std::string(currency->as_string())) ==
+          currencies_.end()) {
+    std::string list;
+    for (const auto& c : currencies_) list += (list.empty() ? "" : ", ") + c;
+    fail("currency", "required: one of " + list);
+  } else {
+    p.currency = std::string(currency->as_string());
+  }
+  // The amount's text, exactly as sent: numbers are re-read from the body, never via double.
+  const json::value* amount = o->if_contains("amount");
+  std::optional<std::string> amount_text;
+  if (amount != nullptr && amount->is_string()) {
+    amount_text = std::string(amount->as_string());
+  } else if (amount != nullptr && amount->is_number()) {
+    CanonicalRules plain;
+    auto text = CanonicalScalar(body, "amount", plain);
+    if (text && *text) amount_text = std::move(**text);
+  }
+  if (!amount_text) {
+    fail("amount", "required: a decimal number or a string holding one");
+  } else if (!p.currency.empty()) {
+    auto canonical = CanonicalDecimal(*amount_text);
+    if (!canonical) {
+      fail("amount", "must be a decimal number or a string holding one");
+    } else if (auto why = ToMinor(*canonical, MinorDigits(p.currency), &p.amount_minor)) {
+      fail("amount", *why);
+    }
+  }
+  if (const json::value* d = o->if_contains("description");
+      d != nullptr && (!d->is_string() || d->as_string().size() > 256)) {
+    fail("description", "must be a string of at most 256 characters");
+  }
+  if (const json::value* m = o->if_contains("metadata");
+      m != nullptr && (!m->is_object() || m->as_object().size() > 50)) {
+    fail("metadata", "must be an object with at most 50 members");
+  }
+  if (!errors.empty()) return MakeError(Errc::kInvalidArgument, json::serialize(errors));
+  return p;
+}
+
+std::optional<http::Response> Payments::Validate(const http::Request& request, const Principal&) {
+  const std::string type =
+      http::ToLower(request.headers.Get("content-type").value_or(std::string_view()));
+  const std::string media = type.substr(0, type.find(';'));
+  if (media != "application/json") {
+    return http::Problem(415, "unsupported-media-type", "Unsupported Media Type",
+                         "send the body as application/json");
+  }
+  auto parsed = Parse(request.body);
+  if (parsed) return std::nullopt;
+  const std::string& message = parsed.error().message;
+  if (message.rfind("malformed JSON", 0) == 0) {
+    return http::Problem(400, "malformed-json", "Bad Request", message);
+  }
+  boost::system::error_code ec;
+  json::value errors = json::parse(message, ec);
+  return ValidationProblem(ec || !errors.is_array() ? json::array{} : errors.as_array());
+}
+
+Status Payments::OnClaim(StoreTxn& txn, const Record& record, const http::Request& request,
+                         const Principal& principal) {
+  if (!record.resource_id.empty()) return Ok();  // fixed by an earlier attempt
+  IDEM_ASSIGN_OR_RETURN(Parsed p, Parse(request.body));
+  std::array<uint8_t, 12> id_bytes;
+  random_.Fill(id_bytes);
+  const std::string id = "pay_" + ToHex(id_bytes);
+  const int64_t now = ToUnixMillis(clock_.Now());
+  IDEM_ASSIGN_OR_RETURN(
+      auto inserted,
+      txn.Exec("INSERT INTO payments (id, tenant, merchant_order_no, amount_minor, currency, "
+               "status, created_at, updated_at) VALUES (?, ?, ?, ?, ?, 'pending', ?, ?) "
+               "ON CONFLICT (tenant, merchant_order_no) DO NOTHING RETURNING id",
+               {id, principal.tenant, p.merchant_order_no, p.amount_minor, p.currency, now, now}));
+  if (!inserted.empty()) return txn.Advance(record.scope, record.lease, "claimed", id);
+  // The order exists under another key: this operation answers from that payment.
+  IDEM_ASSIGN_OR_RETURN(
+      auto existing, txn.Exec("SELECT id FROM payments WHERE tenant = ? AND merchant_order_no = ?",
+                              {principal.tenant, p.merchant_order_no}));
+  if (existing.empty()) return MakeError(Errc::kInternal, "payment conflict without a row");
+  return txn.Advance(record.scope, record.lease, "existing", Text(existing[0][0]));
+}
+
+Result<std::optional<Payments::Payment>> Payments::Load(std::string_view id,
+                                                        std::string_view tenant) {
+  IDEM_ASSIGN_OR_RETURN(
+      auto rows, store_.Query("SELECT id, merchant_order_no, amount_minor, currency, status, "
+                              "provider_charge_id, created_at FROM payments "
+                              "WHERE id = ? AND tenant = ?",
+                              {std::string(id), std::string(tenant)}));
+  if (rows.empty()) return std::optional<Payment>();
+  const SqlRow& r = rows[0];
+  return std::optional<Payment>(Payment{Text(r[0]), Text(r[1]), Integer(r[2]), Text(r[3]),
+                                        Text(r[4]), Text(r[5]), Integer(r[6])});
+}
+
+std::string Payments::Body(const Payment& p) const {
+  json::object o;
+  o["id"] = p.id;
+  o["merchant_order_no"] = p.merchant_order_no;
+  o["amount"] = FormatAmount(p.amount_minor, MinorDigits(p.currency));
+  o["currency"] = p.currency;
+  o["status"] = p.status;
+  o["provider_charge_id"] =
+      p.provider_charge_id.empty() ? json::value(nullptr) : json::value(p.provider_charge_id);
+  o["created_at"] = http::Rfc3339(p.created_at_ms);
+  return json::serialize(o);
+}
+
+http::Response Payments::Created(const Payment& p, int status) const {
+  http::Response r{status, {}, Body(p)};
+  r.headers.Set("Content-Type", "application/json");
+  r.headers.Set("Location", "/v1/payments/" + p.id);
+  return r;
+}
+
+Execution Payments::Succeeded(Payment payment, const Charge& charge) {
+  Execution e;
+  payment.status = "succeeded";
+  payment.provider_charge_id = charge.id;
+  e.response = Created(payment, 201);
+  const int64_t now = ToUnixMillis(clock_.Now());
+  e.business = [id = payment.id, charge_id = charge.id, now](StoreTxn& txn,
+                                                             const Record&) -> Status {
+    IDEM_RETURN_IF_ERROR(
+        txn.Exec("UPDATE payments SET status = 'succeeded', provider_charge_id = ?, updated_at = ? "
+                 "WHERE id = ?",
+                 {charge_id, now, id}));
+    return Ok();
+  };
+  return e;
+}
+
+Execution Payments::ChargeOnce(Ticket& ticket, Payment payment, Engine& engine) {
+  Execution e;
+  const std::string amount = FormatAmount(payment.amount_minor, MinorDigits(payment.currency));
+  auto timed = [&](auto&& call) {
+    const auto started = std::chrono::steady_clock::now();
+    auto result = call();
+    metrics_.ObserveProvider(
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());
+    return result;
+  };
+  // A resumed execution whose charge may have left asks the provider first (step 6).
+  if (ticket.resumed && ticket.record.recovery_point == "charge_sent") {
+    auto found = timed([&] { return provider_.FindCharge(payment.id); });
+    if (!found) {
+      e.response = http::Problem(503, "provider-unavailable", "Service Unavailable",
+                                 "the payment provider could not be asked about an earlier "
+                                 "attempt; retry later");
+      e.response.headers.Set("Retry-After", "1");
+      e.outcome_unknown = true;
+      return e;
+    }
+    if (*found) return Succeeded(std::move(payment), **found);
+  }
+  if (auto advanced = engine.Advance(ticket, "charge_sent"); !advanced) {
+    e.response = ProblemFor(advanced.error());
+    e.outcome_unknown = true;
+    return e;
+  }
+  auto charged =
+      timed([&] { return provider_.CreateCharge(payment.id, amount, payment.currency); });
+  if (charged && !charged->declined) return Succeeded(std::move(payment), charged->charge);
+  if (charged && charged->declined) {
+    e.response = http::Problem(402, "payment-declined", "Payment Required",
+                               "the payment provider declined the charge");
+    const int64_t now = ToUnixMillis(clock_.Now());
+    e.business = [id = payment.id, now](StoreTxn& txn, const Record&) -> Status {
+      IDEM_RETURN_IF_ERROR(txn.Exec(
+          "UPDATE payments SET status = 'declined', updated_at = ? WHERE id = ?", {now, id}));
+      return Ok();
+    };
+    return e;
+  }
+  if (charged.error().code == Errc::kUnavailable) {
+    e.response = http::Problem(503, "provider-unavailable", "Service Unavailable",
+                               "the payment provider is unavailable; nothing was charged");
+    e.response.headers.Set("Retry-After", "1");
+    e.state = RecordState::kFailedRetryable;
+    return e;
+  }
+  e.response = http::Problem(504, "provider-timeout", "Gateway Timeout",
+                             "the payment provider did not answer in time; retry with the same "
+                             "key to learn the outcome");
+  e.outcome_unknown = true;
+  return e;
+}
+
+Execution Payments::Execute(Ticket& ticket, const http::Request& request,
+                            const Principal& principal, Engine& engine) {
+  Execution e;
+  auto loaded = Load(ticket.record.resource_id, principal.tenant);
+  if (!loaded || !*loaded) {
+    e.response = loaded ? http::Problem(500, "internal", "Internal Server Error",
+                                        "the payment row is missing")
+                        : ProblemFor(loaded.error());
+    e.outcome_unknown = true;
+    return e;
+  }
+  Payment payment = std::move(**loaded);
+  if (ticket.record.recovery_point == "existing") {
+    auto parsed = Parse(request.body);
+    const bool same = parsed && parsed->amount_minor == payment.amount_minor &&
+                      parsed->currency == payment.currency;
+    if (same && payment.status == "succeeded") {
+      e.response = Created(payment, 200);
+      return e;
+    }
+    if (same && payment.status == "pending") {
+      e.response = http::Problem(409, "order-in-progress", "Conflict",
+                                 "this merchant_order_no is being paid under another "
+                                 "Idempotency-Key; retry later");
+      e.response.headers.Set("Retry-After", "1");
+      e.state = RecordState::kFailedRetryable;
+      return e;
+    }
+    e.response = http::Problem(
+        409, "order-conflict", "Conflict",
+        same ? "this merchant_order_no already has a " + payment.status + " payment"
+             : "this merchant_order_no was already paid with a different amount or currency");
+    return e;
+  }
+  if (payment.status == "succeeded") {
+    // Completed by the reconciler or an earlier attempt whose completion was lost.
+    e.response = Created(payment, 201);
+    return e;
+  }
+  return ChargeOnce(ticket, std::move(payment), engine);
+}
+
+Execution Payments::Reconcile(Ticket& ticket, Engine&) {
+  Execution e;
+  auto loaded = Load(ticket.record.resource_id, ticket.record.tenant);
+  if (ticket.record.resource_id.empty() || (loaded && !*loaded)) {
+    // Crashed before the payment existed: nothing was charged.
+    e.response = http::Problem(503, "provider-unavailable", "Service Unavailable", "retry");
+    e.state = RecordState::kFailedRetryable;
+    return e;
+  }
+  if (!loaded) {
+    e.outcome_unknown = true;
+    return e;
+  }
+  Payment payment = std::move(**loaded);
+  if (ticket.record.recovery_point != "charge_sent") {
+    e.response = http::Problem(503, "provider-unavailable", "Service Unavailable", "retry");
+    e.state = RecordState::kFailedRetryable;
+    return e;
+  }
+  auto found = provider_.FindCharge(payment.id);
+  if (!found) {
+    e.outcome_unknown = true;
+    return e;
+  }
+  if (*found) return Succeeded(std::move(payment), **found);
+  // The provider has no charge: release the key for a retry, which charges.
+  e.response = http::Problem(503, "provider-unavailable", "Service Unavailable", "retry");
+  e.state = RecordState::kFailedRetryable;
+  return e;
+}
+
+http::Response Payments::Get(std::string_view id, const Principal& principal) {
+  auto loaded = Load(id, principal.tenant);
+  if (!loaded) return ProblemFor(loaded.error());
+  if (!*loaded) return http::Problem(404, "not-found", "Not Found", "no such payment");
+  http::Response r{200, {}, Body(**loaded)};
+  r.headers.Set("Content-Type", "application/json");
+  return r;
+}
+
+}  // namespace idem::idemd

@@ -1,0 +1,76 @@
+// server/idemd/payments.h — POST /v1/payments behind the idempotency filter, GET /v1/payments/{id}.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "include/idem/store/sqlite.h"
+#include "server/idemd/filter.h"
+#include "server/idemd/metrics.h"
+#include "server/idemd/provider.h"
+
+namespace idem::idemd {
+
+// The payments table, an application migration of the store ("payments" component).
+const std::vector<Migration>& PaymentsMigrations();
+
+// The route policy of POST /v1/payments: key policy, canonical rules (amount is money, trace_id
+// is not part of the request's meaning), which outcomes are final.
+FilterPolicy PaymentsPolicy(const KeyPolicy& keys, Millis lease, Millis retention,
+                            int64_t max_processing, int64_t max_retained, Millis wait_max);
+
+// Thread-safe. Borrows everything.
+class Payments final : public Operation {
+ public:
+  Payments(Store& store, Provider& provider, Clock& clock, Random& random, Metrics& metrics,
+           std::vector<std::string> currencies);
+
+  std::optional<http::Response> Validate(const http::Request& request,
+                                         const Principal& principal) override;
+  Status OnClaim(StoreTxn& txn, const Record& record, const http::Request& request,
+                 const Principal& principal) override;
+  Execution Execute(Ticket& ticket, const http::Request& request, const Principal& principal,
+                    Engine& engine) override;
+  Execution Reconcile(Ticket& ticket, Engine& engine) override;
+
+  // GET /v1/payments/{id}: 200, or 404 (also for another tenant's payment).
+  http::Response Get(std::string_view id, const Principal& principal);
+
+ private:
+  struct Payment {
+    std::string id;
+    std::string merchant_order_no;
+    int64_t amount_minor = 0;
+    std::string currency;
+    std::string status;
+    std::string provider_charge_id;
+    int64_t created_at_ms = 0;
+  };
+  struct Parsed {
+    std::string merchant_order_no;
+    int64_t amount_minor = 0;
+    std::string currency;
+  };
+
+  Result<Parsed> Parse(const std::string& body) const;
+  Result<std::optional<Payment>> Load(std::string_view id, std::string_view tenant);
+  std::string Body(const Payment& p) const;
+  http::Response Created(const Payment& p, int status) const;
+  Execution ChargeOnce(Ticket& ticket, Payment payment, Engine& engine);
+  Execution Succeeded(Payment payment, const Charge& charge);
+
+  Store& store_;
+  Provider& provider_;
+  Clock& clock_;
+  Random& random_;
+  Metrics& metrics_;
+  std::vector<std::string> currencies_;
+};
+
+// Minor-unit digits of a currency (0 for JPY and KRW, 2 otherwise).
+int MinorDigits(std::string_view currency);
+// "100.00" ← 10000 with 2 digits.
+std::string FormatAmount(int64_t minor, int digits);
+
+}  // namespace idem::idemd

@@ -1,0 +1,119 @@
+// server/idemd/service.cc — routes of CONTRACT.md.
+#include "server/idemd/service.h"
+
+#include <openssl/sha.h>
+
+#include <boost/json.hpp>
+#include <cstdio>
+#include <mutex>
+
+namespace idem::idemd {
+namespace {
+
+http::Response Json(int status, std::string body) {
+  http::Response r{status, {}, std::move(body)};
+  r.headers.Set("Content-Type", "application/json");
+  return r;
+}
+
+http::Response MethodNotAllowed(const char* allow) {
+  auto r = http::Problem(405, "method-not-allowed", "Method Not Allowed",
+                         std::string("allowed: ") + allow);
+  r.headers.Set("Allow", allow);
+  return r;
+}
+
+}  // namespace
+
+Service::Service(const std::vector<PrincipalEntry>& principals, Store& store, Metrics& metrics,
+                 IdempotencyFilter& payments_filter, Payments& payments)
+    : store_(store), metrics_(metrics), payments_filter_(payments_filter), payments_(payments) {
+  for (const PrincipalEntry& p : principals) principals_[p.api_key_sha256] = {p.tenant, p.user};
+}
+
+std::optional<Principal> Service::Authenticate(const http::Request& request) const {
+  auto header = request.headers.Get("authorization");
+  if (!header || request.headers.Count("authorization") != 1) return std::nullopt;
+  constexpr std::string_view kScheme = "bearer ";
+  if (header->size() <= kScheme.size() ||
+      http::ToLower(header->substr(0, kScheme.size())) != kScheme) {
+    return std::nullopt;
+  }
+  std::string_view key = header->substr(kScheme.size());
+  while (!key.empty() && key.front() == ' ') key.remove_prefix(1);
+  if (key.empty() || key.size() > 512) return std::nullopt;
+  std::array<uint8_t, 32> digest;
+  SHA256(reinterpret_cast<const unsigned char*>(key.data()), key.size(), digest.data());
+  auto it = principals_.find(ToHex(digest));
+  if (it == principals_.end()) return std::nullopt;
+  return it->second;
+}
+
+http::Response Service::Handle(const http::Request& request, http::RequestContext& context) {
+  const std::string_view path = request.Path();
+  if (path == "/healthz") {
+    context.route = "healthz";
+    if (request.method != "GET" && request.method != "HEAD") return MethodNotAllowed("GET, HEAD");
+    return Json(200, R"({"status":"ok"})");
+  }
+  if (path == "/readyz") {
+    context.route = "readyz";
+    if (request.method != "GET" && request.method != "HEAD") return MethodNotAllowed("GET, HEAD");
+    auto ping = store_.Query("SELECT 1");
+    if (!ping) {
+      auto r = http::Problem(503, "not-ready", "Service Unavailable", "the store is unreachable");
+      r.headers.Set("Retry-After", "1");
+      return r;
+    }
+    return Json(200, R"({"status":"ready"})");
+  }
+  if (path == "/metrics") {
+    context.route = "metrics";
+    if (request.method != "GET") return MethodNotAllowed("GET");
+    http::Response r{200, {}, metrics_.Render()};
+    r.headers.Set("Content-Type", "text/plain; version=0.0.4");
+    return r;
+  }
+
+  const bool payments = path == "/v1/payments";
+  const bool payment = path.rfind("/v1/payments/", 0) == 0 && path.size() > 13;
+  const bool operation = path.rfind("/v1/operations/", 0) == 0 && path.size() > 15;
+  if (!payments && !payment && !operation) {
+    context.route = "unknown";
+    return http::Problem(404, "not-found", "Not Found", "no such resource");
+  }
+  context.route = payments ? "payments.create" : payment ? "payments.get" : "operations.get";
+  auto principal = Authenticate(request);
+  if (!principal) {
+    context.outcome = "unauthorized";
+    metrics_.CountRequest(context.route, "unauthorized");
+    auto r =
+        http::Problem(401, "unauthorized", "Unauthorized", "send Authorization: Bearer <api key>");
+    r.headers.Set("WWW-Authenticate", "Bearer");
+    return r;
+  }
+  if (payments) {
+    if (request.method != "POST") return MethodNotAllowed("POST");
+    return payments_filter_.Handle(request, *principal, context);
+  }
+  if (request.method != "GET") return MethodNotAllowed("GET");
+  if (payment) return payments_.Get(path.substr(13), *principal);
+  return payments_filter_.GetOperation(path.substr(15), *principal);
+}
+
+void JsonAccessLog::Write(const Entry& e) {
+  boost::json::object o;
+  o["msg"] = "request";
+  o["request_id"] = e.request_id;
+  o["method"] = e.method;
+  o["route"] = e.route.empty() ? std::string("unknown") : e.route;
+  o["outcome"] = e.outcome;
+  o["status"] = e.status;
+  o["latency_us"] = static_cast<int64_t>(e.latency_ms * 1000);
+  const std::string line = boost::json::serialize(o) + "\n";
+  static std::mutex mu;
+  std::lock_guard lock(mu);
+  std::fwrite(line.data(), 1, line.size(), stderr);
+}
+
+}  // namespace idem::idemd

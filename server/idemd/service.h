@@ -1,0 +1,41 @@
+// server/idemd/service.h — idemd's HTTP handler: routing, authentication, health and metrics.
+#pragma once
+
+#include <map>
+#include <string>
+
+#include "server/http/server.h"
+#include "server/idemd/config.h"
+#include "server/idemd/filter.h"
+#include "server/idemd/metrics.h"
+#include "server/idemd/payments.h"
+
+namespace idem::idemd {
+
+// Thread-safe. Borrows everything.
+class Service final : public http::Handler {
+ public:
+  Service(const std::vector<PrincipalEntry>& principals, Store& store, Metrics& metrics,
+          IdempotencyFilter& payments_filter, Payments& payments);
+
+  http::Response Handle(const http::Request& request, http::RequestContext& context) override;
+
+ private:
+  // The principal of a bearer API key, or nullopt. Keys are compared by SHA-256, so no key is
+  // kept in memory and lookups do not depend on the key's bytes.
+  std::optional<Principal> Authenticate(const http::Request& request) const;
+
+  std::map<std::string, Principal> principals_;  // by hex SHA-256 of the API key
+  Store& store_;
+  Metrics& metrics_;
+  IdempotencyFilter& payments_filter_;
+  Payments& payments_;
+};
+
+// One JSON line per request on stderr: route, outcome, status, latency, request id.
+class JsonAccessLog final : public http::AccessLog {
+ public:
+  void Write(const Entry& entry) override;
+};
+
+}  // namespace idem::idemd

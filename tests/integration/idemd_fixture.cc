@@ -1,0 +1,136 @@
+// tests/integration/idemd_fixture.cc — see idemd_fixture.h.
+#include "tests/integration/idemd_fixture.h"
+
+#include <signal.h>
+
+#include <fstream>
+
+namespace idem::itest {
+
+namespace json = boost::json;
+
+void IdemdTest::SetUp() {
+  auto provider = testing::ChildProcess::Spawn({PROVIDER_SIM_PATH, "--listen", "127.0.0.1:0"}, {},
+                                               dir_.path().string(), dir_.File("provider.log"));
+  ASSERT_TRUE(provider.has_value()) << provider.error().message;
+  provider_.emplace(std::move(*provider));
+  auto url = provider_->WaitForLine("provider-sim listening on ", std::chrono::seconds(10));
+  ASSERT_TRUE(url.has_value()) << url.error().message;
+  provider_url_ = *http::ParseHttpUrl(*url);
+  testing::SeededRandom random(99);
+  secrets_toml_ = "hmac_current = 1\nseal_current = 1\n[[hmac]]\nid = 1\nkey = \"" +
+                  std::string(64, 'a') + "\"\n[[seal]]\nid = 1\nkey = \"" + std::string(64, 'b') +
+                  "\"\n";
+  StartIdemd();
+}
+
+void IdemdTest::StartIdemd(const std::string& extra_idempotency,
+                           const std::string& provider_timeout_ms) {
+  idemd_.reset();
+  const std::string config = dir_.File("idemd.toml");
+  std::ofstream out(config);
+  out << "[server]\nlisten = \"127.0.0.1:0\"\nworker_threads = 16\nread_timeout_ms = 2000\n"
+      << "drain_timeout_ms = 5000\n"
+      << "[store]\nurl = \"sqlite://" << dir_.File("idem.db") << "\"\n"
+      << "[provider]\nurl = \"http://127.0.0.1:" << provider_url_.port
+      << "\"\ntimeout_ms = " << provider_timeout_ms << "\n"
+      << "[idempotency]\nlease_ms = 3000\nreconcile_interval_ms = 600000\n"
+      << extra_idempotency << "\n"
+      << "[[principals]]\napi_key_sha256 = "
+         "\"86f71c9cb79152ae8c4aff86cd48dbfc35eee594762141f8f00ece58705547e5\"\n"
+         "tenant = \"acme\"\nuser = \"alice\"\n"
+      << "[[principals]]\napi_key_sha256 = "
+         "\"a89d26c5dbc510aabe658da978bf458885cc3b2bc814256dd016fb3341ed9810\"\n"
+         "tenant = \"acme\"\nuser = \"bob\"\n"
+      << "[[principals]]\napi_key_sha256 = "
+         "\"5b2419a10bd09a42bc7aef709d8c7071a0ccbeae04e6e386f76468c91ff5f484\"\n"
+         "tenant = \"globex\"\nuser = \"carol\"\n";
+  out.close();
+  auto idemd = testing::ChildProcess::Spawn({IDEMD_PATH, "--config", config},
+                                            {{"IDEM_SECRETS", secrets_toml_}}, dir_.path().string(),
+                                            dir_.File("idemd.log"));
+  ASSERT_TRUE(idemd.has_value()) << idemd.error().message;
+  idemd_.emplace(std::move(*idemd));
+  auto url = idemd_->WaitForLine("idemd listening on ", std::chrono::seconds(10));
+  ASSERT_TRUE(url.has_value()) << url.error().message;
+  idemd_url_ = *http::ParseHttpUrl(*url);
+}
+
+void IdemdTest::KillIdemd() {
+  idemd_->Signal(SIGKILL);
+  idemd_->Wait(std::chrono::seconds(5));
+  idemd_.reset();
+}
+
+http::Response IdemdTest::Send(http::Request request) {
+  auto r = http::Call(idemd_url_, std::move(request));
+  EXPECT_TRUE(r.has_value()) << r.error().message;
+  return r ? *r : http::Response{0, {}, {}};
+}
+
+http::Response IdemdTest::Pay(const std::string& key, const std::string& body,
+                              const std::string& api_key,
+                              const std::vector<std::pair<std::string, std::string>>& headers) {
+  http::Request req;
+  req.method = "POST";
+  req.target = "/v1/payments";
+  req.headers.Set("Authorization", "Bearer " + api_key);
+  req.headers.Set("Content-Type", "application/json");
+  if (!key.empty()) req.headers.Set("Idempotency-Key", key);
+  for (const auto& [n, v] : headers) req.headers.Set(n, v);
+  req.body = body;
+  return Send(std::move(req));
+}
+
+http::Response IdemdTest::Get(const std::string& path, const std::string& api_key) {
+  http::Request req;
+  req.method = "GET";
+  req.target = path;
+  if (!api_key.empty()) req.headers.Set("Authorization", "Bearer " + api_key);
+  return Send(std::move(req));
+}
+
+void IdemdTest::Fault(const std::string& json_body) {
+  http::Request req{"POST", "/admin/faults", {}, json_body};
+  req.headers.Set("Content-Type", "application/json");
+  auto r = http::Call(provider_url_, std::move(req));
+  ASSERT_TRUE(r.has_value() && r->status == 200) << (r ? r->body : r.error().message);
+}
+
+void IdemdTest::ProviderMode(bool ignore_keys) {
+  http::Request req{
+      "POST",
+      "/admin/mode",
+      {},
+      std::string("{\"ignore_idempotency_keys\":") + (ignore_keys ? "true" : "false") + "}"};
+  auto r = http::Call(provider_url_, std::move(req));
+  ASSERT_TRUE(r.has_value() && r->status == 200);
+}
+
+int64_t IdemdTest::ChargesFor(const std::string& reference) {
+  auto r = http::Call(provider_url_, http::Request{"GET", "/admin/stats", {}, {}});
+  if (!r) return -1;
+  json::object stats = ParseObject(r->body);
+  const json::value* n = stats["charges_by_reference"].as_object().if_contains(reference);
+  return n ? n->as_int64() : 0;
+}
+
+int64_t IdemdTest::TotalCharges() {
+  auto r = http::Call(provider_url_, http::Request{"GET", "/admin/stats", {}, {}});
+  return r ? ParseObject(r->body)["total"].to_number<int64_t>() : -1;
+}
+
+std::string IdemdTest::Body(const std::string& order, const std::string& amount,
+                            const std::string& currency) {
+  return "{\"merchant_order_no\":\"" + order + "\",\"amount\":" + amount + ",\"currency\":\"" +
+         currency + "\"}";
+}
+
+json::object IdemdTest::ParseObject(const std::string& text) {
+  boost::system::error_code ec;
+  json::value v = json::parse(text, ec);
+  EXPECT_FALSE(ec) << text;
+  return !ec && v.is_object() ? v.as_object() : json::object{};
+}
+
+}  // namespace idem::itest

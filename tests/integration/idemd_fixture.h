@@ -1,0 +1,57 @@
+// tests/integration/idemd_fixture.h — real provider-sim and idemd processes on loopback (port 0),
+// a fresh SQLite file per test, and small HTTP helpers.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <boost/json.hpp>
+#include <map>
+#include <optional>
+#include <string>
+
+#include "server/http/client.h"
+#include "testing/fakes.h"
+#include "testing/process.h"
+
+namespace idem::itest {
+
+inline constexpr const char* kAlice = "dev-acme-alice-7f3c9a1e";
+inline constexpr const char* kBob = "dev-acme-bob-2b8d4e6f";
+inline constexpr const char* kCarol = "dev-globex-carol-9e1a5c3d";
+
+class IdemdTest : public ::testing::Test {
+ public:
+  void SetUp() override;
+
+  // Starts (or restarts) idemd with the base test configuration plus `extra_toml` sections
+  // appended to [idempotency] (e.g. "max_retained = 3").
+  void StartIdemd(const std::string& extra_idempotency = "",
+                  const std::string& provider_timeout_ms = "1000");
+  // SIGKILL, no drain.
+  void KillIdemd();
+
+  http::Response Pay(const std::string& key, const std::string& body,
+                     const std::string& api_key = kAlice,
+                     const std::vector<std::pair<std::string, std::string>>& headers = {});
+  http::Response Get(const std::string& path, const std::string& api_key = kAlice);
+  http::Response Send(http::Request request);
+
+  // provider-sim admin calls.
+  void Fault(const std::string& json_body);
+  void ProviderMode(bool ignore_keys);
+  int64_t ChargesFor(const std::string& reference);
+  int64_t TotalCharges();
+
+  static std::string Body(const std::string& order, const std::string& amount = "\"100.00\"",
+                          const std::string& currency = "CNY");
+  static boost::json::object ParseObject(const std::string& text);
+
+  testing::TempDir dir_;
+  std::optional<testing::ChildProcess> provider_;
+  std::optional<testing::ChildProcess> idemd_;
+  http::Url provider_url_;
+  http::Url idemd_url_;
+  std::string secrets_toml_;
+};
+
+}  // namespace idem::itest

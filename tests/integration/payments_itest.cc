@@ -1,0 +1,353 @@
+// tests/integration/payments_itest.cc — CONTRACT.md, row by row, over real HTTP against real
+// idemd and provider-sim processes. Charges are counted at the provider: nothing may be charged
+// twice.
+#include <signal.h>
+#include <sys/wait.h>
+
+#include <atomic>
+#include <set>
+#include <thread>
+
+#include "tests/integration/idemd_fixture.h"
+
+namespace idem::itest {
+namespace {
+
+namespace json = boost::json;
+
+std::string Str(json::object& o, const char* k) {
+  const json::value* v = o.if_contains(k);
+  return v && v->is_string() ? std::string(v->as_string()) : std::string();
+}
+
+// The problem type of a problem+json response.
+std::string ProblemType(const http::Response& r) {
+  EXPECT_EQ(r.headers.Get("content-type").value_or(""), "application/problem+json");
+  auto o = IdemdTest::ParseObject(r.body);
+  return Str(o, "type");
+}
+
+TEST_F(IdemdTest, FirstRequestChargesOnceAndAnswers201) {
+  http::Response r = Pay("order-0001-key", Body("ORD-0001"));
+  ASSERT_EQ(r.status, 201) << r.body;
+  auto body = ParseObject(r.body);
+  const std::string id = Str(body, "id");
+  EXPECT_EQ(r.headers.Get("location").value_or(""), "/v1/payments/" + id);
+  EXPECT_EQ(r.headers.Get("content-type").value_or(""), "application/json");
+  EXPECT_EQ(Str(body, "merchant_order_no"), "ORD-0001");
+  EXPECT_EQ(Str(body, "amount"), "100.00");
+  EXPECT_EQ(Str(body, "currency"), "CNY");
+  EXPECT_EQ(Str(body, "status"), "succeeded");
+  EXPECT_EQ(Str(body, "provider_charge_id").rfind("ch_", 0), 0u);
+  EXPECT_FALSE(Str(body, "created_at").empty());
+  EXPECT_TRUE(r.headers.Get("idempotency-key-expires").has_value());
+  EXPECT_FALSE(r.headers.Get("idempotent-replayed").has_value());
+  EXPECT_EQ(ChargesFor(id), 1);
+}
+
+TEST_F(IdemdTest, RetryReplaysTheFirstAnswerByteForByte) {
+  http::Response first = Pay("order-0002-key", Body("ORD-0002"));
+  ASSERT_EQ(first.status, 201);
+  // The same request, written differently: money as a number, a trace id, other member order.
+  for (const std::string& body :
+       {Body("ORD-0002"), std::string(R"({"currency":"CNY","amount":100,"trace_id":"t-9",)"
+                                      R"("merchant_order_no":"ORD-0002"})")}) {
+    http::Response again = Pay("order-0002-key", body);
+    EXPECT_EQ(again.status, 201);
+    EXPECT_EQ(again.body, first.body);
+    EXPECT_EQ(again.headers.Get("location"), first.headers.Get("location"));
+    EXPECT_EQ(again.headers.Get("content-type"), first.headers.Get("content-type"));
+    EXPECT_EQ(again.headers.Get("idempotent-replayed").value_or(""), "true");
+    EXPECT_EQ(again.headers.Get("idempotency-key-expires"),
+              first.headers.Get("idempotency-key-expires"));
+  }
+  EXPECT_EQ(TotalCharges(), 1);
+}
+
+TEST_F(IdemdTest, SameKeyDifferentRequestIs422) {
+  ASSERT_EQ(Pay("order-0003-key", Body("ORD-0003")).status, 201);
+  http::Response r = Pay("order-0003-key", Body("ORD-0003", "\"100.01\""));
+  EXPECT_EQ(r.status, 422);
+  EXPECT_EQ(ProblemType(r), "urn:idem:problem:idempotency-key-reused");
+  EXPECT_EQ(TotalCharges(), 1);
+}
+
+TEST_F(IdemdTest, DuplicateWhileRunningIs409WithRetryAfterAndLocation) {
+  Fault(R"({"fault":"slow","delay_ms":700,"times":1})");  // within the provider timeout (1 s)
+  std::thread first([&] { EXPECT_EQ(Pay("order-0004-key", Body("ORD-0004")).status, 201); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  http::Response dup = Pay("order-0004-key", Body("ORD-0004"));
+  first.join();
+  EXPECT_EQ(dup.status, 409);
+  EXPECT_EQ(ProblemType(dup), "urn:idem:problem:request-in-progress");
+  EXPECT_TRUE(dup.headers.Get("retry-after").has_value());
+  EXPECT_EQ(dup.headers.Get("location").value_or(""), "/v1/operations/order-0004-key");
+  EXPECT_TRUE(dup.headers.Get("idempotency-key-expires").has_value());
+  EXPECT_EQ(TotalCharges(), 1);
+}
+
+TEST_F(IdemdTest, PreferWaitReturnsTheFirstAnswer) {
+  Fault(R"({"fault":"slow","delay_ms":700,"times":1})");
+  std::string first_body;
+  std::thread first([&] { first_body = Pay("order-0005-key", Body("ORD-0005")).body; });
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  http::Response waited = Pay("order-0005-key", Body("ORD-0005"), kAlice, {{"Prefer", "wait=10"}});
+  first.join();
+  EXPECT_EQ(waited.status, 201);
+  EXPECT_EQ(waited.body, first_body);
+  EXPECT_EQ(waited.headers.Get("idempotent-replayed").value_or(""), "true");
+  EXPECT_EQ(TotalCharges(), 1);
+}
+
+TEST_F(IdemdTest, PreferRespondAsyncOnARunningKeyIs202) {
+  Fault(R"({"fault":"slow","delay_ms":700,"times":1})");
+  std::thread first([&] { Pay("order-0006-key", Body("ORD-0006")); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  http::Response r = Pay("order-0006-key", Body("ORD-0006"), kAlice, {{"Prefer", "respond-async"}});
+  first.join();
+  EXPECT_EQ(r.status, 202);
+  EXPECT_EQ(r.headers.Get("location").value_or(""), "/v1/operations/order-0006-key");
+}
+
+TEST_F(IdemdTest, NewKeyWithRespondAsyncIs202AndTheOperationShowsTheResult) {
+  Fault(R"({"fault":"slow","delay_ms":300,"times":1})");
+  http::Response r = Pay("order-0007-key", Body("ORD-0007"), kAlice, {{"Prefer", "respond-async"}});
+  ASSERT_EQ(r.status, 202) << r.body;
+  EXPECT_EQ(r.headers.Get("location").value_or(""), "/v1/operations/order-0007-key");
+  json::object op;
+  for (int i = 0; i < 100; ++i) {
+    op = ParseObject(Get("/v1/operations/order-0007-key").body);
+    if (Str(op, "state") == "SUCCEEDED") break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ASSERT_EQ(Str(op, "state"), "SUCCEEDED");
+  EXPECT_EQ(op["status_code"].as_int64(), 201);
+  EXPECT_EQ(Str(op["response"].as_object(), "merchant_order_no"), "ORD-0007");
+  EXPECT_EQ(TotalCharges(), 1);
+}
+
+TEST_F(IdemdTest, DeclineIs402AndFinal) {
+  Fault(R"({"fault":"decline","times":1})");
+  http::Response r = Pay("order-0008-key", Body("ORD-0008"));
+  EXPECT_EQ(r.status, 402);
+  EXPECT_EQ(ProblemType(r), "urn:idem:problem:payment-declined");
+  // The fault is used up: were the provider called again, it would charge.
+  http::Response again = Pay("order-0008-key", Body("ORD-0008"));
+  EXPECT_EQ(again.status, 402);
+  EXPECT_EQ(again.body, r.body);
+  EXPECT_EQ(again.headers.Get("idempotent-replayed").value_or(""), "true");
+  EXPECT_EQ(TotalCharges(), 0);
+}
+
+TEST_F(IdemdTest, Provider5xxIs503AndTheSameKeyExecutesAgain) {
+  Fault(R"({"fault":"error","times":1})");
+  http::Response r = Pay("order-0009-key", Body("ORD-0009"));
+  EXPECT_EQ(r.status, 503);
+  EXPECT_TRUE(r.headers.Get("retry-after").has_value());
+  EXPECT_EQ(TotalCharges(), 0);
+  http::Response again = Pay("order-0009-key", Body("ORD-0009"));
+  EXPECT_EQ(again.status, 201) << again.body;
+  EXPECT_FALSE(again.headers.Get("idempotent-replayed").has_value());
+  EXPECT_EQ(TotalCharges(), 1);
+}
+
+TEST_F(IdemdTest, ProviderUnreachableIs503AndRetryable) {
+  provider_->Signal(SIGKILL);
+  provider_->Wait(std::chrono::seconds(5));
+  http::Response r = Pay("order-0010-key", Body("ORD-0010"));
+  EXPECT_EQ(r.status, 503);
+  auto op = ParseObject(Get("/v1/operations/order-0010-key").body);
+  EXPECT_EQ(Str(op, "state"), "FAILED_RETRYABLE");
+}
+
+// The provider charged but its answer never came: 504, and the retry finds the charge by
+// reference instead of charging again — also with a provider that ignores idempotency keys.
+void TimeoutThenRetry(IdemdTest& t, const std::string& key, const std::string& order) {
+  t.Fault(R"({"fault":"succeed_then_timeout","delay_ms":3000,"times":1})");
+  http::Response r = t.Pay(key, IdemdTest::Body(order));
+  EXPECT_EQ(r.status, 504) << r.body;
+  EXPECT_EQ(t.TotalCharges(), 1);
+  http::Response again = t.Pay(key, IdemdTest::Body(order));
+  ASSERT_EQ(again.status, 201) << again.body;
+  auto body = IdemdTest::ParseObject(again.body);
+  EXPECT_EQ(t.ChargesFor(Str(body, "id")), 1);
+  EXPECT_EQ(t.TotalCharges(), 1);
+}
+
+TEST_F(IdemdTest, ProviderTimeoutIs504AndTheRetryLooksTheChargeUp) {
+  TimeoutThenRetry(*this, "order-0011-key", "ORD-0011");
+}
+
+TEST_F(IdemdTest, ProviderTimeoutWithAProviderIgnoringKeys) {
+  ProviderMode(true);
+  TimeoutThenRetry(*this, "order-0012-key", "ORD-0012");
+}
+
+TEST_F(IdemdTest, ValidationFailureIs400WithFieldErrorsAndLeavesNoRecord) {
+  http::Response r =
+      Pay("order-0013-key",
+          R"({"merchant_order_no":"bad order!","amount":"-1","currency":"XXX","extra":1})");
+  ASSERT_EQ(r.status, 400);
+  EXPECT_EQ(ProblemType(r), "urn:idem:problem:validation-failed");
+  auto body = ParseObject(r.body);
+  std::set<std::string> fields;
+  for (const json::value& e : body["errors"].as_array()) {
+    fields.insert(std::string(e.as_object().at("field").as_string()));
+  }
+  EXPECT_EQ(fields, (std::set<std::string>{"merchant_order_no", "currency", "extra"}));
+  EXPECT_EQ(Pay("order-0013-key", Body("ORD-0013", "\"1.001\"")).status, 400);
+  EXPECT_EQ(Pay("order-0013-key", Body("ORD-0013", "0")).status, 400);
+  EXPECT_EQ(Pay("order-0013-key", Body("ORD-0013", "\"1.5\"", "JPY")).status, 400);
+  EXPECT_EQ(Get("/v1/operations/order-0013-key").status, 404);
+  EXPECT_EQ(TotalCharges(), 0);
+}
+
+TEST_F(IdemdTest, OrderPaidUnderAnotherKeyIs200WithTheExistingPayment) {
+  http::Response first = Pay("order-0014-key", Body("ORD-0014"));
+  ASSERT_EQ(first.status, 201);
+  http::Response other = Pay("order-0014-other", Body("ORD-0014", "100"));
+  EXPECT_EQ(other.status, 200) << other.body;
+  EXPECT_EQ(ParseObject(other.body)["id"], ParseObject(first.body)["id"]);
+  http::Response conflict = Pay("order-0014-third", Body("ORD-0014", "\"99.00\""));
+  EXPECT_EQ(conflict.status, 409);
+  EXPECT_EQ(ProblemType(conflict), "urn:idem:problem:order-conflict");
+  EXPECT_EQ(Pay("order-0014-fourth", Body("ORD-0014", "\"100.00\"", "USD")).status, 409);
+  EXPECT_EQ(TotalCharges(), 1);
+}
+
+TEST_F(IdemdTest, QuotaOfRetainedKeysIs429WithRetryAfter) {
+  StartIdemd("max_retained = 2");
+  EXPECT_EQ(Pay("quota-key-1", Body("ORD-Q1")).status, 201);
+  EXPECT_EQ(Pay("quota-key-2", Body("ORD-Q2")).status, 201);
+  http::Response r = Pay("quota-key-3", Body("ORD-Q3"));
+  EXPECT_EQ(r.status, 429);
+  EXPECT_TRUE(r.headers.Get("retry-after").has_value());
+  EXPECT_EQ(ProblemType(r), "urn:idem:problem:quota-exceeded");
+  EXPECT_EQ(Pay("quota-key-1", Body("ORD-Q1")).status, 201) << "replays are not limited";
+  EXPECT_EQ(Pay("quota-key-3", Body("ORD-Q3"), kBob).status, 201) << "quotas are per principal";
+  EXPECT_EQ(TotalCharges(), 3);
+}
+
+TEST_F(IdemdTest, BadInputGetsTheDocumentedStatus) {
+  EXPECT_EQ(Pay("order-0016-key", std::string(64 * 1024 + 1, ' ')).status, 413);
+  EXPECT_EQ(Pay("order-0016-key", R"({"merchant_order_no":)").status, 400);
+  EXPECT_EQ(Pay("order-0016-key", "{\"merchant_order_no\":\"\xff\"}").status, 400);
+  EXPECT_EQ(Pay("order-0016-key", std::string(100, '[') + std::string(100, ']')).status, 400);
+  EXPECT_EQ(
+      Pay("order-0016-key", Body("ORD-0016"), kAlice, {{"Content-Type", "text/plain"}}).status,
+      415);
+  EXPECT_EQ(Pay("", Body("ORD-0016")).status, 400);
+  EXPECT_EQ(Pay("short", Body("ORD-0016")).status, 400);
+  EXPECT_EQ(Pay(std::string(256, 'k'), Body("ORD-0016")).status, 400);
+  EXPECT_EQ(Pay("bad key with spaces", Body("ORD-0016")).status, 400);
+  EXPECT_EQ(Get("/v1/operations/order-0016-key").status, 404);
+  EXPECT_EQ(TotalCharges(), 0);
+  // The server is unharmed.
+  EXPECT_EQ(Pay("order-0016-key", Body("ORD-0016")).status, 201);
+}
+
+TEST_F(IdemdTest, MissingOrUnknownApiKeyIs401) {
+  http::Response r = Pay("order-0017-key", Body("ORD-0017"), "not-a-real-key");
+  EXPECT_EQ(r.status, 401);
+  EXPECT_EQ(r.headers.Get("www-authenticate").value_or(""), "Bearer");
+  EXPECT_EQ(Get("/v1/payments/pay_x", "").status, 401);
+  EXPECT_EQ(Get("/v1/operations/order-0017-key", "").status, 401);
+  EXPECT_EQ(TotalCharges(), 0);
+}
+
+TEST_F(IdemdTest, PaymentsAndOperationsAreScopedToTheirOwners) {
+  http::Response r = Pay("order-0018-key", Body("ORD-0018"));
+  ASSERT_EQ(r.status, 201);
+  const std::string location = std::string(r.headers.Get("location").value_or(""));
+  http::Response mine = Get(location);
+  EXPECT_EQ(mine.status, 200);
+  EXPECT_EQ(ParseObject(mine.body)["id"], ParseObject(r.body)["id"]);
+  EXPECT_EQ(Get(location, kCarol).status, 404) << "another tenant";
+  EXPECT_EQ(Get("/v1/payments/pay_doesnotexist").status, 404);
+  EXPECT_EQ(Get("/v1/operations/order-0018-key").status, 200);
+  EXPECT_EQ(Get("/v1/operations/order-0018-key", kBob).status, 404) << "another user";
+  EXPECT_EQ(Get("/v1/operations/order-0018-key", kCarol).status, 404) << "another tenant";
+}
+
+TEST_F(IdemdTest, OperationShowsStateWhileRunningAndTheResponseOnceFinished) {
+  Fault(R"({"fault":"slow","delay_ms":800,"times":1})");
+  std::thread first([&] { Pay("order-0019-key", Body("ORD-0019")); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  auto running = ParseObject(Get("/v1/operations/order-0019-key").body);
+  first.join();
+  EXPECT_EQ(Str(running, "state"), "PROCESSING");
+  EXPECT_EQ(Str(running, "recovery_point"), "charge_sent");
+  EXPECT_FALSE(running.contains("response"));
+  auto done = ParseObject(Get("/v1/operations/order-0019-key").body);
+  EXPECT_EQ(Str(done, "state"), "SUCCEEDED");
+  EXPECT_EQ(Str(done, "key"), "order-0019-key");
+  EXPECT_TRUE(done.contains("created_at") && done.contains("expires_at"));
+  EXPECT_EQ(Str(done["response"].as_object(), "status"), "succeeded");
+}
+
+TEST_F(IdemdTest, HealthReadinessAndMetrics) {
+  EXPECT_EQ(Get("/healthz", "").status, 200);
+  EXPECT_EQ(Get("/readyz", "").status, 200);
+  ASSERT_EQ(Pay("order-0020-key", Body("ORD-0020")).status, 201);
+  ASSERT_EQ(Pay("order-0020-key", Body("ORD-0020")).status, 201);
+  ASSERT_EQ(Pay("order-0020-key", Body("ORD-0020", "1")).status, 422);
+  http::Response m = Get("/metrics", "");
+  EXPECT_EQ(m.status, 200);
+  EXPECT_NE(m.body.find(R"(idem_requests_total{route="payments.create",outcome="executed"} 1)"),
+            std::string::npos);
+  EXPECT_NE(m.body.find(R"(idem_requests_total{route="payments.create",outcome="replayed"} 1)"),
+            std::string::npos);
+  EXPECT_NE(m.body.find(R"(idem_requests_total{route="payments.create",outcome="mismatch"} 1)"),
+            std::string::npos);
+  EXPECT_NE(m.body.find("idem_provider_seconds_count 1"), std::string::npos);
+}
+
+TEST_F(IdemdTest, SixtyFourConcurrentDuplicatesChargeOnce) {
+  Fault(R"({"fault":"slow","delay_ms":300,"times":1})");
+  std::vector<std::thread> threads;
+  std::atomic<int> created{0}, conflict{0}, other{0};
+  for (int i = 0; i < 64; ++i) {
+    threads.emplace_back([&] {
+      const int status = Pay("order-0021-key", Body("ORD-0021")).status;
+      (status == 201 ? created : status == 409 ? conflict : other)++;
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(other.load(), 0);
+  EXPECT_GE(created.load(), 1);
+  EXPECT_EQ(created.load() + conflict.load(), 64);
+  EXPECT_EQ(TotalCharges(), 1);
+}
+
+TEST_F(IdemdTest, SixtyFourConcurrentDuplicatesWithPreferWaitGetTheSameBody) {
+  Fault(R"({"fault":"slow","delay_ms":300,"times":1})");
+  std::vector<std::thread> threads;
+  std::vector<http::Response> responses(64);
+  for (int i = 0; i < 64; ++i) {
+    threads.emplace_back([&, i] {
+      responses[static_cast<std::size_t>(i)] =
+          Pay("order-0022-key", Body("ORD-0022"), kAlice, {{"Prefer", "wait=10"}});
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (const http::Response& r : responses) {
+    EXPECT_EQ(r.status, 201);
+    EXPECT_EQ(r.body, responses[0].body);
+  }
+  EXPECT_EQ(TotalCharges(), 1);
+}
+
+TEST_F(IdemdTest, SigtermDrainsAndExitsZero) {
+  Fault(R"({"fault":"slow","delay_ms":500,"times":1})");
+  std::thread first([&] { EXPECT_EQ(Pay("order-0023-key", Body("ORD-0023")).status, 201); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  idemd_->Signal(SIGTERM);
+  first.join();
+  auto status = idemd_->Wait(std::chrono::seconds(10));
+  ASSERT_TRUE(status.has_value());
+  EXPECT_TRUE(WIFEXITED(*status));
+  EXPECT_EQ(WEXITSTATUS(*status), 0);
+}
+
+}  // namespace
+}  // namespace idem::itest
