@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <toml++/toml.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -224,6 +225,13 @@ Result<Config> LoadConfig(const std::string& path, const std::vector<std::string
   }
   if (c.lease.count() <= 0 || c.retention <= c.lease) {
     return Bad(o, "lease must be positive and shorter than retention");
+  }
+  if (c.lease <= c.provider_timeout) {
+    // Allowed (tests provoke takeovers this way), but every slow provider call then loses its
+    // lease: fencing keeps it correct, at the cost of extra provider lookups.
+    std::fprintf(stderr,
+                 "{\"level\":\"warn\",\"msg\":\"idempotency.lease_ms is not longer than "
+                 "provider.timeout_ms\"}\n");
   }
 
   // Secrets: environment first, then the file (generated for development when asked to).

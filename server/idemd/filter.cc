@@ -260,7 +260,9 @@ http::Response IdempotencyFilter::Finish(Ticket& ticket, Execution execution) {
       std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());
   if (!finished) {
     if (finished.error().code == Errc::kFenced) {
+      // Another executor took over and owns the outcome: answer with its result when it has one.
       metrics_.CountFenced();
+      if (auto replay = StoredAnswer(ticket.scope)) return std::move(*replay);
       auto r = http::Problem(409, "request-in-progress", "Conflict",
                              "this execution lost its lease to another; retry to get its result");
       r.headers.Set("Retry-After", "1");
@@ -269,6 +271,22 @@ http::Response IdempotencyFilter::Finish(Ticket& ticket, Execution execution) {
     return ProblemFor(finished.error());
   }
   return std::move(execution.response);
+}
+
+std::optional<http::Response> IdempotencyFilter::StoredAnswer(const ScopeHash& scope) {
+  auto record = store_.Read(scope);
+  if (!record || !*record || !IsReplayable((*record)->state)) return std::nullopt;
+  auto plain = sealer_.Open(scope, (*record)->response);
+  if (!plain) return std::nullopt;
+  auto stored = DecodeResponse(*plain);
+  if (!stored) return std::nullopt;
+  http::Response response;
+  response.status = stored->status;
+  for (auto& [name, value] : stored->headers) response.headers.Add(name, value);
+  response.body = std::move(stored->body);
+  response.headers.Set("Idempotent-Replayed", "true");
+  AddExpires(response, (*record)->expires_at);
+  return response;
 }
 
 http::Response IdempotencyFilter::GetOperation(std::string_view key, const Principal& principal) {

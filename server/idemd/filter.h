@@ -87,6 +87,8 @@ class IdempotencyFilter {
                      const std::function<void(const std::string&)>& notify);
   http::Response Finish(Ticket& ticket, Execution execution);
   void AddExpires(http::Response& response, Timestamp expires) const;
+  // The stored answer of a finished record, as a replay; nullopt if it is not finished.
+  std::optional<http::Response> StoredAnswer(const ScopeHash& scope);
 
   Engine& engine_;
   Store& store_;

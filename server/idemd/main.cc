@@ -4,12 +4,14 @@
 
 #include <condition_variable>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <iostream>
 #include <mutex>
 #include <thread>
 
 #include "include/idem/engine.h"
+#include "include/idem/failpoint.h"
 #include "include/idem/store/sqlite.h"
 #include "server/http/server.h"
 #include "server/idemd/config.h"
@@ -104,6 +106,13 @@ int Run(int argc, char** argv) {
   sigaddset(&signals, SIGINT);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
   signal(SIGPIPE, SIG_IGN);
+
+  if (const char* spec = std::getenv("IDEM_FAILPOINTS"); spec != nullptr && *spec != '\0') {
+    if (auto armed = ArmFailpoints(spec); !armed) {
+      return Fail("IDEM_FAILPOINTS: " + armed.error().message);
+    }
+    std::fprintf(stderr, "{\"level\":\"warn\",\"msg\":\"failpoints armed\"}\n");
+  }
 
   auto store = OpenStore(*config);
   if (!store) return Fail("store: " + store.error().message);

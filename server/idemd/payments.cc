@@ -4,6 +4,8 @@
 #include <boost/json.hpp>
 #include <chrono>
 
+#include "include/idem/failpoint.h"
+
 namespace idem::idemd {
 namespace {
 
@@ -316,8 +318,18 @@ Execution Payments::ChargeOnce(Ticket& ticket, Payment payment, Engine& engine) 
     e.outcome_unknown = true;
     return e;
   }
+  if (auto fp = IDEM_FAILPOINT("after_charge_sent"); !fp) {
+    e.response = ProblemFor(fp.error());
+    e.outcome_unknown = true;
+    return e;
+  }
   auto charged =
       timed([&] { return provider_.CreateCharge(payment.id, amount, payment.currency); });
+  if (auto fp = IDEM_FAILPOINT("after_provider_charge"); !fp) {
+    e.response = ProblemFor(fp.error());
+    e.outcome_unknown = true;
+    return e;
+  }
   if (charged && !charged->declined) return Succeeded(std::move(payment), charged->charge);
   if (charged && charged->declined) {
     e.response = http::Problem(402, "payment-declined", "Payment Required",

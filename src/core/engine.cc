@@ -1,6 +1,8 @@
 // src/core/engine.cc — the protocol steps of docs/design.md over the Store interface.
 #include "include/idem/engine.h"
 
+#include "include/idem/failpoint.h"
+
 #include <algorithm>
 #include <exception>
 
@@ -136,6 +138,7 @@ Result<Decision> Engine::ClaimInTxn(const RoutePolicy& policy, const Request& re
     record = std::move(*updated);
   }
   IDEM_RETURN_IF_ERROR(txn->Commit());
+  IDEM_RETURN_IF_ERROR(IDEM_FAILPOINT("after_claim"));
   decision.kind = Decision::Kind::kExecute;
   decision.key_expires = record.expires_at;
   decision.ticket = Ticket{spec.scope, record.lease, record, resumed};
@@ -222,7 +225,9 @@ Status Engine::Finish(const Ticket& ticket, RecordState state, const StoredRespo
   // The fenced record update first: a stale executor learns it lost before writing business rows.
   IDEM_RETURN_IF_ERROR(txn->Finish(ticket.scope, ticket.lease, outcome));
   if (business) IDEM_RETURN_IF_ERROR(RunHook(business, *txn, ticket.record));
-  return txn->Commit();
+  IDEM_RETURN_IF_ERROR(IDEM_FAILPOINT("before_complete_commit"));
+  IDEM_RETURN_IF_ERROR(txn->Commit());
+  return IDEM_FAILPOINT("after_complete_commit");
 }
 
 }  // namespace idem

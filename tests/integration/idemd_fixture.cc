@@ -24,8 +24,7 @@ void IdemdTest::SetUp() {
   StartIdemd();
 }
 
-void IdemdTest::StartIdemd(const std::string& extra_idempotency,
-                           const std::string& provider_timeout_ms) {
+void IdemdTest::StartIdemd(const IdemdOptions& options) {
   idemd_.reset();
   const std::string config = dir_.File("idemd.toml");
   std::ofstream out(config);
@@ -33,9 +32,10 @@ void IdemdTest::StartIdemd(const std::string& extra_idempotency,
       << "drain_timeout_ms = 5000\n"
       << "[store]\nurl = \"sqlite://" << dir_.File("idem.db") << "\"\n"
       << "[provider]\nurl = \"http://127.0.0.1:" << provider_url_.port
-      << "\"\ntimeout_ms = " << provider_timeout_ms << "\n"
-      << "[idempotency]\nlease_ms = 3000\nreconcile_interval_ms = 600000\n"
-      << extra_idempotency << "\n"
+      << "\"\ntimeout_ms = " << options.provider_timeout_ms << "\n"
+      << "[idempotency]\nlease_ms = " << options.lease_ms
+      << "\nreconcile_interval_ms = " << options.reconcile_interval_ms << "\n"
+      << options.extra_idempotency << "\n"
       << "[[principals]]\napi_key_sha256 = "
          "\"86f71c9cb79152ae8c4aff86cd48dbfc35eee594762141f8f00ece58705547e5\"\n"
          "tenant = \"acme\"\nuser = \"alice\"\n"
@@ -46,9 +46,10 @@ void IdemdTest::StartIdemd(const std::string& extra_idempotency,
          "\"5b2419a10bd09a42bc7aef709d8c7071a0ccbeae04e6e386f76468c91ff5f484\"\n"
          "tenant = \"globex\"\nuser = \"carol\"\n";
   out.close();
-  auto idemd = testing::ChildProcess::Spawn({IDEMD_PATH, "--config", config},
-                                            {{"IDEM_SECRETS", secrets_toml_}}, dir_.path().string(),
-                                            dir_.File("idemd.log"));
+  std::map<std::string, std::string> env = options.env;
+  env["IDEM_SECRETS"] = secrets_toml_;
+  auto idemd = testing::ChildProcess::Spawn({IDEMD_PATH, "--config", config}, env,
+                                            dir_.path().string(), dir_.File("idemd.log"));
   ASSERT_TRUE(idemd.has_value()) << idemd.error().message;
   idemd_.emplace(std::move(*idemd));
   auto url = idemd_->WaitForLine("idemd listening on ", std::chrono::seconds(10));

@@ -23,10 +23,16 @@ class IdemdTest : public ::testing::Test {
  public:
   void SetUp() override;
 
-  // Starts (or restarts) idemd with the base test configuration plus `extra_toml` sections
-  // appended to [idempotency] (e.g. "max_retained = 3").
-  void StartIdemd(const std::string& extra_idempotency = "",
-                  const std::string& provider_timeout_ms = "1000");
+  struct IdemdOptions {
+    std::string extra_idempotency;  // lines appended to [idempotency], e.g. "max_retained = 3"
+    int lease_ms = 3000;
+    int provider_timeout_ms = 1000;
+    int reconcile_interval_ms = 600000;      // effectively off unless a test wants it
+    std::map<std::string, std::string> env;  // e.g. IDEM_FAILPOINTS
+  };
+  // Starts (or restarts) idemd on this test's database.
+  void StartIdemd(const IdemdOptions& options);
+  void StartIdemd() { StartIdemd(IdemdOptions{}); }
   // SIGKILL, no drain.
   void KillIdemd();
 

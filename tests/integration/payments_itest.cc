@@ -216,7 +216,7 @@ TEST_F(IdemdTest, OrderPaidUnderAnotherKeyIs200WithTheExistingPayment) {
 }
 
 TEST_F(IdemdTest, QuotaOfRetainedKeysIs429WithRetryAfter) {
-  StartIdemd("max_retained = 2");
+  StartIdemd({.extra_idempotency = "max_retained = 2"});
   EXPECT_EQ(Pay("quota-key-1", Body("ORD-Q1")).status, 201);
   EXPECT_EQ(Pay("quota-key-2", Body("ORD-Q2")).status, 201);
   http::Response r = Pay("quota-key-3", Body("ORD-Q3"));

@@ -1,0 +1,102 @@
+// src/core/failpoint.cc — the failpoint registry. Unarmed points cost one relaxed atomic load.
+#include "include/idem/failpoint.h"
+
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+
+namespace idem {
+namespace {
+
+struct Action {
+  enum class Kind { kCrash, kStall, kError } kind;
+  std::chrono::milliseconds stall{0};
+};
+
+std::atomic<bool> g_any_armed{false};
+std::mutex g_mu;
+std::map<std::string, Action, std::less<>>& Points() {
+  static std::map<std::string, Action, std::less<>> points;
+  return points;
+}
+
+}  // namespace
+
+Status ArmFailpoints(std::string_view spec) {
+  std::map<std::string, std::optional<Action>> parsed;
+  while (!spec.empty()) {
+    const std::size_t comma = spec.find(',');
+    std::string_view item = spec.substr(0, comma);
+    spec = comma == std::string_view::npos ? std::string_view() : spec.substr(comma + 1);
+    const std::size_t eq = item.find('=');
+    if (eq == std::string_view::npos || eq == 0) {
+      return MakeError(Errc::kInvalidArgument, "failpoint spec: expected name=action");
+    }
+    const std::string name(item.substr(0, eq));
+    const std::string_view action = item.substr(eq + 1);
+    if (action == "crash") {
+      parsed[name] = Action{Action::Kind::kCrash};
+    } else if (action == "error") {
+      parsed[name] = Action{Action::Kind::kError};
+    } else if (action == "off") {
+      parsed[name] = std::nullopt;
+    } else if (action.rfind("stall:", 0) == 0 && action.size() > 6 && action.size() < 14) {
+      const std::string ms(action.substr(6));
+      if (ms.find_first_not_of("0123456789") != std::string::npos) {
+        return MakeError(Errc::kInvalidArgument, "failpoint spec: stall:MS needs a number");
+      }
+      parsed[name] = Action{Action::Kind::kStall, std::chrono::milliseconds(std::stoll(ms))};
+    } else {
+      return MakeError(Errc::kInvalidArgument,
+                       "failpoint spec: action must be crash, stall:MS, error or off");
+    }
+  }
+  std::lock_guard lock(g_mu);
+  for (auto& [name, action] : parsed) {
+    if (action) {
+      Points()[name] = *action;
+    } else {
+      Points().erase(name);
+    }
+  }
+  g_any_armed = !Points().empty();
+  return Ok();
+}
+
+void ClearFailpoints() {
+  std::lock_guard lock(g_mu);
+  Points().clear();
+  g_any_armed = false;
+}
+
+namespace internal {
+
+Status HitFailpoint(std::string_view name) {
+  if (!g_any_armed.load(std::memory_order_relaxed)) return Ok();
+  Action action;
+  {
+    std::lock_guard lock(g_mu);
+    auto it = Points().find(name);
+    if (it == Points().end()) return Ok();
+    action = it->second;
+  }
+  switch (action.kind) {
+    case Action::Kind::kCrash:
+      _exit(86);
+    case Action::Kind::kStall:
+      std::this_thread::sleep_for(action.stall);
+      return Ok();
+    case Action::Kind::kError:
+      return MakeError(Errc::kUnavailable, "failpoint " + std::string(name));
+  }
+  return Ok();
+}
+
+}  // namespace internal
+}  // namespace idem
