@@ -24,9 +24,7 @@ void IdemdTest::SetUp() {
   StartIdemd();
 }
 
-void IdemdTest::StartIdemd(const IdemdOptions& options) {
-  idemd_.reset();
-  const std::string config = dir_.File("idemd.toml");
+void IdemdTest::WriteConfig(const std::string& config, const IdemdOptions& options) {
   std::ofstream out(config);
   out << "[server]\nlisten = \"127.0.0.1:0\"\nworker_threads = 16\nread_timeout_ms = 2000\n"
       << "drain_timeout_ms = 5000\n"
@@ -45,7 +43,12 @@ void IdemdTest::StartIdemd(const IdemdOptions& options) {
       << "[[principals]]\napi_key_sha256 = "
          "\"5b2419a10bd09a42bc7aef709d8c7071a0ccbeae04e6e386f76468c91ff5f484\"\n"
          "tenant = \"globex\"\nuser = \"carol\"\n";
-  out.close();
+}
+
+void IdemdTest::StartIdemd(const IdemdOptions& options) {
+  idemd_.reset();
+  const std::string config = dir_.File("idemd.toml");
+  if (!options.keep_config) WriteConfig(config, options);
   std::map<std::string, std::string> env = options.env;
   env["IDEM_SECRETS"] = secrets_toml_;
   auto idemd = testing::ChildProcess::Spawn({IDEMD_PATH, "--config", config}, env,

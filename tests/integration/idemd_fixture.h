@@ -29,10 +29,12 @@ class IdemdTest : public ::testing::Test {
     int provider_timeout_ms = 1000;
     int reconcile_interval_ms = 600000;      // effectively off unless a test wants it
     std::map<std::string, std::string> env;  // e.g. IDEM_FAILPOINTS
+    bool keep_config = false;                // restart on the config file as it is now
   };
   // Starts (or restarts) idemd on this test's database.
   void StartIdemd(const IdemdOptions& options);
   void StartIdemd() { StartIdemd(IdemdOptions{}); }
+  void WriteConfig(const std::string& path, const IdemdOptions& options);
   // SIGKILL, no drain.
   void KillIdemd();
 

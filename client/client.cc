@@ -1,0 +1,126 @@
+// client/client.cc — retries, back-off and 202 polling.
+#include "client/client.h"
+
+#include <boost/json.hpp>
+#include <cstdio>
+#include <thread>
+
+#include "include/idem/key.h"
+
+namespace idem::client {
+namespace {
+
+bool Retryable(const http::Response& r) {
+  if (r.status == 409) return r.headers.Get("retry-after").has_value();  // still running
+  return r.status == 429 || r.status == 503 || r.status == 504;
+}
+
+std::optional<Millis> RetryAfter(const http::Response& r) {
+  auto value = r.headers.Get("retry-after");
+  if (!value || value->empty() || value->size() > 6 ||
+      value->find_first_not_of("0123456789") != std::string_view::npos) {
+    return std::nullopt;  // HTTP-date forms are not used by idemd; treat as absent
+  }
+  return Millis(std::stoll(std::string(*value)) * 1000);
+}
+
+}  // namespace
+
+std::string NewOperationKey(Clock& clock, Random& random) {
+  std::array<uint8_t, 16> b;
+  random.Fill(b);
+  const uint64_t ms = static_cast<uint64_t>(ToUnixMillis(clock.Now()));
+  for (int i = 0; i < 6; ++i)
+    b[static_cast<std::size_t>(i)] = static_cast<uint8_t>(ms >> (40 - 8 * i));
+  b[6] = static_cast<uint8_t>(0x70 | (b[6] & 0x0f));  // version 7
+  b[8] = static_cast<uint8_t>(0x80 | (b[8] & 0x3f));  // variant 10
+  const std::string hex = ToHex(b);
+  return hex.substr(0, 8) + "-" + hex.substr(8, 4) + "-" + hex.substr(12, 4) + "-" +
+         hex.substr(16, 4) + "-" + hex.substr(20, 12);
+}
+
+Result<Client> Client::Create(ClientOptions options, Clock& clock, Random& random) {
+  IDEM_ASSIGN_OR_RETURN(http::Url url, http::ParseHttpUrl(options.base_url));
+  if (options.max_attempts < 1) return MakeError(Errc::kInvalidArgument, "max_attempts < 1");
+  if (!options.sleep) options.sleep = [](Millis d) { std::this_thread::sleep_for(d); };
+  return Client(std::move(options), std::move(url), clock, random);
+}
+
+Millis Client::Backoff(int retry, const http::Response* response) {
+  // Full jitter over a capped exponential: uniform in [0, min(max, initial * 2^retry)].
+  const int64_t cap = std::min<int64_t>(options_.max_backoff.count(),
+                                        options_.initial_backoff.count() << std::min(retry, 20));
+  uint64_t r;
+  random_.Fill(std::span<uint8_t>(reinterpret_cast<uint8_t*>(&r), sizeof r));
+  Millis wait(cap > 0 ? static_cast<int64_t>(r % static_cast<uint64_t>(cap + 1)) : 0);
+  if (response != nullptr) {
+    if (auto after = RetryAfter(*response)) wait = std::max(wait, *after);
+  }
+  return wait;
+}
+
+Result<Outcome> Client::Post(const std::string& path, const std::string& body, std::string key,
+                             const std::vector<std::pair<std::string, std::string>>& headers) {
+  Outcome out;
+  out.key = key.empty() ? NewOperationKey(clock_, random_) : std::move(key);
+  const Timestamp started = clock_.Now();
+  std::optional<Error> last_error;
+  bool accepted = false;  // after a 202, later attempts collect the answer: no respond-async
+  for (int attempt = 0; attempt < options_.max_attempts; ++attempt) {
+    http::Request req;
+    req.method = "POST";
+    req.target = url_.base_path + path;
+    req.headers.Set("Authorization", "Bearer " + options_.api_key);
+    req.headers.Set("Content-Type", "application/json");
+    req.headers.Set("Idempotency-Key", out.key);
+    for (const auto& [n, v] : headers) {
+      if (!(accepted && http::ToLower(n) == "prefer")) req.headers.Set(n, v);
+    }
+    req.body = body;
+    ++out.attempts;
+    auto response = http::Call(url_, std::move(req), options_.call);
+
+    if (response && response->status == 202) {
+      accepted = true;
+      // Accepted: poll the operation until it is no longer running, then ask again with the
+      // same key, which replays the final answer byte for byte (or executes a retryable one).
+      const std::string location = std::string(response->headers.Get("location").value_or(""));
+      for (int poll = 0; !location.empty() && clock_.Now() - started < options_.deadline; ++poll) {
+        options_.sleep(std::min(options_.max_backoff, options_.initial_backoff * (poll + 1)));
+        auto op = Get(location);
+        if (!op || op->status != 200) break;
+        boost::system::error_code ec;
+        auto doc = boost::json::parse(op->body, ec);
+        if (ec || !doc.is_object()) break;
+        const auto* state = doc.as_object().if_contains("state");
+        if (state == nullptr || !state->is_string() || state->as_string() != "PROCESSING") break;
+      }
+      continue;  // the next POST (without respond-async) collects the answer
+    }
+    if (response && !Retryable(*response)) {
+      out.response = std::move(*response);
+      return out;
+    }
+    if (!response) last_error = response.error();
+    const bool out_of_time = clock_.Now() - started >= options_.deadline;
+    if (attempt + 1 == options_.max_attempts || out_of_time) {
+      if (response) {
+        out.response = std::move(*response);
+        return out;
+      }
+      break;
+    }
+    options_.sleep(Backoff(attempt, response ? &*response : nullptr));
+  }
+  return last_error ? *last_error : MakeError(Errc::kUnavailable, "no attempt was made");
+}
+
+Result<http::Response> Client::Get(const std::string& path) {
+  http::Request req;
+  req.method = "GET";
+  req.target = url_.base_path + path;
+  req.headers.Set("Authorization", "Bearer " + options_.api_key);
+  return http::Call(url_, std::move(req), options_.call);
+}
+
+}  // namespace idem::client

@@ -1,0 +1,262 @@
+// tools/idemctl/main.cc — the idem command line: pay through the retrying client, read payments
+// and operations, inspect records straight from the store, sweep, and manage secrets and keys.
+#include <openssl/sha.h>
+
+#include <boost/json.hpp>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "client/client.h"
+#include "include/idem/engine.h"
+#include "include/idem/store/sqlite.h"
+#include "server/idemd/config.h"
+#include "server/idemd/payments.h"
+
+namespace {
+
+using namespace idem;
+
+constexpr const char* kUsage = R"(usage: idemctl COMMAND [options]
+
+Against a running idemd (--url, default $IDEM_URL or http://127.0.0.1:8080;
+--api-key, default $IDEM_API_KEY):
+  pay --order NO --amount A --currency C [--key K] [--async]
+                                  one payment; the key is reused on every retry
+  payment get ID
+  operation get KEY
+
+On the store of an idemd config (--config FILE):
+  record inspect --tenant T --user U --key K [--route R] [--show-response]
+  sweep                           delete expired finished records now
+
+Set-up:
+  gen-secret                      print a fresh secrets file (TOML) for IDEM_SECRETS
+  apikey add --config FILE --tenant T --user U
+                                  create an API key, add its SHA-256 to the config, print it once
+)";
+
+struct Args {
+  std::vector<std::string> words;
+  std::map<std::string, std::string> flags;
+
+  std::string Flag(const std::string& name, const std::string& fallback = "") const {
+    auto it = flags.find(name);
+    return it == flags.end() ? fallback : it->second;
+  }
+  bool Has(const std::string& name) const { return flags.count(name) > 0; }
+};
+
+Args Parse(int argc, char** argv) {
+  Args a;
+  for (int i = 1; i < argc; ++i) {
+    std::string s = argv[i];
+    if (s.rfind("--", 0) == 0) {
+      const bool boolean = s == "--async" || s == "--show-response";
+      a.flags[s.substr(2)] = (!boolean && i + 1 < argc) ? argv[++i] : "true";
+    } else {
+      a.words.push_back(s);
+    }
+  }
+  return a;
+}
+
+std::string Env(const char* name, const std::string& fallback) {
+  const char* v = std::getenv(name);
+  return v != nullptr && *v != '\0' ? v : fallback;
+}
+
+int Fail(const std::string& what) {
+  std::cerr << "idemctl: " << what << "\n";
+  return 1;
+}
+
+Result<client::Client> MakeClient(const Args& a) {
+  client::ClientOptions options;
+  options.base_url = a.Flag("url", Env("IDEM_URL", "http://127.0.0.1:8080"));
+  options.api_key = a.Flag("api-key", Env("IDEM_API_KEY", ""));
+  if (options.api_key.empty()) {
+    return MakeError(Errc::kInvalidArgument, "no API key: pass --api-key or set IDEM_API_KEY");
+  }
+  return client::Client::Create(options);
+}
+
+void Print(const http::Response& r) {
+  std::cout << "HTTP " << r.status << "\n";
+  for (const auto& [name, value] : r.headers.fields) std::cout << name << ": " << value << "\n";
+  std::cout << "\n" << r.body << "\n";
+}
+
+int Pay(const Args& a) {
+  for (const char* required : {"order", "amount", "currency"}) {
+    if (!a.Has(required)) return Fail(std::string("pay needs --") + required);
+  }
+  auto c = MakeClient(a);
+  if (!c) return Fail(c.error().message);
+  const std::string body =
+      boost::json::serialize(boost::json::object{{"merchant_order_no", a.Flag("order")},
+                                                 {"amount", a.Flag("amount")},
+                                                 {"currency", a.Flag("currency")}});
+  std::vector<std::pair<std::string, std::string>> headers;
+  if (a.Has("async")) headers.emplace_back("Prefer", "respond-async");
+  auto outcome = c->Post("/v1/payments", body, a.Flag("key"), headers);
+  if (!outcome) return Fail(outcome.error().message);
+  std::cerr << "Idempotency-Key: " << outcome->key << " (" << outcome->attempts << " attempt"
+            << (outcome->attempts == 1 ? "" : "s") << ")\n";
+  Print(outcome->response);
+  return outcome->response.status < 400 ? 0 : 3;
+}
+
+int GetPath(const Args& a, const std::string& path) {
+  auto c = MakeClient(a);
+  if (!c) return Fail(c.error().message);
+  auto r = c->Get(path);
+  if (!r) return Fail(r.error().message);
+  Print(*r);
+  return r->status < 400 ? 0 : 3;
+}
+
+struct Opened {
+  idemd::Config config;
+  std::unique_ptr<Store> store;
+};
+
+Result<Opened> OpenFromConfig(const Args& a) {
+  if (!a.Has("config")) return MakeError(Errc::kInvalidArgument, "--config FILE is required");
+  Opened o;
+  IDEM_ASSIGN_OR_RETURN(o.config, idemd::LoadConfig(a.Flag("config"), {}));
+  constexpr std::string_view kSqlite = "sqlite://";
+  if (o.config.store_url.rfind(kSqlite, 0) != 0) {
+    return MakeError(Errc::kInvalidArgument, "only sqlite:// stores are supported");
+  }
+  SqliteStoreOptions options;
+  options.path = o.config.store_url.substr(kSqlite.size());
+  options.app_name = "payments";
+  options.app_migrations = idemd::PaymentsMigrations();
+  IDEM_ASSIGN_OR_RETURN(o.store, OpenSqliteStore(options, SystemClock(), SystemRandom()));
+  return o;
+}
+
+int Inspect(const Args& a) {
+  for (const char* required : {"tenant", "user", "key"}) {
+    if (!a.Has(required)) return Fail(std::string("record inspect needs --") + required);
+  }
+  auto opened = OpenFromConfig(a);
+  if (!opened) return Fail(opened.error().message);
+  auto key = ParseIdempotencyKey(a.Flag("key"), KeyPolicy{});
+  if (!key) return Fail(key.error().message);
+  Scope scope{a.Flag("tenant"), a.Flag("user"), a.Flag("route", "payments.create"), *key};
+  auto hash = scope.Hash();
+  if (!hash) return Fail(hash.error().message);
+  auto record = opened->store->Read(*hash);
+  if (!record) return Fail(record.error().message);
+  if (!*record) {
+    std::cout << "no record for " << scope.tenant << "/" << scope.user << " " << scope.route << " "
+              << scope.key << "\n";
+    return 4;
+  }
+  const Record& r = **record;
+  auto when = [](Timestamp t) { return http::Rfc3339(ToUnixMillis(t)); };
+  std::cout << "scope_hash      " << ToHex(r.scope) << "\n"
+            << "tenant/user     " << r.tenant << "/" << r.user << "\n"
+            << "route           " << r.route << "\n"
+            << "state           " << RecordStateName(r.state) << "\n"
+            << "recovery_point  " << r.recovery_point << "\n"
+            << "resource_id     " << r.resource_id << "\n"
+            << "status_code     " << r.status_code << "\n"
+            << "fence           " << r.lease.fence << "\n"
+            << "lease_until     " << when(r.lease.until) << "\n"
+            << "created_at      " << when(r.created_at) << "\n"
+            << "updated_at      " << when(r.updated_at) << "\n"
+            << "expires_at      " << when(r.expires_at) << "\n"
+            << "fingerprint     rules v" << r.fingerprint.rules_version << ", secret "
+            << r.fingerprint.secret_id << "\n"
+            << "response        "
+            << (r.response.empty() ? "none" : std::to_string(r.response.size()) + " sealed bytes")
+            << "\n";
+  if (a.Has("show-response") && !r.response.empty()) {
+    auto sealer = Sealer::Create(opened->config.secrets.seal, opened->config.secrets.seal_current,
+                                 SystemRandom());
+    if (!sealer) return Fail(sealer.error().message);
+    auto plain = (*sealer)->Open(r.scope, r.response);
+    if (!plain) return Fail(plain.error().message);
+    auto decoded = DecodeResponse(*plain);
+    if (!decoded) return Fail(decoded.error().message);
+    std::cout << "\nHTTP " << decoded->status << "\n";
+    for (const auto& [n, v] : decoded->headers) std::cout << n << ": " << v << "\n";
+    std::cout << "\n" << decoded->body << "\n";
+  }
+  return 0;
+}
+
+int Sweep(const Args& a) {
+  auto opened = OpenFromConfig(a);
+  if (!opened) return Fail(opened.error().message);
+  int total = 0;
+  while (true) {
+    auto n = opened->store->Sweep(limits::kSweepBatch);
+    if (!n) return Fail(n.error().message);
+    total += *n;
+    if (*n < limits::kSweepBatch) break;
+  }
+  std::cout << "swept " << total << " expired records\n";
+  return 0;
+}
+
+int ApiKeyAdd(const Args& a) {
+  for (const char* required : {"config", "tenant", "user"}) {
+    if (!a.Has(required)) return Fail(std::string("apikey add needs --") + required);
+  }
+  auto valid = [](const std::string& s) {
+    return !s.empty() && s.size() <= 64 &&
+           s.find_first_not_of("abcdefghijklmnopqrstuvwxyz0123456789-_") == std::string::npos;
+  };
+  if (!valid(a.Flag("tenant")) || !valid(a.Flag("user"))) {
+    return Fail("tenant and user: 1..64 of a-z 0-9 - _");
+  }
+  std::array<uint8_t, 24> bytes;
+  SystemRandom().Fill(bytes);
+  const std::string key = "idem_" + ToHex(bytes);
+  std::array<uint8_t, 32> digest;
+  SHA256(reinterpret_cast<const unsigned char*>(key.data()), key.size(), digest.data());
+  std::ofstream out(a.Flag("config"), std::ios::app);
+  out << "\n[[principals]]\napi_key_sha256 = \"" << ToHex(digest) << "\"\ntenant = \""
+      << a.Flag("tenant") << "\"\nuser = \"" << a.Flag("user") << "\"\n";
+  out.close();
+  if (!out) return Fail("cannot append to " + a.Flag("config"));
+  std::cerr << "added " << a.Flag("tenant") << "/" << a.Flag("user") << " to " << a.Flag("config")
+            << "; restart idemd to load it. The key is shown once:\n";
+  std::cout << key << "\n";
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const Args a = Parse(argc, argv);
+  const auto& w = a.words;
+  auto is = [&](std::initializer_list<const char*> words) {
+    if (w.size() < words.size()) return false;
+    std::size_t i = 0;
+    for (const char* word : words) {
+      if (w[i++] != word) return false;
+    }
+    return true;
+  };
+  if (is({"pay"})) return Pay(a);
+  if (is({"payment", "get"}) && w.size() == 3) return GetPath(a, "/v1/payments/" + w[2]);
+  if (is({"operation", "get"}) && w.size() == 3) return GetPath(a, "/v1/operations/" + w[2]);
+  if (is({"record", "inspect"})) return Inspect(a);
+  if (is({"sweep"})) return Sweep(a);
+  if (is({"gen-secret"})) {
+    std::cout << idemd::GenerateSecretsToml(SystemRandom());
+    return 0;
+  }
+  if (is({"apikey", "add"})) return ApiKeyAdd(a);
+  std::cerr << kUsage;
+  return w.empty() || a.Has("help") ? 0 : 2;
+}
