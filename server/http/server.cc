@@ -194,7 +194,7 @@ class ServerImpl final : public Server {
                             "the header section is too large");
         } else if (ec != bhttp::error::end_of_stream && ec != beast::error::timeout &&
                    ec != net::error::operation_aborted && ec != net::error::eof &&
-                   ec != net::error::connection_reset && bytes > 0) {
+                   ec != net::error::connection_reset && (bytes > 0 || buffer.size() > 0)) {
           refusal = Problem(400, "malformed-request", "Bad Request",
                             "the request is not valid HTTP/1.1: " + ec.message());
         }
