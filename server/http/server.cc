@@ -267,7 +267,13 @@ class ServerImpl final : public Server {
             co_return Problem(500, "internal", "Internal Server Error", "unexpected failure");
           },
           net::use_awaitable);
-      if (!context.park || draining_) co_return response;
+      if (!context.park) co_return response;
+      if (draining_) {
+        Response stopping =
+            Problem(503, "shutting-down", "Service Unavailable", "the server is stopping");
+        stopping.headers.Set("Retry-After", "1");
+        co_return stopping;
+      }
       // Wait for a notification, but poll too: a completion in another process, or one that
       // happened between the handler's decision and this registration, is found by the next call.
       RequestContext::Park park = *context.park;

@@ -24,11 +24,11 @@ class IdemdTest : public ::testing::Test {
   void SetUp() override;
 
   struct IdemdOptions {
-    std::string extra_idempotency;  // lines appended to [idempotency], e.g. "max_retained = 3"
+    std::string extra_idempotency{};  // lines appended to [idempotency], e.g. "max_retained = 3"
     int lease_ms = 3000;
     int provider_timeout_ms = 1000;
     int reconcile_interval_ms = 600000;      // effectively off unless a test wants it
-    std::map<std::string, std::string> env;  // e.g. IDEM_FAILPOINTS
+    std::map<std::string, std::string> env{};  // e.g. IDEM_FAILPOINTS
     bool keep_config = false;                // restart on the config file as it is now
   };
   // Starts (or restarts) idemd on this test's database.

@@ -228,6 +228,19 @@ TEST_F(IdemdTest, QuotaOfRetainedKeysIs429WithRetryAfter) {
   EXPECT_EQ(TotalCharges(), 3);
 }
 
+TEST_F(IdemdTest, QuotaOfRunningKeysIs429) {
+  StartIdemd({.extra_idempotency = "max_processing = 1"});
+  Fault(R"({"fault":"slow","delay_ms":600,"times":1})");
+  std::thread first([&] { EXPECT_EQ(Pay("running-key-1", Body("ORD-R1")).status, 201); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  http::Response r = Pay("running-key-2", Body("ORD-R2"));
+  first.join();
+  EXPECT_EQ(r.status, 429);
+  EXPECT_TRUE(r.headers.Get("retry-after").has_value());
+  EXPECT_EQ(Get("/v1/operations/running-key-2").status, 404) << "a refused claim leaves nothing";
+  EXPECT_EQ(Pay("running-key-2", Body("ORD-R2")).status, 201) << "free again once the first ends";
+}
+
 TEST_F(IdemdTest, BadInputGetsTheDocumentedStatus) {
   EXPECT_EQ(Pay("order-0016-key", std::string(64 * 1024 + 1, ' ')).status, 413);
   EXPECT_EQ(Pay("order-0016-key", R"({"merchant_order_no":)").status, 400);
