@@ -218,7 +218,7 @@ Result<Config> LoadConfig(const std::string& path, const std::vector<std::string
       return Bad("command line", "unknown flag " + flag);
     }
   }
-  if (c.store_url.empty()) c.store_url = "sqlite:///./data/idem.db";
+  if (c.store_url.empty()) c.store_url = "sqlite://data/idem.db";
   if (c.key_min_length < 1 || c.key_max_length < c.key_min_length ||
       c.key_max_length > limits::kKeyMaxLength) {
     return Bad(o, "idempotency key lengths must satisfy 1 <= min <= max <= 255");

@@ -1,0 +1,147 @@
+// server/idemd/config_test.cc — TOML loading, flag overrides, secrets from file, environment or
+// generation, and the errors an operator sees.
+#include "server/idemd/config.h"
+
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+
+#include <cstdlib>
+#include <fstream>
+
+#include "testing/fakes.h"
+
+namespace idem::idemd {
+namespace {
+
+class ConfigTest : public ::testing::Test {
+ protected:
+  void SetUp() override { unsetenv("IDEM_SECRETS"); }
+  void TearDown() override { unsetenv("IDEM_SECRETS"); }
+
+  std::string Write(const std::string& name, const std::string& text) {
+    const std::string path = dir_.File(name);
+    std::ofstream(path) << text;
+    return path;
+  }
+  std::string Minimal(const std::string& extra = "") {
+    return "[secrets]\nfile = \"" + dir_.File("secrets.toml") + "\"\ngenerate_if_missing = true\n" +
+           extra;
+  }
+
+  testing::TempDir dir_;
+};
+
+TEST_F(ConfigTest, ReadsTheFileAndFlagsOverrideIt) {
+  const std::string path = Write("c.toml", Minimal(R"(
+[server]
+listen = "127.0.0.1:7000"
+worker_threads = 3
+[store]
+url = "sqlite://a.db"
+[provider]
+url = "http://127.0.0.1:9000"
+timeout_ms = 1500
+[idempotency]
+lease_ms = 20000
+retention_hours = 24
+max_processing = 7
+[[principals]]
+api_key_sha256 = "86F71C9CB79152AE8C4AFF86CD48DBFC35EEE594762141F8F00ECE58705547E5"
+tenant = "acme"
+user = "alice"
+)"));
+  auto c = LoadConfig(path, {"--listen", "0.0.0.0:0", "--store", "sqlite:///tmp/b.db", "--provider",
+                             "http://10.0.0.1:1"});
+  ASSERT_TRUE(c.has_value()) << c.error().message;
+  EXPECT_EQ(c->server.host, "0.0.0.0");
+  EXPECT_EQ(c->server.port, 0);
+  EXPECT_EQ(c->server.worker_threads, 3);
+  EXPECT_EQ(c->store_url, "sqlite:///tmp/b.db");
+  EXPECT_EQ(c->provider_url, "http://10.0.0.1:1");
+  EXPECT_EQ(c->provider_timeout, Millis(1500));
+  EXPECT_EQ(c->lease, Millis(20000));
+  EXPECT_EQ(c->retention, Millis(24LL * 3600 * 1000));
+  EXPECT_EQ(c->max_processing, 7);
+  ASSERT_EQ(c->principals.size(), 1u);
+  EXPECT_EQ(c->principals[0].api_key_sha256,
+            "86f71c9cb79152ae8c4aff86cd48dbfc35eee594762141f8f00ece58705547e5");
+}
+
+TEST_F(ConfigTest, DefaultsWhenKeysAreAbsent) {
+  auto c = LoadConfig(Write("c.toml", Minimal()), {});
+  ASSERT_TRUE(c.has_value()) << c.error().message;
+  EXPECT_EQ(c->server.host, "127.0.0.1");
+  EXPECT_EQ(c->server.port, 8080);
+  EXPECT_EQ(c->store_url, "sqlite://data/idem.db");
+  EXPECT_EQ(c->retention, Millis(7LL * 24 * 3600 * 1000));
+  EXPECT_EQ(c->server.max_body_bytes, 64u * 1024);
+}
+
+TEST_F(ConfigTest, GeneratesDevelopmentSecretsOnceAndPrivately) {
+  const std::string path = Write("c.toml", Minimal());
+  auto first = LoadConfig(path, {});
+  ASSERT_TRUE(first.has_value()) << first.error().message;
+  struct stat st {};
+  ASSERT_EQ(stat(dir_.File("secrets.toml").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
+  auto second = LoadConfig(path, {});
+  ASSERT_TRUE(second.has_value());
+  EXPECT_EQ(second->secrets.hmac[0].bytes, first->secrets.hmac[0].bytes) << "generated once";
+  EXPECT_EQ(first->secrets.hmac[0].bytes.size(), 32u);
+  EXPECT_NE(first->secrets.hmac[0].bytes, first->secrets.seal[0].bytes);
+}
+
+TEST_F(ConfigTest, EnvironmentSecretsWin) {
+  const std::string env = "hmac_current = 2\nseal_current = 1\n[[hmac]]\nid = 2\nkey = \"" +
+                          std::string(64, 'e') + "\"\n[[seal]]\nid = 1\nkey = \"" +
+                          std::string(64, 'f') + "\"\n";
+  setenv("IDEM_SECRETS", env.c_str(), 1);
+  auto c = LoadConfig(Write("c.toml", "[secrets]\nfile = \"/nonexistent/secrets.toml\"\n"), {});
+  ASSERT_TRUE(c.has_value()) << c.error().message;
+  EXPECT_EQ(c->secrets.hmac_current, 2u);
+  EXPECT_EQ(c->secrets.hmac[0].bytes, std::string(32, '\xee'));
+}
+
+TEST_F(ConfigTest, ErrorsNameTheProblem) {
+  struct Case {
+    std::string toml;
+    std::vector<std::string> flags;
+    std::string expect;
+  };
+  const std::vector<Case> cases = {
+      {Minimal("[server]\nlisten = \"nohostport\"\n"), {}, "listen"},
+      {Minimal("[server]\nlisten = \"h:99999\"\n"), {}, "port"},
+      {Minimal("[server]\nworker_threads = \"many\"\n"), {}, "worker_threads"},
+      {Minimal(), {"--bogus", "x"}, "unknown flag"},
+      {Minimal(), {"--listen"}, "needs a value"},
+      {Minimal("[idempotency]\nkey_max_length = 300\n"), {}, "key lengths"},
+      {Minimal("[idempotency]\nlease_ms = 0\n"), {}, "lease"},
+      {Minimal("[[principals]]\napi_key_sha256 = \"abc\"\ntenant = \"t\"\nuser = \"u\"\n"),
+       {},
+       "principals"},
+      {Minimal("[payments]\ncurrencies = [\"EURO\"]\n"), {}, "currencies"},
+      {"[secrets]\nfile = \"/nonexistent/x.toml\"\n", {}, "does not exist"},
+      {"this is = not [toml\n", {}, "c.toml"},
+  };
+  for (const Case& k : cases) {
+    auto c = LoadConfig(Write("c.toml", k.toml), k.flags);
+    ASSERT_FALSE(c.has_value()) << k.toml;
+    EXPECT_EQ(c.error().code, Errc::kInvalidArgument);
+    EXPECT_NE(c.error().message.find(k.expect), std::string::npos) << c.error().message;
+  }
+}
+
+TEST_F(ConfigTest, SecretsMustBeLongEnough) {
+  setenv("IDEM_SECRETS",
+         ("hmac_current = 1\nseal_current = 1\n[[hmac]]\nid = 1\nkey = \"abcd\"\n[[seal]]\nid = 1\n"
+          "key = \"" +
+          std::string(64, 'f') + "\"\n")
+             .c_str(),
+         1);
+  auto c = LoadConfig(Write("c.toml", Minimal()), {});
+  ASSERT_FALSE(c.has_value());
+  EXPECT_NE(c.error().message.find("hmac"), std::string::npos) << c.error().message;
+}
+
+}  // namespace
+}  // namespace idem::idemd
