@@ -74,26 +74,24 @@ std::optional<std::string_view> Request::QueryParam(std::string_view name) const
   return std::nullopt;
 }
 
-std::string Rfc3339(int64_t unix_ms) {
+namespace {
+// `format` (strftime) of the UTC time `unix_ms`, to the second.
+std::string FormatUtc(int64_t unix_ms, const char* format) {
   const std::time_t seconds = static_cast<std::time_t>(unix_ms / 1000);
   std::tm tm{};
   gmtime_r(&seconds, &tm);
   char buf[64];
-  const std::size_t n = std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%S", &tm);
-  char out[80];
-  std::snprintf(out, sizeof out, "%.*s.%03dZ", static_cast<int>(n), buf,
-                static_cast<int>(unix_ms % 1000));
-  return out;
+  return std::string(buf, std::strftime(buf, sizeof buf, format, &tm));
+}
+}  // namespace
+
+std::string Rfc3339(int64_t unix_ms) {
+  char millis[8];
+  std::snprintf(millis, sizeof millis, ".%03dZ", static_cast<int>(unix_ms % 1000));
+  return FormatUtc(unix_ms, "%Y-%m-%dT%H:%M:%S") + millis;
 }
 
-std::string HttpDate(int64_t unix_ms) {
-  const std::time_t seconds = static_cast<std::time_t>(unix_ms / 1000);
-  std::tm tm{};
-  gmtime_r(&seconds, &tm);
-  char buf[64];
-  const std::size_t n = std::strftime(buf, sizeof buf, "%a, %d %b %Y %H:%M:%S GMT", &tm);
-  return std::string(buf, n);
-}
+std::string HttpDate(int64_t unix_ms) { return FormatUtc(unix_ms, "%a, %d %b %Y %H:%M:%S GMT"); }
 
 }  // namespace idem::http
 

@@ -1,6 +1,8 @@
 // server/http/server.cc — accept loop, coroutine sessions, the worker seam, parking and drain.
 #include "server/http/server.h"
 
+#include <signal.h>
+
 #include <atomic>
 #include <boost/asio.hpp>
 #include <boost/beast/core.hpp>
@@ -328,6 +330,29 @@ class ServerImpl final : public Server {
 };
 
 }  // namespace
+
+namespace {
+sigset_t StopSignals() {
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  return signals;
+}
+}  // namespace
+
+void BlockStopSignals() {
+  const sigset_t signals = StopSignals();
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+}
+
+int WaitForStopSignal() {
+  const sigset_t signals = StopSignals();
+  int sig = 0;
+  sigwait(&signals, &sig);
+  return sig;
+}
 
 Result<std::unique_ptr<Server>> Server::Start(const ServerOptions& options, Handler& handler,
                                               AccessLog* log) {

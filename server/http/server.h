@@ -105,4 +105,10 @@ class Server {
   virtual void Drain() = 0;
 };
 
+// For main(): blocks SIGTERM and SIGINT in the calling thread and every thread it starts later
+// (so only WaitForStopSignal sees them) and ignores SIGPIPE. Call before starting threads.
+void BlockStopSignals();
+// Waits for SIGTERM or SIGINT and returns it.
+int WaitForStopSignal();
+
 }  // namespace idem::http

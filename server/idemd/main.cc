@@ -100,12 +100,7 @@ int Run(int argc, char** argv) {
   }
 
   // Signals are taken by this thread only, through sigwait; every other thread blocks them.
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGTERM);
-  sigaddset(&signals, SIGINT);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
-  signal(SIGPIPE, SIG_IGN);
+  http::BlockStopSignals();
 
   if (const char* spec = std::getenv("IDEM_FAILPOINTS"); spec != nullptr && *spec != '\0') {
     if (auto armed = ArmFailpoints(spec); !armed) {
@@ -153,8 +148,7 @@ int Run(int argc, char** argv) {
     Loop reconciler(config->reconcile_interval, [&] {
       filter.ReconcileOnce(100, [&](const std::string& key) { (*server)->Notify(key); });
     });
-    int sig = 0;
-    sigwait(&signals, &sig);
+    const int sig = http::WaitForStopSignal();
     std::fprintf(stderr, "{\"msg\":\"draining\",\"signal\":%d}\n", sig);
     (*server)->Drain();
   }

@@ -227,12 +227,7 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGTERM);
-  sigaddset(&signals, SIGINT);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
-  signal(SIGPIPE, SIG_IGN);
+  http::BlockStopSignals();
 
   ProviderSim sim;
   auto server = http::Server::Start(options, sim, nullptr);
@@ -243,8 +238,7 @@ int main(int argc, char** argv) {
   std::printf("provider-sim listening on http://%s:%u\n", options.host.c_str(),
               static_cast<unsigned>((*server)->port()));
   std::fflush(stdout);
-  int sig = 0;
-  sigwait(&signals, &sig);
+  http::WaitForStopSignal();
   (*server)->Drain();
   return 0;
 }
