@@ -20,6 +20,13 @@
 
 namespace idem {
 
+// A schema change of the application that shares the database (its business tables). Written in
+// SQL both backends accept (TEXT, BIGINT, CHECK, UNIQUE) unless the app targets one backend.
+struct Migration {
+  int version = 0;  // 1, 2, ... applied in order, each once
+  std::string sql;  // one or more statements
+};
+
 // What a backend can do; tests and callers branch on these, never on the backend's name.
 struct StoreCapabilities {
   std::string name;                      // "sqlite", for logs

@@ -12,7 +12,6 @@
 
 #include "include/idem/engine.h"
 #include "include/idem/failpoint.h"
-#include "include/idem/store/sqlite.h"
 #include "server/http/server.h"
 #include "server/idemd/config.h"
 #include "server/idemd/filter.h"
@@ -20,6 +19,7 @@
 #include "server/idemd/payments.h"
 #include "server/idemd/provider.h"
 #include "server/idemd/service.h"
+#include "server/idemd/store_url.h"
 
 namespace {
 
@@ -29,24 +29,6 @@ using namespace idem::idemd;
 int Fail(const std::string& what) {
   std::fprintf(stderr, "idemd: %s\n", what.c_str());
   return 1;
-}
-
-Result<std::unique_ptr<Store>> OpenStore(const Config& config) {
-  constexpr std::string_view kSqlite = "sqlite://";
-  if (config.store_url.rfind(kSqlite, 0) != 0) {
-    return MakeError(Errc::kInvalidArgument,
-                     "store URL '" + config.store_url +
-                         "' is not supported by this build (use sqlite:///path/idem.db)");
-  }
-  SqliteStoreOptions options;
-  options.path = config.store_url.substr(kSqlite.size());
-  options.pool_size = config.store_pool_size;
-  options.app_name = "payments";
-  options.app_migrations = PaymentsMigrations();
-  const std::filesystem::path parent = std::filesystem::path(options.path).parent_path();
-  std::error_code ec;
-  if (!parent.empty()) std::filesystem::create_directories(parent, ec);
-  return OpenSqliteStore(options, SystemClock(), SystemRandom());
 }
 
 // Runs `work` every `interval` until stopped.
@@ -109,7 +91,8 @@ int Run(int argc, char** argv) {
     std::fprintf(stderr, "{\"level\":\"warn\",\"msg\":\"failpoints armed\"}\n");
   }
 
-  auto store = OpenStore(*config);
+  auto store = OpenStoreUrl(config->store_url, config->store_pool_size, "payments",
+                            PaymentsMigrations());
   if (!store) return Fail("store: " + store.error().message);
   auto fingerprinter = Fingerprinter::Create(config->secrets.hmac, config->secrets.hmac_current);
   if (!fingerprinter) return Fail("secrets: " + fingerprinter.error().message);

@@ -72,13 +72,13 @@ CREATE TABLE payments (
   id                 TEXT PRIMARY KEY,
   tenant             TEXT NOT NULL,
   merchant_order_no  TEXT NOT NULL,
-  amount_minor       INTEGER NOT NULL CHECK (amount_minor > 0),
+  amount_minor       BIGINT NOT NULL CHECK (amount_minor > 0),
   currency           TEXT NOT NULL,
   status             TEXT NOT NULL
                      CHECK (status IN ('pending', 'succeeded', 'declined')),
   provider_charge_id TEXT,
-  created_at         INTEGER NOT NULL,
-  updated_at         INTEGER NOT NULL,
+  created_at         BIGINT NOT NULL,
+  updated_at         BIGINT NOT NULL,
   UNIQUE (tenant, merchant_order_no)
 );
 )sql"},

@@ -16,6 +16,7 @@
 #include "include/idem/store/sqlite.h"
 #include "server/idemd/config.h"
 #include "server/idemd/payments.h"
+#include "server/idemd/store_url.h"
 
 namespace {
 
@@ -129,15 +130,8 @@ Result<Opened> OpenFromConfig(const Args& a) {
   if (!a.Has("config")) return MakeError(Errc::kInvalidArgument, "--config FILE is required");
   Opened o;
   IDEM_ASSIGN_OR_RETURN(o.config, idemd::LoadConfig(a.Flag("config"), {}));
-  constexpr std::string_view kSqlite = "sqlite://";
-  if (o.config.store_url.rfind(kSqlite, 0) != 0) {
-    return MakeError(Errc::kInvalidArgument, "only sqlite:// stores are supported");
-  }
-  SqliteStoreOptions options;
-  options.path = o.config.store_url.substr(kSqlite.size());
-  options.app_name = "payments";
-  options.app_migrations = idemd::PaymentsMigrations();
-  IDEM_ASSIGN_OR_RETURN(o.store, OpenSqliteStore(options, SystemClock(), SystemRandom()));
+  IDEM_ASSIGN_OR_RETURN(o.store, idemd::OpenStoreUrl(o.config.store_url, 1, "payments",
+                                                     idemd::PaymentsMigrations()));
   return o;
 }
 

@@ -12,11 +12,6 @@
 
 namespace idem {
 
-// A schema change of the application that shares the database (its business tables).
-struct Migration {
-  int version = 0;  // 1, 2, ... applied in order, each once
-  std::string sql;  // one or more statements
-};
 
 struct SqliteStoreOptions {
   std::string path;  // the database file; created when missing

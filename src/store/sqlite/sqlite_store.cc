@@ -8,6 +8,7 @@
 #include <unordered_map>
 
 #include "include/idem/store/sqlite.h"
+#include "src/store/common.h"
 
 namespace idem {
 namespace {
@@ -98,6 +99,8 @@ class Connection {
   }
 
   sqlite3* db() const { return db_; }
+  // SQLite connections do not break the way network connections do.
+  bool broken() const { return false; }
 
   // Runs statements without parameters or results.
   Status Script(const std::string& sql) {
@@ -203,125 +206,13 @@ class Statement {
   int index_ = 0;
 };
 
-// ---- Pool ------------------------------------------------------------------------------------
-
-class Pool {
- public:
-  // Takes ownership of `conns`.
-  explicit Pool(std::vector<std::unique_ptr<Connection>> conns) : idle_(std::move(conns)) {}
-
-  struct Lend {
-    Pool* pool;
-    Connection* conn;
-  };
-
-  Result<Connection*> Acquire(Millis wait) {
-    std::unique_lock lock(mu_);
-    if (!cv_.wait_for(lock, wait, [&] { return !idle_.empty(); })) {
-      return MakeError(Errc::kUnavailable,
-                       "sqlite: no free connection within " + std::to_string(wait.count()) + " ms");
-    }
-    Connection* c = idle_.back().release();
-    idle_.pop_back();
-    return c;
-  }
-
-  void Release(Connection* conn) {
-    {
-      std::lock_guard lock(mu_);
-      idle_.emplace_back(conn);
-    }
-    cv_.notify_one();
-  }
-
- private:
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::vector<std::unique_ptr<Connection>> idle_;
-};
-
-// Returns a connection to its pool at scope exit.
-class PooledConnection {
- public:
-  PooledConnection(Pool& pool, Connection* conn) : pool_(&pool), conn_(conn) {}
-  PooledConnection(PooledConnection&& o) noexcept
-      : pool_(o.pool_), conn_(std::exchange(o.conn_, nullptr)) {}
-  PooledConnection(const PooledConnection&) = delete;
-  ~PooledConnection() {
-    if (conn_ != nullptr) pool_->Release(conn_);
-  }
-  Connection& operator*() const { return *conn_; }
-  Connection* operator->() const { return conn_; }
-
- private:
-  Pool* pool_;
-  Connection* conn_;
-};
-
-// The one integer a query like "SELECT count(*)" returns. Errors: kDataLoss for anything else.
-Result<int64_t> SingleInteger(const std::vector<SqlRow>& rows, const char* what) {
-  if (rows.size() == 1 && rows[0].size() == 1) {
-    if (const int64_t* n = std::get_if<int64_t>(&rows[0][0])) return *n;
-  }
-  return MakeError(Errc::kDataLoss, std::string(what) + ": expected one integer");
-}
-
-// ---- Record mapping ------------------------------------------------------------------------
-
-constexpr std::string_view kRecordColumns =
-    "scope_hash, tenant, user_id, route, request_hash, fp_version, secret_id, state, "
-    "recovery_point, resource_id, status_code, response, owner_token, fence, lease_until, "
-    "created_at, updated_at, expires_at";
-
-template <std::size_t N>
-Status CopyBytes(const SqlValue& v, std::array<uint8_t, N>* out, const char* column) {
-  const Blob* b = std::get_if<Blob>(&v);
-  if (b == nullptr || b->bytes.size() != N) {
-    return MakeError(Errc::kDataLoss, std::string("record column ") + column + " is malformed");
-  }
-  std::copy(b->bytes.begin(), b->bytes.end(), out->begin());
-  return Ok();
-}
-
-Result<Record> RecordFromRow(const SqlRow& row) {
-  if (row.size() != 18) return MakeError(Errc::kDataLoss, "record row has the wrong shape");
-  auto text = [&](std::size_t i) -> std::string {
-    const std::string* s = std::get_if<std::string>(&row[i]);
-    return s ? *s : std::string();
-  };
-  auto integer = [&](std::size_t i) -> int64_t {
-    const int64_t* n = std::get_if<int64_t>(&row[i]);
-    return n ? *n : 0;
-  };
-  Record r;
-  IDEM_RETURN_IF_ERROR(CopyBytes(row[0], &r.scope, "scope_hash"));
-  r.tenant = text(1);
-  r.user = text(2);
-  r.route = text(3);
-  IDEM_RETURN_IF_ERROR(CopyBytes(row[4], &r.fingerprint.mac, "request_hash"));
-  r.fingerprint.rules_version = static_cast<uint32_t>(integer(5));
-  r.fingerprint.secret_id = static_cast<uint32_t>(integer(6));
-  IDEM_ASSIGN_OR_RETURN(r.state, ParseRecordState(text(7)));
-  r.recovery_point = text(8);
-  r.resource_id = text(9);
-  r.status_code = static_cast<int>(integer(10));
-  if (const Blob* b = std::get_if<Blob>(&row[11])) r.response = b->bytes;
-  IDEM_RETURN_IF_ERROR(CopyBytes(row[12], &r.lease.owner, "owner_token"));
-  r.lease.fence = integer(13);
-  r.lease.until = FromUnixMillis(integer(14));
-  r.created_at = FromUnixMillis(integer(15));
-  r.updated_at = FromUnixMillis(integer(16));
-  r.expires_at = FromUnixMillis(integer(17));
-  return r;
-}
-
-Blob BytesOf(const uint8_t* data, std::size_t size) {
-  return Blob{std::string(reinterpret_cast<const char*>(data), size)};
-}
-template <std::size_t N>
-Blob BytesOf(const std::array<uint8_t, N>& a) {
-  return BytesOf(a.data(), N);
-}
+using store_internal::BytesOf;
+using store_internal::Fenced;
+using store_internal::kRecordColumns;
+using store_internal::RecordFromRow;
+using store_internal::SingleInteger;
+using Pool = store_internal::Pool<Connection>;
+using PooledConnection = store_internal::Lent<Connection>;
 
 Result<std::optional<Record>> GetRecord(Connection& conn, const ScopeHash& scope) {
   static const std::string sql =
@@ -514,25 +405,7 @@ class SqliteTxn final : public StoreTxn {
 
  private:
   Record NewRecord(const ClaimSpec& spec, Timestamp now, int64_t fence) {
-    Record r;
-    r.scope = spec.scope;
-    r.tenant = spec.tenant;
-    r.user = spec.user;
-    r.route = spec.route;
-    r.fingerprint = spec.fingerprint;
-    r.state = RecordState::kProcessing;
-    random_.Fill(r.lease.owner);
-    r.lease.fence = fence;
-    r.lease.until = now + spec.lease_ttl;
-    r.created_at = now;
-    r.updated_at = now;
-    r.expires_at = now + spec.retention;
-    return r;
-  }
-
-  static Error Fenced(const char* op) {
-    return MakeError(Errc::kFenced,
-                     std::string(op) + ": lease lost (owner token or fence no longer match)");
+    return store_internal::NewRecord(spec, now, fence, random_);
   }
 
   PooledConnection conn_;
@@ -622,8 +495,7 @@ class SqliteStore final : public Store {
 
  private:
   Result<PooledConnection> Lend(Pool& pool) {
-    IDEM_ASSIGN_OR_RETURN(Connection * c, pool.Acquire(options_.pool_wait));
-    return PooledConnection(pool, c);
+    return store_internal::Borrow(pool, options_.pool_wait);
   }
 
   // SQLite admits one writer at a time, so this process queues its writers on one connection in
@@ -711,8 +583,8 @@ Result<std::unique_ptr<Store>> OpenSqliteStore(const SqliteStoreOptions& options
   writer.push_back(std::move(conns.front()));
   conns.erase(conns.begin());
   return std::unique_ptr<Store>(std::make_unique<SqliteStore>(
-      std::make_unique<Pool>(std::move(writer)), std::make_unique<Pool>(std::move(conns)), options,
-      clock, random));
+      std::make_unique<Pool>("sqlite", std::move(writer)),
+      std::make_unique<Pool>("sqlite", std::move(conns)), options, clock, random));
 }
 
 }  // namespace idem
