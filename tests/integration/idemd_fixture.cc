@@ -28,7 +28,9 @@ void IdemdTest::WriteConfig(const std::string& config, const IdemdOptions& optio
   std::ofstream out(config);
   out << "[server]\nlisten = \"127.0.0.1:0\"\nworker_threads = 16\nread_timeout_ms = 2000\n"
       << "drain_timeout_ms = 5000\n"
-      << "[store]\nurl = \"sqlite://" << dir_.File("idem.db") << "\"\n"
+      << "[store]\nurl = \""
+      << (options.store_url.empty() ? "sqlite://" + dir_.File("idem.db") : options.store_url)
+      << "\"\n"
       << "[provider]\nurl = \"http://127.0.0.1:" << provider_url_.port
       << "\"\ntimeout_ms = " << options.provider_timeout_ms << "\n"
       << "[idempotency]\nlease_ms = " << options.lease_ms

@@ -30,6 +30,7 @@ class IdemdTest : public ::testing::Test {
     int reconcile_interval_ms = 600000;      // effectively off unless a test wants it
     std::map<std::string, std::string> env{};  // e.g. IDEM_FAILPOINTS
     bool keep_config = false;                // restart on the config file as it is now
+    std::string store_url{};  // default: a SQLite file in the test's directory
   };
   // Starts (or restarts) idemd on this test's database.
   void StartIdemd(const IdemdOptions& options);

@@ -1,0 +1,198 @@
+// tests/integration/postgres_itest.cc — idemd on PostgreSQL: the protocol end to end, and
+// several idemd instances on one database while one of them is killed and restarted.
+#include <libpq-fe.h>
+
+#include <atomic>
+#include <random>
+#include <thread>
+
+#include "tests/integration/idemd_fixture.h"
+
+namespace idem::itest {
+namespace {
+
+namespace json = boost::json;
+
+std::string ServerUrl() {
+  const char* url = std::getenv("IDEM_TEST_PG_URL");
+  return url != nullptr ? url : "";
+}
+
+// Runs SQL on the test server; returns the first column of the first row ("" if none).
+std::string Sql(const std::string& sql) {
+  PGconn* c = PQconnectdb(ServerUrl().c_str());
+  PGresult* r = PQexec(c, sql.c_str());
+  std::string v = PQresultStatus(r) == PGRES_TUPLES_OK && PQntuples(r) > 0 ? PQgetvalue(r, 0, 0) : "";
+  PQclear(r);
+  PQfinish(c);
+  return v;
+}
+
+// A fresh schema, and the store URL that selects it.
+std::string FreshStoreUrl(std::string* schema_out) {
+  static std::mt19937_64 rng(std::random_device{}());
+  const std::string schema = "it" + std::to_string(rng() % 1000000000000ULL);
+  Sql("CREATE SCHEMA " + schema);
+  if (schema_out != nullptr) *schema_out = schema;
+  const std::string url = ServerUrl();
+  return url + (url.find('?') == std::string::npos ? "?" : "&") +
+         "options=-csearch_path%3D" + schema;
+}
+
+class PostgresIdemdTest : public IdemdTest {
+ public:
+  void SetUp() override {
+    if (ServerUrl().empty()) {
+      if (std::getenv("IDEM_REQUIRE_SERVICES") != nullptr) FAIL() << "IDEM_TEST_PG_URL is not set";
+      GTEST_SKIP() << "IDEM_TEST_PG_URL is not set";
+    }
+    IdemdTest::SetUp();
+    store_url_ = FreshStoreUrl(&schema_);
+    StartIdemd({.store_url = store_url_});
+  }
+
+  std::string store_url_;
+  std::string schema_;
+};
+
+TEST_F(PostgresIdemdTest, ExecutesReplaysAndRefusesMismatches) {
+  http::Response first = Pay("pg-order-key-1", Body("ORD-PG1"));
+  ASSERT_EQ(first.status, 201) << first.body;
+  http::Response again = Pay("pg-order-key-1", Body("ORD-PG1", "100"));
+  EXPECT_EQ(again.status, 201);
+  EXPECT_EQ(again.body, first.body);
+  EXPECT_EQ(again.headers.Get("idempotent-replayed").value_or(""), "true");
+  EXPECT_EQ(Pay("pg-order-key-1", Body("ORD-PG1", "1")).status, 422);
+  EXPECT_EQ(Pay("pg-order-key-2", Body("ORD-PG1")).status, 200) << "order exists";
+  EXPECT_EQ(TotalCharges(), 1);
+  EXPECT_EQ(Sql("SELECT status FROM " + schema_ + ".payments"), "succeeded");
+  EXPECT_EQ(Get("/readyz", "").status, 200);
+}
+
+TEST_F(PostgresIdemdTest, ConcurrentDuplicatesChargeOnce) {
+  Fault(R"({"fault":"slow","delay_ms":300,"times":1})");
+  std::vector<std::thread> threads;
+  std::vector<http::Response> responses(32);
+  for (int i = 0; i < 32; ++i) {
+    threads.emplace_back([&, i] {
+      responses[static_cast<std::size_t>(i)] =
+          Pay("pg-dup-key-1", Body("ORD-PGD"), kAlice, {{"Prefer", "wait=10"}});
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (const http::Response& r : responses) {
+    EXPECT_EQ(r.status, 201);
+    EXPECT_EQ(r.body, responses[0].body);
+  }
+  EXPECT_EQ(TotalCharges(), 1);
+}
+
+// Three instances on one database. A client sends new orders, retries and concurrent duplicates
+// round-robin across them while one instance is killed (-9) and restarted. Afterwards: one
+// charge per order, every acknowledged payment is in the table, every replay from every
+// instance is byte-identical to the first answer, and nothing stays PROCESSING once the
+// reconcilers have run.
+TEST_F(PostgresIdemdTest, ThreeInstancesSurviveAKilledInstance) {
+  constexpr int kOrders = 40;
+  // Instance 0 is the fixture's; two more share the database (and the provider).
+  std::vector<std::optional<testing::ChildProcess>> others(2);
+  std::vector<http::Url> urls(3);
+  urls[0] = idemd_url_;
+  auto start_other = [&](int i) {
+    const std::string config = dir_.File("idemd-" + std::to_string(i) + ".toml");
+    WriteConfig(config, {.lease_ms = 2000, .reconcile_interval_ms = 300, .store_url = store_url_});
+    auto p = testing::ChildProcess::Spawn({IDEMD_PATH, "--config", config},
+                                          {{"IDEM_SECRETS", secrets_toml_}}, dir_.path().string(),
+                                          dir_.File("idemd-" + std::to_string(i) + ".log"));
+    ASSERT_TRUE(p.has_value());
+    others[static_cast<std::size_t>(i - 1)].emplace(std::move(*p));
+    auto url = others[static_cast<std::size_t>(i - 1)]->WaitForLine("idemd listening on ",
+                                                                    std::chrono::seconds(10));
+    ASSERT_TRUE(url.has_value());
+    urls[static_cast<std::size_t>(i)] = *http::ParseHttpUrl(*url);
+  };
+  StartIdemd({.lease_ms = 2000, .reconcile_interval_ms = 300, .store_url = store_url_});
+  urls[0] = idemd_url_;
+  start_other(1);
+  start_other(2);
+  Fault(R"({"fault":"slow","delay_ms":50})");  // every charge takes a moment
+
+  auto pay_at = [&](int instance, const std::string& key, const std::string& body) {
+    http::Request req{"POST", "/v1/payments", {}, body};
+    req.headers.Set("Authorization", std::string("Bearer ") + kAlice);
+    req.headers.Set("Content-Type", "application/json");
+    req.headers.Set("Idempotency-Key", key);
+    return http::Call(urls[static_cast<std::size_t>(instance)], std::move(req));
+  };
+
+  std::vector<std::string> first_answer(kOrders);
+  std::mutex mu;
+  std::atomic<bool> killing{false};
+  std::thread chaos([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(400));
+    killing = true;
+    others[0]->Signal(SIGKILL);
+    others[0]->Wait(std::chrono::seconds(5));
+    others[0].reset();
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    start_other(1);
+    killing = false;
+  });
+  std::vector<std::thread> clients;
+  for (int c = 0; c < 4; ++c) {
+    clients.emplace_back([&, c] {
+      for (int o = c; o < kOrders; o += 4) {
+        const std::string key = "multi-key-" + std::to_string(o);
+        const std::string body = Body("ORD-M" + std::to_string(o));
+        // Two concurrent copies on two instances, then retries until a final answer.
+        std::thread twin([&, o] { (void)pay_at((o + 1) % 3, key, body); });
+        for (int attempt = 0; attempt < 200; ++attempt) {
+          auto r = pay_at((o + attempt) % 3, key, body);
+          if (r && (r->status == 201 || r->status == 200)) {
+            std::lock_guard lock(mu);
+            if (first_answer[static_cast<std::size_t>(o)].empty()) {
+              first_answer[static_cast<std::size_t>(o)] = r->body;
+            }
+            break;
+          }
+          std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        }
+        twin.join();
+      }
+    });
+  }
+  for (auto& t : clients) t.join();
+  chaos.join();
+  Fault(R"({"fault":"none"})");
+
+  // Exactly one charge per order, and every acknowledged payment is in the table.
+  auto stats = http::Call(provider_url_, http::Request{"GET", "/admin/stats", {}, {}});
+  ASSERT_TRUE(stats.has_value());
+  json::object by_ref = ParseObject(stats->body)["charges_by_reference"].as_object();
+  EXPECT_EQ(by_ref.size(), static_cast<std::size_t>(kOrders));
+  for (const auto& kv : by_ref) EXPECT_EQ(kv.value().as_int64(), 1) << kv.key();
+  for (int o = 0; o < kOrders; ++o) {
+    const std::string& answer = first_answer[static_cast<std::size_t>(o)];
+    ASSERT_FALSE(answer.empty()) << "order " << o << " never got a final answer";
+    const std::string id = std::string(ParseObject(answer)["id"].as_string());
+    EXPECT_EQ(Sql("SELECT status FROM " + schema_ + ".payments WHERE id = '" + id + "'"),
+              "succeeded");
+    // Replays from every instance are byte-identical to the first answer.
+    for (int i = 0; i < 3; ++i) {
+      auto r = pay_at(i, "multi-key-" + std::to_string(o), Body("ORD-M" + std::to_string(o)));
+      ASSERT_TRUE(r.has_value());
+      EXPECT_EQ(r->body, answer) << "instance " << i << " order " << o;
+    }
+  }
+  // The reconcilers leave nothing PROCESSING.
+  std::string processing;
+  for (int i = 0; i < 50; ++i) {
+    processing = Sql("SELECT count(*) FROM " + schema_ + ".idem_records WHERE state = 'PROCESSING'");
+    if (processing == "0") break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
+  EXPECT_EQ(processing, "0");
+}
+
+}  // namespace
+}  // namespace idem::itest
