@@ -157,6 +157,7 @@ Result<Config> LoadConfig(const std::string& path, const std::vector<std::string
 
   IDEM_RETURN_IF_ERROR(Read(t, "store", "url", c.store_url, o));
   IDEM_RETURN_IF_ERROR(Read(t, "store", "pool_size", c.store_pool_size, o));
+  IDEM_RETURN_IF_ERROR(Read(t, "store", "prepared_statements", c.store_prepared_statements, o));
   IDEM_RETURN_IF_ERROR(Read(t, "redis", "url", c.redis_url, o));
   IDEM_RETURN_IF_ERROR(Read(t, "provider", "url", c.provider_url, o));
   IDEM_RETURN_IF_ERROR(ReadMillis(t, "provider", "timeout_ms", c.provider_timeout, o));

@@ -31,6 +31,8 @@ struct Config {
   http::ServerOptions server;
   std::string store_url;  // "sqlite:///path/idem.db"
   int store_pool_size = 4;
+  // PostgreSQL: server-side prepared statements (off behind PgBouncer transaction pooling).
+  bool store_prepared_statements = true;
   std::string redis_url;  // optional; not used yet
   std::string provider_url = "http://127.0.0.1:8090";
   Millis provider_timeout{5000};

@@ -92,7 +92,7 @@ int Run(int argc, char** argv) {
   }
 
   auto store = OpenStoreUrl(config->store_url, config->store_pool_size, "payments",
-                            PaymentsMigrations());
+                            PaymentsMigrations(), config->store_prepared_statements);
   if (!store) return Fail("store: " + store.error().message);
   auto fingerprinter = Fingerprinter::Create(config->secrets.hmac, config->secrets.hmac_current);
   if (!fingerprinter) return Fail("secrets: " + fingerprinter.error().message);

@@ -10,7 +10,8 @@ namespace idem::idemd {
 
 Result<std::unique_ptr<Store>> OpenStoreUrl(const std::string& url, int pool_size,
                                             const std::string& app_name,
-                                            const std::vector<Migration>& app_migrations) {
+                                            const std::vector<Migration>& app_migrations,
+                                            bool prepared_statements) {
   constexpr std::string_view kSqlite = "sqlite://";
   if (url.rfind(kSqlite, 0) == 0) {
     SqliteStoreOptions options;
@@ -27,6 +28,7 @@ Result<std::unique_ptr<Store>> OpenStoreUrl(const std::string& url, int pool_siz
     PostgresStoreOptions options;
     options.conninfo = url;
     options.pool_size = pool_size;
+    options.prepared_statements = prepared_statements;
     options.app_name = app_name;
     options.app_migrations = app_migrations;
     return OpenPostgresStore(options, SystemClock(), SystemRandom());

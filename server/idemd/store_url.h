@@ -12,8 +12,10 @@ namespace idem::idemd {
 
 // Opens the store and applies libidem's and the application's migrations.
 // Errors: kInvalidArgument for an unknown scheme; the backend's errors otherwise.
+// `prepared_statements` applies to PostgreSQL only.
 Result<std::unique_ptr<Store>> OpenStoreUrl(const std::string& url, int pool_size,
                                             const std::string& app_name,
-                                            const std::vector<Migration>& app_migrations);
+                                            const std::vector<Migration>& app_migrations,
+                                            bool prepared_statements = true);
 
 }  // namespace idem::idemd

@@ -25,16 +25,14 @@ class Pool {
   using Factory = std::function<Result<std::unique_ptr<Conn>>()>;
 
   Pool(std::string name, std::vector<std::unique_ptr<Conn>> conns, Factory factory = {})
-      : name_(std::move(name)),
-        idle_(std::move(conns)),
-        factory_(std::move(factory)) {}
+      : name_(std::move(name)), idle_(std::move(conns)), factory_(std::move(factory)) {}
 
   // Errors: kUnavailable when none is free within `wait`, or a new one cannot be made.
   Result<Conn*> Acquire(Millis wait) {
     std::unique_lock lock(mu_);
     if (!cv_.wait_for(lock, wait, [&] { return !idle_.empty() || missing_ > 0; })) {
-      return MakeError(Errc::kUnavailable,
-                       name_ + ": no free connection within " + std::to_string(wait.count()) + " ms");
+      return MakeError(Errc::kUnavailable, name_ + ": no free connection within " +
+                                               std::to_string(wait.count()) + " ms");
     }
     if (!idle_.empty()) {
       Conn* c = idle_.back().release();
@@ -44,7 +42,9 @@ class Pool {
     // Replace a connection that broke earlier.
     --missing_;
     lock.unlock();
-    auto fresh = factory_ ? factory_() : Result<std::unique_ptr<Conn>>(MakeError(Errc::kUnavailable, name_ + ": connection lost"));
+    auto fresh = factory_ ? factory_()
+                          : Result<std::unique_ptr<Conn>>(
+                                MakeError(Errc::kUnavailable, name_ + ": connection lost"));
     if (!fresh) {
       std::lock_guard relock(mu_);
       ++missing_;

@@ -22,7 +22,8 @@ std::string ServerUrl() {
 std::string Sql(const std::string& sql) {
   PGconn* c = PQconnectdb(ServerUrl().c_str());
   PGresult* r = PQexec(c, sql.c_str());
-  std::string v = PQresultStatus(r) == PGRES_TUPLES_OK && PQntuples(r) > 0 ? PQgetvalue(r, 0, 0) : "";
+  std::string v =
+      PQresultStatus(r) == PGRES_TUPLES_OK && PQntuples(r) > 0 ? PQgetvalue(r, 0, 0) : "";
   PQclear(r);
   PQfinish(c);
   return v;
@@ -35,8 +36,8 @@ std::string FreshStoreUrl(std::string* schema_out) {
   Sql("CREATE SCHEMA " + schema);
   if (schema_out != nullptr) *schema_out = schema;
   const std::string url = ServerUrl();
-  return url + (url.find('?') == std::string::npos ? "?" : "&") +
-         "options=-csearch_path%3D" + schema;
+  return url + (url.find('?') == std::string::npos ? "?" : "&") + "options=-csearch_path%3D" +
+         schema;
 }
 
 class PostgresIdemdTest : public IdemdTest {
@@ -187,7 +188,8 @@ TEST_F(PostgresIdemdTest, ThreeInstancesSurviveAKilledInstance) {
   // The reconcilers leave nothing PROCESSING.
   std::string processing;
   for (int i = 0; i < 50; ++i) {
-    processing = Sql("SELECT count(*) FROM " + schema_ + ".idem_records WHERE state = 'PROCESSING'");
+    processing =
+        Sql("SELECT count(*) FROM " + schema_ + ".idem_records WHERE state = 'PROCESSING'");
     if (processing == "0") break;
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
   }

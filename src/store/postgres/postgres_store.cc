@@ -1,14 +1,13 @@
 // src/store/postgres/postgres_store.cc — the PostgreSQL Store: libpq, a bounded pool that replaces
 // lost connections, optional per-connection prepared statements, binary results, migrations under
 // an advisory lock, SQLSTATE-aware errors.
-#include "include/idem/store/postgres.h"
-
 #include <libpq-fe.h>
 
 #include <cstring>
 #include <map>
 #include <thread>
 
+#include "include/idem/store/postgres.h"
 #include "src/store/common.h"
 
 namespace idem {
@@ -231,8 +230,7 @@ Result<std::unique_ptr<Connection>> Connect(const PostgresStoreOptions& options)
   }
   auto c = std::make_unique<Connection>(conn, options.prepared_statements);
   if (options.schema != "public") {
-    IDEM_RETURN_IF_ERROR(c->Run("SELECT set_config('search_path', $1, false)",
-                                {options.schema}));
+    IDEM_RETURN_IF_ERROR(c->Run("SELECT set_config('search_path', $1, false)", {options.schema}));
   }
   return c;
 }
@@ -268,8 +266,8 @@ class PostgresTxn final : public StoreTxn {
         sql,
         {BytesOf(spec.scope), spec.tenant, spec.user, spec.route, BytesOf(spec.fingerprint.mac),
          int64_t{spec.fingerprint.rules_version}, int64_t{spec.fingerprint.secret_id},
-         BytesOf(r.lease.owner), ToUnixMillis(r.lease.until), ToUnixMillis(now),
-         ToUnixMillis(now), ToUnixMillis(r.expires_at)},
+         BytesOf(r.lease.owner), ToUnixMillis(r.lease.until), ToUnixMillis(now), ToUnixMillis(now),
+         ToUnixMillis(r.expires_at)},
         &changed));
     if (changed == 1) return ClaimResult{true, std::move(r)};
     // The conflicting insert has committed (ON CONFLICT waits for it), so this read sees it.
@@ -289,23 +287,23 @@ class PostgresTxn final : public StoreTxn {
         "lease_until = $9, created_at = $10, updated_at = $10, expires_at = $11 "
         "WHERE scope_hash = $12 AND fence = $13 AND expires_at <= $10 AND state <> 'PROCESSING'";
     int changed = 0;
-    IDEM_RETURN_IF_ERROR(conn_->Run(
-        fresh_sql,
-        {spec.tenant, spec.user, spec.route, BytesOf(spec.fingerprint.mac),
-         int64_t{spec.fingerprint.rules_version}, int64_t{spec.fingerprint.secret_id},
-         BytesOf(r.lease.owner), r.lease.fence, ToUnixMillis(r.lease.until), now_ms,
-         ToUnixMillis(r.expires_at), BytesOf(spec.scope), seen_fence},
-        &changed));
+    IDEM_RETURN_IF_ERROR(
+        conn_->Run(fresh_sql,
+                   {spec.tenant, spec.user, spec.route, BytesOf(spec.fingerprint.mac),
+                    int64_t{spec.fingerprint.rules_version}, int64_t{spec.fingerprint.secret_id},
+                    BytesOf(r.lease.owner), r.lease.fence, ToUnixMillis(r.lease.until), now_ms,
+                    ToUnixMillis(r.expires_at), BytesOf(spec.scope), seen_fence},
+                   &changed));
     if (changed == 0) {
       static const std::string resume_sql =
           "UPDATE idem_records SET state = 'PROCESSING', owner_token = $1, fence = $2, "
           "lease_until = $3, updated_at = $4 WHERE scope_hash = $5 AND fence = $6 AND "
           "(state = 'FAILED_RETRYABLE' OR (state = 'PROCESSING' AND lease_until < $4))";
-      IDEM_RETURN_IF_ERROR(conn_->Run(resume_sql,
-                                      {BytesOf(r.lease.owner), r.lease.fence,
-                                       ToUnixMillis(r.lease.until), now_ms, BytesOf(spec.scope),
-                                       seen_fence},
-                                      &changed));
+      IDEM_RETURN_IF_ERROR(
+          conn_->Run(resume_sql,
+                     {BytesOf(r.lease.owner), r.lease.fence, ToUnixMillis(r.lease.until), now_ms,
+                      BytesOf(spec.scope), seen_fence},
+                     &changed));
     }
     IDEM_ASSIGN_OR_RETURN(auto current, GetRecord(*conn_, spec.scope));
     if (!current) return MakeError(Errc::kNotFound, "reclaim: record is gone");
@@ -339,8 +337,8 @@ class PostgresTxn final : public StoreTxn {
         "UPDATE idem_records SET recovery_point = $1, "
         "resource_id = CASE WHEN $2 = '' THEN resource_id ELSE $2 END, updated_at = $3 "
         "WHERE scope_hash = $4 AND owner_token = $5 AND fence = $6 AND state = 'PROCESSING'",
-        {std::string(point), std::string(resource_id), ToUnixMillis(clock_.Now()),
-         BytesOf(scope), BytesOf(lease.owner), lease.fence},
+        {std::string(point), std::string(resource_id), ToUnixMillis(clock_.Now()), BytesOf(scope),
+         BytesOf(lease.owner), lease.fence},
         &changed));
     if (changed == 0) return Fenced("advance");
     return Ok();
@@ -348,8 +346,8 @@ class PostgresTxn final : public StoreTxn {
 
   Status Finish(const ScopeHash& scope, const Lease& lease, const Outcome& outcome) override {
     IDEM_CHECK(outcome.state != RecordState::kProcessing);
-    SqlValue response = outcome.sealed_response.empty() ? SqlValue{}
-                                                        : SqlValue{Blob{outcome.sealed_response}};
+    SqlValue response =
+        outcome.sealed_response.empty() ? SqlValue{} : SqlValue{Blob{outcome.sealed_response}};
     int changed = 0;
     IDEM_RETURN_IF_ERROR(conn_->Run(
         "UPDATE idem_records SET state = $1, status_code = $2, response = $3, "
@@ -472,8 +470,7 @@ class PostgresStore final : public Store {
                                    " FROM idem_records WHERE state = 'PROCESSING' AND "
                                    "lease_until < $1 ORDER BY lease_until LIMIT $2";
     return Retrying([&](Connection& c) -> Result<std::vector<Record>> {
-      IDEM_ASSIGN_OR_RETURN(auto rows,
-                            c.Run(sql, {ToUnixMillis(clock_.Now()), int64_t{limit}}));
+      IDEM_ASSIGN_OR_RETURN(auto rows, c.Run(sql, {ToUnixMillis(clock_.Now()), int64_t{limit}}));
       std::vector<Record> records;
       for (const SqlRow& row : rows) {
         IDEM_ASSIGN_OR_RETURN(Record r, RecordFromRow(row));
@@ -520,10 +517,10 @@ class PostgresStore final : public Store {
 
 Status Migrate(Connection& conn, std::string_view component,
                const std::vector<Migration>& migrations, int64_t now_ms) {
-  IDEM_ASSIGN_OR_RETURN(
-      auto rows, conn.Run("SELECT coalesce(max(version), 0)::bigint FROM idem_schema "
-                          "WHERE component = $1",
-                          {std::string(component)}));
+  IDEM_ASSIGN_OR_RETURN(auto rows,
+                        conn.Run("SELECT coalesce(max(version), 0)::bigint FROM idem_schema "
+                                 "WHERE component = $1",
+                                 {std::string(component)}));
   IDEM_ASSIGN_OR_RETURN(int64_t current, SingleInteger(rows, "schema version"));
   int64_t known = 0;
   for (const Migration& m : migrations) known = std::max<int64_t>(known, m.version);
@@ -540,9 +537,9 @@ Status Migrate(Connection& conn, std::string_view component,
                                                    std::to_string(m.version) + ": " +
                                                    s.error().message);
     }
-    IDEM_RETURN_IF_ERROR(conn.Run(
-        "INSERT INTO idem_schema (component, version, applied_at) VALUES ($1, $2, $3)",
-        {std::string(component), int64_t{m.version}, now_ms}));
+    IDEM_RETURN_IF_ERROR(
+        conn.Run("INSERT INTO idem_schema (component, version, applied_at) VALUES ($1, $2, $3)",
+                 {std::string(component), int64_t{m.version}, now_ms}));
   }
   return Ok();
 }

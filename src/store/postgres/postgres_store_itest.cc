@@ -24,14 +24,14 @@ std::string ServerUrl() {
   return url != nullptr ? url : "";
 }
 
-#define REQUIRE_POSTGRES()                                                     \
-  do {                                                                         \
-    if (ServerUrl().empty()) {                                                 \
-      if (std::getenv("IDEM_REQUIRE_SERVICES") != nullptr) {                   \
-        FAIL() << "IDEM_TEST_PG_URL is not set (run through scripts/test)";    \
-      }                                                                        \
-      GTEST_SKIP() << "IDEM_TEST_PG_URL is not set";                           \
-    }                                                                          \
+#define REQUIRE_POSTGRES()                                                  \
+  do {                                                                      \
+    if (ServerUrl().empty()) {                                              \
+      if (std::getenv("IDEM_REQUIRE_SERVICES") != nullptr) {                \
+        FAIL() << "IDEM_TEST_PG_URL is not set (run through scripts/test)"; \
+      }                                                                     \
+      GTEST_SKIP() << "IDEM_TEST_PG_URL is not set";                        \
+    }                                                                       \
   } while (false)
 
 // A schema of its own for every test, so tests share the server but not data.
@@ -59,13 +59,13 @@ StoreFactory PostgresFactory(int pool_size, bool prepared) {
   return StoreFactory{
       std::string("PostgresPool") + std::to_string(pool_size) + (prepared ? "Prepared" : "Plain"),
       [=](StoreTestEnv& env) -> Result<std::unique_ptr<Store>> {
-        if (ServerUrl().empty()) return MakeError(Errc::kUnavailable, "IDEM_TEST_PG_URL is not set");
+        if (ServerUrl().empty())
+          return MakeError(Errc::kUnavailable, "IDEM_TEST_PG_URL is not set");
         auto& schema = (*schemas)[&env];
         if (schema.empty()) schema = FreshSchema();
         return OpenPostgresStore(Options(schema, pool_size, prepared), env.clock, env.random);
       }};
 }
-
 
 INSTANTIATE_TEST_SUITE_P(Postgres, StoreContractTest,
                          ::testing::Values(PostgresFactory(8, true), PostgresFactory(4, false)),
@@ -113,7 +113,8 @@ TEST(PostgresStore, RefusesASchemaNewerThanItKnows) {
   FakeClock clock;
   SeededRandom random(1);
   ASSERT_TRUE(OpenPostgresStore(Options(schema, 1, true), clock, random).has_value());
-  QueryInt("WITH x AS (INSERT INTO " + schema + ".idem_schema VALUES ('idem', 99, 0) RETURNING 1) "
+  QueryInt("WITH x AS (INSERT INTO " + schema +
+           ".idem_schema VALUES ('idem', 99, 0) RETURNING 1) "
            "SELECT count(*) FROM x");
   auto store = OpenPostgresStore(Options(schema, 1, true), clock, random);
   ASSERT_FALSE(store.has_value());
@@ -142,8 +143,9 @@ TEST(PostgresStore, LostConnectionsAreReplaced) {
   ASSERT_TRUE(store.has_value()) << store.error().message;
   const ScopeHash scope = *Scope{"acme", "alice", "r", "lost-conn-key"}.Hash();
   EXPECT_TRUE((*store)->Read(scope).has_value());
-  QueryInt("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE pid <> "
-           "pg_backend_pid() AND datname = current_database()");
+  QueryInt(
+      "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE pid <> "
+      "pg_backend_pid() AND datname = current_database()");
   // Reads retry on a fresh connection.
   auto read = (*store)->Read(scope);
   ASSERT_TRUE(read.has_value()) << read.error().message;
