@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -32,6 +33,7 @@ struct StoreCapabilities {
   std::string name;                      // "sqlite", for logs
   bool shared_across_processes = false;  // several processes may open the same store
   bool durable = false;                  // records survive a restart of the process
+  bool notifications = false;  // SubscribeFinished works, across processes
 };
 
 // What a claim writes for a new (or renewed-by-expiry) record.
@@ -121,10 +123,27 @@ class StoreTxn {
   virtual Status Commit() = 0;
 };
 
+// A live subscription; destroying it stops the notifications.
+class Subscription {
+ public:
+  virtual ~Subscription() = default;
+};
+
 // A Store is safe for concurrent use from many threads without external locking.
 class Store {
  public:
   virtual ~Store() = default;
+
+  // Calls `on_finished(scope)`, from a thread the store owns, whenever any process finishes a
+  // record (StoreTxn::Finish committed), so waiters on other instances wake without polling.
+  // Delivery is best effort (a lost connection loses notifications until it is re-established):
+  // waiters must also poll. Errors: kUnavailable where the backend has no such channel
+  // (capabilities().notifications is false).
+  virtual Result<std::unique_ptr<Subscription>> SubscribeFinished(
+      std::function<void(const ScopeHash&)> on_finished) {
+    (void)on_finished;
+    return MakeError(Errc::kUnavailable, "this store has no completion notifications");
+  }
 
   virtual const StoreCapabilities& capabilities() const = 0;
 

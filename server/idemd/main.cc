@@ -122,6 +122,16 @@ int Run(int argc, char** argv) {
   std::fflush(stdout);
 
   {
+    // Completions on other instances wake this instance's parked requests (PostgreSQL
+    // LISTEN/NOTIFY); parked requests poll as well, so a lost notification only costs latency.
+    std::unique_ptr<Subscription> finished;
+    if ((*store)->capabilities().notifications) {
+      auto subscription = (*store)->SubscribeFinished([&](const ScopeHash& scope) {
+        metrics.CountStoreNotification();
+        (*server)->Notify(ToHex(scope));
+      });
+      if (subscription) finished = std::move(*subscription);
+    }
     Loop sweeper(config->sweep_interval, [&] {
       for (int i = 0; i < 20; ++i) {  // at most 20 batches a round: never hog the write lock
         auto swept = (*store)->Sweep(limits::kSweepBatch);

@@ -70,6 +70,9 @@ std::string Metrics::Render() const {
           fenced_.load());
   counter("idem_redis_fallbacks_total", "Redis errors that fell back to the database path.",
           redis_fallbacks_.load());
+  counter("idem_store_notifications_total",
+          "Completions announced by the store (LISTEN/NOTIFY) that woke waiting requests.",
+          store_notifications_.load());
   return out;
 }
 

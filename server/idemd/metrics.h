@@ -21,6 +21,8 @@ class Metrics {
   void CountTakeover() { ++takeovers_; }
   void CountFenced() { ++fenced_; }
   void CountRedisFallback() { ++redis_fallbacks_; }
+  // A completion announced by the store (another instance, or this one) woke parked requests.
+  void CountStoreNotification() { ++store_notifications_; }
   void CountReconciled(const std::string& result);
 
   std::string Render() const;
@@ -44,6 +46,7 @@ class Metrics {
   std::atomic<uint64_t> takeovers_{0};
   std::atomic<uint64_t> fenced_{0};
   std::atomic<uint64_t> redis_fallbacks_{0};
+  std::atomic<uint64_t> store_notifications_{0};
 };
 
 }  // namespace idem::idemd

@@ -88,6 +88,40 @@ TEST_F(PostgresIdemdTest, ConcurrentDuplicatesChargeOnce) {
   EXPECT_EQ(TotalCharges(), 1);
 }
 
+// A duplicate parked on another instance is woken by the store's notification.
+TEST_F(PostgresIdemdTest, PreferWaitOnAnotherInstanceIsWokenByTheStore) {
+  const std::string config = dir_.File("idemd-b.toml");
+  WriteConfig(config, {.store_url = store_url_});
+  auto b = testing::ChildProcess::Spawn({IDEMD_PATH, "--config", config},
+                                        {{"IDEM_SECRETS", secrets_toml_}}, dir_.path().string(),
+                                        dir_.File("idemd-b.log"));
+  ASSERT_TRUE(b.has_value());
+  auto b_url = b->WaitForLine("idemd listening on ", std::chrono::seconds(10));
+  ASSERT_TRUE(b_url.has_value());
+  const http::Url instance_b = *http::ParseHttpUrl(*b_url);
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // b's listener connects
+
+  Fault(R"({"fault":"slow","delay_ms":700,"times":1})");
+  http::Response first;
+  std::thread executor([&] { first = Pay("pg-wait-key-1", Body("ORD-PGW")); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  http::Request req{"POST", "/v1/payments", {}, Body("ORD-PGW")};
+  req.headers.Set("Authorization", std::string("Bearer ") + kAlice);
+  req.headers.Set("Content-Type", "application/json");
+  req.headers.Set("Idempotency-Key", "pg-wait-key-1");
+  req.headers.Set("Prefer", "wait=10");
+  auto waited = http::Call(instance_b, std::move(req));
+  executor.join();
+  ASSERT_TRUE(waited.has_value());
+  EXPECT_EQ(waited->status, 201);
+  EXPECT_EQ(waited->body, first.body);
+  auto metrics = http::Call(instance_b, http::Request{"GET", "/metrics", {}, {}});
+  ASSERT_TRUE(metrics.has_value());
+  EXPECT_EQ(metrics->body.find("idem_store_notifications_total 0"), std::string::npos)
+      << "instance b heard the completion from instance a";
+  EXPECT_EQ(TotalCharges(), 1);
+}
+
 // Three instances on one database. A client sends new orders, retries and concurrent duplicates
 // round-robin across them while one instance is killed (-9) and restarted. Afterwards: one
 // charge per order, every acknowledged payment is in the table, every replay from every

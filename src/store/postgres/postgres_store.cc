@@ -2,7 +2,9 @@
 // lost connections, optional per-connection prepared statements, binary results, migrations under
 // an advisory lock, SQLSTATE-aware errors.
 #include <libpq-fe.h>
+#include <poll.h>
 
+#include <atomic>
 #include <cstring>
 #include <map>
 #include <thread>
@@ -352,7 +354,9 @@ class PostgresTxn final : public StoreTxn {
     IDEM_RETURN_IF_ERROR(conn_->Run(
         "UPDATE idem_records SET state = $1, status_code = $2, response = $3, "
         "recovery_point = CASE WHEN $4 = '' THEN recovery_point ELSE $4 END, updated_at = $5 "
-        "WHERE scope_hash = $6 AND owner_token = $7 AND fence = $8 AND state = 'PROCESSING'",
+        "WHERE scope_hash = $6 AND owner_token = $7 AND fence = $8 AND state = 'PROCESSING' "
+        // Delivered to listeners when (and only if) the transaction commits.
+        "RETURNING pg_notify('idem_finished', encode(scope_hash, 'hex'))",
         {std::string(RecordStateName(outcome.state)), int64_t{outcome.status_code},
          std::move(response), outcome.recovery_point, ToUnixMillis(clock_.Now()), BytesOf(scope),
          BytesOf(lease.owner), lease.fence},
@@ -423,6 +427,72 @@ class PostgresTxn final : public StoreTxn {
   bool finished_ = false;
 };
 
+// LISTENs on its own connection (not the pool's) on a thread, reconnecting with back-off.
+class FinishedListener final : public Subscription {
+ public:
+  FinishedListener(std::string conninfo, std::function<void(const ScopeHash&)> on_finished)
+      : conninfo_(std::move(conninfo)),
+        on_finished_(std::move(on_finished)),
+        thread_([this] { Run(); }) {}
+  ~FinishedListener() override {
+    stop_ = true;
+    thread_.join();
+  }
+
+ private:
+  void Run() {
+    auto backoff = std::chrono::milliseconds(100);
+    while (!stop_) {
+      PGconn* conn = PQconnectdb(conninfo_.c_str());
+      if (PQstatus(conn) == CONNECTION_OK) {
+        PgResult r(PQexec(conn, "LISTEN idem_finished"));
+        if (PQresultStatus(r.get()) == PGRES_COMMAND_OK) {
+          backoff = std::chrono::milliseconds(100);
+          Listen(conn);
+        }
+      }
+      PQfinish(conn);
+      for (auto waited = std::chrono::milliseconds(0); waited < backoff && !stop_;
+           waited += std::chrono::milliseconds(50)) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      }
+      backoff = std::min(backoff * 2, std::chrono::milliseconds(5000));
+    }
+  }
+
+  // Until stopped or the connection fails.
+  void Listen(PGconn* conn) {
+    while (!stop_) {
+      pollfd p{PQsocket(conn), POLLIN, 0};
+      if (poll(&p, 1, 200) < 0) return;
+      if (PQconsumeInput(conn) == 0) return;
+      while (PGnotify* n = PQnotifies(conn)) {
+        const std::string_view hex = n->extra != nullptr ? n->extra : "";
+        ScopeHash scope{};
+        if (hex.size() == 64) {
+          bool ok = true;
+          for (std::size_t i = 0; i < 32; ++i) {
+            auto nibble = [&](char c) -> int {
+              return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+            };
+            const int hi = nibble(hex[2 * i]), lo = nibble(hex[2 * i + 1]);
+            ok &= hi >= 0 && lo >= 0;
+            scope[i] = static_cast<uint8_t>((hi << 4) | (lo & 0xf));
+          }
+          if (ok) on_finished_(scope);
+        }
+        PQfreemem(n);
+      }
+      if (PQstatus(conn) != CONNECTION_OK) return;
+    }
+  }
+
+  std::string conninfo_;
+  std::function<void(const ScopeHash&)> on_finished_;
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+};
+
 class PostgresStore final : public Store {
  public:
   PostgresStore(std::unique_ptr<Pool> pool, PostgresStoreOptions options, Clock& clock,
@@ -431,9 +501,16 @@ class PostgresStore final : public Store {
     caps_.name = "postgres";
     caps_.shared_across_processes = true;
     caps_.durable = true;
+    caps_.notifications = true;
   }
 
   const StoreCapabilities& capabilities() const override { return caps_; }
+
+  Result<std::unique_ptr<Subscription>> SubscribeFinished(
+      std::function<void(const ScopeHash&)> on_finished) override {
+    return std::unique_ptr<Subscription>(
+        std::make_unique<FinishedListener>(options_.conninfo, std::move(on_finished)));
+  }
 
   Result<std::unique_ptr<StoreTxn>> Begin() override {
     for (int attempt = 0;; ++attempt) {
