@@ -7,6 +7,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <thread>
 
 #include "tests/integration/idemd_fixture.h"
@@ -53,7 +54,7 @@ class RawConnection {
  private:
   int fd_;
   bool connected_ = false;
-  bool closed_ = false;
+  std::atomic<bool> closed_{false};  // read by a sending thread while another reads
 };
 
 TEST_F(IdemdTest, SlowlorisIsCutOffWhileOthersAreServed) {

@@ -3,6 +3,7 @@
 #include <libpq-fe.h>
 
 #include <atomic>
+#include <mutex>
 #include <random>
 #include <thread>
 
@@ -131,8 +132,8 @@ TEST_F(PostgresIdemdTest, ThreeInstancesSurviveAKilledInstance) {
   constexpr int kOrders = 40;
   // Instance 0 is the fixture's; two more share the database (and the provider).
   std::vector<std::optional<testing::ChildProcess>> others(2);
+  std::mutex urls_mu;  // the restarted instance's address changes while clients run
   std::vector<http::Url> urls(3);
-  urls[0] = idemd_url_;
   auto start_other = [&](int i) {
     const std::string config = dir_.File("idemd-" + std::to_string(i) + ".toml");
     WriteConfig(config, {.lease_ms = 2000, .reconcile_interval_ms = 300, .store_url = store_url_});
@@ -144,10 +145,14 @@ TEST_F(PostgresIdemdTest, ThreeInstancesSurviveAKilledInstance) {
     auto url = others[static_cast<std::size_t>(i - 1)]->WaitForLine("idemd listening on ",
                                                                     std::chrono::seconds(10));
     ASSERT_TRUE(url.has_value());
+    std::lock_guard lock(urls_mu);
     urls[static_cast<std::size_t>(i)] = *http::ParseHttpUrl(*url);
   };
   StartIdemd({.lease_ms = 2000, .reconcile_interval_ms = 300, .store_url = store_url_});
-  urls[0] = idemd_url_;
+  {
+    std::lock_guard lock(urls_mu);
+    urls[0] = idemd_url_;
+  }
   start_other(1);
   start_other(2);
   Fault(R"({"fault":"slow","delay_ms":50})");  // every charge takes a moment
@@ -157,21 +162,23 @@ TEST_F(PostgresIdemdTest, ThreeInstancesSurviveAKilledInstance) {
     req.headers.Set("Authorization", std::string("Bearer ") + kAlice);
     req.headers.Set("Content-Type", "application/json");
     req.headers.Set("Idempotency-Key", key);
-    return http::Call(urls[static_cast<std::size_t>(instance)], std::move(req));
+    http::Url url;
+    {
+      std::lock_guard lock(urls_mu);
+      url = urls[static_cast<std::size_t>(instance)];
+    }
+    return http::Call(url, std::move(req));
   };
 
   std::vector<std::string> first_answer(kOrders);
   std::mutex mu;
-  std::atomic<bool> killing{false};
   std::thread chaos([&] {
     std::this_thread::sleep_for(std::chrono::milliseconds(400));
-    killing = true;
     others[0]->Signal(SIGKILL);
     others[0]->Wait(std::chrono::seconds(5));
     others[0].reset();
     std::this_thread::sleep_for(std::chrono::milliseconds(300));
     start_other(1);
-    killing = false;
   });
   std::vector<std::thread> clients;
   for (int c = 0; c < 4; ++c) {
