@@ -11,7 +11,10 @@ std::string FactoryName(const ::testing::TestParamInfo<StoreFactory>& info) {
   return info.param.name;
 }
 
-void StoreContractTest::SetUp() { store_ = Open(); }
+void StoreContractTest::SetUp() {
+  store_ = Open();
+  ASSERT_NE(store_, nullptr) << "the store did not open";
+}
 
 std::unique_ptr<Store> StoreContractTest::Open() {
   auto store = GetParam().open(env_);

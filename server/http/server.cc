@@ -39,14 +39,17 @@ Request FromBeast(bhttp::request<bhttp::string_body>&& in) {
   return out;
 }
 
-bhttp::response<bhttp::string_body> ToBeast(Response&& in, bool keep_alive) {
+// `head`: the answer to a HEAD request carries the headers of the GET answer, no body.
+bhttp::response<bhttp::string_body> ToBeast(Response&& in, bool keep_alive, bool head) {
   bhttp::response<bhttp::string_body> out;
   out.result(static_cast<unsigned>(in.status));
   out.version(11);
   for (auto& [name, value] : in.headers.fields) out.insert(name, value);
-  out.body() = std::move(in.body);
+  const std::size_t length = in.body.size();
+  if (!head) out.body() = std::move(in.body);
   out.keep_alive(keep_alive);
   out.prepare_payload();
+  if (head) out.content_length(length);
   return out;
 }
 
@@ -230,7 +233,8 @@ class ServerImpl final : public Server {
       response.headers.Set("X-Request-Id", request_id);
       const int status = response.status;
       const bool keep = keep_alive && !draining_;
-      const bool written = co_await Write(*conn, std::move(response), keep);
+      const bool written =
+          co_await Write(*conn, std::move(response), keep, request.method == "HEAD");
       if (log_ != nullptr) {
         log_->Write(AccessLog::Entry{
             request_id, request.method, std::string(request.Path()), context.route, context.outcome,
@@ -298,8 +302,9 @@ class ServerImpl final : public Server {
   }
 
   // Writes a response; false if the connection failed.
-  net::awaitable<bool> Write(Connection& conn, Response&& response, bool keep_alive) {
-    auto message = ToBeast(std::move(response), keep_alive);
+  net::awaitable<bool> Write(Connection& conn, Response&& response, bool keep_alive,
+                             bool head = false) {
+    auto message = ToBeast(std::move(response), keep_alive, head);
     conn.stream.expires_after(options_.write_timeout);
     auto [ec, n] = co_await bhttp::async_write(conn.stream, message, kTuple);
     co_return !ec;

@@ -122,6 +122,20 @@ TEST_F(IdemdTest, TwoIdempotencyKeysAreRefused) {
   EXPECT_EQ(TotalCharges(), 0);
 }
 
+TEST_F(IdemdTest, HeadAnswersHeadersWithoutABody) {
+  RawConnection c(idemd_url_.port);
+  ASSERT_TRUE(
+      c.Send("HEAD /healthz HTTP/1.1\r\nHost: x\r\n\r\nGET /healthz HTTP/1.1\r\nHost: x\r\n"
+             "Connection: close\r\n\r\n"));
+  const std::string answers = c.ReadAll(std::chrono::seconds(3));
+  // The HEAD answer announces the GET body's length and sends none: the next bytes are the
+  // GET answer's status line.
+  const std::size_t head_end = answers.find("\r\n\r\n");
+  ASSERT_NE(head_end, std::string::npos);
+  EXPECT_NE(answers.find("Content-Length: 15"), std::string::npos) << answers;
+  EXPECT_EQ(answers.compare(head_end + 4, 12, "HTTP/1.1 200"), 0) << answers;
+}
+
 TEST_F(IdemdTest, KeepAliveServesManyRequestsOnOneConnection) {
   RawConnection c(idemd_url_.port);
   std::string requests;

@@ -133,19 +133,24 @@ TEST(PostgresStore, RejectsBadOptionsAndUnreachableServers) {
   EXPECT_EQ(OpenPostgresStore(nowhere, clock, random).error().code, Errc::kUnavailable);
 }
 
-// A server-side kill of every connection: the pool replaces them, nothing is guessed.
+// A server-side kill of every connection of the store: the pool replaces them, nothing is guessed.
 TEST(PostgresStore, LostConnectionsAreReplaced) {
   REQUIRE_POSTGRES();
   const std::string schema = FreshSchema();
   FakeClock clock;
   SeededRandom random(2);
-  auto store = OpenPostgresStore(Options(schema, 2, true), clock, random);
+  // Only this store's connections are killed (tests run in parallel on the same server).
+  PostgresStoreOptions options = Options(schema, 2, true);
+  options.conninfo += (options.conninfo.find('?') == std::string::npos ? "?" : "&") +
+                      std::string("application_name=") + schema;
+  auto store = OpenPostgresStore(options, clock, random);
   ASSERT_TRUE(store.has_value()) << store.error().message;
   const ScopeHash scope = *Scope{"acme", "alice", "r", "lost-conn-key"}.Hash();
   EXPECT_TRUE((*store)->Read(scope).has_value());
-  QueryInt(
-      "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE pid <> "
-      "pg_backend_pid() AND datname = current_database()");
+  EXPECT_EQ(QueryInt("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE "
+                     "application_name = '" +
+                     schema + "'"),
+            2);
   // Reads retry on a fresh connection.
   auto read = (*store)->Read(scope);
   ASSERT_TRUE(read.has_value()) << read.error().message;
