@@ -44,4 +44,10 @@ class ChildProcess {
 // "http://127.0.0.1:PORT" from "... listening on http://127.0.0.1:PORT".
 uint16_t PortOf(const std::string& url);
 
+// A loopback port that was free a moment ago (for servers that cannot bind port 0 themselves).
+uint16_t FreeLoopbackPort();
+
+// Waits until something accepts TCP connections on 127.0.0.1:port; false on timeout.
+bool WaitForPort(uint16_t port, std::chrono::milliseconds timeout);
+
 }  // namespace idem::testing

@@ -12,6 +12,7 @@
 
 #include "include/idem/engine.h"
 #include "include/idem/failpoint.h"
+#include "include/idem/store/redis.h"
 #include "server/http/server.h"
 #include "server/idemd/config.h"
 #include "server/idemd/filter.h"
@@ -77,9 +78,6 @@ int Run(int argc, char** argv) {
   if (config_path.empty()) return Fail("--config FILE is required (see config/idemd.dev.toml)");
   auto config = LoadConfig(config_path, overrides);
   if (!config) return Fail(config.error().message);
-  if (!config->redis_url.empty()) {
-    std::fprintf(stderr, "idemd: --redis is not supported by this build yet; ignoring it\n");
-  }
 
   // Signals are taken by this thread only, through sigwait; every other thread blocks them.
   http::BlockStopSignals();
@@ -94,6 +92,16 @@ int Run(int argc, char** argv) {
   auto store = OpenStoreUrl(config->store_url, config->store_pool_size, "payments",
                             PaymentsMigrations(), config->store_prepared_statements);
   if (!store) return Fail("store: " + store.error().message);
+  Metrics metrics;
+  if (!config->redis_url.empty()) {
+    // Replays served from an in-process LRU and Redis; the database still decides (redis.h).
+    RedisCacheOptions cache;
+    cache.url = config->redis_url;
+    cache.on_fallback = [&metrics] { metrics.CountRedisFallback(); };
+    auto wrapped = WrapWithRedisCache(std::move(*store), cache, SystemClock());
+    if (!wrapped) return Fail("redis: " + wrapped.error().message);
+    store = std::move(wrapped);
+  }
   auto fingerprinter = Fingerprinter::Create(config->secrets.hmac, config->secrets.hmac_current);
   if (!fingerprinter) return Fail("secrets: " + fingerprinter.error().message);
   auto sealer = Sealer::Create(config->secrets.seal, config->secrets.seal_current, SystemRandom());
@@ -101,7 +109,6 @@ int Run(int argc, char** argv) {
   auto provider = MakeHttpProvider(config->provider_url, config->provider_timeout);
   if (!provider) return Fail("provider: " + provider.error().message);
 
-  Metrics metrics;
   Engine engine(**store, **fingerprinter, **sealer, SystemClock());
   KeyPolicy keys;
   keys.min_length = config->key_min_length;

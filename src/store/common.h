@@ -24,8 +24,13 @@ class Pool {
  public:
   using Factory = std::function<Result<std::unique_ptr<Conn>>()>;
 
-  Pool(std::string name, std::vector<std::unique_ptr<Conn>> conns, Factory factory = {})
-      : name_(std::move(name)), idle_(std::move(conns)), factory_(std::move(factory)) {}
+  // `conns` are ready; `lazy` more are made by `factory` when first needed.
+  Pool(std::string name, std::vector<std::unique_ptr<Conn>> conns, Factory factory = {},
+       int lazy = 0)
+      : name_(std::move(name)),
+        missing_(lazy),
+        idle_(std::move(conns)),
+        factory_(std::move(factory)) {}
 
   // Errors: kUnavailable when none is free within `wait`, or a new one cannot be made.
   Result<Conn*> Acquire(Millis wait) {

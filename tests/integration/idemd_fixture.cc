@@ -36,6 +36,7 @@ void IdemdTest::WriteConfig(const std::string& config, const IdemdOptions& optio
       << "[idempotency]\nlease_ms = " << options.lease_ms
       << "\nreconcile_interval_ms = " << options.reconcile_interval_ms << "\n"
       << options.extra_idempotency << "\n"
+      << (options.redis_url.empty() ? "" : "[redis]\nurl = \"" + options.redis_url + "\"\n")
       << "[[principals]]\napi_key_sha256 = "
          "\"86f71c9cb79152ae8c4aff86cd48dbfc35eee594762141f8f00ece58705547e5\"\n"
          "tenant = \"acme\"\nuser = \"alice\"\n"

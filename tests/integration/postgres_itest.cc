@@ -128,18 +128,40 @@ TEST_F(PostgresIdemdTest, PreferWaitOnAnotherInstanceIsWokenByTheStore) {
 // charge per order, every acknowledged payment is in the table, every replay from every
 // instance is byte-identical to the first answer, and nothing stays PROCESSING once the
 // reconcilers have run.
-TEST_F(PostgresIdemdTest, ThreeInstancesSurviveAKilledInstance) {
+enum class RedisMode { kNone, kRestarted, kDown };
+
+void ThreeInstances(PostgresIdemdTest& t, RedisMode mode) {
   constexpr int kOrders = 40;
+  // With Redis: an instance of this test's own, so it can be restarted mid-run.
+  const uint16_t redis_port = testing::FreeLoopbackPort();
+  std::optional<testing::ChildProcess> redis;
+  auto start_redis = [&] {
+    auto p = testing::ChildProcess::Spawn(
+        {"/usr/bin/redis-server", "--bind", "127.0.0.1", "--port", std::to_string(redis_port),
+         "--save", "", "--appendonly", "no"},
+        {}, t.dir_.path().string(), t.dir_.File("redis.log"));
+    ASSERT_TRUE(p.has_value());
+    redis.emplace(std::move(*p));
+    ASSERT_TRUE(testing::WaitForPort(redis_port, std::chrono::seconds(10)));
+  };
+  if (mode == RedisMode::kRestarted) start_redis();
+  const std::string redis_url = mode == RedisMode::kNone ? ""
+                                : mode == RedisMode::kDown
+                                    ? "redis://127.0.0.1:1"
+                                    : "redis://127.0.0.1:" + std::to_string(redis_port);
   // Instance 0 is the fixture's; two more share the database (and the provider).
   std::vector<std::optional<testing::ChildProcess>> others(2);
   std::mutex urls_mu;  // the restarted instance's address changes while clients run
   std::vector<http::Url> urls(3);
   auto start_other = [&](int i) {
-    const std::string config = dir_.File("idemd-" + std::to_string(i) + ".toml");
-    WriteConfig(config, {.lease_ms = 2000, .reconcile_interval_ms = 300, .store_url = store_url_});
-    auto p = testing::ChildProcess::Spawn({IDEMD_PATH, "--config", config},
-                                          {{"IDEM_SECRETS", secrets_toml_}}, dir_.path().string(),
-                                          dir_.File("idemd-" + std::to_string(i) + ".log"));
+    const std::string config = t.dir_.File("idemd-" + std::to_string(i) + ".toml");
+    t.WriteConfig(config, {.lease_ms = 2000,
+                           .reconcile_interval_ms = 300,
+                           .store_url = t.store_url_,
+                           .redis_url = redis_url});
+    auto p = testing::ChildProcess::Spawn(
+        {IDEMD_PATH, "--config", config}, {{"IDEM_SECRETS", t.secrets_toml_}},
+        t.dir_.path().string(), t.dir_.File("idemd-" + std::to_string(i) + ".log"));
     ASSERT_TRUE(p.has_value());
     others[static_cast<std::size_t>(i - 1)].emplace(std::move(*p));
     auto url = others[static_cast<std::size_t>(i - 1)]->WaitForLine("idemd listening on ",
@@ -148,14 +170,17 @@ TEST_F(PostgresIdemdTest, ThreeInstancesSurviveAKilledInstance) {
     std::lock_guard lock(urls_mu);
     urls[static_cast<std::size_t>(i)] = *http::ParseHttpUrl(*url);
   };
-  StartIdemd({.lease_ms = 2000, .reconcile_interval_ms = 300, .store_url = store_url_});
+  t.StartIdemd({.lease_ms = 2000,
+                .reconcile_interval_ms = 300,
+                .store_url = t.store_url_,
+                .redis_url = redis_url});
   {
     std::lock_guard lock(urls_mu);
-    urls[0] = idemd_url_;
+    urls[0] = t.idemd_url_;
   }
   start_other(1);
   start_other(2);
-  Fault(R"({"fault":"slow","delay_ms":50})");  // every charge takes a moment
+  t.Fault(R"({"fault":"slow","delay_ms":50})");  // every charge takes a moment
 
   auto pay_at = [&](int instance, const std::string& key, const std::string& body) {
     http::Request req{"POST", "/v1/payments", {}, body};
@@ -179,13 +204,20 @@ TEST_F(PostgresIdemdTest, ThreeInstancesSurviveAKilledInstance) {
     others[0].reset();
     std::this_thread::sleep_for(std::chrono::milliseconds(300));
     start_other(1);
+    if (mode == RedisMode::kRestarted) {  // and Redis goes away and comes back, empty
+      redis->Signal(SIGKILL);
+      redis->Wait(std::chrono::seconds(5));
+      redis.reset();
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      start_redis();
+    }
   });
   std::vector<std::thread> clients;
   for (int c = 0; c < 4; ++c) {
     clients.emplace_back([&, c] {
       for (int o = c; o < kOrders; o += 4) {
         const std::string key = "multi-key-" + std::to_string(o);
-        const std::string body = Body("ORD-M" + std::to_string(o));
+        const std::string body = IdemdTest::Body("ORD-M" + std::to_string(o));
         // Two concurrent copies on two instances, then retries until a final answer.
         std::thread twin([&, o] { (void)pay_at((o + 1) % 3, key, body); });
         for (int attempt = 0; attempt < 200; ++attempt) {
@@ -203,38 +235,62 @@ TEST_F(PostgresIdemdTest, ThreeInstancesSurviveAKilledInstance) {
       }
     });
   }
-  for (auto& t : clients) t.join();
+  for (auto& client : clients) client.join();
   chaos.join();
-  Fault(R"({"fault":"none"})");
+  t.Fault(R"({"fault":"none"})");
 
   // Exactly one charge per order, and every acknowledged payment is in the table.
-  auto stats = http::Call(provider_url_, http::Request{"GET", "/admin/stats", {}, {}});
+  auto stats = http::Call(t.provider_url_, http::Request{"GET", "/admin/stats", {}, {}});
   ASSERT_TRUE(stats.has_value());
-  json::object by_ref = ParseObject(stats->body)["charges_by_reference"].as_object();
+  json::object by_ref = t.ParseObject(stats->body)["charges_by_reference"].as_object();
   EXPECT_EQ(by_ref.size(), static_cast<std::size_t>(kOrders));
   for (const auto& kv : by_ref) EXPECT_EQ(kv.value().as_int64(), 1) << kv.key();
   for (int o = 0; o < kOrders; ++o) {
     const std::string& answer = first_answer[static_cast<std::size_t>(o)];
     ASSERT_FALSE(answer.empty()) << "order " << o << " never got a final answer";
-    const std::string id = std::string(ParseObject(answer)["id"].as_string());
-    EXPECT_EQ(Sql("SELECT status FROM " + schema_ + ".payments WHERE id = '" + id + "'"),
+    const std::string id = std::string(t.ParseObject(answer)["id"].as_string());
+    EXPECT_EQ(Sql("SELECT status FROM " + t.schema_ + ".payments WHERE id = '" + id + "'"),
               "succeeded");
     // Replays from every instance are byte-identical to the first answer.
     for (int i = 0; i < 3; ++i) {
-      auto r = pay_at(i, "multi-key-" + std::to_string(o), Body("ORD-M" + std::to_string(o)));
+      auto r =
+          pay_at(i, "multi-key-" + std::to_string(o), IdemdTest::Body("ORD-M" + std::to_string(o)));
       ASSERT_TRUE(r.has_value());
       EXPECT_EQ(r->body, answer) << "instance " << i << " order " << o;
     }
+  }
+  if (mode == RedisMode::kRestarted) {
+    // The replays above went through the cache: the restarted Redis holds records again.
+    const std::string command = "redis-cli -p " + std::to_string(redis_port) + " DBSIZE";
+    FILE* pipe = popen(command.c_str(), "r");
+    ASSERT_NE(pipe, nullptr);
+    char line[64] = {0};
+    const bool read = std::fgets(line, sizeof line, pipe) != nullptr;
+    pclose(pipe);
+    ASSERT_TRUE(read);
+    EXPECT_GT(std::atoi(line), 0) << "no record was cached in Redis";
   }
   // The reconcilers leave nothing PROCESSING.
   std::string processing;
   for (int i = 0; i < 50; ++i) {
     processing =
-        Sql("SELECT count(*) FROM " + schema_ + ".idem_records WHERE state = 'PROCESSING'");
+        Sql("SELECT count(*) FROM " + t.schema_ + ".idem_records WHERE state = 'PROCESSING'");
     if (processing == "0") break;
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
   }
   EXPECT_EQ(processing, "0");
+}
+
+TEST_F(PostgresIdemdTest, ThreeInstancesSurviveAKilledInstance) {
+  ThreeInstances(*this, RedisMode::kNone);
+}
+
+TEST_F(PostgresIdemdTest, ThreeInstancesWithRedisRestartedMidRun) {
+  ThreeInstances(*this, RedisMode::kRestarted);
+}
+
+TEST_F(PostgresIdemdTest, ThreeInstancesWithRedisDownThroughout) {
+  ThreeInstances(*this, RedisMode::kDown);
 }
 
 }  // namespace

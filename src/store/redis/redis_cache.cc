@@ -1,0 +1,338 @@
+// src/store/redis/redis_cache.cc — the replay cache decorator (see redis.h for the rule that keeps
+// it from ever overriding the database).
+#include <hiredis/hiredis.h>
+
+#include <atomic>
+#include <chrono>
+#include <list>
+#include <mutex>
+#include <unordered_map>
+
+#include "include/idem/store/redis.h"
+#include "src/store/common.h"
+
+namespace idem {
+namespace {
+
+// ---- Record encoding for the cache ----------------------------------------------------------
+
+void Put(std::string& out, std::string_view s) {
+  const auto n = static_cast<uint32_t>(s.size());
+  for (int shift = 24; shift >= 0; shift -= 8) out.push_back(static_cast<char>(n >> shift));
+  out.append(s);
+}
+void PutInt(std::string& out, int64_t v) { Put(out, std::to_string(v)); }
+
+class Reader {
+ public:
+  explicit Reader(std::string_view in) : in_(in) {}
+  bool Get(std::string* s) {
+    if (in_.size() < 4) return false;
+    uint32_t n = 0;
+    for (int i = 0; i < 4; ++i) n = (n << 8) | static_cast<uint8_t>(in_[static_cast<size_t>(i)]);
+    in_.remove_prefix(4);
+    if (in_.size() < n) return false;
+    s->assign(in_.substr(0, n));
+    in_.remove_prefix(n);
+    return true;
+  }
+  bool GetInt(int64_t* v) {
+    std::string s;
+    if (!Get(&s) || s.empty() || s.size() > 20) return false;
+    char* end = nullptr;
+    *v = std::strtoll(s.c_str(), &end, 10);
+    return *end == '\0';
+  }
+  template <std::size_t N>
+  bool GetBytes(std::array<uint8_t, N>* out) {
+    std::string s;
+    if (!Get(&s) || s.size() != N) return false;
+    std::copy(s.begin(), s.end(), out->begin());
+    return true;
+  }
+  bool done() const { return in_.empty(); }
+
+ private:
+  std::string_view in_;
+};
+
+constexpr std::string_view kFormat = "r1";
+
+std::string EncodeRecord(const Record& r) {
+  std::string out;
+  Put(out, kFormat);
+  Put(out, std::string_view(reinterpret_cast<const char*>(r.scope.data()), r.scope.size()));
+  Put(out, r.tenant);
+  Put(out, r.user);
+  Put(out, r.route);
+  Put(out, std::string_view(reinterpret_cast<const char*>(r.fingerprint.mac.data()), 32));
+  PutInt(out, r.fingerprint.rules_version);
+  PutInt(out, r.fingerprint.secret_id);
+  PutInt(out, static_cast<int64_t>(r.state));
+  Put(out, r.recovery_point);
+  Put(out, r.resource_id);
+  PutInt(out, r.status_code);
+  Put(out, r.response);
+  Put(out, std::string_view(reinterpret_cast<const char*>(r.lease.owner.data()), 16));
+  PutInt(out, r.lease.fence);
+  PutInt(out, ToUnixMillis(r.lease.until));
+  PutInt(out, ToUnixMillis(r.created_at));
+  PutInt(out, ToUnixMillis(r.updated_at));
+  PutInt(out, ToUnixMillis(r.expires_at));
+  return out;
+}
+
+std::optional<Record> DecodeRecord(std::string_view bytes) {
+  Reader in(bytes);
+  Record r;
+  std::string format;
+  int64_t rules, secret, state, status, fence, until, created, updated, expires;
+  if (!in.Get(&format) || format != kFormat || !in.GetBytes(&r.scope) || !in.Get(&r.tenant) ||
+      !in.Get(&r.user) || !in.Get(&r.route) || !in.GetBytes(&r.fingerprint.mac) ||
+      !in.GetInt(&rules) || !in.GetInt(&secret) || !in.GetInt(&state) ||
+      !in.Get(&r.recovery_point) || !in.Get(&r.resource_id) || !in.GetInt(&status) ||
+      !in.Get(&r.response) || !in.GetBytes(&r.lease.owner) || !in.GetInt(&fence) ||
+      !in.GetInt(&until) || !in.GetInt(&created) || !in.GetInt(&updated) || !in.GetInt(&expires) ||
+      !in.done()) {
+    return std::nullopt;
+  }
+  if (state < 1 || state > 4) return std::nullopt;
+  r.fingerprint.rules_version = static_cast<uint32_t>(rules);
+  r.fingerprint.secret_id = static_cast<uint32_t>(secret);
+  r.state = static_cast<RecordState>(state);
+  r.status_code = static_cast<int>(status);
+  r.lease.fence = fence;
+  r.lease.until = FromUnixMillis(until);
+  r.created_at = FromUnixMillis(created);
+  r.updated_at = FromUnixMillis(updated);
+  r.expires_at = FromUnixMillis(expires);
+  return r;
+}
+
+// ---- Redis connections ----------------------------------------------------------------------
+
+struct RedisFree {
+  void operator()(redisContext* c) const { redisFree(c); }
+};
+struct ReplyFree {
+  void operator()(redisReply* r) const { freeReplyObject(r); }
+};
+using Reply = std::unique_ptr<redisReply, ReplyFree>;
+
+class RedisConn {
+ public:
+  explicit RedisConn(redisContext* c) : ctx_(c) {}
+  bool broken() const { return ctx_->err != 0; }
+  // A command with binary-safe arguments; nullptr on any failure (then the connection is
+  // broken and the pool replaces it).
+  Reply Command(const std::vector<std::string_view>& args) {
+    std::vector<const char*> argv;
+    std::vector<std::size_t> lens;
+    for (std::string_view a : args) {
+      argv.push_back(a.data());
+      lens.push_back(a.size());
+    }
+    void* r = redisCommandArgv(ctx_.get(), static_cast<int>(args.size()), argv.data(), lens.data());
+    Reply reply(static_cast<redisReply*>(r));
+    if (!reply || reply->type == REDIS_REPLY_ERROR) return nullptr;
+    return reply;
+  }
+
+ private:
+  std::unique_ptr<redisContext, RedisFree> ctx_;
+};
+
+struct Endpoint {
+  std::string host;
+  int port = 6379;
+};
+
+Result<Endpoint> ParseRedisUrl(const std::string& url) {
+  constexpr std::string_view kScheme = "redis://";
+  if (url.rfind(kScheme, 0) != 0) {
+    return MakeError(Errc::kInvalidArgument, "redis URL must look like redis://host:port");
+  }
+  std::string rest = url.substr(kScheme.size());
+  rest = rest.substr(0, rest.find('/'));
+  Endpoint e;
+  const std::size_t colon = rest.rfind(':');
+  e.host = rest.substr(0, colon);
+  if (colon != std::string::npos) {
+    const std::string port = rest.substr(colon + 1);
+    if (port.empty() || port.find_first_not_of("0123456789") != std::string::npos ||
+        port.size() > 5) {
+      return MakeError(Errc::kInvalidArgument, "bad port in redis URL '" + url + "'");
+    }
+    e.port = std::stoi(port);
+  }
+  if (e.host.empty()) return MakeError(Errc::kInvalidArgument, "no host in redis URL");
+  return e;
+}
+
+// ---- In-process LRU -------------------------------------------------------------------------
+
+class Lru {
+ public:
+  explicit Lru(std::size_t capacity) : capacity_(capacity) {}
+  std::optional<Record> Get(const ScopeHash& scope) {
+    if (capacity_ == 0) return std::nullopt;
+    std::lock_guard lock(mu_);
+    auto it = index_.find(Key(scope));
+    if (it == index_.end()) return std::nullopt;
+    order_.splice(order_.begin(), order_, it->second);
+    return it->second->second;
+  }
+  void Put(const Record& record) {
+    if (capacity_ == 0) return;
+    std::lock_guard lock(mu_);
+    const std::string key = Key(record.scope);
+    if (auto it = index_.find(key); it != index_.end()) order_.erase(it->second);
+    order_.emplace_front(key, record);
+    index_[key] = order_.begin();
+    while (order_.size() > capacity_) {
+      index_.erase(order_.back().first);
+      order_.pop_back();
+    }
+  }
+
+ private:
+  static std::string Key(const ScopeHash& s) {
+    return std::string(reinterpret_cast<const char*>(s.data()), s.size());
+  }
+  std::size_t capacity_;
+  std::mutex mu_;
+  std::list<std::pair<std::string, Record>> order_;
+  std::unordered_map<std::string, std::list<std::pair<std::string, Record>>::iterator> index_;
+};
+
+// ---- The decorator --------------------------------------------------------------------------
+
+class RedisCachedStore final : public Store {
+ public:
+  RedisCachedStore(std::unique_ptr<Store> inner, RedisCacheOptions options, Endpoint endpoint,
+                   Clock& clock)
+      : inner_(std::move(inner)),
+        options_(std::move(options)),
+        clock_(clock),
+        lru_(options_.lru_entries),
+        pool_(
+            "redis", {},
+            [endpoint, timeout = options_.timeout]() { return Connect(endpoint, timeout); },
+            options_.pool_size) {
+    caps_ = inner_->capabilities();
+    caps_.name = "redis+" + caps_.name;
+  }
+
+  const StoreCapabilities& capabilities() const override { return caps_; }
+
+  Result<std::optional<Record>> Read(const ScopeHash& scope) override {
+    const Timestamp now = clock_.Now();
+    if (auto hit = lru_.Get(scope); hit && Usable(*hit, now)) return hit;
+    const std::string key = options_.key_prefix + ToHex(scope);
+    if (auto cached = FromRedis(key); cached && Usable(*cached, now)) {
+      lru_.Put(*cached);
+      return cached;
+    }
+    IDEM_ASSIGN_OR_RETURN(std::optional<Record> record, inner_->Read(scope));
+    if (record && Usable(*record, now)) {
+      lru_.Put(*record);
+      ToRedis(key, *record, now);
+    }
+    return record;
+  }
+
+  Result<std::unique_ptr<StoreTxn>> Begin() override { return inner_->Begin(); }
+  Result<std::vector<SqlRow>> Query(std::string_view sql,
+                                    const std::vector<SqlValue>& params) override {
+    return inner_->Query(sql, params);
+  }
+  Result<std::vector<Record>> ListStale(int limit) override { return inner_->ListStale(limit); }
+  Result<int> Sweep(int batch) override { return inner_->Sweep(batch); }
+  Result<std::unique_ptr<Subscription>> SubscribeFinished(
+      std::function<void(const ScopeHash&)> on_finished) override {
+    return inner_->SubscribeFinished(std::move(on_finished));
+  }
+
+ private:
+  // The rule: only finished records, only before their expiry by the store's clock.
+  static bool Usable(const Record& r, Timestamp now) {
+    return IsReplayable(r.state) && r.expires_at > now;
+  }
+
+  static Result<std::unique_ptr<RedisConn>> Connect(const Endpoint& e, Millis timeout) {
+    timeval tv{static_cast<time_t>(timeout.count() / 1000),
+               static_cast<suseconds_t>((timeout.count() % 1000) * 1000)};
+    redisContext* c = redisConnectWithTimeout(e.host.c_str(), e.port, tv);
+    if (c == nullptr || c->err != 0) {
+      const std::string why = c ? c->errstr : "out of memory";
+      if (c) redisFree(c);
+      return MakeError(Errc::kUnavailable, "redis connect: " + why);
+    }
+    redisSetTimeout(c, tv);
+    return std::make_unique<RedisConn>(c);
+  }
+
+  // After a failure Redis is left alone for a second: a Redis that is down or slow must not add
+  // its timeout to every request.
+  void Fallback() {
+    if (options_.on_fallback) options_.on_fallback();
+    resting_until_ms_ = SteadyMs() + 1000;
+  }
+  bool Resting() const { return SteadyMs() < resting_until_ms_.load(); }
+  static int64_t SteadyMs() {
+    return std::chrono::duration_cast<std::chrono::milliseconds>(
+               std::chrono::steady_clock::now().time_since_epoch())
+        .count();
+  }
+
+  std::optional<Record> FromRedis(const std::string& key) {
+    if (Resting()) return std::nullopt;
+    auto conn = store_internal::Borrow(pool_, options_.timeout);
+    if (!conn) {
+      Fallback();
+      return std::nullopt;
+    }
+    Reply reply = (*conn)->Command({"GET", key});
+    if (!reply) {
+      Fallback();
+      return std::nullopt;
+    }
+    if (reply->type != REDIS_REPLY_STRING) return std::nullopt;  // a miss
+    return DecodeRecord(std::string_view(reply->str, reply->len));
+  }
+
+  void ToRedis(const std::string& key, const Record& r, Timestamp now) {
+    const int64_t ttl_ms = ToUnixMillis(r.expires_at) - ToUnixMillis(now);
+    if (ttl_ms <= 0 || Resting()) return;
+    auto conn = store_internal::Borrow(pool_, options_.timeout);
+    if (!conn) {
+      Fallback();
+      return;
+    }
+    const std::string value = EncodeRecord(r);
+    const std::string ttl = std::to_string(ttl_ms);
+    if (!(*conn)->Command({"SET", key, value, "PX", ttl})) Fallback();
+  }
+
+  std::unique_ptr<Store> inner_;
+  RedisCacheOptions options_;
+  Clock& clock_;
+  Lru lru_;
+  store_internal::Pool<RedisConn> pool_;
+  StoreCapabilities caps_;
+  std::atomic<int64_t> resting_until_ms_{0};
+};
+
+}  // namespace
+
+Result<std::unique_ptr<Store>> WrapWithRedisCache(std::unique_ptr<Store> inner,
+                                                  const RedisCacheOptions& options, Clock& clock) {
+  IDEM_ASSIGN_OR_RETURN(Endpoint endpoint, ParseRedisUrl(options.url));
+  if (options.pool_size < 1 || options.pool_size > 256) {
+    return MakeError(Errc::kInvalidArgument, "redis: pool_size must be 1..256");
+  }
+  return std::unique_ptr<Store>(
+      std::make_unique<RedisCachedStore>(std::move(inner), options, std::move(endpoint), clock));
+}
+
+}  // namespace idem
