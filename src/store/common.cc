@@ -55,6 +55,16 @@ Result<int64_t> SingleInteger(const std::vector<SqlRow>& rows, const char* what)
   return MakeError(Errc::kDataLoss, std::string(what) + ": expected one integer");
 }
 
+Result<Record> ReclaimResult(int changed, std::optional<Record> current) {
+  if (!current) return MakeError(Errc::kNotFound, "reclaim: record is gone");
+  if (changed == 0) {
+    return MakeError(Errc::kConflict, "reclaim: record moved on (fence " +
+                                          std::to_string(current->lease.fence) + ", state " +
+                                          std::string(RecordStateName(current->state)) + ")");
+  }
+  return std::move(*current);
+}
+
 Record NewRecord(const ClaimSpec& spec, Timestamp now, int64_t fence, Random& random) {
   Record r;
   r.scope = spec.scope;

@@ -7,6 +7,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -128,6 +129,10 @@ Blob BytesOf(const std::array<uint8_t, N>& a) {
 
 // A fresh PROCESSING record for `spec` at `now` with `fence` and a new owner token.
 Record NewRecord(const ClaimSpec& spec, Timestamp now, int64_t fence, Random& random);
+
+// What Reclaim returns, from the rows its conditional updates changed and the record as it is
+// now: the record when one changed; kNotFound when it is gone; kConflict when it moved on.
+Result<Record> ReclaimResult(int changed, std::optional<Record> current);
 
 inline Error Fenced(const char* op) {
   return MakeError(Errc::kFenced,

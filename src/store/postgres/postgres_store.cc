@@ -308,13 +308,7 @@ class PostgresTxn final : public StoreTxn {
                      &changed));
     }
     IDEM_ASSIGN_OR_RETURN(auto current, GetRecord(*conn_, spec.scope));
-    if (!current) return MakeError(Errc::kNotFound, "reclaim: record is gone");
-    if (changed == 0) {
-      return MakeError(Errc::kConflict, "reclaim: record moved on (fence " +
-                                            std::to_string(current->lease.fence) + ", state " +
-                                            std::string(RecordStateName(current->state)) + ")");
-    }
-    return std::move(*current);
+    return store_internal::ReclaimResult(changed, std::move(current));
   }
 
   Result<Lease> Renew(const ScopeHash& scope, const Lease& lease, Millis ttl) override {
