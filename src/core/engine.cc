@@ -1,10 +1,12 @@
 // src/core/engine.cc — the protocol steps of docs/design.md over the Store interface.
 #include "include/idem/engine.h"
 
-#include "include/idem/failpoint.h"
+#include <openssl/crypto.h>
 
 #include <algorithm>
 #include <exception>
+
+#include "include/idem/failpoint.h"
 
 namespace idem {
 
@@ -93,7 +95,30 @@ Result<Decision> Engine::Start(const RoutePolicy& policy, const Request& request
                  fingerprinter_.Sign(canonical),
                  policy.lease,
                  policy.retention};
-  return ClaimInTxn(policy, request, spec, canonical, std::move(decision), on_claim);
+
+  // A fast path may turn an obvious concurrent duplicate away before the database: same
+  // fingerprint, live marker → a retryable "in progress". Anything else goes to the database.
+  const Timestamp now = clock_.Now();
+  const InFlight mine{spec.fingerprint, now + policy.lease, now + policy.retention};
+  if (std::optional<InFlight> other = store_.Preclaim(hash, mine, policy.lease)) {
+    const bool same_request =
+        other->fingerprint.secret_id == spec.fingerprint.secret_id &&
+        other->fingerprint.rules_version == spec.fingerprint.rules_version &&
+        CRYPTO_memcmp(other->fingerprint.mac.data(), spec.fingerprint.mac.data(), 32) == 0;
+    if (same_request && other->lease_until > now) {
+      decision.kind = Decision::Kind::kInProgress;
+      decision.retry_after =
+          std::clamp(std::chrono::duration_cast<Millis>(other->lease_until - now), Millis(1),
+                     policy.retry_after);
+      decision.key_expires = other->expires_at;
+      decision.record.scope = hash;
+      return decision;
+    }
+  }
+  auto decided = ClaimInTxn(policy, request, spec, canonical, std::move(decision), on_claim);
+  // Only an execution keeps the marker; every other outcome lets later requests through.
+  if (!decided || decided->kind != Decision::Kind::kExecute) store_.ReleasePreclaim(hash);
+  return decided;
 }
 
 Result<Decision> Engine::ClaimInTxn(const RoutePolicy& policy, const Request& request,
@@ -195,13 +220,14 @@ Status Engine::Release(Ticket& ticket) {
   IDEM_ASSIGN_OR_RETURN(std::unique_ptr<StoreTxn> txn, store_.Begin());
   IDEM_ASSIGN_OR_RETURN(Lease released, txn->Renew(ticket.scope, ticket.lease, Millis(0)));
   IDEM_RETURN_IF_ERROR(txn->Commit());
+  store_.ReleasePreclaim(ticket.scope);  // the next attempt must reach the database
   ticket.lease = released;
   ticket.record.lease = released;
   return Ok();
 }
 
 Result<Ticket> Engine::TakeOver(const RoutePolicy& policy, const Record& stale) {
-  ClaimSpec spec{stale.scope,       stale.tenant,  stale.user, stale.route,
+  ClaimSpec spec{stale.scope,       stale.tenant, stale.user,      stale.route,
                  stale.fingerprint, policy.lease, policy.retention};
   IDEM_ASSIGN_OR_RETURN(std::unique_ptr<StoreTxn> txn, store_.Begin());
   IDEM_ASSIGN_OR_RETURN(Record record, txn->Reclaim(spec, stale.lease.fence));
@@ -227,7 +253,9 @@ Status Engine::Finish(const Ticket& ticket, RecordState state, const StoredRespo
   if (business) IDEM_RETURN_IF_ERROR(RunHook(business, *txn, ticket.record));
   IDEM_RETURN_IF_ERROR(IDEM_FAILPOINT("before_complete_commit"));
   IDEM_RETURN_IF_ERROR(txn->Commit());
-  return IDEM_FAILPOINT("after_complete_commit");
+  IDEM_RETURN_IF_ERROR(IDEM_FAILPOINT("after_complete_commit"));
+  store_.ReleasePreclaim(ticket.scope);
+  return Ok();
 }
 
 }  // namespace idem

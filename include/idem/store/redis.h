@@ -1,11 +1,14 @@
 // include/idem/store/redis.h — an optional accelerator in front of a Store: replays of finished
-// operations are served from an in-process LRU and from Redis instead of the database.
+// operations are served from an in-process LRU and from Redis instead of the database, and
+// concurrent duplicates of a running operation are turned away (a retryable 409) by a
+// SET NX PX marker before they reach the database.
 //
 // The database decides. Only finished records (SUCCEEDED, FAILED_FINAL) are cached, and a cached
 // record is used only while its expires_at is in the future by the store's clock: until then the
 // database record cannot change (finished records are immutable until they expire), and after it
 // the cache entry is ignored whatever Redis still holds. Every Redis error or timeout falls back
-// to the database. Transactions, claims and everything else pass straight through.
+// to the database. The in-flight marker is a hint only: it may make a duplicate wait and retry,
+// never give it a final answer. Transactions, claims and everything else pass straight through.
 #pragma once
 
 #include <functional>

@@ -109,6 +109,34 @@ std::optional<Record> DecodeRecord(std::string_view bytes) {
   return r;
 }
 
+std::string EncodeMarker(const InFlight& m) {
+  std::string out;
+  Put(out, "m1");
+  Put(out, std::string_view(reinterpret_cast<const char*>(m.fingerprint.mac.data()), 32));
+  PutInt(out, m.fingerprint.rules_version);
+  PutInt(out, m.fingerprint.secret_id);
+  PutInt(out, ToUnixMillis(m.lease_until));
+  PutInt(out, ToUnixMillis(m.expires_at));
+  return out;
+}
+
+std::optional<InFlight> DecodeMarker(std::string_view bytes) {
+  Reader in(bytes);
+  InFlight m;
+  std::string format;
+  int64_t rules, secret, lease, expires;
+  if (!in.Get(&format) || format != "m1" || !in.GetBytes(&m.fingerprint.mac) ||
+      !in.GetInt(&rules) || !in.GetInt(&secret) || !in.GetInt(&lease) || !in.GetInt(&expires) ||
+      !in.done()) {
+    return std::nullopt;
+  }
+  m.fingerprint.rules_version = static_cast<uint32_t>(rules);
+  m.fingerprint.secret_id = static_cast<uint32_t>(secret);
+  m.lease_until = FromUnixMillis(lease);
+  m.expires_at = FromUnixMillis(expires);
+  return m;
+}
+
 // ---- Redis connections ----------------------------------------------------------------------
 
 struct RedisFree {
@@ -241,6 +269,43 @@ class RedisCachedStore final : public Store {
     return record;
   }
 
+  // SET lock NX PX ttl: the first request of a scope takes the marker; a concurrent duplicate
+  // gets the holder's marker back (and may be turned away with a retryable 409).
+  std::optional<InFlight> Preclaim(const ScopeHash& scope, const InFlight& mine,
+                                   Millis ttl) override {
+    if (Resting() || ttl.count() <= 0) return std::nullopt;
+    auto conn = store_internal::Borrow(pool_, options_.timeout);
+    if (!conn) {
+      Fallback();
+      return std::nullopt;
+    }
+    const std::string key = LockKey(scope);
+    const std::string ttl_ms = std::to_string(ttl.count());
+    Reply set = (*conn)->Command({"SET", key, EncodeMarker(mine), "NX", "PX", ttl_ms});
+    if (!set) {
+      Fallback();
+      return std::nullopt;
+    }
+    if (set->type == REDIS_REPLY_STATUS) return std::nullopt;  // "OK": the marker is ours
+    Reply held = (*conn)->Command({"GET", key});
+    if (!held) {
+      Fallback();
+      return std::nullopt;
+    }
+    if (held->type != REDIS_REPLY_STRING) return std::nullopt;  // expired in between
+    return DecodeMarker(std::string_view(held->str, held->len));
+  }
+
+  void ReleasePreclaim(const ScopeHash& scope) override {
+    if (Resting()) return;
+    auto conn = store_internal::Borrow(pool_, options_.timeout);
+    if (!conn) {
+      Fallback();
+      return;
+    }
+    if (!(*conn)->Command({"DEL", LockKey(scope)})) Fallback();
+  }
+
   Result<std::unique_ptr<StoreTxn>> Begin() override { return inner_->Begin(); }
   Result<std::vector<SqlRow>> Query(std::string_view sql,
                                     const std::vector<SqlValue>& params) override {
@@ -254,6 +319,10 @@ class RedisCachedStore final : public Store {
   }
 
  private:
+  std::string LockKey(const ScopeHash& scope) const {
+    return options_.key_prefix + "lock:" + ToHex(scope);
+  }
+
   // The rule: only finished records, only before their expiry by the store's clock.
   static bool Usable(const Record& r, Timestamp now) {
     return IsReplayable(r.state) && r.expires_at > now;

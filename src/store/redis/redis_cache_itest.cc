@@ -6,7 +6,9 @@
 #include <atomic>
 #include <cstdlib>
 #include <random>
+#include <thread>
 
+#include "include/idem/engine.h"
 #include "include/idem/store/postgres.h"
 #include "include/idem/store/redis.h"
 #include "include/idem/store/sqlite.h"
@@ -202,6 +204,74 @@ TEST_F(RedisCacheTest, ARedisThatIsDownFallsBackToTheDatabase) {
   ASSERT_TRUE(read->has_value());
   EXPECT_EQ((*read)->state, RecordState::kSucceeded);
   EXPECT_GE(fallbacks.load(), 1);
+}
+
+TEST_F(RedisCacheTest, PreclaimMarksReleasesAndExpires) {
+  REQUIRE_SERVICE("IDEM_TEST_REDIS_URL");
+  Open(CacheOptions(Fresh("idem:test:")));
+  const ScopeHash scope = *Scope{"acme", "alice", "r", "preclaim-key-1"}.Hash();
+  InFlight mine;
+  mine.fingerprint.mac.fill(3);
+  mine.fingerprint.secret_id = 9;
+  mine.lease_until = env_.clock.Now() + Millis(30000);
+  mine.expires_at = env_.clock.Now() + Millis(60000);
+  EXPECT_FALSE(cached_->Preclaim(scope, mine, Millis(30000)).has_value()) << "first takes it";
+  auto held = cached_->Preclaim(scope, InFlight{}, Millis(30000));
+  ASSERT_TRUE(held.has_value()) << "a second sees the holder";
+  EXPECT_EQ(held->fingerprint.mac, mine.fingerprint.mac);
+  EXPECT_EQ(held->fingerprint.secret_id, 9u);
+  EXPECT_EQ(held->lease_until, mine.lease_until);
+  EXPECT_EQ(held->expires_at, mine.expires_at);
+  cached_->ReleasePreclaim(scope);
+  EXPECT_FALSE(cached_->Preclaim(scope, mine, Millis(100)).has_value()) << "released";
+  std::this_thread::sleep_for(std::chrono::milliseconds(250));
+  EXPECT_FALSE(cached_->Preclaim(scope, mine, Millis(100)).has_value()) << "expired";
+}
+
+// The engine turns a concurrent duplicate away on the marker alone — here while the database is
+// locked by another process and could not have answered — but never a request that differs.
+TEST_F(RedisCacheTest, EngineTurnsAwayDuplicatesBeforeTheDatabase) {
+  REQUIRE_SERVICE("IDEM_TEST_REDIS_URL");
+  SqliteStoreOptions o;
+  o.path = env_.dir.File("idem.db");
+  o.busy_timeout = Millis(100);
+  raw_ = std::move(*OpenSqliteStore(o, env_.clock, env_.random));
+  cached_ = std::move(*WrapWithRedisCache(std::move(*OpenSqliteStore(o, env_.clock, env_.random)),
+                                          CacheOptions(Fresh("idem:test:")), env_.clock));
+  auto fingerprinter = std::move(*Fingerprinter::Create({{1, std::string(32, 'h')}}, 1));
+  auto sealer = std::move(*Sealer::Create({{1, std::string(32, 's')}}, 1, env_.random));
+  Engine engine(*cached_, *fingerprinter, *sealer, env_.clock);
+  RoutePolicy policy;
+  policy.route = "payments.create";
+  auto request = [](const char* body) {
+    Request r;
+    r.principal = {"acme", "alice"};
+    r.key_header = "engine-dup-key-1";
+    r.method = "POST";
+    r.content_type = "application/json";
+    r.body = body;
+    return r;
+  };
+  auto first = engine.Start(policy, request(R"({"a":1})"));
+  ASSERT_TRUE(first.has_value()) << first.error().message;
+  ASSERT_EQ(first->kind, Decision::Kind::kExecute);
+
+  auto lock = raw_->Begin();  // another process holds the write lock now
+  ASSERT_TRUE(lock.has_value());
+  auto dup = engine.Start(policy, request(R"({"a":1})"));
+  ASSERT_TRUE(dup.has_value()) << dup.error().message;
+  EXPECT_EQ(dup->kind, Decision::Kind::kInProgress);
+  EXPECT_EQ(dup->key_expires, first->key_expires);
+  auto other = engine.Start(policy, request(R"({"a":2})"));
+  ASSERT_FALSE(other.has_value()) << "a different request must reach the database";
+  EXPECT_EQ(other.error().code, Errc::kUnavailable);
+  lock->reset();
+
+  // Once finished, the marker is gone and the retry is a replay.
+  ASSERT_TRUE(engine.Finish(first->ticket, RecordState::kSucceeded, {201, {}, "done"}).has_value());
+  auto replay = engine.Start(policy, request(R"({"a":1})"));
+  ASSERT_TRUE(replay.has_value());
+  EXPECT_EQ(replay->kind, Decision::Kind::kReplay);
 }
 
 TEST(RedisCacheOptions, RejectsMalformedUrls) {
