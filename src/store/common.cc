@@ -55,6 +55,29 @@ Result<int64_t> SingleInteger(const std::vector<SqlRow>& rows, const char* what)
   return MakeError(Errc::kDataLoss, std::string(what) + ": expected one integer");
 }
 
+Status ApplyMigrations(std::string_view component, const std::vector<Migration>& migrations,
+                       int64_t current, const std::function<Status(const std::string&)>& run_sql,
+                       const std::function<Status(int)>& record) {
+  int64_t known = 0;
+  for (const Migration& m : migrations) known = std::max<int64_t>(known, m.version);
+  if (current > known) {
+    return MakeError(Errc::kDataLoss, "schema of '" + std::string(component) + "' is at version " +
+                                          std::to_string(current) + ", newer than this build (" +
+                                          std::to_string(known) + ")");
+  }
+  for (const Migration& m : migrations) {
+    if (m.version <= current) continue;
+    Status s = run_sql(m.sql);
+    if (!s) {
+      return MakeError(Errc::kInvalidArgument, "migration " + std::string(component) + " v" +
+                                                   std::to_string(m.version) + ": " +
+                                                   s.error().message);
+    }
+    IDEM_RETURN_IF_ERROR(record(m.version));
+  }
+  return Ok();
+}
+
 Result<Record> ReclaimResult(int changed, std::optional<Record> current) {
   if (!current) return MakeError(Errc::kNotFound, "reclaim: record is gone");
   if (changed == 0) {

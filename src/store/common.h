@@ -130,6 +130,14 @@ Blob BytesOf(const std::array<uint8_t, N>& a) {
 // A fresh PROCESSING record for `spec` at `now` with `fence` and a new owner token.
 Record NewRecord(const ClaimSpec& spec, Timestamp now, int64_t fence, Random& random);
 
+// Applies the migrations of `component` newer than `current`, in order: `run_sql` executes one
+// migration's statements, `record` writes its row in the schema table. Errors: kDataLoss when
+// `current` is newer than every migration this build knows; kInvalidArgument naming a migration
+// the database rejects.
+Status ApplyMigrations(std::string_view component, const std::vector<Migration>& migrations,
+                       int64_t current, const std::function<Status(const std::string&)>& run_sql,
+                       const std::function<Status(int)>& record);
+
 // What Reclaim returns, from the rows its conditional updates changed and the record as it is
 // now: the record when one changed; kNotFound when it is gone; kConflict when it moved on.
 Result<Record> ReclaimResult(int changed, std::optional<Record> current);

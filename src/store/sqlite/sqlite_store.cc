@@ -514,27 +514,15 @@ Status Migrate(Connection& conn, std::string_view component,
     IDEM_ASSIGN_OR_RETURN(auto rows, stmt.Bind(std::string(component)).Run());
     IDEM_ASSIGN_OR_RETURN(current, SingleInteger(rows, "schema version"));
   }
-  int64_t known = 0;
-  for (const Migration& m : migrations) known = std::max<int64_t>(known, m.version);
-  if (current > known) {
-    return MakeError(Errc::kDataLoss, "schema of '" + std::string(component) + "' is at version " +
-                                          std::to_string(current) + ", newer than this build (" +
-                                          std::to_string(known) + ")");
-  }
-  for (const Migration& m : migrations) {
-    if (m.version <= current) continue;
-    Status s = conn.Script(m.sql);
-    if (!s) {
-      return MakeError(Errc::kInvalidArgument, "migration " + std::string(component) + " v" +
-                                                   std::to_string(m.version) + ": " +
-                                                   s.error().message);
-    }
-    IDEM_RETURN_IF_ERROR(Change(conn,
-                                "INSERT INTO idem_schema (component, version, applied_at) "
-                                "VALUES (?, ?, ?)",
-                                {std::string(component), int64_t{m.version}, now_ms}));
-  }
-  return Ok();
+  return store_internal::ApplyMigrations(
+      component, migrations, current, [&](const std::string& sql) { return conn.Script(sql); },
+      [&](int version) -> Status {
+        IDEM_RETURN_IF_ERROR(Change(conn,
+                                    "INSERT INTO idem_schema (component, version, applied_at) "
+                                    "VALUES (?, ?, ?)",
+                                    {std::string(component), int64_t{version}, now_ms}));
+        return Ok();
+      });
 }
 
 }  // namespace
