@@ -1,6 +1,8 @@
 // src/core/record.cc — record states and the stored-response encoding.
 #include "include/idem/record.h"
 
+#include "src/core/wire.h"
+
 namespace idem {
 
 std::string_view RecordStateName(RecordState state) {
@@ -36,37 +38,9 @@ bool IsLegalTransition(RecordState from, RecordState to) {
 
 namespace {
 
-void PutU32(std::string& out, uint32_t v) {
-  for (int shift = 24; shift >= 0; shift -= 8) out.push_back(static_cast<char>(v >> shift));
-}
-
-void PutBytes(std::string& out, std::string_view s) {
-  PutU32(out, static_cast<uint32_t>(s.size()));
-  out.append(s);
-}
-
-class Reader {
- public:
-  explicit Reader(std::string_view in) : in_(in) {}
-  bool U32(uint32_t* v) {
-    if (in_.size() < 4) return false;
-    *v = 0;
-    for (int i = 0; i < 4; ++i) *v = (*v << 8) | static_cast<uint8_t>(in_[static_cast<size_t>(i)]);
-    in_.remove_prefix(4);
-    return true;
-  }
-  bool Bytes(std::string* s) {
-    uint32_t n;
-    if (!U32(&n) || in_.size() < n) return false;
-    s->assign(in_.substr(0, n));
-    in_.remove_prefix(n);
-    return true;
-  }
-  bool done() const { return in_.empty(); }
-
- private:
-  std::string_view in_;
-};
+using wire::PutBytes;
+using wire::PutU32;
+using wire::Reader;
 
 constexpr uint32_t kResponseFormat = 1;
 

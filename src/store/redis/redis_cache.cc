@@ -9,6 +9,7 @@
 #include <unordered_map>
 
 #include "include/idem/store/redis.h"
+#include "src/core/wire.h"
 #include "src/store/common.h"
 
 namespace idem {
@@ -16,64 +17,27 @@ namespace {
 
 // ---- Record encoding for the cache ----------------------------------------------------------
 
-void Put(std::string& out, std::string_view s) {
-  const auto n = static_cast<uint32_t>(s.size());
-  for (int shift = 24; shift >= 0; shift -= 8) out.push_back(static_cast<char>(n >> shift));
-  out.append(s);
-}
-void PutInt(std::string& out, int64_t v) { Put(out, std::to_string(v)); }
-
-class Reader {
- public:
-  explicit Reader(std::string_view in) : in_(in) {}
-  bool Get(std::string* s) {
-    if (in_.size() < 4) return false;
-    uint32_t n = 0;
-    for (int i = 0; i < 4; ++i) n = (n << 8) | static_cast<uint8_t>(in_[static_cast<size_t>(i)]);
-    in_.remove_prefix(4);
-    if (in_.size() < n) return false;
-    s->assign(in_.substr(0, n));
-    in_.remove_prefix(n);
-    return true;
-  }
-  bool GetInt(int64_t* v) {
-    std::string s;
-    if (!Get(&s) || s.empty() || s.size() > 20) return false;
-    char* end = nullptr;
-    *v = std::strtoll(s.c_str(), &end, 10);
-    return *end == '\0';
-  }
-  template <std::size_t N>
-  bool GetBytes(std::array<uint8_t, N>* out) {
-    std::string s;
-    if (!Get(&s) || s.size() != N) return false;
-    std::copy(s.begin(), s.end(), out->begin());
-    return true;
-  }
-  bool done() const { return in_.empty(); }
-
- private:
-  std::string_view in_;
-};
+using wire::PutBytes;
+using wire::PutInt;
 
 constexpr std::string_view kFormat = "r1";
 
 std::string EncodeRecord(const Record& r) {
   std::string out;
-  Put(out, kFormat);
-  Put(out, std::string_view(reinterpret_cast<const char*>(r.scope.data()), r.scope.size()));
-  Put(out, r.tenant);
-  Put(out, r.user);
-  Put(out, r.route);
-  Put(out, std::string_view(reinterpret_cast<const char*>(r.fingerprint.mac.data()), 32));
+  PutBytes(out, kFormat);
+  PutBytes(out, r.scope);
+  PutBytes(out, r.tenant);
+  PutBytes(out, r.user);
+  PutBytes(out, r.route);
+  PutBytes(out, r.fingerprint.mac);
   PutInt(out, r.fingerprint.rules_version);
   PutInt(out, r.fingerprint.secret_id);
   PutInt(out, static_cast<int64_t>(r.state));
-  Put(out, r.recovery_point);
-  Put(out, r.resource_id);
+  PutBytes(out, r.recovery_point);
+  PutBytes(out, r.resource_id);
   PutInt(out, r.status_code);
-  Put(out, r.response);
-  Put(out, std::string_view(reinterpret_cast<const char*>(r.lease.owner.data()), 16));
+  PutBytes(out, r.response);
+  PutBytes(out, r.lease.owner);
   PutInt(out, r.lease.fence);
   PutInt(out, ToUnixMillis(r.lease.until));
   PutInt(out, ToUnixMillis(r.created_at));
@@ -83,17 +47,16 @@ std::string EncodeRecord(const Record& r) {
 }
 
 std::optional<Record> DecodeRecord(std::string_view bytes) {
-  Reader in(bytes);
+  wire::Reader in(bytes);
   Record r;
   std::string format;
   int64_t rules, secret, state, status, fence, until, created, updated, expires;
-  if (!in.Get(&format) || format != kFormat || !in.GetBytes(&r.scope) || !in.Get(&r.tenant) ||
-      !in.Get(&r.user) || !in.Get(&r.route) || !in.GetBytes(&r.fingerprint.mac) ||
-      !in.GetInt(&rules) || !in.GetInt(&secret) || !in.GetInt(&state) ||
-      !in.Get(&r.recovery_point) || !in.Get(&r.resource_id) || !in.GetInt(&status) ||
-      !in.Get(&r.response) || !in.GetBytes(&r.lease.owner) || !in.GetInt(&fence) ||
-      !in.GetInt(&until) || !in.GetInt(&created) || !in.GetInt(&updated) || !in.GetInt(&expires) ||
-      !in.done()) {
+  if (!in.Bytes(&format) || format != kFormat || !in.Bytes(&r.scope) || !in.Bytes(&r.tenant) ||
+      !in.Bytes(&r.user) || !in.Bytes(&r.route) || !in.Bytes(&r.fingerprint.mac) ||
+      !in.Int(&rules) || !in.Int(&secret) || !in.Int(&state) || !in.Bytes(&r.recovery_point) ||
+      !in.Bytes(&r.resource_id) || !in.Int(&status) || !in.Bytes(&r.response) ||
+      !in.Bytes(&r.lease.owner) || !in.Int(&fence) || !in.Int(&until) || !in.Int(&created) ||
+      !in.Int(&updated) || !in.Int(&expires) || !in.done()) {
     return std::nullopt;
   }
   if (state < 1 || state > 4) return std::nullopt;
@@ -111,8 +74,8 @@ std::optional<Record> DecodeRecord(std::string_view bytes) {
 
 std::string EncodeMarker(const InFlight& m) {
   std::string out;
-  Put(out, "m1");
-  Put(out, std::string_view(reinterpret_cast<const char*>(m.fingerprint.mac.data()), 32));
+  PutBytes(out, "m1");
+  PutBytes(out, m.fingerprint.mac);
   PutInt(out, m.fingerprint.rules_version);
   PutInt(out, m.fingerprint.secret_id);
   PutInt(out, ToUnixMillis(m.lease_until));
@@ -121,13 +84,12 @@ std::string EncodeMarker(const InFlight& m) {
 }
 
 std::optional<InFlight> DecodeMarker(std::string_view bytes) {
-  Reader in(bytes);
+  wire::Reader in(bytes);
   InFlight m;
   std::string format;
   int64_t rules, secret, lease, expires;
-  if (!in.Get(&format) || format != "m1" || !in.GetBytes(&m.fingerprint.mac) ||
-      !in.GetInt(&rules) || !in.GetInt(&secret) || !in.GetInt(&lease) || !in.GetInt(&expires) ||
-      !in.done()) {
+  if (!in.Bytes(&format) || format != "m1" || !in.Bytes(&m.fingerprint.mac) || !in.Int(&rules) ||
+      !in.Int(&secret) || !in.Int(&lease) || !in.Int(&expires) || !in.done()) {
     return std::nullopt;
   }
   m.fingerprint.rules_version = static_cast<uint32_t>(rules);
