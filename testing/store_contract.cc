@@ -11,6 +11,16 @@ std::string FactoryName(const ::testing::TestParamInfo<StoreFactory>& info) {
   return info.param.name;
 }
 
+const std::vector<Migration>& ContractMigrations() {
+  static const std::vector<Migration> kMigrations = {
+      {1, "CREATE TABLE contract_business (k TEXT PRIMARY KEY, v TEXT NOT NULL)"},
+      {2,
+       "CREATE TABLE contract_types (id BIGINT PRIMARY KEY, i BIGINT, r DOUBLE PRECISION, "
+       "t TEXT, b BYTEA, ts TIMESTAMPTZ)"},
+  };
+  return kMigrations;
+}
+
 void StoreContractTest::SetUp() {
   store_ = Open();
   ASSERT_NE(store_, nullptr) << "the store did not open";
@@ -476,6 +486,111 @@ TEST_P(StoreContractTest, RecordsSurviveReopeningTheStore) {
   EXPECT_EQ(record->response, "kept");
   EXPECT_EQ(record->lease.owner, rec.lease.owner);
   EXPECT_EQ(record->expires_at, rec.expires_at);
+}
+
+TEST_P(StoreContractTest, TypedColumnsReadBackAsTheSameAlternativeOnEveryBackend) {
+  const std::string bytes("\0\x01\xff binary", 10);
+  // Instants after, at and before the epochs both backends count from (1970, 2000).
+  const std::vector<Timestamp> instants = {FromUnixMillis(1'800'000'000'123),
+                                           FromUnixMillis(946'684'799'999), FromUnixMillis(-1)};
+  {
+    auto txn = MustBegin(*store_);
+    for (std::size_t n = 0; n < instants.size(); ++n) {
+      auto inserted =
+          txn->Exec("INSERT INTO contract_types (id, i, r, t, b, ts) VALUES (?, ?, ?, ?, ?, ?)",
+                    {int64_t(n + 1), int64_t{INT64_MIN} + int64_t(n), 2.5 * double(n + 1),
+                     std::string("h\xc3\xa9llo"), Blob{bytes}, instants[n]});
+      ASSERT_TRUE(inserted.has_value()) << inserted.error().message;
+    }
+    auto nulls =
+        txn->Exec("INSERT INTO contract_types (id, i, r, t, b, ts) VALUES (?, ?, ?, ?, ?, ?)",
+                  {int64_t{99}, SqlValue{}, SqlValue{}, SqlValue{}, SqlValue{}, SqlValue{}});
+    ASSERT_TRUE(nulls.has_value()) << nulls.error().message;
+    ASSERT_TRUE(txn->Commit().has_value());
+  }
+  const char* select = "SELECT i, r, t, b, ts FROM contract_types WHERE id = ?";
+  for (std::size_t n = 0; n < instants.size(); ++n) {
+    auto rows = store_->Query(select, {int64_t(n + 1)});
+    ASSERT_TRUE(rows.has_value()) << rows.error().message;
+    ASSERT_EQ(rows->size(), 1u);
+    const SqlRow& row = rows->at(0);
+    ASSERT_EQ(row.size(), 5u);
+    ASSERT_TRUE(std::holds_alternative<int64_t>(row[0])) << "integer, row " << n;
+    EXPECT_EQ(std::get<int64_t>(row[0]), int64_t{INT64_MIN} + int64_t(n));
+    ASSERT_TRUE(std::holds_alternative<double>(row[1])) << "real, row " << n;
+    EXPECT_EQ(std::get<double>(row[1]), 2.5 * double(n + 1));
+    ASSERT_TRUE(std::holds_alternative<std::string>(row[2])) << "text, row " << n;
+    EXPECT_EQ(std::get<std::string>(row[2]), "h\xc3\xa9llo");
+    ASSERT_TRUE(std::holds_alternative<Blob>(row[3])) << "blob, row " << n;
+    EXPECT_EQ(std::get<Blob>(row[3]).bytes, bytes);
+    ASSERT_TRUE(std::holds_alternative<Timestamp>(row[4])) << "timestamp, row " << n;
+    EXPECT_EQ(std::get<Timestamp>(row[4]), instants[n]);
+  }
+  // NULL of every type, read inside a transaction too.
+  auto txn = MustBegin(*store_);
+  auto rows = txn->Exec(select, {int64_t{99}});
+  ASSERT_TRUE(rows.has_value()) << rows.error().message;
+  ASSERT_EQ(rows->size(), 1u);
+  for (const SqlValue& v : rows->at(0)) EXPECT_TRUE(std::holds_alternative<std::monostate>(v));
+}
+
+// The same condition gives the same Errc on every backend, and a failed statement leaves the
+// transaction usable.
+TEST_P(StoreContractTest, BusinessSqlErrorsAreTheSameOnEveryBackend) {
+  std::unique_ptr<StoreTxn> txn = MustBegin(*store_);
+  struct Case {
+    const char* what;
+    const char* sql;
+    std::vector<SqlValue> params;
+    Errc expected;
+  };
+  const std::vector<Case> cases = {
+      {"syntax error", "INSERT INTO contract_business VALUES VALUES", {}, Errc::kInvalidArgument},
+      {"unknown table", "SELECT * FROM no_such_table", {}, Errc::kInvalidArgument},
+      {"too few parameters",
+       "INSERT INTO contract_business (k, v) VALUES (?, ?)",
+       {std::string("k1")},
+       Errc::kInvalidArgument},
+      {"too many parameters",
+       "SELECT v FROM contract_business WHERE k = ?",
+       {std::string("k1"), std::string("k2")},
+       Errc::kInvalidArgument},
+      {"NOT NULL violation",
+       "INSERT INTO contract_business (k, v) VALUES (?, ?)",
+       {std::string("k1"), SqlValue{}},
+       Errc::kInvalidArgument},
+  };
+  for (const Case& c : cases) {
+    auto result = txn->Exec(c.sql, c.params);
+    ASSERT_FALSE(result.has_value()) << c.what;
+    EXPECT_EQ(result.error().code, c.expected) << c.what << ": " << result.error().message;
+  }
+  auto ok = txn->Exec("INSERT INTO contract_business (k, v) VALUES (?, ?)",
+                      {std::string("after-errors"), std::string("v")});
+  ASSERT_TRUE(ok.has_value()) << ok.error().message;
+  ASSERT_TRUE(txn->Commit().has_value());
+  txn.reset();
+  EXPECT_EQ(BusinessRows(*store_, "after-errors"), 1);
+
+  auto wrong_count = store_->Query("SELECT v FROM contract_business WHERE k = ?");
+  ASSERT_FALSE(wrong_count.has_value());
+  EXPECT_EQ(wrong_count.error().code, Errc::kInvalidArgument) << wrong_count.error().message;
+  auto unknown = store_->Query("SELECT * FROM no_such_table");
+  ASSERT_FALSE(unknown.has_value());
+  EXPECT_EQ(unknown.error().code, Errc::kInvalidArgument) << unknown.error().message;
+}
+
+TEST_P(StoreContractTest, RecordErrorsAreTheSameOnEveryBackend) {
+  const ClaimSpec spec = Spec("key-errors");
+  auto txn = MustBegin(*store_);
+  auto missing = txn->Reclaim(spec, 1);
+  ASSERT_FALSE(missing.has_value());
+  EXPECT_EQ(missing.error().code, Errc::kNotFound) << missing.error().message;
+  Lease nobody;
+  nobody.fence = 1;
+  EXPECT_EQ(txn->Renew(spec.scope, nobody, kLease).error().code, Errc::kFenced);
+  EXPECT_EQ(txn->Advance(spec.scope, nobody, "charge_sent", "").error().code, Errc::kFenced);
+  EXPECT_EQ(txn->Finish(spec.scope, nobody, Succeeded()).error().code, Errc::kFenced);
 }
 
 }  // namespace

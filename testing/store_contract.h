@@ -11,6 +11,7 @@
 #include <memory>
 #include <ostream>
 #include <string>
+#include <vector>
 
 #include "include/idem/store.h"
 #include "testing/fakes.h"
@@ -24,10 +25,19 @@ struct StoreTestEnv {
   TempDir dir;
 };
 
-// The SQL of the business table the suite writes to (contract_business(k TEXT PRIMARY KEY,
-// v TEXT)); a factory applies it as an application migration.
-inline constexpr const char* kContractBusinessTable =
-    "CREATE TABLE contract_business (k TEXT PRIMARY KEY, v TEXT NOT NULL)";
+// The business tables the suite writes to, in SQL every backend accepts: contract_business(k
+// TEXT PRIMARY KEY, v TEXT NOT NULL), and contract_types with a column of each type SqlValue
+// decodes. A factory applies them as the migrations of the application "contract".
+const std::vector<Migration>& ContractMigrations();
+inline constexpr const char* kContractAppName = "contract";
+
+// `options` (a backend's options struct) with the suite's tables as its application migrations.
+template <typename Options>
+Options WithContractTables(Options options) {
+  options.app_name = kContractAppName;
+  options.app_migrations = ContractMigrations();
+  return options;
+}
 
 struct StoreFactory {
   std::string name;

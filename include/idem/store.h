@@ -28,6 +28,16 @@ struct Migration {
   std::string sql;  // one or more statements
 };
 
+// How a SQL store treats its schema when it opens; every SQL backend's options include these.
+struct SchemaOptions {
+  // false: use the database as it is — nothing is created and no migration runs; libidem's
+  // schema is only checked (tools that read a service's store use this).
+  bool apply_migrations = true;
+  // The application's own migrations, applied after libidem's under `app_name` (not "idem").
+  std::string app_name;
+  std::vector<Migration> app_migrations;
+};
+
 // What a backend can do; tests and callers branch on these, never on the backend's name.
 struct StoreCapabilities {
   std::string name;                      // "sqlite", for logs
@@ -62,12 +72,28 @@ struct Outcome {
   std::string recovery_point;   // the point reached, e.g. "done"; empty leaves it unchanged
 };
 
-// A value bound to or read from business SQL. Blob distinguishes bytes from text.
+// Bytes bound to or read from business SQL (BYTEA on PostgreSQL, BLOB on SQLite), distinct from
+// text.
 struct Blob {
   std::string bytes;
   bool operator==(const Blob&) const = default;
 };
-using SqlValue = std::variant<std::monostate, int64_t, std::string, Blob>;
+
+// A value bound to or read from business SQL. Both backends read a column back as the same
+// alternative, by its type:
+//   NULL                                        → std::monostate
+//   SMALLINT, INTEGER, BIGINT, BOOLEAN (0 / 1)  → int64_t
+//   REAL, DOUBLE PRECISION                      → double
+//   TEXT, VARCHAR, CHAR, JSON, JSONB, UUID      → std::string
+//   NUMERIC / DECIMAL                           → std::string holding the exact decimal
+//                                                 (PostgreSQL; SQLite stores these as numbers,
+//                                                 so portable money is BIGINT minor units)
+//   BYTEA (BLOB)                                → Blob
+//   TIMESTAMPTZ, TIMESTAMP                      → Timestamp (UTC; SQLite keeps Unix
+//                                                 milliseconds in a column declared so)
+// A column of any other type is refused with kInvalidArgument naming the column and its type.
+// Bound parameters map the same way back (a Timestamp binds as the instant it names).
+using SqlValue = std::variant<std::monostate, int64_t, double, std::string, Blob, Timestamp>;
 using SqlRow = std::vector<SqlValue>;
 
 // One write transaction, on one connection, used by one thread. Destroying it without a successful

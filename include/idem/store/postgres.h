@@ -11,7 +11,7 @@
 
 namespace idem {
 
-struct PostgresStoreOptions {
+struct PostgresStoreOptions : SchemaOptions {
   // libpq connection string or URI: "postgresql://user@host:port/db".
   std::string conninfo;
   // Schema holding idem's tables (created if missing). Anything but "public" is selected with a
@@ -27,14 +27,13 @@ struct PostgresStoreOptions {
   // Statement-level retries of serialisation failures and deadlocks outside explicit
   // transactions (reads, sweeps), and of connections lost before a statement was sent.
   int max_retries = 3;
-  std::string app_name;
-  std::vector<Migration> app_migrations;
 };
 
 // Connects, then applies pending migrations under a PostgreSQL advisory lock, so instances that
 // start at once apply each migration once. `clock` and `random` must outlive the store.
-// Errors: kUnavailable if the server cannot be reached; kInvalidArgument for bad options or a
-// migration the server rejects; kDataLoss if the schema is newer than this build.
+// Errors: kUnavailable if the server cannot be reached; kInvalidArgument for bad options, a
+// migration the server rejects, or (apply_migrations false) a database without idem's schema;
+// kDataLoss if the schema is newer than this build.
 Result<std::unique_ptr<Store>> OpenPostgresStore(const PostgresStoreOptions& options, Clock& clock,
                                                  Random& random);
 

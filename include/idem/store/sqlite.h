@@ -12,8 +12,7 @@
 
 namespace idem {
 
-
-struct SqliteStoreOptions {
+struct SqliteStoreOptions : SchemaOptions {
   std::string path;  // the database file; created when missing
   // Read connections kept open (snapshot reads run in parallel). Write transactions share one
   // more connection: SQLite admits one writer at a time, so writers queue here in memory.
@@ -25,16 +24,14 @@ struct SqliteStoreOptions {
   // FULL survives power loss; NORMAL in WAL mode may lose the last commits on power loss but not
   // on a process crash.
   bool synchronous_full = true;
-  // The application's own migrations, applied after libidem's under `app_name`.
-  std::string app_name;
-  std::vector<Migration> app_migrations;
 };
 
 // Opens (creating if needed) the store and applies pending migrations in one IMMEDIATE
 // transaction, so processes opening the same file at once apply each migration once.
 // `clock` and `random` must outlive the store. Errors: kUnavailable if the file cannot be opened
-// or stays locked; kInvalidArgument for bad options or a migration the database rejects;
-// kDataLoss if the file's schema is newer than this build knows.
+// or stays locked; kInvalidArgument for bad options or a migration the database rejects, and,
+// with apply_migrations false, for a file that does not exist or has no idem schema; kDataLoss
+// if the file's schema is newer than this build knows.
 Result<std::unique_ptr<Store>> OpenSqliteStore(const SqliteStoreOptions& options, Clock& clock,
                                                Random& random);
 

@@ -1,60 +1,35 @@
 // src/store/postgres/postgres_store.cc — the PostgreSQL Store: libpq, a bounded pool that replaces
-// lost connections, optional per-connection prepared statements, binary results, migrations under
-// an advisory lock, SQLSTATE-aware errors.
+// lost connections, optional per-connection prepared statements, typed binary results, migrations
+// under an advisory lock, SQLSTATE-aware errors. The SQL text and the record operations are the
+// shared ones of src/store/sql.h.
 #include <libpq-fe.h>
 #include <poll.h>
 
 #include <atomic>
+#include <cinttypes>
+#include <cmath>
 #include <cstring>
+#include <ctime>
 #include <map>
 #include <thread>
 
 #include "include/idem/store/postgres.h"
-#include "src/store/common.h"
+#include "src/store/pool.h"
+#include "src/store/sql.h"
 
 namespace idem {
 namespace {
 
-using store_internal::BytesOf;
-using store_internal::Fenced;
-using store_internal::kRecordColumns;
-using store_internal::RecordFromRow;
-using store_internal::SingleInteger;
+using store_internal::RecordSql;
+using store_internal::SqlRunner;
+using store_internal::SqlTxn;
 
-constexpr std::string_view kComponent = "idem";
 // pg_advisory_lock key for migrations: "idem" in ASCII.
 constexpr int64_t kMigrationLock = 0x6964656d;
 
-const std::vector<Migration>& CoreMigrations() {
-  static const std::vector<Migration> kMigrations = {
-      {1, R"sql(
-CREATE TABLE idem_records (
-  scope_hash     BYTEA PRIMARY KEY,
-  tenant         TEXT NOT NULL,
-  user_id        TEXT NOT NULL,
-  route          TEXT NOT NULL,
-  request_hash   BYTEA NOT NULL,
-  fp_version     BIGINT NOT NULL,
-  secret_id      BIGINT NOT NULL,
-  state          TEXT NOT NULL
-                 CHECK (state IN ('PROCESSING','SUCCEEDED','FAILED_FINAL','FAILED_RETRYABLE')),
-  recovery_point TEXT NOT NULL DEFAULT '',
-  resource_id    TEXT NOT NULL DEFAULT '',
-  status_code    BIGINT NOT NULL DEFAULT 0,
-  response       BYTEA,
-  owner_token    BYTEA NOT NULL,
-  fence          BIGINT NOT NULL,
-  lease_until    BIGINT NOT NULL,
-  created_at     BIGINT NOT NULL,
-  updated_at     BIGINT NOT NULL,
-  expires_at     BIGINT NOT NULL
-);
-CREATE INDEX idem_records_quota ON idem_records (tenant, user_id, state);
-CREATE INDEX idem_records_expiry ON idem_records (expires_at);
-CREATE INDEX idem_records_stale ON idem_records (lease_until) WHERE state = 'PROCESSING';
-)sql"},
-  };
-  return kMigrations;
+const RecordSql& Sql() {
+  static const RecordSql kSql(store_internal::PostgresDialect());
+  return kSql;
 }
 
 struct ResultFree {
@@ -62,38 +37,150 @@ struct ResultFree {
 };
 using PgResult = std::unique_ptr<PGresult, ResultFree>;
 
-// Business SQL is written with '?' placeholders; PostgreSQL wants $1, $2, ... Quoted text is
-// left alone.
-std::string Numbered(std::string_view sql) {
-  std::string out;
-  out.reserve(sql.size() + 16);
-  char quote = 0;
-  int n = 0;
-  for (char c : sql) {
-    if (quote != 0) {
-      if (c == quote) quote = 0;
-      out.push_back(c);
-    } else if (c == '\'' || c == '"') {
-      quote = c;
-      out.push_back(c);
-    } else if (c == '?') {
-      out += "$" + std::to_string(++n);
-    } else {
-      out.push_back(c);
-    }
-  }
-  return out;
-}
+// ---- Values: parameters go as text (bytes as binary), results come back binary ---------------
 
-int64_t BigEndian(const char* p, int n) {
+uint64_t BigEndian(const char* p, int n) {
   uint64_t v = 0;
   for (int i = 0; i < n; ++i) v = (v << 8) | static_cast<uint8_t>(p[i]);
+  return v;
+}
+
+int64_t SignedBigEndian(const char* p, int n) {
+  uint64_t v = BigEndian(p, n);
   if (n < 8 && (v >> (8 * n - 1)) != 0) v |= ~uint64_t{0} << (8 * n);  // sign-extend
   return static_cast<int64_t>(v);
 }
 
-// Decodes binary-format results by column type.
-std::vector<SqlRow> Rows(const PGresult* res) {
+// Microseconds between the Unix epoch and PostgreSQL's (2000-01-01 UTC).
+constexpr int64_t kPostgresEpochMicros = 946'684'800'000'000;
+
+// An instant as PostgreSQL reads timestamptz text: "2026-11-30 06:00:00.123+00".
+std::string TimestampText(Timestamp t) {
+  const int64_t ms = ToUnixMillis(t);
+  const int64_t seconds = ms >= 0 ? ms / 1000 : -((-ms + 999) / 1000);
+  const std::time_t tt = static_cast<std::time_t>(seconds);
+  std::tm tm{};
+  gmtime_r(&tt, &tm);
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%04d-%02d-%02d %02d:%02d:%02d.%03d+00", tm.tm_year + 1900,
+                tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec,
+                static_cast<int>(ms - seconds * 1000));
+  return buf;
+}
+
+std::string DoubleText(double d) {
+  if (std::isnan(d)) return "NaN";
+  if (std::isinf(d)) return d > 0 ? "Infinity" : "-Infinity";
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.17g", d);
+  return buf;
+}
+
+// numeric's binary form: ndigits, weight, sign, dscale (int16 each), then base-10000 digits.
+Result<std::string> NumericText(const char* p, int len) {
+  if (len < 8) return MakeError(Errc::kDataLoss, "numeric value is truncated");
+  const int ndigits = static_cast<int>(SignedBigEndian(p, 2));
+  const int weight = static_cast<int>(SignedBigEndian(p + 2, 2));
+  const uint64_t sign = BigEndian(p + 4, 2);
+  const int dscale = static_cast<int>(SignedBigEndian(p + 6, 2));
+  if (ndigits < 0 || dscale < 0 || len != 8 + 2 * ndigits) {
+    return MakeError(Errc::kDataLoss, "numeric value is malformed");
+  }
+  if (sign == 0xC000) return std::string("NaN");
+  if (sign == 0xD000) return std::string("Infinity");
+  if (sign == 0xF000) return std::string("-Infinity");
+  auto digit = [&](int i) -> int {
+    return i >= 0 && i < ndigits ? static_cast<int>(SignedBigEndian(p + 8 + 2 * i, 2)) : 0;
+  };
+  std::string out = sign == 0x4000 ? "-" : "";
+  if (weight < 0) {
+    out += "0";
+  } else {
+    for (int i = 0; i <= weight; ++i) {
+      char group[8];
+      std::snprintf(group, sizeof group, i == 0 ? "%d" : "%04d", digit(i));
+      out += group;
+    }
+  }
+  if (dscale > 0) {
+    std::string fraction;
+    for (int i = weight + 1; static_cast<int>(fraction.size()) < dscale; ++i) {
+      char group[8];
+      std::snprintf(group, sizeof group, "%04d", digit(i));
+      fraction += group;
+    }
+    out += "." + fraction.substr(0, static_cast<std::size_t>(dscale));
+  }
+  return out;
+}
+
+// One binary-format result value of type `oid` (see the SqlValue table in store.h).
+Result<SqlValue> Decode(Oid oid, const char* v, int len, int column) {
+  switch (oid) {
+    case 16:  // bool
+      return SqlValue{int64_t{v[0] != 0}};
+    case 20:  // int8
+    case 21:  // int2
+    case 23:  // int4
+      return SqlValue{SignedBigEndian(v, len)};
+    case 700: {  // float4
+      const uint32_t bits = static_cast<uint32_t>(BigEndian(v, 4));
+      float f;
+      std::memcpy(&f, &bits, sizeof f);
+      return SqlValue{static_cast<double>(f)};
+    }
+    case 701: {  // float8
+      const uint64_t bits = BigEndian(v, 8);
+      double d;
+      std::memcpy(&d, &bits, sizeof d);
+      return SqlValue{d};
+    }
+    case 1700: {  // numeric: exact, as decimal text
+      IDEM_ASSIGN_OR_RETURN(std::string text, NumericText(v, len));
+      return SqlValue{std::move(text)};
+    }
+    case 18:    // "char"
+    case 19:    // name
+    case 25:    // text
+    case 114:   // json
+    case 705:   // unknown (an untyped literal)
+    case 1042:  // bpchar
+    case 1043:  // varchar
+      return SqlValue{std::string(v, static_cast<std::size_t>(len))};
+    case 3802:  // jsonb: a version byte, then the text
+      if (len < 1 || v[0] != 1) return MakeError(Errc::kDataLoss, "jsonb value is malformed");
+      return SqlValue{std::string(v + 1, static_cast<std::size_t>(len - 1))};
+    case 2950: {  // uuid
+      if (len != 16) return MakeError(Errc::kDataLoss, "uuid value is malformed");
+      std::string text = ToHex(reinterpret_cast<const uint8_t*>(v), 16);
+      for (std::size_t at : {8, 13, 18, 23}) text.insert(at, "-");
+      return SqlValue{std::move(text)};
+    }
+    case 17:  // bytea
+      return SqlValue{Blob{std::string(v, static_cast<std::size_t>(len))}};
+    case 1114:    // timestamp (read as UTC)
+    case 1184: {  // timestamptz
+      const int64_t micros = SignedBigEndian(v, 8);
+      if (micros == INT64_MAX || micros == INT64_MIN) {
+        return MakeError(Errc::kInvalidArgument,
+                         "column " + std::to_string(column) + " holds an infinite timestamp");
+      }
+      const int64_t unix_micros = micros + kPostgresEpochMicros;
+      const int64_t ms = unix_micros >= 0 ? unix_micros / 1000 : -((-unix_micros + 999) / 1000);
+      return SqlValue{FromUnixMillis(ms)};
+    }
+    case 2278:  // void (pg_notify, pg_advisory_xact_lock)
+      return SqlValue{std::monostate{}};
+    default:
+      return MakeError(Errc::kInvalidArgument,
+                       "column " + std::to_string(column) + " has a type (oid " +
+                           std::to_string(oid) +
+                           ") that idem does not decode; cast it to text, bigint, double "
+                           "precision, numeric, bytea or timestamptz");
+  }
+}
+
+Result<std::vector<SqlRow>> Rows(const PGresult* res) {
   std::vector<SqlRow> rows;
   const int n = PQntuples(res), m = PQnfields(res);
   rows.reserve(static_cast<std::size_t>(n));
@@ -105,40 +192,27 @@ std::vector<SqlRow> Rows(const PGresult* res) {
         row.emplace_back(std::monostate{});
         continue;
       }
-      const char* v = PQgetvalue(res, r, c);
-      const int len = PQgetlength(res, r, c);
-      switch (PQftype(res, c)) {
-        case 20:  // int8
-        case 23:  // int4
-        case 21:  // int2
-          row.emplace_back(BigEndian(v, len));
-          break;
-        case 16:  // bool
-          row.emplace_back(int64_t{v[0] != 0});
-          break;
-        case 17:  // bytea
-          row.emplace_back(Blob{std::string(v, static_cast<std::size_t>(len))});
-          break;
-        default:  // text, varchar, name, unknown, ...: their binary form is the text
-          row.emplace_back(std::string(v, static_cast<std::size_t>(len)));
-      }
+      IDEM_ASSIGN_OR_RETURN(SqlValue value, Decode(PQftype(res, c), PQgetvalue(res, r, c),
+                                                   PQgetlength(res, r, c), c));
+      row.push_back(std::move(value));
     }
     rows.push_back(std::move(row));
   }
   return rows;
 }
 
-class Connection {
+// ---- One connection --------------------------------------------------------------------------
+
+class Connection final : public SqlRunner {
  public:
   explicit Connection(PGconn* conn, bool prepared) : conn_(conn), prepared_(prepared) {}
   Connection(const Connection&) = delete;
-  ~Connection() { PQfinish(conn_); }
+  ~Connection() override { PQfinish(conn_); }
 
   bool broken() const { return broken_ || PQstatus(conn_) != CONNECTION_OK; }
 
-  // Runs one statement with $n parameters. `changed` receives the affected row count.
   Result<std::vector<SqlRow>> Run(std::string_view sql, const std::vector<SqlValue>& params,
-                                  int* changed = nullptr) {
+                                  int* changed) override {
     std::vector<std::string> text(params.size());
     std::vector<const char*> values(params.size(), nullptr);
     std::vector<int> lengths(params.size(), 0), formats(params.size(), 0);
@@ -146,15 +220,23 @@ class Connection {
       const SqlValue& p = params[i];
       if (const int64_t* n = std::get_if<int64_t>(&p)) {
         text[i] = std::to_string(*n);
-        values[i] = text[i].c_str();
+      } else if (const double* d = std::get_if<double>(&p)) {
+        text[i] = DoubleText(*d);
+      } else if (const Timestamp* t = std::get_if<Timestamp>(&p)) {
+        text[i] = TimestampText(*t);
       } else if (const std::string* s = std::get_if<std::string>(&p)) {
         values[i] = s->c_str();
         lengths[i] = static_cast<int>(s->size());
+        continue;
       } else if (const Blob* b = std::get_if<Blob>(&p)) {
         values[i] = b->bytes.data();
         lengths[i] = static_cast<int>(b->bytes.size());
         formats[i] = 1;
+        continue;
+      } else {
+        continue;  // NULL
       }
+      values[i] = text[i].c_str();
     }
     const int n = static_cast<int>(params.size());
     PgResult res;
@@ -208,6 +290,7 @@ class Connection {
         sqlstate_.rfind("57", 0) == 0) {
       return MakeError(Errc::kUnavailable, message);
     }
+    if (sqlstate_ == "54000") return MakeError(Errc::kTooLarge, message);
     if (sqlstate_ == "XX001" || sqlstate_ == "XX002") return MakeError(Errc::kDataLoss, message);
     return MakeError(Errc::kInvalidArgument, message);
   }
@@ -232,164 +315,37 @@ Result<std::unique_ptr<Connection>> Connect(const PostgresStoreOptions& options)
   }
   auto c = std::make_unique<Connection>(conn, options.prepared_statements);
   if (options.schema != "public") {
-    IDEM_RETURN_IF_ERROR(c->Run("SELECT set_config('search_path', $1, false)", {options.schema}));
+    IDEM_RETURN_IF_ERROR(
+        c->Run("SELECT set_config('search_path', $1, false)", {options.schema}, nullptr));
   }
   return c;
 }
 
-Result<std::optional<Record>> GetRecord(Connection& conn, const ScopeHash& scope) {
-  static const std::string sql =
-      "SELECT " + std::string(kRecordColumns) + " FROM idem_records WHERE scope_hash = $1";
-  IDEM_ASSIGN_OR_RETURN(auto rows, conn.Run(sql, {BytesOf(scope)}));
-  if (rows.empty()) return std::optional<Record>();
-  IDEM_ASSIGN_OR_RETURN(Record r, RecordFromRow(rows[0]));
-  return std::optional<Record>(std::move(r));
+// Business SQL with '?' placeholders, numbered for PostgreSQL after the parameter count is
+// checked (a wrong count is the caller's error, worded as on every backend).
+Result<std::string> BusinessSql(std::string_view op, std::string_view sql,
+                                const std::vector<SqlValue>& params) {
+  int count = 0;
+  std::string numbered = store_internal::Numbered(sql, &count);
+  IDEM_RETURN_IF_ERROR(store_internal::CheckParameterCount(op, count, params.size()));
+  return numbered;
 }
 
-class PostgresTxn final : public StoreTxn {
+// ---- Transaction ---------------------------------------------------------------------------
+
+// A pooled connection inside BEGIN (READ COMMITTED): claims conflict on the primary key, which
+// waits for the other inserter; quota counts take a per-principal advisory lock.
+class PostgresSession final : public store_internal::LentSession<Connection> {
  public:
-  PostgresTxn(Lent conn, Clock& clock, Random& random)
-      : conn_(std::move(conn)), clock_(clock), random_(random) {}
-  ~PostgresTxn() override {
-    if (!finished_ && !conn_->broken()) (void)conn_->Script("ROLLBACK");
-  }
-
-  Status Begin() { return conn_->Script("BEGIN"); }
-
-  Result<ClaimResult> Claim(const ClaimSpec& spec) override {
-    static const std::string sql =
-        "INSERT INTO idem_records (" + std::string(kRecordColumns) +
-        ") VALUES ($1, $2, $3, $4, $5, $6, $7, 'PROCESSING', '', '', 0, NULL, $8, 1, $9, $10, "
-        "$11, $12) ON CONFLICT (scope_hash) DO NOTHING";
-    const Timestamp now = clock_.Now();
-    Record r = store_internal::NewRecord(spec, now, 1, random_);
-    int changed = 0;
-    IDEM_RETURN_IF_ERROR(conn_->Run(
-        sql,
-        {BytesOf(spec.scope), spec.tenant, spec.user, spec.route, BytesOf(spec.fingerprint.mac),
-         int64_t{spec.fingerprint.rules_version}, int64_t{spec.fingerprint.secret_id},
-         BytesOf(r.lease.owner), ToUnixMillis(r.lease.until), ToUnixMillis(now), ToUnixMillis(now),
-         ToUnixMillis(r.expires_at)},
-        &changed));
-    if (changed == 1) return ClaimResult{true, std::move(r)};
-    // The conflicting insert has committed (ON CONFLICT waits for it), so this read sees it.
-    IDEM_ASSIGN_OR_RETURN(auto existing, GetRecord(*conn_, spec.scope));
-    if (!existing) return MakeError(Errc::kUnavailable, "claim: conflicting record vanished");
-    return ClaimResult{false, std::move(*existing)};
-  }
-
-  Result<Record> Reclaim(const ClaimSpec& spec, int64_t seen_fence) override {
-    const Timestamp now = clock_.Now();
-    const int64_t now_ms = ToUnixMillis(now);
-    Record r = store_internal::NewRecord(spec, now, seen_fence + 1, random_);
-    static const std::string fresh_sql =
-        "UPDATE idem_records SET tenant = $1, user_id = $2, route = $3, request_hash = $4, "
-        "fp_version = $5, secret_id = $6, state = 'PROCESSING', recovery_point = '', "
-        "resource_id = '', status_code = 0, response = NULL, owner_token = $7, fence = $8, "
-        "lease_until = $9, created_at = $10, updated_at = $10, expires_at = $11 "
-        "WHERE scope_hash = $12 AND fence = $13 AND expires_at <= $10 AND state <> 'PROCESSING'";
-    int changed = 0;
-    IDEM_RETURN_IF_ERROR(
-        conn_->Run(fresh_sql,
-                   {spec.tenant, spec.user, spec.route, BytesOf(spec.fingerprint.mac),
-                    int64_t{spec.fingerprint.rules_version}, int64_t{spec.fingerprint.secret_id},
-                    BytesOf(r.lease.owner), r.lease.fence, ToUnixMillis(r.lease.until), now_ms,
-                    ToUnixMillis(r.expires_at), BytesOf(spec.scope), seen_fence},
-                   &changed));
-    if (changed == 0) {
-      static const std::string resume_sql =
-          "UPDATE idem_records SET state = 'PROCESSING', owner_token = $1, fence = $2, "
-          "lease_until = $3, updated_at = $4 WHERE scope_hash = $5 AND fence = $6 AND "
-          "(state = 'FAILED_RETRYABLE' OR (state = 'PROCESSING' AND lease_until < $4))";
-      IDEM_RETURN_IF_ERROR(
-          conn_->Run(resume_sql,
-                     {BytesOf(r.lease.owner), r.lease.fence, ToUnixMillis(r.lease.until), now_ms,
-                      BytesOf(spec.scope), seen_fence},
-                     &changed));
-    }
-    IDEM_ASSIGN_OR_RETURN(auto current, GetRecord(*conn_, spec.scope));
-    return store_internal::ReclaimResult(changed, std::move(current));
-  }
-
-  Result<Lease> Renew(const ScopeHash& scope, const Lease& lease, Millis ttl) override {
-    const Timestamp now = clock_.Now();
-    Lease renewed = lease;
-    renewed.until = now + ttl;
-    int changed = 0;
-    IDEM_RETURN_IF_ERROR(conn_->Run(
-        "UPDATE idem_records SET lease_until = $1, updated_at = $2 WHERE scope_hash = $3 AND "
-        "owner_token = $4 AND fence = $5 AND state = 'PROCESSING'",
-        {ToUnixMillis(renewed.until), ToUnixMillis(now), BytesOf(scope), BytesOf(lease.owner),
-         lease.fence},
-        &changed));
-    if (changed == 0) return Fenced("renew");
-    return renewed;
-  }
-
-  Status Advance(const ScopeHash& scope, const Lease& lease, std::string_view point,
-                 std::string_view resource_id) override {
-    int changed = 0;
-    IDEM_RETURN_IF_ERROR(conn_->Run(
-        "UPDATE idem_records SET recovery_point = $1, "
-        "resource_id = CASE WHEN $2 = '' THEN resource_id ELSE $2 END, updated_at = $3 "
-        "WHERE scope_hash = $4 AND owner_token = $5 AND fence = $6 AND state = 'PROCESSING'",
-        {std::string(point), std::string(resource_id), ToUnixMillis(clock_.Now()), BytesOf(scope),
-         BytesOf(lease.owner), lease.fence},
-        &changed));
-    if (changed == 0) return Fenced("advance");
-    return Ok();
-  }
-
-  Status Finish(const ScopeHash& scope, const Lease& lease, const Outcome& outcome) override {
-    IDEM_CHECK(outcome.state != RecordState::kProcessing);
-    SqlValue response =
-        outcome.sealed_response.empty() ? SqlValue{} : SqlValue{Blob{outcome.sealed_response}};
-    int changed = 0;
-    IDEM_RETURN_IF_ERROR(conn_->Run(
-        "UPDATE idem_records SET state = $1, status_code = $2, response = $3, "
-        "recovery_point = CASE WHEN $4 = '' THEN recovery_point ELSE $4 END, updated_at = $5 "
-        "WHERE scope_hash = $6 AND owner_token = $7 AND fence = $8 AND state = 'PROCESSING' "
-        // Delivered to listeners when (and only if) the transaction commits.
-        "RETURNING pg_notify('idem_finished', encode(scope_hash, 'hex'))",
-        {std::string(RecordStateName(outcome.state)), int64_t{outcome.status_code},
-         std::move(response), outcome.recovery_point, ToUnixMillis(clock_.Now()), BytesOf(scope),
-         BytesOf(lease.owner), lease.fence},
-        &changed));
-    if (changed == 0) return Fenced("finish");
-    return Ok();
-  }
-
-  Result<std::optional<Record>> Get(const ScopeHash& scope) override {
-    return GetRecord(*conn_, scope);
-  }
-
-  Result<int64_t> Count(std::string_view tenant, std::string_view user,
-                        std::optional<RecordState> state, int64_t limit) override {
-    // Claims of one principal serialise on this lock until their transactions end, so a quota
-    // counted here is exact, as it is on SQLite.
-    IDEM_RETURN_IF_ERROR(conn_->Run("SELECT pg_advisory_xact_lock(hashtext($1))",
-                                    {std::string(tenant) + '\x1f' + std::string(user)}));
-    std::vector<SqlValue> params{std::string(tenant), std::string(user)};
-    std::string sql =
-        "SELECT count(*) FROM (SELECT 1 FROM idem_records WHERE tenant = $1 AND user_id = $2";
-    if (state) {
-      sql += " AND state = $3 LIMIT $4)";
-      params.emplace_back(std::string(RecordStateName(*state)));
-    } else {
-      sql += " LIMIT $3)";
-    }
-    sql += " AS bounded";
-    params.emplace_back(limit);
-    IDEM_ASSIGN_OR_RETURN(auto rows, conn_->Run(sql, params));
-    return SingleInteger(rows, "count");
-  }
+  using LentSession::LentSession;
 
   Result<std::vector<SqlRow>> Exec(std::string_view sql,
                                    const std::vector<SqlValue>& params) override {
+    IDEM_ASSIGN_OR_RETURN(std::string numbered, BusinessSql("sql", sql, params));
     // A failed statement aborts a PostgreSQL transaction; a savepoint keeps this one usable, so
     // the caller can decide from the existing row after a unique violation.
     IDEM_RETURN_IF_ERROR(conn_->Script("SAVEPOINT idem_exec"));
-    auto rows = conn_->Run(Numbered(sql), params);
+    auto rows = conn_->Run(numbered, params, nullptr);
     if (!rows) {
       if (!conn_->broken()) (void)conn_->Script("ROLLBACK TO SAVEPOINT idem_exec");
       return rows;
@@ -398,27 +354,13 @@ class PostgresTxn final : public StoreTxn {
     return rows;
   }
 
-  Status Commit() override {
-    IDEM_CHECK(!finished_);
-    Status s = conn_->Script("COMMIT");
-    if (!s) {
-      if (conn_->broken()) {
-        // The COMMIT may or may not have reached the server: the outcome is unknown.
-        finished_ = true;
-        return MakeError(Errc::kDeadlineExceeded,
-                         "commit outcome unknown (connection lost): " + s.error().message);
-      }
-      return s;
-    }
-    finished_ = true;
+  Status LockPrincipal(std::string_view tenant, std::string_view user) override {
+    IDEM_RETURN_IF_ERROR(conn_->Run("SELECT pg_advisory_xact_lock(hashtext($1))",
+                                    {std::string(tenant) + '\x1f' + std::string(user)}, nullptr));
     return Ok();
   }
 
- private:
-  Lent conn_;
-  Clock& clock_;
-  Random& random_;
-  bool finished_ = false;
+  Status Commit() override { return CommitOnce(); }
 };
 
 // LISTENs on its own connection (not the pool's) on a thread, reconnecting with back-off.
@@ -509,25 +451,28 @@ class PostgresStore final : public Store {
   Result<std::unique_ptr<StoreTxn>> Begin() override {
     for (int attempt = 0;; ++attempt) {
       IDEM_ASSIGN_OR_RETURN(Lent conn, store_internal::Borrow(*pool_, options_.pool_wait));
-      auto txn = std::make_unique<PostgresTxn>(std::move(conn), clock_, random_);
-      Status begun = txn->Begin();
-      if (begun) return std::unique_ptr<StoreTxn>(std::move(txn));
+      auto session = std::make_unique<PostgresSession>(std::move(conn));
+      Status begun = session->Begin("BEGIN");
+      if (begun) {
+        return std::unique_ptr<StoreTxn>(
+            std::make_unique<SqlTxn>(std::move(session), Sql(), clock_, random_));
+      }
       // A connection that died while idle: nothing was sent, so try a fresh one.
       if (attempt >= options_.max_retries) return std::move(begun).error();
     }
   }
 
   Result<std::optional<Record>> Read(const ScopeHash& scope) override {
-    return Retrying([&](Connection& c) { return GetRecord(c, scope); });
+    return Retrying([&](Connection& c) { return store_internal::GetRecord(c, Sql(), scope); });
   }
 
   Result<std::vector<SqlRow>> Query(std::string_view sql,
                                     const std::vector<SqlValue>& params) override {
-    const std::string numbered = Numbered(sql);
+    IDEM_ASSIGN_OR_RETURN(std::string numbered, BusinessSql("sql", sql, params));
     return Retrying([&](Connection& c) -> Result<std::vector<SqlRow>> {
       // A read-only transaction makes the server refuse writes.
       IDEM_RETURN_IF_ERROR(c.Script("BEGIN READ ONLY"));
-      auto rows = c.Run(numbered, params);
+      auto rows = c.Run(numbered, params, nullptr);
       if (!c.broken()) (void)c.Script(rows ? "COMMIT" : "ROLLBACK");
       if (!rows && c.last_sqlstate() == "25006") {
         return MakeError(Errc::kInvalidArgument, "query: statement is not read-only");
@@ -537,30 +482,14 @@ class PostgresStore final : public Store {
   }
 
   Result<std::vector<Record>> ListStale(int limit) override {
-    static const std::string sql = "SELECT " + std::string(kRecordColumns) +
-                                   " FROM idem_records WHERE state = 'PROCESSING' AND "
-                                   "lease_until < $1 ORDER BY lease_until LIMIT $2";
-    return Retrying([&](Connection& c) -> Result<std::vector<Record>> {
-      IDEM_ASSIGN_OR_RETURN(auto rows, c.Run(sql, {ToUnixMillis(clock_.Now()), int64_t{limit}}));
-      std::vector<Record> records;
-      for (const SqlRow& row : rows) {
-        IDEM_ASSIGN_OR_RETURN(Record r, RecordFromRow(row));
-        records.push_back(std::move(r));
-      }
-      return records;
+    return Retrying([&](Connection& c) {
+      return store_internal::ListStaleRecords(c, Sql(), clock_.Now(), limit);
     });
   }
 
   Result<int> Sweep(int batch) override {
-    static const std::string sql =
-        "DELETE FROM idem_records WHERE scope_hash IN (SELECT scope_hash FROM idem_records "
-        "WHERE expires_at <= $1 AND state <> 'PROCESSING' ORDER BY expires_at LIMIT $2 "
-        "FOR UPDATE SKIP LOCKED)";
-    return Retrying([&](Connection& c) -> Result<int> {
-      int changed = 0;
-      IDEM_RETURN_IF_ERROR(c.Run(sql, {ToUnixMillis(clock_.Now()), int64_t{batch}}, &changed));
-      return changed;
-    });
+    return Retrying(
+        [&](Connection& c) { return store_internal::SweepRecords(c, Sql(), clock_.Now(), batch); });
   }
 
  private:
@@ -586,26 +515,41 @@ class PostgresStore final : public Store {
   StoreCapabilities caps_;
 };
 
-Status Migrate(Connection& conn, std::string_view component,
-               const std::vector<Migration>& migrations, int64_t now_ms) {
-  IDEM_ASSIGN_OR_RETURN(auto rows,
-                        conn.Run("SELECT coalesce(max(version), 0)::bigint FROM idem_schema "
-                                 "WHERE component = $1",
-                                 {std::string(component)}));
-  IDEM_ASSIGN_OR_RETURN(int64_t current, SingleInteger(rows, "schema version"));
-  return store_internal::ApplyMigrations(
-      component, migrations, current, [&](const std::string& sql) { return conn.Script(sql); },
-      [&](int version) -> Status {
-        IDEM_RETURN_IF_ERROR(
-            conn.Run("INSERT INTO idem_schema (component, version, applied_at) VALUES ($1, $2, $3)",
-                     {std::string(component), int64_t{version}, now_ms}));
-        return Ok();
-      });
-}
-
 bool ValidSchemaName(const std::string& s) {
   return !s.empty() && s.size() <= 63 &&
          s.find_first_not_of("abcdefghijklmnopqrstuvwxyz0123456789_") == std::string::npos;
+}
+
+// Creates or checks the schema, on a connection of its own under a database-wide advisory lock,
+// so instances that start at once apply each migration once.
+Status PrepareSchema(const PostgresStoreOptions& options, Clock& clock) {
+  PostgresStoreOptions plain = options;
+  plain.schema = "public";
+  plain.prepared_statements = false;
+  IDEM_ASSIGN_OR_RETURN(auto conn, Connect(plain));
+  if (!options.apply_migrations) {
+    if (options.schema != "public") {
+      IDEM_RETURN_IF_ERROR(
+          conn->Run("SELECT set_config('search_path', $1, false)", {options.schema}, nullptr));
+    }
+    return store_internal::CheckSchema(*conn, Sql());
+  }
+  IDEM_RETURN_IF_ERROR(conn->Run("SELECT pg_advisory_lock($1)", {kMigrationLock}, nullptr));
+  Status migrated = [&]() -> Status {
+    if (options.schema != "public") {
+      IDEM_RETURN_IF_ERROR(conn->Script("CREATE SCHEMA IF NOT EXISTS " + options.schema));
+      IDEM_RETURN_IF_ERROR(
+          conn->Run("SELECT set_config('search_path', $1, false)", {options.schema}, nullptr));
+    }
+    IDEM_RETURN_IF_ERROR(conn->Script("BEGIN"));
+    IDEM_RETURN_IF_ERROR(store_internal::MigrateAll(
+        *conn, Sql(), [&](const std::string& sql) { return conn->Script(sql); }, options.app_name,
+        options.app_migrations, clock.Now()));
+    return conn->Script("COMMIT");
+  }();
+  if (!migrated) (void)conn->Script("ROLLBACK");
+  (void)conn->Run("SELECT pg_advisory_unlock($1)", {kMigrationLock}, nullptr);
+  return migrated;
 }
 
 }  // namespace
@@ -618,39 +562,9 @@ Result<std::unique_ptr<Store>> OpenPostgresStore(const PostgresStoreOptions& opt
   if (!ValidSchemaName(options.schema)) {
     return MakeError(Errc::kInvalidArgument, "postgres: schema must be 1..63 of a-z 0-9 _");
   }
-  if (!options.app_migrations.empty() &&
-      (options.app_name.empty() || options.app_name == kComponent)) {
-    return MakeError(Errc::kInvalidArgument, "postgres: app migrations need an app_name");
-  }
-  // Migrations first, on a connection of their own, under a database-wide advisory lock.
-  {
-    PostgresStoreOptions plain = options;
-    plain.schema = "public";
-    plain.prepared_statements = false;
-    IDEM_ASSIGN_OR_RETURN(auto conn, Connect(plain));
-    IDEM_RETURN_IF_ERROR(conn->Run("SELECT pg_advisory_lock($1)", {kMigrationLock}));
-    Status migrated = [&]() -> Status {
-      if (options.schema != "public") {
-        IDEM_RETURN_IF_ERROR(conn->Script("CREATE SCHEMA IF NOT EXISTS " + options.schema));
-        IDEM_RETURN_IF_ERROR(
-            conn->Run("SELECT set_config('search_path', $1, false)", {options.schema}));
-      }
-      IDEM_RETURN_IF_ERROR(conn->Script("BEGIN"));
-      IDEM_RETURN_IF_ERROR(
-          conn->Script("CREATE TABLE IF NOT EXISTS idem_schema (component TEXT NOT NULL, "
-                       "version BIGINT NOT NULL, applied_at BIGINT NOT NULL, "
-                       "PRIMARY KEY (component, version))"));
-      const int64_t now_ms = ToUnixMillis(clock.Now());
-      IDEM_RETURN_IF_ERROR(Migrate(*conn, kComponent, CoreMigrations(), now_ms));
-      if (!options.app_migrations.empty()) {
-        IDEM_RETURN_IF_ERROR(Migrate(*conn, options.app_name, options.app_migrations, now_ms));
-      }
-      return conn->Script("COMMIT");
-    }();
-    if (!migrated) (void)conn->Script("ROLLBACK");
-    (void)conn->Run("SELECT pg_advisory_unlock($1)", {kMigrationLock});
-    if (!migrated) return std::move(migrated).error();
-  }
+  IDEM_RETURN_IF_ERROR(
+      store_internal::CheckAppName("postgres", options.app_name, options.app_migrations));
+  IDEM_RETURN_IF_ERROR(PrepareSchema(options, clock));
   std::vector<std::unique_ptr<Connection>> conns;
   for (int i = 0; i < options.pool_size; ++i) {
     IDEM_ASSIGN_OR_RETURN(auto conn, Connect(options));

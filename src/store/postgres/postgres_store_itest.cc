@@ -48,9 +48,7 @@ PostgresStoreOptions Options(const std::string& schema, int pool_size, bool prep
   options.schema = schema;
   options.pool_size = pool_size;
   options.prepared_statements = prepared;
-  options.app_name = "contract";
-  options.app_migrations = {{1, kContractBusinessTable}};
-  return options;
+  return WithContractTables(options);
 }
 
 StoreFactory PostgresFactory(int pool_size, bool prepared) {
@@ -102,9 +100,73 @@ TEST(PostgresStore, ManyProcessesMigratingAtOnceApplyEachMigrationOnce) {
     EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
   }
   EXPECT_EQ(QueryInt("SELECT count(*) FROM " + schema + ".idem_schema WHERE component = 'idem'"),
-            1);
+            2);
   EXPECT_EQ(
-      QueryInt("SELECT count(*) FROM " + schema + ".idem_schema WHERE component = 'contract'"), 1);
+      QueryInt("SELECT count(*) FROM " + schema + ".idem_schema WHERE component = 'contract'"),
+      static_cast<int64_t>(ContractMigrations().size()));
+}
+
+// What only PostgreSQL has among the types SqlValue decodes, and a type it refuses.
+TEST(PostgresStore, DecodesItsOwnTypesAndRefusesUnknownOnes) {
+  REQUIRE_POSTGRES();
+  FakeClock clock;
+  SeededRandom random(3);
+  auto store = OpenPostgresStore(Options(FreshSchema(), 1, true), clock, random);
+  ASSERT_TRUE(store.has_value()) << store.error().message;
+  auto rows = (*store)->Query(
+      "SELECT 12345.6789::numeric, (-0.00012)::numeric, 0::numeric(10, 2), 10000::numeric, "
+      "'NaN'::numeric, 123456789012345678901234567890.5::numeric, 1.5::real, true, 7::smallint, "
+      "'a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11'::uuid, '{\"k\": [1, 2]}'::jsonb, 'x'::varchar(4), "
+      "'1999-12-31 23:59:59.9995'::timestamp, ?::timestamptz, ?::double precision",
+      {FromUnixMillis(1'800'000'000'123), -0.125});
+  ASSERT_TRUE(rows.has_value()) << rows.error().message;
+  ASSERT_EQ(rows->size(), 1u);
+  const SqlRow& r = rows->at(0);
+  ASSERT_EQ(r.size(), 15u);
+  const std::vector<std::string> numerics = {
+      "12345.6789", "-0.00012", "0.00", "10000", "NaN", "123456789012345678901234567890.5"};
+  for (std::size_t i = 0; i < numerics.size(); ++i) {
+    ASSERT_TRUE(std::holds_alternative<std::string>(r[i])) << "numeric " << i;
+    EXPECT_EQ(std::get<std::string>(r[i]), numerics[i]);
+  }
+  EXPECT_EQ(std::get<double>(r[6]), 1.5);
+  EXPECT_EQ(std::get<int64_t>(r[7]), 1);
+  EXPECT_EQ(std::get<int64_t>(r[8]), 7);
+  EXPECT_EQ(std::get<std::string>(r[9]), "a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11");
+  EXPECT_EQ(std::get<std::string>(r[10]), "{\"k\": [1, 2]}");
+  EXPECT_EQ(std::get<std::string>(r[11]), "x");
+  // Microseconds round down to the millisecond, before the epoch too.
+  EXPECT_EQ(std::get<Timestamp>(r[12]), FromUnixMillis(946'684'799'999));
+  EXPECT_EQ(std::get<Timestamp>(r[13]), FromUnixMillis(1'800'000'000'123));
+  EXPECT_EQ(std::get<double>(r[14]), -0.125);
+
+  auto array = (*store)->Query("SELECT ARRAY[1, 2]");
+  ASSERT_FALSE(array.has_value());
+  EXPECT_EQ(array.error().code, Errc::kInvalidArgument);
+  EXPECT_NE(array.error().message.find("column 0"), std::string::npos) << array.error().message;
+}
+
+TEST(PostgresStore, WithoutMigrationsOpensOnlyAnExistingSchemaAndWritesNothing) {
+  REQUIRE_POSTGRES();
+  const std::string schema = FreshSchema();
+  FakeClock clock;
+  SeededRandom random(4);
+  PostgresStoreOptions as_is = Options(schema, 1, true);
+  as_is.apply_migrations = false;
+  auto missing = OpenPostgresStore(as_is, clock, random);
+  ASSERT_FALSE(missing.has_value());
+  EXPECT_EQ(missing.error().code, Errc::kInvalidArgument) << missing.error().message;
+  EXPECT_EQ(QueryInt("SELECT count(*) FROM pg_namespace WHERE nspname = '" + schema + "'"), 0)
+      << "nothing is created";
+
+  ASSERT_TRUE(OpenPostgresStore(Options(schema, 1, true), clock, random).has_value());
+  as_is.app_migrations.push_back({3, "CREATE TABLE never_applied (x BIGINT)"});
+  auto tool = OpenPostgresStore(as_is, clock, random);
+  ASSERT_TRUE(tool.has_value()) << tool.error().message;
+  EXPECT_TRUE((*tool)->Query("SELECT count(*) FROM contract_business").has_value());
+  EXPECT_EQ(QueryInt("SELECT count(*) FROM pg_tables WHERE schemaname = '" + schema +
+                     "' AND tablename = 'never_applied'"),
+            0);
 }
 
 TEST(PostgresStore, RefusesASchemaNewerThanItKnows) {

@@ -10,7 +10,7 @@
 
 #include "include/idem/store/redis.h"
 #include "src/core/wire.h"
-#include "src/store/common.h"
+#include "src/store/pool.h"
 
 namespace idem {
 namespace {

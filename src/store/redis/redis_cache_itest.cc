@@ -65,9 +65,8 @@ StoreFactory RedisOver(const std::string& backend) {
         if (backend == "Sqlite") {
           SqliteStoreOptions o;
           o.path = env.dir.File("idem.db");
-          o.app_name = "contract";
-          o.app_migrations = {{1, kContractBusinessTable}};
-          IDEM_ASSIGN_OR_RETURN(inner, OpenSqliteStore(o, env.clock, env.random));
+          IDEM_ASSIGN_OR_RETURN(inner,
+                                OpenSqliteStore(WithContractTables(o), env.clock, env.random));
         } else {
           if (Env("IDEM_TEST_PG_URL").empty()) {
             return MakeError(Errc::kUnavailable, "IDEM_TEST_PG_URL is not set");
@@ -76,9 +75,8 @@ StoreFactory RedisOver(const std::string& backend) {
           o.conninfo = Env("IDEM_TEST_PG_URL");
           o.schema = names.schema;
           o.pool_size = 4;
-          o.app_name = "contract";
-          o.app_migrations = {{1, kContractBusinessTable}};
-          IDEM_ASSIGN_OR_RETURN(inner, OpenPostgresStore(o, env.clock, env.random));
+          IDEM_ASSIGN_OR_RETURN(inner,
+                                OpenPostgresStore(WithContractTables(o), env.clock, env.random));
         }
         return WrapWithRedisCache(std::move(inner), CacheOptions(names.prefix), env.clock);
       }};

@@ -5,6 +5,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <filesystem>
 #include <fstream>
 
 #include "include/idem/store/sqlite.h"
@@ -18,9 +19,7 @@ SqliteStoreOptions Options(const std::string& path, int pool_size) {
   SqliteStoreOptions options;
   options.path = path;
   options.pool_size = pool_size;
-  options.app_name = "contract";
-  options.app_migrations = {{1, kContractBusinessTable}};
-  return options;
+  return WithContractTables(options);
 }
 
 StoreFactory SqliteFactory(int pool_size, bool synchronous_full) {
@@ -56,8 +55,8 @@ TEST(SqliteStore, OpensInWalModeAndAppliesEachMigrationOnce) {
     auto store = OpenSqliteStore(Options(path, 2), env.clock, env.random);
     ASSERT_TRUE(store.has_value()) << store.error().message;
   }
-  EXPECT_EQ(QueryInt(path, "SELECT count(*) FROM idem_schema WHERE component = 'idem'"), 1);
-  EXPECT_EQ(QueryInt(path, "SELECT count(*) FROM idem_schema WHERE component = 'contract'"), 1);
+  EXPECT_EQ(QueryInt(path, "SELECT count(*) FROM idem_schema WHERE component = 'idem'"), 2);
+  EXPECT_EQ(QueryInt(path, "SELECT count(*) FROM idem_schema WHERE component = 'contract'"), 2);
   sqlite3* db = nullptr;
   ASSERT_EQ(sqlite3_open(path.c_str(), &db), SQLITE_OK);
   sqlite3_stmt* stmt = nullptr;
@@ -73,10 +72,10 @@ TEST(SqliteStore, AppliesANewAppMigrationOnReopen) {
   const std::string path = env.dir.File("idem.db");
   ASSERT_TRUE(OpenSqliteStore(Options(path, 1), env.clock, env.random).has_value());
   SqliteStoreOptions v2 = Options(path, 1);
-  v2.app_migrations.push_back({2, "ALTER TABLE contract_business ADD COLUMN extra TEXT"});
+  v2.app_migrations.push_back({3, "ALTER TABLE contract_business ADD COLUMN extra TEXT"});
   auto store = OpenSqliteStore(v2, env.clock, env.random);
   ASSERT_TRUE(store.has_value()) << store.error().message;
-  EXPECT_EQ(QueryInt(path, "SELECT max(version) FROM idem_schema WHERE component = 'contract'"), 2);
+  EXPECT_EQ(QueryInt(path, "SELECT max(version) FROM idem_schema WHERE component = 'contract'"), 3);
 }
 
 TEST(SqliteStore, RefusesASchemaNewerThanItKnows) {
@@ -98,6 +97,41 @@ TEST(SqliteStore, ABrokenMigrationLeavesNothingApplied) {
   ASSERT_FALSE(store.has_value());
   EXPECT_EQ(store.error().code, Errc::kInvalidArgument);
   EXPECT_EQ(QueryInt(path, "SELECT count(*) FROM sqlite_master WHERE name = 'ok_table'"), 0);
+}
+
+TEST(SqliteStore, WithoutMigrationsOpensOnlyAnExistingSchemaAndWritesNothing) {
+  StoreTestEnv env;
+  const std::string path = env.dir.File("idem.db");
+  SqliteStoreOptions as_is = Options(path, 1);
+  as_is.apply_migrations = false;
+  auto missing = OpenSqliteStore(as_is, env.clock, env.random);
+  ASSERT_FALSE(missing.has_value());
+  EXPECT_EQ(missing.error().code, Errc::kInvalidArgument) << missing.error().message;
+  EXPECT_FALSE(std::filesystem::exists(path)) << "no file is created";
+
+  // A file without idem's schema is refused, and stays without it.
+  QueryInt(path, "CREATE TABLE unrelated (x INTEGER) ");
+  auto foreign = OpenSqliteStore(as_is, env.clock, env.random);
+  ASSERT_FALSE(foreign.has_value());
+  EXPECT_EQ(foreign.error().code, Errc::kInvalidArgument) << foreign.error().message;
+  EXPECT_EQ(QueryInt(path, "SELECT count(*) FROM sqlite_master WHERE name = 'idem_records'"), 0);
+
+  // After a normal open it reads what the service wrote, and applies no migration of its own.
+  std::filesystem::remove(path);
+  auto service = OpenSqliteStore(Options(path, 1), env.clock, env.random);
+  ASSERT_TRUE(service.has_value()) << service.error().message;
+  as_is.app_migrations.push_back({3, "CREATE TABLE never_applied (x INTEGER)"});
+  auto tool = OpenSqliteStore(as_is, env.clock, env.random);
+  ASSERT_TRUE(tool.has_value()) << tool.error().message;
+  auto rows = (*tool)->Query("SELECT count(*) FROM contract_business");
+  ASSERT_TRUE(rows.has_value()) << rows.error().message;
+  EXPECT_EQ(QueryInt(path, "SELECT count(*) FROM sqlite_master WHERE name = 'never_applied'"), 0);
+
+  // A schema newer than this build is refused as on a normal open.
+  QueryInt(path, "INSERT INTO idem_schema VALUES ('idem', 99, 0) RETURNING 1");
+  auto newer = OpenSqliteStore(as_is, env.clock, env.random);
+  ASSERT_FALSE(newer.has_value());
+  EXPECT_EQ(newer.error().code, Errc::kDataLoss);
 }
 
 TEST(SqliteStore, RejectsBadOptions) {

@@ -1,5 +1,5 @@
-// src/store/common.h — pieces every SQL backend shares: a bounded connection pool, the record
-// columns and their mapping from rows. Internal to the store targets.
+// src/store/pool.h — a bounded pool of connections, shared by the SQL backends and the Redis
+// cache. Internal to the store targets.
 #pragma once
 
 #include <algorithm>
@@ -13,7 +13,6 @@
 #include <utility>
 #include <vector>
 
-#include "include/idem/record.h"
 #include "include/idem/store.h"
 
 namespace idem::store_internal {
@@ -105,46 +104,6 @@ template <typename Conn>
 Result<Lent<Conn>> Borrow(Pool<Conn>& pool, Millis wait) {
   IDEM_ASSIGN_OR_RETURN(Conn * c, pool.Acquire(wait));
   return Lent<Conn>(pool, c);
-}
-
-// The records table's columns, in the order RecordFromRow reads them.
-inline constexpr std::string_view kRecordColumns =
-    "scope_hash, tenant, user_id, route, request_hash, fp_version, secret_id, state, "
-    "recovery_point, resource_id, status_code, response, owner_token, fence, lease_until, "
-    "created_at, updated_at, expires_at";
-
-// Errors: kDataLoss for a row that is not a record.
-Result<Record> RecordFromRow(const SqlRow& row);
-
-// The one integer a query like "SELECT count(*)" returns. Errors: kDataLoss for anything else.
-Result<int64_t> SingleInteger(const std::vector<SqlRow>& rows, const char* what);
-
-inline Blob BytesOf(const uint8_t* data, std::size_t size) {
-  return Blob{std::string(reinterpret_cast<const char*>(data), size)};
-}
-template <std::size_t N>
-Blob BytesOf(const std::array<uint8_t, N>& a) {
-  return BytesOf(a.data(), N);
-}
-
-// A fresh PROCESSING record for `spec` at `now` with `fence` and a new owner token.
-Record NewRecord(const ClaimSpec& spec, Timestamp now, int64_t fence, Random& random);
-
-// Applies the migrations of `component` newer than `current`, in order: `run_sql` executes one
-// migration's statements, `record` writes its row in the schema table. Errors: kDataLoss when
-// `current` is newer than every migration this build knows; kInvalidArgument naming a migration
-// the database rejects.
-Status ApplyMigrations(std::string_view component, const std::vector<Migration>& migrations,
-                       int64_t current, const std::function<Status(const std::string&)>& run_sql,
-                       const std::function<Status(int)>& record);
-
-// What Reclaim returns, from the rows its conditional updates changed and the record as it is
-// now: the record when one changed; kNotFound when it is gone; kConflict when it moved on.
-Result<Record> ReclaimResult(int changed, std::optional<Record> current);
-
-inline Error Fenced(const char* op) {
-  return MakeError(Errc::kFenced,
-                   std::string(op) + ": lease lost (owner token or fence no longer match)");
 }
 
 }  // namespace idem::store_internal

@@ -1,0 +1,486 @@
+// src/store/sql.cc — the records' SQL text and the record operations every SQL backend shares.
+#include "src/store/sql.h"
+
+#include <algorithm>
+
+namespace idem::store_internal {
+namespace {
+
+constexpr std::string_view kComponent = "idem";
+
+// The records table's columns, in the order RecordFromRow reads them.
+constexpr std::string_view kRecordColumns =
+    "scope_hash, tenant, user_id, route, request_hash, fp_version, secret_id, state, "
+    "recovery_point, resource_id, status_code, response, owner_token, fence, lease_until, "
+    "created_at, updated_at, expires_at";
+
+// libidem's schema, one entry per version, in a template: {int} and {bytes} are the dialect's
+// type names, {table_options} its options for the records table. Never edit an applied entry;
+// append a new one.
+const std::vector<Migration>& SchemaTemplate() {
+  static const std::vector<Migration> kTemplate = {
+      {1, R"sql(
+CREATE TABLE idem_records (
+  scope_hash     {bytes} PRIMARY KEY,
+  tenant         TEXT NOT NULL,
+  user_id        TEXT NOT NULL,
+  route          TEXT NOT NULL,
+  request_hash   {bytes} NOT NULL,
+  fp_version     {int} NOT NULL,
+  secret_id      {int} NOT NULL,
+  state          TEXT NOT NULL
+                 CHECK (state IN ('PROCESSING','SUCCEEDED','FAILED_FINAL','FAILED_RETRYABLE')),
+  recovery_point TEXT NOT NULL DEFAULT '',
+  resource_id    TEXT NOT NULL DEFAULT '',
+  status_code    {int} NOT NULL DEFAULT 0,
+  response       {bytes},
+  owner_token    {bytes} NOT NULL,
+  fence          {int} NOT NULL,
+  lease_until    {int} NOT NULL,
+  created_at     {int} NOT NULL,
+  updated_at     {int} NOT NULL,
+  expires_at     {int} NOT NULL
+){table_options};
+CREATE INDEX idem_records_quota ON idem_records (tenant, user_id, state);
+CREATE INDEX idem_records_expiry ON idem_records (expires_at);
+)sql"},
+      // The reconciler's scan of expired leases. PostgreSQL stores made before the schema had one
+      // text already have this index (IF NOT EXISTS).
+      {2, R"sql(
+CREATE INDEX IF NOT EXISTS idem_records_stale ON idem_records (lease_until)
+  WHERE state = 'PROCESSING';
+)sql"},
+  };
+  return kTemplate;
+}
+
+std::string ReplaceAll(std::string text, std::string_view from, std::string_view to) {
+  for (std::size_t at = text.find(from); at != std::string::npos;
+       at = text.find(from, at + to.size())) {
+    text.replace(at, from.size(), to);
+  }
+  return text;
+}
+
+std::string RenderSchema(const Dialect& d, std::string text) {
+  text = ReplaceAll(std::move(text), "{int}", d.integer_type);
+  text = ReplaceAll(std::move(text), "{bytes}", d.bytes_type);
+  return ReplaceAll(std::move(text), "{table_options}", d.record_table_options);
+}
+
+std::string Render(const Dialect& d, std::string_view sql) {
+  return d.numbered_placeholders ? Numbered(sql) : std::string(sql);
+}
+
+template <std::size_t N>
+Status CopyBytes(const SqlValue& v, std::array<uint8_t, N>* out, const char* column) {
+  const Blob* b = std::get_if<Blob>(&v);
+  if (b == nullptr || b->bytes.size() != N) {
+    return MakeError(Errc::kDataLoss, std::string("record column ") + column + " is malformed");
+  }
+  std::copy(b->bytes.begin(), b->bytes.end(), out->begin());
+  return Ok();
+}
+
+// Errors: kDataLoss for a row that is not a record.
+Result<Record> RecordFromRow(const SqlRow& row) {
+  if (row.size() != 18) return MakeError(Errc::kDataLoss, "record row has the wrong shape");
+  auto text = [&](std::size_t i) -> std::string {
+    const std::string* s = std::get_if<std::string>(&row[i]);
+    return s ? *s : std::string();
+  };
+  auto integer = [&](std::size_t i) -> int64_t {
+    const int64_t* n = std::get_if<int64_t>(&row[i]);
+    return n ? *n : 0;
+  };
+  Record r;
+  IDEM_RETURN_IF_ERROR(CopyBytes(row[0], &r.scope, "scope_hash"));
+  r.tenant = text(1);
+  r.user = text(2);
+  r.route = text(3);
+  IDEM_RETURN_IF_ERROR(CopyBytes(row[4], &r.fingerprint.mac, "request_hash"));
+  r.fingerprint.rules_version = static_cast<uint32_t>(integer(5));
+  r.fingerprint.secret_id = static_cast<uint32_t>(integer(6));
+  IDEM_ASSIGN_OR_RETURN(r.state, ParseRecordState(text(7)));
+  r.recovery_point = text(8);
+  r.resource_id = text(9);
+  r.status_code = static_cast<int>(integer(10));
+  if (const Blob* b = std::get_if<Blob>(&row[11])) r.response = b->bytes;
+  IDEM_RETURN_IF_ERROR(CopyBytes(row[12], &r.lease.owner, "owner_token"));
+  r.lease.fence = integer(13);
+  r.lease.until = FromUnixMillis(integer(14));
+  r.created_at = FromUnixMillis(integer(15));
+  r.updated_at = FromUnixMillis(integer(16));
+  r.expires_at = FromUnixMillis(integer(17));
+  return r;
+}
+
+// A fresh PROCESSING record for `spec` at `now` with `fence` and a new owner token.
+Record NewRecord(const ClaimSpec& spec, Timestamp now, int64_t fence, Random& random) {
+  Record r;
+  r.scope = spec.scope;
+  r.tenant = spec.tenant;
+  r.user = spec.user;
+  r.route = spec.route;
+  r.fingerprint = spec.fingerprint;
+  r.state = RecordState::kProcessing;
+  random.Fill(r.lease.owner);
+  r.lease.fence = fence;
+  r.lease.until = now + spec.lease_ttl;
+  r.created_at = now;
+  r.updated_at = now;
+  r.expires_at = now + spec.retention;
+  return r;
+}
+
+Error Fenced(const char* op) {
+  return MakeError(Errc::kFenced,
+                   std::string(op) + ": lease lost (owner token or fence no longer match)");
+}
+
+Result<std::vector<Record>> Records(const std::vector<SqlRow>& rows) {
+  std::vector<Record> records;
+  records.reserve(rows.size());
+  for (const SqlRow& row : rows) {
+    IDEM_ASSIGN_OR_RETURN(Record r, RecordFromRow(row));
+    records.push_back(std::move(r));
+  }
+  return records;
+}
+
+Result<int64_t> SchemaVersion(SqlRunner& conn, const RecordSql& sql, std::string_view component) {
+  IDEM_ASSIGN_OR_RETURN(auto rows, conn.Run(sql.schema_version, {std::string(component)}, nullptr));
+  return SingleInteger(rows, "schema version");
+}
+
+int64_t Newest(const std::vector<Migration>& migrations) {
+  int64_t newest = 0;
+  for (const Migration& m : migrations) newest = std::max<int64_t>(newest, m.version);
+  return newest;
+}
+
+Error NewerSchema(std::string_view component, int64_t current, int64_t known) {
+  return MakeError(Errc::kDataLoss, "schema of '" + std::string(component) + "' is at version " +
+                                        std::to_string(current) + ", newer than this build (" +
+                                        std::to_string(known) + ")");
+}
+
+// Applies the migrations of `component` newer than the database's, in order.
+Status Migrate(SqlRunner& conn, const RecordSql& sql,
+               const std::function<Status(const std::string&)>& script, std::string_view component,
+               const std::vector<Migration>& migrations, Timestamp now) {
+  IDEM_ASSIGN_OR_RETURN(int64_t current, SchemaVersion(conn, sql, component));
+  const int64_t known = Newest(migrations);
+  if (current > known) return NewerSchema(component, current, known);
+  for (const Migration& m : migrations) {
+    if (m.version <= current) continue;
+    if (Status s = script(m.sql); !s) {
+      return MakeError(Errc::kInvalidArgument, "migration " + std::string(component) + " v" +
+                                                   std::to_string(m.version) + ": " +
+                                                   s.error().message);
+    }
+    IDEM_RETURN_IF_ERROR(conn.Run(sql.schema_insert,
+                                  {std::string(component), int64_t{m.version}, ToUnixMillis(now)},
+                                  nullptr));
+  }
+  return Ok();
+}
+
+}  // namespace
+
+const Dialect& SqliteDialect() {
+  // INTEGER is SQLite's 64-bit integer; WITHOUT ROWID keys the table on scope_hash itself.
+  static const Dialect kDialect{"sqlite", "INTEGER", "BLOB", " WITHOUT ROWID", false, "", ""};
+  return kDialect;
+}
+
+const Dialect& PostgresDialect() {
+  static const Dialect kDialect{
+      "postgres", "BIGINT", "BYTEA", "", true, " FOR UPDATE SKIP LOCKED",
+      // Delivered to listeners when (and only if) the transaction commits.
+      " RETURNING pg_notify('idem_finished', encode(scope_hash, 'hex'))"};
+  return kDialect;
+}
+
+std::string Numbered(std::string_view sql, int* count) {
+  std::string out;
+  out.reserve(sql.size() + 16);
+  char quote = 0;
+  int n = 0;
+  for (char c : sql) {
+    if (quote != 0) {
+      if (c == quote) quote = 0;
+      out.push_back(c);
+    } else if (c == '\'' || c == '"') {
+      quote = c;
+      out.push_back(c);
+    } else if (c == '?') {
+      out += "$" + std::to_string(++n);
+    } else {
+      out.push_back(c);
+    }
+  }
+  if (count != nullptr) *count = n;
+  return out;
+}
+
+int CountPlaceholders(std::string_view sql) {
+  int n = 0;
+  (void)Numbered(sql, &n);
+  return n;
+}
+
+Status CheckParameterCount(std::string_view op, int expected, std::size_t got) {
+  if (static_cast<std::size_t>(expected) == got) return Ok();
+  return MakeError(Errc::kInvalidArgument, std::string(op) + ": statement takes " +
+                                               std::to_string(expected) + " parameters, got " +
+                                               std::to_string(got));
+}
+
+RecordSql::RecordSql(const Dialect& d) : dialect(d) {
+  for (const Migration& m : SchemaTemplate())
+    migrations.push_back({m.version, RenderSchema(d, m.sql)});
+  const std::string columns(kRecordColumns);
+  create_schema_table = RenderSchema(
+      d,
+      "CREATE TABLE IF NOT EXISTS idem_schema (component TEXT NOT NULL, version {int} NOT NULL, "
+      "applied_at {int} NOT NULL, PRIMARY KEY (component, version))");
+  schema_version =
+      Render(d, "SELECT coalesce(max(version), 0) FROM idem_schema WHERE component = ?");
+  schema_insert =
+      Render(d, "INSERT INTO idem_schema (component, version, applied_at) VALUES (?, ?, ?)");
+  get = Render(d, "SELECT " + columns + " FROM idem_records WHERE scope_hash = ?");
+  claim = Render(d, "INSERT INTO idem_records (" + columns +
+                        ") VALUES (?, ?, ?, ?, ?, ?, ?, 'PROCESSING', '', '', 0, NULL, ?, ?, ?, "
+                        "?, ?, ?) ON CONFLICT (scope_hash) DO NOTHING");
+  // An expired, finished record starts a new operation: all columns from the spec. An expired
+  // PROCESSING record is still unresolved (a charge may have left) and is only taken over.
+  reclaim_fresh =
+      Render(d,
+             "UPDATE idem_records SET tenant = ?, user_id = ?, route = ?, request_hash = ?, "
+             "fp_version = ?, secret_id = ?, state = 'PROCESSING', recovery_point = '', "
+             "resource_id = '', status_code = 0, response = NULL, owner_token = ?, fence = ?, "
+             "lease_until = ?, created_at = ?, updated_at = ?, expires_at = ? "
+             "WHERE scope_hash = ? AND fence = ? AND expires_at <= ? AND state <> 'PROCESSING'");
+  // A takeover of an expired lease, or a retry after a retryable failure: the same operation.
+  reclaim_resume =
+      Render(d,
+             "UPDATE idem_records SET state = 'PROCESSING', owner_token = ?, fence = ?, "
+             "lease_until = ?, updated_at = ? WHERE scope_hash = ? AND fence = ? AND "
+             "(state = 'FAILED_RETRYABLE' OR (state = 'PROCESSING' AND lease_until < ?))");
+  renew = Render(d,
+                 "UPDATE idem_records SET lease_until = ?, updated_at = ? WHERE scope_hash = ? "
+                 "AND owner_token = ? AND fence = ? AND state = 'PROCESSING'");
+  advance =
+      Render(d,
+             "UPDATE idem_records SET recovery_point = ?, "
+             "resource_id = CASE WHEN ? = '' THEN resource_id ELSE ? END, updated_at = ? "
+             "WHERE scope_hash = ? AND owner_token = ? AND fence = ? AND state = 'PROCESSING'");
+  finish =
+      Render(d,
+             "UPDATE idem_records SET state = ?, status_code = ?, response = ?, "
+             "recovery_point = CASE WHEN ? = '' THEN recovery_point ELSE ? END, updated_at = ? "
+             "WHERE scope_hash = ? AND owner_token = ? AND fence = ? AND state = 'PROCESSING'" +
+                 std::string(d.on_finish));
+  // Bounded by LIMIT, so a quota check costs at most the quota's index entries.
+  count_any = Render(d,
+                     "SELECT count(*) FROM (SELECT 1 FROM idem_records WHERE tenant = ? AND "
+                     "user_id = ? LIMIT ?) AS bounded");
+  count_state = Render(d,
+                       "SELECT count(*) FROM (SELECT 1 FROM idem_records WHERE tenant = ? AND "
+                       "user_id = ? AND state = ? LIMIT ?) AS bounded");
+  list_stale = Render(d, "SELECT " + columns +
+                             " FROM idem_records WHERE state = 'PROCESSING' AND lease_until < ? "
+                             "ORDER BY lease_until LIMIT ?");
+  sweep = Render(d,
+                 "DELETE FROM idem_records WHERE scope_hash IN (SELECT scope_hash FROM "
+                 "idem_records WHERE expires_at <= ? AND state <> 'PROCESSING' ORDER BY "
+                 "expires_at LIMIT ?" +
+                     std::string(d.sweep_lock) + ")");
+}
+
+// ---- SqlTxn ----------------------------------------------------------------------------------
+
+SqlTxn::SqlTxn(std::unique_ptr<TxnSession> session, const RecordSql& sql, Clock& clock,
+               Random& random)
+    : session_(std::move(session)), sql_(sql), clock_(clock), random_(random) {}
+
+Result<int> SqlTxn::Change(const std::string& sql, const std::vector<SqlValue>& params) {
+  int changed = 0;
+  IDEM_RETURN_IF_ERROR(session_->Run(sql, params, &changed));
+  return changed;
+}
+
+Result<ClaimResult> SqlTxn::Claim(const ClaimSpec& spec) {
+  const Timestamp now = clock_.Now();
+  Record r = NewRecord(spec, now, 1, random_);
+  IDEM_ASSIGN_OR_RETURN(
+      int changed,
+      Change(sql_.claim, {BytesOf(spec.scope), spec.tenant, spec.user, spec.route,
+                          BytesOf(spec.fingerprint.mac), int64_t{spec.fingerprint.rules_version},
+                          int64_t{spec.fingerprint.secret_id}, BytesOf(r.lease.owner),
+                          r.lease.fence, ToUnixMillis(r.lease.until), ToUnixMillis(now),
+                          ToUnixMillis(now), ToUnixMillis(r.expires_at)}));
+  if (changed == 1) return ClaimResult{true, std::move(r)};
+  // The conflicting insert has committed (the insert waited for it), so this read sees it,
+  // unless a sweeper deleted it in between: worth another try.
+  IDEM_ASSIGN_OR_RETURN(auto existing, Get(spec.scope));
+  if (!existing) return MakeError(Errc::kUnavailable, "claim: conflicting record vanished");
+  return ClaimResult{false, std::move(*existing)};
+}
+
+Result<Record> SqlTxn::Reclaim(const ClaimSpec& spec, int64_t seen_fence) {
+  const Timestamp now = clock_.Now();
+  const int64_t now_ms = ToUnixMillis(now);
+  Record r = NewRecord(spec, now, seen_fence + 1, random_);
+  IDEM_ASSIGN_OR_RETURN(
+      int changed,
+      Change(sql_.reclaim_fresh,
+             {spec.tenant, spec.user, spec.route, BytesOf(spec.fingerprint.mac),
+              int64_t{spec.fingerprint.rules_version}, int64_t{spec.fingerprint.secret_id},
+              BytesOf(r.lease.owner), r.lease.fence, ToUnixMillis(r.lease.until), now_ms, now_ms,
+              ToUnixMillis(r.expires_at), BytesOf(spec.scope), seen_fence, now_ms}));
+  if (changed == 0) {
+    IDEM_ASSIGN_OR_RETURN(
+        changed, Change(sql_.reclaim_resume,
+                        {BytesOf(r.lease.owner), r.lease.fence, ToUnixMillis(r.lease.until), now_ms,
+                         BytesOf(spec.scope), seen_fence, now_ms}));
+  }
+  IDEM_ASSIGN_OR_RETURN(std::optional<Record> current, Get(spec.scope));
+  if (!current) return MakeError(Errc::kNotFound, "reclaim: record is gone");
+  if (changed == 0) {
+    return MakeError(Errc::kConflict, "reclaim: record moved on (fence " +
+                                          std::to_string(current->lease.fence) + ", state " +
+                                          std::string(RecordStateName(current->state)) + ")");
+  }
+  return std::move(*current);
+}
+
+Result<Lease> SqlTxn::Renew(const ScopeHash& scope, const Lease& lease, Millis ttl) {
+  const Timestamp now = clock_.Now();
+  Lease renewed = lease;
+  renewed.until = now + ttl;
+  IDEM_ASSIGN_OR_RETURN(int changed,
+                        Change(sql_.renew, {ToUnixMillis(renewed.until), ToUnixMillis(now),
+                                            BytesOf(scope), BytesOf(lease.owner), lease.fence}));
+  if (changed == 0) return Fenced("renew");
+  return renewed;
+}
+
+Status SqlTxn::Advance(const ScopeHash& scope, const Lease& lease, std::string_view point,
+                       std::string_view resource_id) {
+  IDEM_ASSIGN_OR_RETURN(int changed,
+                        Change(sql_.advance, {std::string(point), std::string(resource_id),
+                                              std::string(resource_id), ToUnixMillis(clock_.Now()),
+                                              BytesOf(scope), BytesOf(lease.owner), lease.fence}));
+  if (changed == 0) return Fenced("advance");
+  return Ok();
+}
+
+Status SqlTxn::Finish(const ScopeHash& scope, const Lease& lease, const Outcome& outcome) {
+  IDEM_CHECK(outcome.state != RecordState::kProcessing);
+  SqlValue response =
+      outcome.sealed_response.empty() ? SqlValue{} : SqlValue{Blob{outcome.sealed_response}};
+  IDEM_ASSIGN_OR_RETURN(
+      int changed,
+      Change(sql_.finish,
+             {std::string(RecordStateName(outcome.state)), int64_t{outcome.status_code},
+              std::move(response), outcome.recovery_point, outcome.recovery_point,
+              ToUnixMillis(clock_.Now()), BytesOf(scope), BytesOf(lease.owner), lease.fence}));
+  if (changed == 0) return Fenced("finish");
+  return Ok();
+}
+
+Result<std::optional<Record>> SqlTxn::Get(const ScopeHash& scope) {
+  return GetRecord(*session_, sql_, scope);
+}
+
+Result<int64_t> SqlTxn::Count(std::string_view tenant, std::string_view user,
+                              std::optional<RecordState> state, int64_t limit) {
+  // Claims of one principal serialise here until their transactions end, so a quota counted
+  // after the claim's own write is exact across processes.
+  IDEM_RETURN_IF_ERROR(session_->LockPrincipal(tenant, user));
+  std::vector<SqlValue> params{std::string(tenant), std::string(user)};
+  if (state) params.emplace_back(std::string(RecordStateName(*state)));
+  params.emplace_back(limit);
+  IDEM_ASSIGN_OR_RETURN(auto rows,
+                        session_->Run(state ? sql_.count_state : sql_.count_any, params, nullptr));
+  return SingleInteger(rows, "count");
+}
+
+Result<std::vector<SqlRow>> SqlTxn::Exec(std::string_view sql,
+                                         const std::vector<SqlValue>& params) {
+  return session_->Exec(sql, params);
+}
+
+Status SqlTxn::Commit() {
+  IDEM_CHECK(!committed_);
+  IDEM_RETURN_IF_ERROR(session_->Commit());
+  committed_ = true;
+  return Ok();
+}
+
+// ---- Outside transactions --------------------------------------------------------------------
+
+Result<std::optional<Record>> GetRecord(SqlRunner& conn, const RecordSql& sql,
+                                        const ScopeHash& scope) {
+  IDEM_ASSIGN_OR_RETURN(auto rows, conn.Run(sql.get, {BytesOf(scope)}, nullptr));
+  if (rows.empty()) return std::optional<Record>();
+  IDEM_ASSIGN_OR_RETURN(Record r, RecordFromRow(rows[0]));
+  return std::optional<Record>(std::move(r));
+}
+
+Result<std::vector<Record>> ListStaleRecords(SqlRunner& conn, const RecordSql& sql, Timestamp now,
+                                             int limit) {
+  IDEM_ASSIGN_OR_RETURN(auto rows,
+                        conn.Run(sql.list_stale, {ToUnixMillis(now), int64_t{limit}}, nullptr));
+  return Records(rows);
+}
+
+Result<int> SweepRecords(SqlRunner& conn, const RecordSql& sql, Timestamp now, int batch) {
+  int changed = 0;
+  IDEM_RETURN_IF_ERROR(conn.Run(sql.sweep, {ToUnixMillis(now), int64_t{batch}}, &changed));
+  return changed;
+}
+
+Status MigrateAll(SqlRunner& conn, const RecordSql& sql,
+                  const std::function<Status(const std::string&)>& script,
+                  const std::string& app_name, const std::vector<Migration>& app_migrations,
+                  Timestamp now) {
+  IDEM_RETURN_IF_ERROR(script(sql.create_schema_table));
+  IDEM_RETURN_IF_ERROR(Migrate(conn, sql, script, kComponent, sql.migrations, now));
+  if (app_migrations.empty()) return Ok();
+  return Migrate(conn, sql, script, app_name, app_migrations, now);
+}
+
+Status CheckSchema(SqlRunner& conn, const RecordSql& sql) {
+  auto current = SchemaVersion(conn, sql, kComponent);
+  // A database without the schema table rejects the query (kInvalidArgument); a busy or
+  // unreachable one is reported as it is.
+  if (!current && current.error().code != Errc::kInvalidArgument) return std::move(current).error();
+  if (!current || *current == 0) {
+    return MakeError(Errc::kInvalidArgument,
+                     "the database has no idem schema; start idemd on it once to create it");
+  }
+  const int64_t known = Newest(sql.migrations);
+  if (*current > known) return NewerSchema(kComponent, *current, known);
+  return Ok();
+}
+
+Status CheckAppName(std::string_view backend, const std::string& app_name,
+                    const std::vector<Migration>& app_migrations) {
+  if (!app_migrations.empty() && (app_name.empty() || app_name == kComponent)) {
+    return MakeError(Errc::kInvalidArgument,
+                     std::string(backend) + ": app migrations need an app_name other than 'idem'");
+  }
+  return Ok();
+}
+
+Result<int64_t> SingleInteger(const std::vector<SqlRow>& rows, const char* what) {
+  if (rows.size() == 1 && rows[0].size() == 1) {
+    if (const int64_t* n = std::get_if<int64_t>(&rows[0][0])) return *n;
+  }
+  return MakeError(Errc::kDataLoss, std::string(what) + ": expected one integer");
+}
+
+}  // namespace idem::store_internal

@@ -1,0 +1,211 @@
+// src/store/sql.h — the one SQL text of libidem's records, for every SQL backend: the schema (a
+// template with per-backend type names), the record statements, the migration runner, and the
+// StoreTxn both SQL stores share. A backend supplies only what really differs: how a statement
+// runs on its connections (placeholders, binding, decoding, error mapping), how a transaction
+// locks, and what a failed commit means. Internal to the store targets.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "include/idem/record.h"
+#include "include/idem/store.h"
+#include "src/store/pool.h"
+
+namespace idem::store_internal {
+
+// What differs in the SQL text between backends; everything else is written once below.
+struct Dialect {
+  std::string_view name;
+  std::string_view integer_type;  // a 64-bit integer column
+  std::string_view bytes_type;    // a byte-string column
+  std::string_view record_table_options;
+  bool numbered_placeholders = false;  // $1, $2, ... instead of ?
+  // Appended to the sweeper's inner SELECT: concurrent sweepers skip each other's rows.
+  std::string_view sweep_lock;
+  // Appended to the finish UPDATE (PostgreSQL: notify listeners when the transaction commits).
+  std::string_view on_finish;
+};
+
+const Dialect& SqliteDialect();
+const Dialect& PostgresDialect();
+
+// `sql` with its '?' placeholders written as $1, $2, ... (quoted text is left alone); `count`
+// receives the number of placeholders when non-null.
+std::string Numbered(std::string_view sql, int* count = nullptr);
+
+// The number of '?' placeholders in `sql` outside quoted text.
+int CountPlaceholders(std::string_view sql);
+
+// Errors: kInvalidArgument, worded the same on every backend, when a statement takes `expected`
+// parameters and `got` were given.
+Status CheckParameterCount(std::string_view op, int expected, std::size_t got);
+
+// Every statement on the records table, rendered once for a dialect.
+struct RecordSql {
+  explicit RecordSql(const Dialect& dialect);
+
+  const Dialect& dialect;
+  std::vector<Migration> migrations;  // libidem's schema, oldest first
+  std::string create_schema_table;
+  std::string schema_version;  // (component) → the highest applied version, or 0
+  std::string schema_insert;   // (component, version, applied_at)
+  std::string get;
+  std::string claim;
+  std::string reclaim_fresh;
+  std::string reclaim_resume;
+  std::string renew;
+  std::string advance;
+  std::string finish;
+  std::string count_any;
+  std::string count_state;
+  std::string list_stale;
+  std::string sweep;
+};
+
+// Runs statements of the shared text on one connection; each backend's connection is one.
+class SqlRunner {
+ public:
+  virtual ~SqlRunner() = default;
+  // Runs one statement, already in this backend's placeholder form, with `params` bound in
+  // order; returns its rows and sets `*changed` (when non-null) to the number of rows it changed.
+  // Errors: the backend's mapping — kAlreadyExists (unique violation), kInvalidArgument (SQL the
+  // database rejects), kUnavailable (busy or unreachable), kDataLoss (corruption).
+  virtual Result<std::vector<SqlRow>> Run(std::string_view sql, const std::vector<SqlValue>& params,
+                                          int* changed) = 0;
+};
+
+// The backend's half of one write transaction: a connection inside BEGIN. Destroying it without a
+// successful Commit rolls back.
+class TxnSession : public SqlRunner {
+ public:
+  // Runs business SQL as its caller wrote it ('?' placeholders) so that a failed statement leaves
+  // the transaction usable. Errors: as Run; kInvalidArgument for a wrong parameter count.
+  virtual Result<std::vector<SqlRow>> Exec(std::string_view sql,
+                                           const std::vector<SqlValue>& params) = 0;
+  // Serialises quota counts of one principal until the transaction ends, where the backend's
+  // write lock does not already.
+  virtual Status LockPrincipal(std::string_view tenant, std::string_view user) = 0;
+  // Errors: kUnavailable (nothing was committed; the transaction stays open until destroyed);
+  // kDeadlineExceeded when the outcome is unknown (the connection broke during COMMIT).
+  virtual Status Commit() = 0;
+};
+
+// A TxnSession on a connection lent by a Pool: `Conn` is the backend's connection (a SqlRunner
+// with Script(sql) and broken()). Rolls back on destruction unless committed, on a connection
+// that still works.
+template <typename Conn>
+class LentSession : public TxnSession {
+ public:
+  explicit LentSession(Lent<Conn> conn) : conn_(std::move(conn)) {}
+  ~LentSession() override {
+    if (open_ && !conn_->broken()) (void)conn_->Script("ROLLBACK");
+  }
+
+  // Opens the transaction with `begin` ("BEGIN", "BEGIN IMMEDIATE").
+  Status Begin(const std::string& begin) {
+    IDEM_RETURN_IF_ERROR(conn_->Script(begin));
+    open_ = true;
+    return Ok();
+  }
+
+  Result<std::vector<SqlRow>> Run(std::string_view sql, const std::vector<SqlValue>& params,
+                                  int* changed) override {
+    return conn_->Run(sql, params, changed);
+  }
+
+ protected:
+  // COMMIT; on failure the transaction stays open (rolled back on destruction) unless the
+  // connection broke, when the outcome is unknown: kDeadlineExceeded.
+  Status CommitOnce() {
+    Status s = conn_->Script("COMMIT");
+    if (!s && conn_->broken()) {
+      open_ = false;
+      return MakeError(Errc::kDeadlineExceeded,
+                       "commit outcome unknown (connection lost): " + s.error().message);
+    }
+    IDEM_RETURN_IF_ERROR(s);
+    open_ = false;
+    return Ok();
+  }
+
+  Lent<Conn> conn_;
+
+ private:
+  bool open_ = false;
+};
+
+// The StoreTxn of every SQL backend: record operations in the shared text over a session.
+// Used by one thread, like every StoreTxn.
+class SqlTxn final : public StoreTxn {
+ public:
+  // Borrows `sql`, `clock` and `random`, which outlive the transaction.
+  SqlTxn(std::unique_ptr<TxnSession> session, const RecordSql& sql, Clock& clock, Random& random);
+
+  Result<ClaimResult> Claim(const ClaimSpec& spec) override;
+  Result<Record> Reclaim(const ClaimSpec& spec, int64_t seen_fence) override;
+  Result<Lease> Renew(const ScopeHash& scope, const Lease& lease, Millis ttl) override;
+  Status Advance(const ScopeHash& scope, const Lease& lease, std::string_view point,
+                 std::string_view resource_id) override;
+  Status Finish(const ScopeHash& scope, const Lease& lease, const Outcome& outcome) override;
+  Result<std::optional<Record>> Get(const ScopeHash& scope) override;
+  Result<int64_t> Count(std::string_view tenant, std::string_view user,
+                        std::optional<RecordState> state, int64_t limit) override;
+  Result<std::vector<SqlRow>> Exec(std::string_view sql,
+                                   const std::vector<SqlValue>& params) override;
+  Status Commit() override;
+
+ private:
+  Result<int> Change(const std::string& sql, const std::vector<SqlValue>& params);
+
+  std::unique_ptr<TxnSession> session_;
+  const RecordSql& sql_;
+  Clock& clock_;
+  Random& random_;
+  bool committed_ = false;
+};
+
+// Store-level reads and deletes outside a write transaction, on any connection.
+Result<std::optional<Record>> GetRecord(SqlRunner& conn, const RecordSql& sql,
+                                        const ScopeHash& scope);
+Result<std::vector<Record>> ListStaleRecords(SqlRunner& conn, const RecordSql& sql, Timestamp now,
+                                             int limit);
+// One atomic statement: deletes up to `batch` expired finished records, returns how many.
+Result<int> SweepRecords(SqlRunner& conn, const RecordSql& sql, Timestamp now, int batch);
+
+// Creates the schema table if needed and applies the pending migrations of libidem and, when
+// `app_migrations` is not empty, of the application `app_name`, inside the caller's transaction.
+// `script` runs parameterless statements (DDL). Errors: kDataLoss when the database's schema is
+// newer than this build; kInvalidArgument naming a migration the database rejects.
+Status MigrateAll(SqlRunner& conn, const RecordSql& sql,
+                  const std::function<Status(const std::string&)>& script,
+                  const std::string& app_name, const std::vector<Migration>& app_migrations,
+                  Timestamp now);
+
+// For a store opened without migrations: libidem's schema must be there, at a version this build
+// knows. Errors: kInvalidArgument when it is missing; kDataLoss when it is newer.
+Status CheckSchema(SqlRunner& conn, const RecordSql& sql);
+
+// Errors: kInvalidArgument when app migrations come without a name of their own.
+Status CheckAppName(std::string_view backend, const std::string& app_name,
+                    const std::vector<Migration>& app_migrations);
+
+// The one integer a query like "SELECT count(*)" returns. Errors: kDataLoss for anything else.
+Result<int64_t> SingleInteger(const std::vector<SqlRow>& rows, const char* what);
+
+inline Blob BytesOf(const uint8_t* data, std::size_t size) {
+  return Blob{std::string(reinterpret_cast<const char*>(data), size)};
+}
+template <std::size_t N>
+Blob BytesOf(const std::array<uint8_t, N>& a) {
+  return BytesOf(a.data(), N);
+}
+
+}  // namespace idem::store_internal
