@@ -5,6 +5,8 @@
 #include <barrier>
 #include <thread>
 
+#include "include/idem/limits.h"
+
 namespace idem::testing {
 
 std::string FactoryName(const ::testing::TestParamInfo<StoreFactory>& info) {
@@ -591,6 +593,34 @@ TEST_P(StoreContractTest, RecordErrorsAreTheSameOnEveryBackend) {
   EXPECT_EQ(txn->Renew(spec.scope, nobody, kLease).error().code, Errc::kFenced);
   EXPECT_EQ(txn->Advance(spec.scope, nobody, "charge_sent", "").error().code, Errc::kFenced);
   EXPECT_EQ(txn->Finish(spec.scope, nobody, Succeeded()).error().code, Errc::kFenced);
+}
+
+TEST_P(StoreContractTest, RecoveryPointsAndResourceIdsAreBounded) {
+  const ClaimSpec spec = Spec("key-bounded-progress");
+  Record rec = MustClaim(*store_, spec);
+  const std::string point(limits::kRecoveryPointMaxLength, 'p');
+  const std::string resource(limits::kResourceIdMaxLength, 'r');
+  auto txn = MustBegin(*store_);
+  auto at_limit = txn->Advance(spec.scope, rec.lease, point, resource);
+  ASSERT_TRUE(at_limit.has_value()) << at_limit.error().message;
+  auto long_point = txn->Advance(spec.scope, rec.lease, point + "p", resource);
+  ASSERT_FALSE(long_point.has_value());
+  EXPECT_EQ(long_point.error().code, Errc::kInvalidArgument);
+  auto long_resource = txn->Advance(spec.scope, rec.lease, point, resource + "r");
+  ASSERT_FALSE(long_resource.has_value());
+  EXPECT_EQ(long_resource.error().code, Errc::kInvalidArgument);
+  Outcome outcome = Succeeded();
+  outcome.recovery_point = point + "p";
+  auto long_finish = txn->Finish(spec.scope, rec.lease, outcome);
+  ASSERT_FALSE(long_finish.has_value());
+  EXPECT_EQ(long_finish.error().code, Errc::kInvalidArgument);
+  ASSERT_TRUE(txn->Commit().has_value());
+  txn.reset();
+  auto stored = MustRead(*store_, spec.scope);
+  ASSERT_TRUE(stored.has_value());
+  EXPECT_EQ(stored->recovery_point, point);
+  EXPECT_EQ(stored->resource_id, resource);
+  EXPECT_EQ(stored->state, RecordState::kProcessing);
 }
 
 }  // namespace

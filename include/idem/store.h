@@ -121,13 +121,14 @@ class StoreTxn {
   virtual Result<Lease> Renew(const ScopeHash& scope, const Lease& lease, Millis ttl) = 0;
 
   // Records progress: the recovery point, and the resource id when non-empty.
-  // Errors: kFenced as for Renew.
+  // Errors: kInvalidArgument for a point or id longer than limits::kRecoveryPointMaxLength /
+  // kResourceIdMaxLength; kFenced as for Renew.
   virtual Status Advance(const ScopeHash& scope, const Lease& lease, std::string_view point,
                          std::string_view resource_id) = 0;
 
   // Finishes the execution: PROCESSING → outcome.state with the sealed response.
-  // Errors: kFenced as for Renew; the caller must then drop the transaction, which rolls back its
-  // business writes.
+  // Errors: kInvalidArgument for a recovery point over limits::kRecoveryPointMaxLength; kFenced
+  // as for Renew; the caller must then drop the transaction, which rolls back its business writes.
   virtual Status Finish(const ScopeHash& scope, const Lease& lease, const Outcome& outcome) = 0;
 
   // The record as this transaction sees it, or nullopt.

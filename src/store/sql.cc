@@ -3,6 +3,8 @@
 
 #include <algorithm>
 
+#include "include/idem/limits.h"
+
 namespace idem::store_internal {
 namespace {
 
@@ -136,6 +138,22 @@ Record NewRecord(const ClaimSpec& spec, Timestamp now, int64_t fence, Random& ra
 Error Fenced(const char* op) {
   return MakeError(Errc::kFenced,
                    std::string(op) + ": lease lost (owner token or fence no longer match)");
+}
+
+// Recovery points and resource ids are short labels the business code chooses; a longer one is
+// a bug or hostile input, refused before it reaches the table.
+Status CheckProgress(std::string_view point, std::string_view resource_id) {
+  if (point.size() > limits::kRecoveryPointMaxLength) {
+    return MakeError(
+        Errc::kInvalidArgument,
+        "recovery point longer than " + std::to_string(limits::kRecoveryPointMaxLength) + " bytes");
+  }
+  if (resource_id.size() > limits::kResourceIdMaxLength) {
+    return MakeError(
+        Errc::kInvalidArgument,
+        "resource id longer than " + std::to_string(limits::kResourceIdMaxLength) + " bytes");
+  }
+  return Ok();
 }
 
 Result<std::vector<Record>> Records(const std::vector<SqlRow>& rows) {
@@ -369,6 +387,7 @@ Result<Lease> SqlTxn::Renew(const ScopeHash& scope, const Lease& lease, Millis t
 
 Status SqlTxn::Advance(const ScopeHash& scope, const Lease& lease, std::string_view point,
                        std::string_view resource_id) {
+  IDEM_RETURN_IF_ERROR(CheckProgress(point, resource_id));
   IDEM_ASSIGN_OR_RETURN(int changed,
                         Change(sql_.advance, {std::string(point), std::string(resource_id),
                                               std::string(resource_id), ToUnixMillis(clock_.Now()),
@@ -379,6 +398,7 @@ Status SqlTxn::Advance(const ScopeHash& scope, const Lease& lease, std::string_v
 
 Status SqlTxn::Finish(const ScopeHash& scope, const Lease& lease, const Outcome& outcome) {
   IDEM_CHECK(outcome.state != RecordState::kProcessing);
+  IDEM_RETURN_IF_ERROR(CheckProgress(outcome.recovery_point, {}));
   SqlValue response =
       outcome.sealed_response.empty() ? SqlValue{} : SqlValue{Blob{outcome.sealed_response}};
   IDEM_ASSIGN_OR_RETURN(
