@@ -24,6 +24,16 @@ class FakeClock final : public Clock {
   std::atomic<int64_t> now_ms_;
 };
 
+// A monotonic clock that moves only when told. Thread-safe.
+class FakeMonotonicClock final : public MonotonicClock {
+ public:
+  SteadyTime Now() const override { return SteadyTime(Millis(now_ms_.load())); }
+  void Advance(Millis d) { now_ms_ += d.count(); }
+
+ private:
+  std::atomic<int64_t> now_ms_{1'000'000};
+};
+
 // Reproducible bytes from a seed. Thread-safe.
 class SeededRandom final : public Random {
  public:

@@ -25,6 +25,15 @@ class Clock {
   virtual Timestamp Now() const = 0;
 };
 
+// Elapsed time for deadlines, waits, polls and rest periods: it never jumps when the wall clock
+// is set. Implementations are thread-safe.
+using SteadyTime = std::chrono::steady_clock::time_point;
+class MonotonicClock {
+ public:
+  virtual ~MonotonicClock() = default;
+  virtual SteadyTime Now() const = 0;
+};
+
 // A source of unpredictable bytes (owner tokens, nonces, ids). Implementations are thread-safe.
 class Random {
  public:
@@ -34,8 +43,9 @@ class Random {
   virtual void Fill(std::span<uint8_t> out) = 0;
 };
 
-// The process-wide real implementations: system_clock and OpenSSL's RAND_bytes.
+// The process-wide real implementations: system_clock, steady_clock and OpenSSL's RAND_bytes.
 Clock& SystemClock();
+MonotonicClock& SystemMonotonicClock();
 Random& SystemRandom();
 
 }  // namespace idem

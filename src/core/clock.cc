@@ -15,6 +15,11 @@ class RealClock final : public Clock {
   }
 };
 
+class SteadyClock final : public MonotonicClock {
+ public:
+  SteadyTime Now() const override { return std::chrono::steady_clock::now(); }
+};
+
 class OpenSslRandom final : public Random {
  public:
   void Fill(std::span<uint8_t> out) override {
@@ -26,6 +31,11 @@ class OpenSslRandom final : public Random {
 
 Clock& SystemClock() {
   static RealClock clock;
+  return clock;
+}
+
+MonotonicClock& SystemMonotonicClock() {
+  static SteadyClock clock;
   return clock;
 }
 
