@@ -116,7 +116,7 @@ int Run(int argc, char** argv) {
   Payments payments(**store, **provider, SystemClock(), SystemRandom(), metrics,
                     config->currencies);
   IdempotencyFilter filter(
-      engine, **store, **sealer, SystemClock(), metrics,
+      engine, metrics,
       PaymentsPolicy(keys, config->lease, config->retention, config->max_processing,
                      config->max_retained, config->wait_max),
       payments);

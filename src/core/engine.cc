@@ -85,7 +85,7 @@ Result<Decision> Engine::Start(const RoutePolicy& policy, const Request& request
     IDEM_RETURN_IF_ERROR(
         VerifySameRequest(policy, request, canonical, fingerprinter_, seen->fingerprint));
     decision.record = std::move(*seen);
-    return Replay(std::move(decision));
+    return Replay(hash, std::move(decision));
   }
 
   ClaimSpec spec{hash,
@@ -139,7 +139,7 @@ Result<Decision> Engine::ClaimInTxn(const RoutePolicy& policy, const Request& re
           VerifySameRequest(policy, request, canonical, fingerprinter_, record.fingerprint));
       if (IsReplayable(record.state)) {
         decision.record = std::move(record);
-        return Replay(std::move(decision));
+        return Replay(spec.scope, std::move(decision));
       }
       if (record.state == RecordState::kProcessing && record.lease.until >= now) {
         decision.kind = Decision::Kind::kInProgress;
@@ -190,14 +190,41 @@ Status Engine::CheckQuota(const RoutePolicy& policy, StoreTxn& txn, const Princi
   return Ok();
 }
 
-Result<Decision> Engine::Replay(Decision decision) {
-  IDEM_ASSIGN_OR_RETURN(std::string plain,
-                        sealer_.Open(decision.record.scope, decision.record.response));
-  IDEM_ASSIGN_OR_RETURN(decision.response, DecodeResponse(plain));
+Result<StoredResponse> Engine::OpenAnswer(const ScopeHash& scope, const Record& record) const {
+  IDEM_ASSIGN_OR_RETURN(std::string plain, sealer_.Open(scope, record.response));
+  return DecodeResponse(plain);
+}
+
+Result<Decision> Engine::Replay(const ScopeHash& scope, Decision decision) const {
+  IDEM_ASSIGN_OR_RETURN(decision.response, OpenAnswer(scope, decision.record));
   decision.kind = Decision::Kind::kReplay;
   decision.key_expires = decision.record.expires_at;
   return decision;
 }
+
+Result<std::optional<FoundRecord>> Engine::Lookup(const Principal& principal,
+                                                  const RoutePolicy& policy, std::string_view key) {
+  IDEM_ASSIGN_OR_RETURN(std::string parsed, ParseIdempotencyKey(key, policy.key_policy));
+  const Scope scope{principal.tenant, principal.user, policy.route, parsed};
+  IDEM_ASSIGN_OR_RETURN(ScopeHash hash, scope.Hash());
+  IDEM_ASSIGN_OR_RETURN(std::optional<FoundRecord> found, Lookup(hash));
+  if (found) found->key = std::move(parsed);
+  return found;
+}
+
+Result<std::optional<FoundRecord>> Engine::Lookup(const ScopeHash& scope) {
+  IDEM_ASSIGN_OR_RETURN(std::optional<Record> record, store_.Read(scope));
+  if (!record) return std::optional<FoundRecord>();
+  FoundRecord found;
+  found.expired = record->expires_at <= clock_.Now();
+  if (IsReplayable(record->state) && !found.expired) {
+    IDEM_ASSIGN_OR_RETURN(found.response, OpenAnswer(scope, *record));
+  }
+  found.record = std::move(*record);
+  return std::optional<FoundRecord>(std::move(found));
+}
+
+Result<std::vector<Record>> Engine::ListStale(int limit) { return store_.ListStale(limit); }
 
 Status Engine::Advance(const Ticket& ticket, std::string_view point, std::string_view resource_id,
                        const TxnHook& business) {

@@ -357,7 +357,7 @@ TEST_F(EngineTest, ReleaseLetsTheNextAttemptTakeOverAtOnce) {
 TEST_F(EngineTest, TakeOverClaimsAStaleRecordOnce) {
   Decision d = MustStart(Req("key-00014"), InsertPending("pay_14"));
   clock_.Advance(kLease + Millis(1));
-  auto stale = store_->ListStale(10);
+  auto stale = engine_->ListStale(10);
   ASSERT_TRUE(stale.has_value());
   ASSERT_EQ(stale->size(), 1u);
   auto ticket = engine_->TakeOver(policy_, stale->at(0));
@@ -367,8 +367,47 @@ TEST_F(EngineTest, TakeOverClaimsAStaleRecordOnce) {
   EXPECT_EQ(engine_->TakeOver(policy_, stale->at(0)).error().code, Errc::kConflict);
   EXPECT_EQ(engine_->Finish(d.ticket, RecordState::kSucceeded, Created("x")).error().code,
             Errc::kFenced);
-  EXPECT_TRUE(
-      engine_->Finish(*ticket, RecordState::kFailedRetryable, {503, {}, ""}).has_value());
+  EXPECT_TRUE(engine_->Finish(*ticket, RecordState::kFailedRetryable, {503, {}, ""}).has_value());
+}
+
+TEST_F(EngineTest, LookupFindsTheCallersRecordAndOpensItsAnswer) {
+  const Principal alice{"acme", "alice"};
+  Decision d = MustStart(Req("lookup-0001"), InsertPending("pay_l1"));
+  auto running = engine_->Lookup(alice, policy_, "lookup-0001");
+  ASSERT_TRUE(running.has_value()) << running.error().message;
+  ASSERT_TRUE(running->has_value());
+  EXPECT_EQ((*running)->key, "lookup-0001");
+  EXPECT_EQ((*running)->record.state, RecordState::kProcessing);
+  EXPECT_EQ((*running)->record.resource_id, "pay_l1");
+  EXPECT_FALSE((*running)->response.has_value()) << "nothing to open while running";
+
+  ASSERT_TRUE(engine_->Finish(d.ticket, RecordState::kSucceeded, Created("pay_l1")).has_value());
+  // The key is parsed as Start parses the header: an sf-string names the same record.
+  auto finished = engine_->Lookup(alice, policy_, "\"lookup-0001\"");
+  ASSERT_TRUE(finished.has_value() && finished->has_value());
+  EXPECT_EQ((*finished)->key, "lookup-0001");
+  EXPECT_FALSE((*finished)->expired);
+  ASSERT_TRUE((*finished)->response.has_value());
+  EXPECT_EQ(*(*finished)->response, Created("pay_l1"));
+  auto by_scope = engine_->Lookup(d.ticket.scope);
+  ASSERT_TRUE(by_scope.has_value() && by_scope->has_value());
+  EXPECT_EQ((*by_scope)->key, "");
+  EXPECT_EQ((*by_scope)->response, (*finished)->response);
+
+  // Another principal's key is another record; a malformed key is refused.
+  auto other = engine_->Lookup({"acme", "bob"}, policy_, "lookup-0001");
+  ASSERT_TRUE(other.has_value());
+  EXPECT_FALSE(other->has_value());
+  auto malformed = engine_->Lookup(alice, policy_, "bad key!");
+  ASSERT_FALSE(malformed.has_value());
+  EXPECT_EQ(malformed.error().code, Errc::kInvalidArgument);
+
+  // Past its expiry the record is still there until swept, but its answer is never opened again.
+  clock_.Advance(kRetention);
+  auto expired = engine_->Lookup(alice, policy_, "lookup-0001");
+  ASSERT_TRUE(expired.has_value() && expired->has_value());
+  EXPECT_TRUE((*expired)->expired);
+  EXPECT_FALSE((*expired)->response.has_value());
 }
 
 }  // namespace
