@@ -29,12 +29,19 @@ struct PostgresStoreOptions {
   int max_retries = 3;
   std::string app_name;
   std::vector<Migration> app_migrations;
+  // false: opening writes nothing — no schema is created and no migration runs (app_migrations
+  // are ignored). The open only reads that libidem's schema exists in `schema` and is not newer
+  // than this build; an older one is used as it is. For tools that read a store some idemd owns
+  // (idemctl). The store's own write calls still write.
+  bool apply_migrations = true;
 };
 
 // Connects, then applies pending migrations under a PostgreSQL advisory lock, so instances that
 // start at once apply each migration once. `clock` and `random` must outlive the store.
 // Errors: kUnavailable if the server cannot be reached; kInvalidArgument for bad options or a
-// migration the server rejects; kDataLoss if the schema is newer than this build.
+// migration the server rejects, and, without apply_migrations, for a schema with no idem tables
+// ("... has no idem schema; start idemd once to create it"); kDataLoss if the schema is newer
+// than this build.
 Result<std::unique_ptr<Store>> OpenPostgresStore(const PostgresStoreOptions& options, Clock& clock,
                                                  Random& random);
 

@@ -12,7 +12,6 @@
 
 namespace idem {
 
-
 struct SqliteStoreOptions {
   std::string path;  // the database file; created when missing
   // Read connections kept open (snapshot reads run in parallel). Write transactions share one
@@ -28,13 +27,20 @@ struct SqliteStoreOptions {
   // The application's own migrations, applied after libidem's under `app_name`.
   std::string app_name;
   std::vector<Migration> app_migrations;
+  // false: opening writes nothing — the file is not created and no migration runs (app_migrations
+  // are ignored). The open only checks, on a read-only connection, that libidem's schema exists
+  // and is not newer than this build; an older one is used as it is. For tools that read a store
+  // some idemd owns (idemctl). The store's own write calls still write.
+  bool apply_migrations = true;
 };
 
 // Opens (creating if needed) the store and applies pending migrations in one IMMEDIATE
 // transaction, so processes opening the same file at once apply each migration once.
 // `clock` and `random` must outlive the store. Errors: kUnavailable if the file cannot be opened
-// or stays locked; kInvalidArgument for bad options or a migration the database rejects;
-// kDataLoss if the file's schema is newer than this build knows.
+// or stays locked; kInvalidArgument for bad options or a migration the database rejects, and,
+// without apply_migrations, for a file that is missing or has no idem schema ("... has no idem
+// schema; start idemd once to create it"); kDataLoss if the file's schema is newer than this
+// build knows.
 Result<std::unique_ptr<Store>> OpenSqliteStore(const SqliteStoreOptions& options, Clock& clock,
                                                Random& random);
 

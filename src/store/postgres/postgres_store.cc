@@ -603,6 +603,32 @@ Status Migrate(Connection& conn, std::string_view component,
       });
 }
 
+// PostgresStoreOptions::apply_migrations = false: checks libidem's schema with reads only.
+Status CheckSchema(const PostgresStoreOptions& options) {
+  const std::string none = "postgres: the database (schema '" + options.schema +
+                           "') has no idem schema; start idemd once to create it";
+  PostgresStoreOptions plain = options;
+  plain.prepared_statements = false;
+  IDEM_ASSIGN_OR_RETURN(auto conn, Connect(plain));
+  IDEM_ASSIGN_OR_RETURN(auto tables, conn->Run("SELECT count(*)::bigint FROM pg_tables WHERE "
+                                               "schemaname = $1 AND tablename = 'idem_schema'",
+                                               {options.schema}));
+  IDEM_ASSIGN_OR_RETURN(int64_t found, SingleInteger(tables, "schema table"));
+  if (found == 0) return MakeError(Errc::kInvalidArgument, none);
+  IDEM_ASSIGN_OR_RETURN(auto rows, conn->Run("SELECT coalesce(max(version), 0)::bigint FROM "
+                                             "idem_schema WHERE component = $1",
+                                             {std::string(kComponent)}));
+  IDEM_ASSIGN_OR_RETURN(int64_t current, SingleInteger(rows, "schema version"));
+  if (current == 0) return MakeError(Errc::kInvalidArgument, none);
+  const int64_t known = CoreMigrations().back().version;
+  if (current > known) {
+    return MakeError(Errc::kDataLoss, "postgres: schema of 'idem' is at version " +
+                                          std::to_string(current) + ", newer than this build (" +
+                                          std::to_string(known) + ")");
+  }
+  return Ok();
+}
+
 bool ValidSchemaName(const std::string& s) {
   return !s.empty() && s.size() <= 63 &&
          s.find_first_not_of("abcdefghijklmnopqrstuvwxyz0123456789_") == std::string::npos;
@@ -623,7 +649,9 @@ Result<std::unique_ptr<Store>> OpenPostgresStore(const PostgresStoreOptions& opt
     return MakeError(Errc::kInvalidArgument, "postgres: app migrations need an app_name");
   }
   // Migrations first, on a connection of their own, under a database-wide advisory lock.
-  {
+  if (!options.apply_migrations) {
+    IDEM_RETURN_IF_ERROR(CheckSchema(options));
+  } else {
     PostgresStoreOptions plain = options;
     plain.schema = "public";
     plain.prepared_statements = false;

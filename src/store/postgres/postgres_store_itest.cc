@@ -121,6 +121,34 @@ TEST(PostgresStore, RefusesASchemaNewerThanItKnows) {
   EXPECT_EQ(store.error().code, Errc::kDataLoss);
 }
 
+// idemctl's read-only open: no schema is created; an existing one is checked and read.
+TEST(PostgresStore, WithoutMigrationsOpensOnlyAnExistingCurrentSchema) {
+  REQUIRE_POSTGRES();
+  const std::string schema = FreshSchema();
+  FakeClock clock;
+  SeededRandom random(1);
+  PostgresStoreOptions read_only = Options(schema, 1, true);
+  read_only.apply_migrations = false;
+  auto missing = OpenPostgresStore(read_only, clock, random);
+  ASSERT_FALSE(missing.has_value());
+  EXPECT_EQ(missing.error().code, Errc::kInvalidArgument);
+  EXPECT_EQ(QueryInt("SELECT count(*) FROM pg_namespace WHERE nspname = '" + schema + "'"), 0)
+      << "a read-only open created the schema";
+
+  ASSERT_TRUE(OpenPostgresStore(Options(schema, 1, true), clock, random).has_value());
+  auto reader = OpenPostgresStore(read_only, clock, random);
+  ASSERT_TRUE(reader.has_value()) << reader.error().message;
+  auto read = (*reader)->Read(*Scope{"acme", "alice", "r", "read-only-key"}.Hash());
+  ASSERT_TRUE(read.has_value()) << read.error().message;
+  EXPECT_FALSE(read->has_value());
+
+  QueryInt("WITH x AS (INSERT INTO " + schema +
+           ".idem_schema VALUES ('idem', 99, 0) RETURNING 1) SELECT count(*) FROM x");
+  auto newer = OpenPostgresStore(read_only, clock, random);
+  ASSERT_FALSE(newer.has_value());
+  EXPECT_EQ(newer.error().code, Errc::kDataLoss);
+}
+
 TEST(PostgresStore, RejectsBadOptionsAndUnreachableServers) {
   FakeClock clock;
   SeededRandom random(1);

@@ -4,6 +4,7 @@
 #include <sqlite3.h>
 
 #include <condition_variable>
+#include <filesystem>
 #include <mutex>
 #include <unordered_map>
 
@@ -525,6 +526,43 @@ Status Migrate(Connection& conn, std::string_view component,
       });
 }
 
+// SqliteStoreOptions::apply_migrations = false: checks libidem's schema on a connection of its
+// own that neither creates the file nor writes to it.
+Status CheckSchema(const SqliteStoreOptions& options) {
+  const std::string none =
+      "sqlite: " + options.path + " has no idem schema; start idemd once to create it";
+  std::error_code ec;
+  if (!std::filesystem::exists(options.path, ec)) return MakeError(Errc::kInvalidArgument, none);
+  sqlite3* raw = nullptr;
+  const int rc = sqlite3_open_v2(options.path.c_str(), &raw,
+                                 SQLITE_OPEN_READONLY | SQLITE_OPEN_NOMUTEX, nullptr);
+  std::unique_ptr<sqlite3, int (*)(sqlite3*)> db(raw, sqlite3_close_v2);
+  if (rc != SQLITE_OK) return SqliteError(db.get(), rc, "open " + options.path);
+  sqlite3_busy_timeout(db.get(), static_cast<int>(options.busy_timeout.count()));
+  auto integer = [&](const char* sql) -> Result<int64_t> {
+    sqlite3_stmt* stmt = nullptr;
+    int step = sqlite3_prepare_v2(db.get(), sql, -1, &stmt, nullptr);
+    if (step == SQLITE_OK) step = sqlite3_step(stmt);
+    const int64_t value = step == SQLITE_ROW ? sqlite3_column_int64(stmt, 0) : 0;
+    sqlite3_finalize(stmt);
+    if (step != SQLITE_ROW) return SqliteError(db.get(), step, "schema check");
+    return value;
+  };
+  IDEM_ASSIGN_OR_RETURN(int64_t tables, integer("SELECT count(*) FROM sqlite_master "
+                                                "WHERE type = 'table' AND name = 'idem_schema'"));
+  if (tables == 0) return MakeError(Errc::kInvalidArgument, none);
+  IDEM_ASSIGN_OR_RETURN(int64_t current, integer("SELECT coalesce(max(version), 0) FROM "
+                                                 "idem_schema WHERE component = 'idem'"));
+  if (current == 0) return MakeError(Errc::kInvalidArgument, none);
+  const int64_t known = CoreMigrations().back().version;
+  if (current > known) {
+    return MakeError(Errc::kDataLoss, "sqlite: schema of 'idem' is at version " +
+                                          std::to_string(current) + ", newer than this build (" +
+                                          std::to_string(known) + ")");
+  }
+  return Ok();
+}
+
 }  // namespace
 
 Result<std::unique_ptr<Store>> OpenSqliteStore(const SqliteStoreOptions& options, Clock& clock,
@@ -537,6 +575,7 @@ Result<std::unique_ptr<Store>> OpenSqliteStore(const SqliteStoreOptions& options
       (options.app_name.empty() || options.app_name == kComponent)) {
     return MakeError(Errc::kInvalidArgument, "sqlite: app migrations need an app_name");
   }
+  if (!options.apply_migrations) IDEM_RETURN_IF_ERROR(CheckSchema(options));
   std::vector<std::unique_ptr<Connection>> conns;
   for (int i = 0; i < options.pool_size + 1; ++i) {
     auto conn = std::make_unique<Connection>();
@@ -544,8 +583,8 @@ Result<std::unique_ptr<Store>> OpenSqliteStore(const SqliteStoreOptions& options
     conns.push_back(std::move(conn));
   }
   Connection& first = *conns.front();
-  IDEM_RETURN_IF_ERROR(first.Script("BEGIN IMMEDIATE"));
-  Status migrated = [&]() -> Status {
+  Status migrated = !options.apply_migrations ? Ok() : [&]() -> Status {
+    IDEM_RETURN_IF_ERROR(first.Script("BEGIN IMMEDIATE"));
     IDEM_RETURN_IF_ERROR(
         first.Script("CREATE TABLE IF NOT EXISTS idem_schema (component TEXT NOT NULL, "
                      "version INTEGER NOT NULL, applied_at INTEGER NOT NULL, "

@@ -5,6 +5,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <filesystem>
 #include <fstream>
 
 #include "include/idem/store/sqlite.h"
@@ -87,6 +88,54 @@ TEST(SqliteStore, RefusesASchemaNewerThanItKnows) {
   auto store = OpenSqliteStore(Options(path, 1), env.clock, env.random);
   ASSERT_FALSE(store.has_value());
   EXPECT_EQ(store.error().code, Errc::kDataLoss);
+}
+
+// idemctl's read-only open: no file, no table, no migration; only a check of the schema.
+TEST(SqliteStore, WithoutMigrationsOpensOnlyAnExistingCurrentSchema) {
+  StoreTestEnv env;
+  const std::string path = env.dir.File("idem.db");
+  SqliteStoreOptions read_only = Options(path, 1);
+  read_only.apply_migrations = false;
+
+  auto missing = OpenSqliteStore(read_only, env.clock, env.random);
+  ASSERT_FALSE(missing.has_value());
+  EXPECT_EQ(missing.error().code, Errc::kInvalidArgument);
+  EXPECT_NE(missing.error().message.find("start idemd once"), std::string::npos)
+      << missing.error().message;
+  EXPECT_FALSE(std::filesystem::exists(path)) << "a read-only open created the file";
+
+  std::ofstream(path).close();  // a fresh, empty file
+  auto fresh = OpenSqliteStore(read_only, env.clock, env.random);
+  ASSERT_FALSE(fresh.has_value());
+  EXPECT_EQ(fresh.error().code, Errc::kInvalidArgument);
+  EXPECT_EQ(QueryInt(path, "SELECT count(*) FROM sqlite_master"), 0) << "it created tables";
+  std::filesystem::remove(path);
+
+  // After a normal open (idemd's), the read-only open reads what was written.
+  auto owner = OpenSqliteStore(Options(path, 1), env.clock, env.random);
+  ASSERT_TRUE(owner.has_value()) << owner.error().message;
+  ClaimSpec spec;
+  spec.scope = *Scope{"acme", "alice", "r", "read-only-key"}.Hash();
+  spec.tenant = "acme";
+  spec.user = "alice";
+  spec.route = "r";
+  {
+    auto txn = std::move(*(*owner)->Begin());
+    ASSERT_TRUE(txn->Claim(spec).has_value());
+    ASSERT_TRUE(txn->Commit().has_value());
+  }
+  owner->reset();  // idemd stopped: the WAL is checkpointed and its files removed
+  auto reader = OpenSqliteStore(read_only, env.clock, env.random);
+  ASSERT_TRUE(reader.has_value()) << reader.error().message;
+  auto read = (*reader)->Read(spec.scope);
+  ASSERT_TRUE(read.has_value() && read->has_value());
+  EXPECT_EQ((*read)->route, "r");
+
+  // A schema newer than this build is refused, not used.
+  QueryInt(path, "INSERT INTO idem_schema VALUES ('idem', 99, 0) RETURNING 1");
+  auto newer = OpenSqliteStore(read_only, env.clock, env.random);
+  ASSERT_FALSE(newer.has_value());
+  EXPECT_EQ(newer.error().code, Errc::kDataLoss);
 }
 
 TEST(SqliteStore, ABrokenMigrationLeavesNothingApplied) {
