@@ -89,8 +89,12 @@ int Run(int argc, char** argv) {
     std::fprintf(stderr, "{\"level\":\"warn\",\"msg\":\"failpoints armed\"}\n");
   }
 
-  auto store = OpenStoreUrl(config->store_url, config->store_pool_size, "payments",
-                            PaymentsMigrations(), config->store_prepared_statements);
+  StoreUrlOptions store_options;
+  store_options.pool_size = config->store_pool_size;
+  store_options.prepared_statements = config->store_prepared_statements;
+  store_options.app_name = "payments";
+  store_options.app_migrations = PaymentsMigrations();
+  auto store = OpenStoreUrl(config->store_url, store_options);
   if (!store) return Fail("store: " + store.error().message);
   Metrics metrics;
   if (!config->redis_url.empty()) {

@@ -13,9 +13,8 @@
 
 #include "client/client.h"
 #include "include/idem/engine.h"
-#include "include/idem/store/sqlite.h"
 #include "server/idemd/config.h"
-#include "server/idemd/payments.h"
+#include "server/idemd/routes.h"
 #include "server/idemd/store_url.h"
 
 namespace {
@@ -126,12 +125,19 @@ struct Opened {
   std::unique_ptr<Store> store;
 };
 
+// The store of an idemd config, opened without migrations: idemd owns the schema (it creates and
+// upgrades it under its own lock), so idemctl never creates a store nor migrates one under
+// running servers, and needs none of the routes' migrations. Sweeping deletes from the records
+// table, which every schema version has.
 Result<Opened> OpenFromConfig(const Args& a) {
   if (!a.Has("config")) return MakeError(Errc::kInvalidArgument, "--config FILE is required");
   Opened o;
   IDEM_ASSIGN_OR_RETURN(o.config, idemd::LoadConfig(a.Flag("config"), {}));
-  IDEM_ASSIGN_OR_RETURN(
-      o.store, idemd::OpenStoreUrl(o.config.store_url, 1, "payments", idemd::PaymentsMigrations()));
+  idemd::StoreUrlOptions options;
+  options.pool_size = 1;
+  options.prepared_statements = o.config.store_prepared_statements;
+  options.apply_migrations = false;
+  IDEM_ASSIGN_OR_RETURN(o.store, idemd::OpenStoreUrl(o.config.store_url, options));
   return o;
 }
 
@@ -149,7 +155,7 @@ int Inspect(const Args& a) {
   Engine engine(*opened->store, **fingerprinter, **sealer, SystemClock());
   const Principal principal{a.Flag("tenant"), a.Flag("user")};
   RoutePolicy policy;
-  policy.route = a.Flag("route", "payments.create");
+  policy.route = a.Flag("route", std::string(idemd::kPaymentsCreateRoute));
   auto found = engine.Lookup(principal, policy, a.Flag("key"));
   if (!found) return Fail(found.error().message);
   if (!*found) {
