@@ -14,6 +14,7 @@
 #include "include/idem/canonical.h"
 #include "include/idem/clock.h"
 #include "include/idem/fingerprint.h"
+#include "include/idem/inflight.h"
 #include "include/idem/key.h"
 #include "include/idem/limits.h"
 #include "include/idem/record.h"
@@ -60,6 +61,9 @@ struct Ticket {
   Lease lease;
   Record record;         // the record right after the claim (recovery point, resource id)
   bool resumed = false;  // true after a takeover or a retry: a downstream call may have happened
+  // The in-flight marker this request placed, if any (never after TakeOver): Finish and Release
+  // remove it with this token, and nothing else removes it.
+  std::optional<MarkerToken> marker;
 };
 
 struct Decision {
@@ -99,7 +103,10 @@ using TxnHook = std::function<Status(StoreTxn& txn, const Record& record)>;
 // Thread-safe: one engine serves all requests.
 class Engine {
  public:
-  Engine(Store& store, const Fingerprinter& fingerprinter, const Sealer& sealer, Clock& clock);
+  // `markers` (optional, nullptr for none) turn obvious concurrent duplicates away before the
+  // database; see include/idem/inflight.h.
+  Engine(Store& store, const Fingerprinter& fingerprinter, const Sealer& sealer, Clock& clock,
+         InFlightMarkers* markers = nullptr);
 
   // Steps 1–4 and 13: parses the key, fingerprints the request, and claims or decides.
   // `on_claim` runs inside the claim transaction when this call wins the right to execute (fix
@@ -138,8 +145,8 @@ class Engine {
   Status Renew(const RoutePolicy& policy, Ticket& ticket);
 
   // Gives the lease up now, leaving the record PROCESSING at its recovery point, so the next
-  // attempt (or the reconciler) takes over at once: used when the outcome is unknown.
-  // Errors: kFenced.
+  // attempt (or the reconciler) takes over at once: used when the outcome is unknown. Removes
+  // the ticket's in-flight marker. Errors: kFenced.
   Status Release(Ticket& ticket);
 
   // Takes over a stale PROCESSING record found by ListStale (the reconciler's claim).
@@ -147,8 +154,9 @@ class Engine {
   Result<Ticket> TakeOver(const RoutePolicy& policy, const Record& stale);
 
   // Step 7: finishes the operation with `state` and `response` (sealed before it is stored), in
-  // one transaction with `business`. Errors: kFenced (lost the lease; nothing was written, the
-  // business writes included), kTooLarge (response over the cap), kUnavailable.
+  // one transaction with `business`, then removes the ticket's in-flight marker. Errors: kFenced
+  // (lost the lease; nothing was written, the business writes included), kTooLarge (response
+  // over the cap), kUnavailable.
   Status Finish(const Ticket& ticket, RecordState state, const StoredResponse& response,
                 const TxnHook& business = {});
 
@@ -164,10 +172,14 @@ class Engine {
                               const ClaimSpec& spec, const CanonicalRequest& canonical,
                               Decision decision, const TxnHook& on_claim);
 
+  // Removes the marker `token` placed, if any.
+  void ReleaseMarker(const ScopeHash& scope, const std::optional<MarkerToken>& token);
+
   Store& store_;
   const Fingerprinter& fingerprinter_;
   const Sealer& sealer_;
   Clock& clock_;
+  InFlightMarkers* markers_;  // may be null
 };
 
 }  // namespace idem

@@ -97,14 +97,17 @@ int Run(int argc, char** argv) {
   auto store = OpenStoreUrl(config->store_url, store_options);
   if (!store) return Fail("store: " + store.error().message);
   Metrics metrics;
+  std::unique_ptr<InFlightMarkers> markers;
   if (!config->redis_url.empty()) {
-    // Replays served from an in-process LRU and Redis; the database still decides (redis.h).
+    // Replays served from an in-process LRU and Redis, and in-flight markers that turn concurrent
+    // duplicates away early; the database still decides (redis.h).
     RedisCacheOptions cache;
     cache.url = config->redis_url;
     cache.on_fallback = [&metrics] { metrics.CountRedisFallback(); };
-    auto wrapped = WrapWithRedisCache(std::move(*store), cache, SystemClock());
-    if (!wrapped) return Fail("redis: " + wrapped.error().message);
-    store = std::move(wrapped);
+    auto fast = OpenRedisFastPath(std::move(*store), cache, SystemClock(), SystemRandom());
+    if (!fast) return Fail("redis: " + fast.error().message);
+    store = std::move(fast->store);
+    markers = std::move(fast->markers);
   }
   auto fingerprinter = Fingerprinter::Create(config->secrets.hmac, config->secrets.hmac_current);
   if (!fingerprinter) return Fail("secrets: " + fingerprinter.error().message);
@@ -113,7 +116,7 @@ int Run(int argc, char** argv) {
   auto provider = MakeHttpProvider(config->provider_url, config->provider_timeout);
   if (!provider) return Fail("provider: " + provider.error().message);
 
-  Engine engine(**store, **fingerprinter, **sealer, SystemClock());
+  Engine engine(**store, **fingerprinter, **sealer, SystemClock(), markers.get());
   KeyPolicy keys;
   keys.min_length = config->key_min_length;
   keys.max_length = config->key_max_length;

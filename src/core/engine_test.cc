@@ -5,6 +5,8 @@
 
 #include <atomic>
 #include <deque>
+#include <map>
+#include <mutex>
 #include <stdexcept>
 #include <thread>
 
@@ -408,6 +410,59 @@ TEST_F(EngineTest, LookupFindsTheCallersRecordAndOpensItsAnswer) {
   ASSERT_TRUE(expired.has_value() && expired->has_value());
   EXPECT_TRUE((*expired)->expired);
   EXPECT_FALSE((*expired)->response.has_value());
+}
+
+// In-flight markers in memory: what the engine asks of any implementation, without Redis.
+class MapMarkers final : public InFlightMarkers {
+ public:
+  Placement Place(const ScopeHash& scope, const InFlight& mine, Millis) override {
+    std::lock_guard lock(mu_);
+    auto [it, placed] = markers_.try_emplace(scope, mine, "token-" + std::to_string(++placed_));
+    if (!placed) return Placement{std::nullopt, it->second.first};
+    return Placement{it->second.second, std::nullopt};
+  }
+  void Release(const ScopeHash& scope, const MarkerToken& token) override {
+    std::lock_guard lock(mu_);
+    if (auto it = markers_.find(scope); it != markers_.end() && it->second.second == token) {
+      markers_.erase(it);
+    }
+  }
+  bool Has(const ScopeHash& scope) {
+    std::lock_guard lock(mu_);
+    return markers_.count(scope) > 0;
+  }
+
+ private:
+  std::mutex mu_;
+  int placed_ = 0;
+  std::map<ScopeHash, std::pair<InFlight, MarkerToken>> markers_;
+};
+
+TEST_F(EngineTest, OnlyTheRequestThatPlacedAMarkerRemovesIt) {
+  MapMarkers markers;
+  Engine engine(*store_, *fingerprinter_, *sealer_, clock_, &markers);
+  const ScopeHash scope = *Scope{"acme", "alice", policy_.route, "marker-0001"}.Hash();
+  auto executor = engine.Start(policy_, Req("marker-0001"));
+  ASSERT_TRUE(executor.has_value() && executor->kind == Decision::Kind::kExecute);
+  EXPECT_EQ(executor->ticket.marker, "token-1");
+  // A duplicate is turned away on the marker; a different request reaches the database (422).
+  auto duplicate = engine.Start(policy_, Req("marker-0001"));
+  ASSERT_TRUE(duplicate.has_value());
+  EXPECT_EQ(duplicate->kind, Decision::Kind::kInProgress);
+  EXPECT_FALSE(engine.Start(policy_, Req("marker-0001", R"({"amount":"2"})")).has_value());
+  EXPECT_TRUE(markers.Has(scope)) << "someone else removed the executor's marker";
+  ASSERT_TRUE(engine.Finish(executor->ticket, RecordState::kSucceeded, Created("p")).has_value());
+  EXPECT_FALSE(markers.Has(scope)) << "the executor's finish removes its marker";
+
+  // A request that places a marker but does not execute removes its own.
+  clock_.Advance(kRetention);
+  Decision next = MustStart(Req("marker-0001"));  // a new operation, by an engine without markers
+  EXPECT_FALSE(markers.Has(scope));
+  auto in_progress = engine.Start(policy_, Req("marker-0001"));
+  ASSERT_TRUE(in_progress.has_value());
+  EXPECT_EQ(in_progress->kind, Decision::Kind::kInProgress) << "the database said so";
+  EXPECT_FALSE(markers.Has(scope)) << "it left the marker it placed";
+  ASSERT_TRUE(engine_->Finish(next.ticket, RecordState::kSucceeded, Created("q")).has_value());
 }
 
 }  // namespace
