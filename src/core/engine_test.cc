@@ -465,5 +465,66 @@ TEST_F(EngineTest, OnlyTheRequestThatPlacedAMarkerRemovesIt) {
   ASSERT_TRUE(engine_->Finish(next.ticket, RecordState::kSucceeded, Created("q")).has_value());
 }
 
+// Forwards to a real store, except that reads of `from` return the record of `to`: a cache that
+// answers for the wrong scope.
+class MisroutingStore final : public Store {
+ public:
+  MisroutingStore(Store& inner, ScopeHash from, ScopeHash to)
+      : inner_(inner), from_(from), to_(to) {}
+  const StoreCapabilities& capabilities() const override { return inner_.capabilities(); }
+  Result<std::unique_ptr<StoreTxn>> Begin() override { return inner_.Begin(); }
+  Result<std::optional<Record>> Read(const ScopeHash& scope) override {
+    return inner_.Read(scope == from_ ? to_ : scope);
+  }
+  Result<std::vector<SqlRow>> Query(std::string_view sql,
+                                    const std::vector<SqlValue>& params) override {
+    return inner_.Query(sql, params);
+  }
+  Result<std::vector<Record>> ListStale(int limit) override { return inner_.ListStale(limit); }
+  Result<int> Sweep(int batch) override { return inner_.Sweep(batch); }
+
+ private:
+  Store& inner_;
+  ScopeHash from_, to_;
+};
+
+// A stored answer opens only under the scope it was sealed for, and the engine opens it with the
+// scope of the request, never with the scope of the record a store returned.
+TEST_F(EngineTest, AStoredAnswerOpensOnlyUnderTheRequestedScope) {
+  const Principal alice{"acme", "alice"};
+  Decision x = MustStart(Req("scope-x-0001"));
+  ASSERT_TRUE(engine_->Finish(x.ticket, RecordState::kSucceeded, Created("pay_x")).has_value());
+  const ScopeHash y = *Scope{"acme", "alice", policy_.route, "scope-y-0001"}.Hash();
+
+  // A store that serves X's record for Y: the same user and body fingerprint alike, so only the
+  // seal tells them apart.
+  MisroutingStore misrouting(*store_, y, x.ticket.scope);
+  Engine engine(misrouting, *fingerprinter_, *sealer_, clock_);
+  auto replay = engine.Start(policy_, Req("scope-y-0001"));
+  ASSERT_FALSE(replay.has_value()) << "X's answer was replayed for Y";
+  EXPECT_EQ(replay.error().code, Errc::kDataLoss);
+  auto looked_up = engine.Lookup(alice, policy_, "scope-y-0001");
+  ASSERT_FALSE(looked_up.has_value());
+  EXPECT_EQ(looked_up.error().code, Errc::kDataLoss);
+  EXPECT_EQ(engine.Lookup(y).error().code, Errc::kDataLoss);
+
+  // A sealed answer moved into another record's row does not open either.
+  Decision y_run = MustStart(Req("scope-y-0001"));
+  ASSERT_TRUE(engine_->Finish(y_run.ticket, RecordState::kSucceeded, Created("pay_y")).has_value());
+  {
+    auto txn = std::move(*store_->Begin());
+    ASSERT_TRUE(txn->Exec("UPDATE idem_records SET response = (SELECT response FROM idem_records "
+                          "WHERE scope_hash = ?) WHERE scope_hash = ?",
+                          {Blob{std::string(x.ticket.scope.begin(), x.ticket.scope.end())},
+                           Blob{std::string(y.begin(), y.end())}})
+                    .has_value());
+    ASSERT_TRUE(txn->Commit().has_value());
+  }
+  auto moved = engine_->Lookup(alice, policy_, "scope-y-0001");
+  ASSERT_FALSE(moved.has_value());
+  EXPECT_EQ(moved.error().code, Errc::kDataLoss);
+  EXPECT_EQ(StartError(Req("scope-y-0001")), Errc::kDataLoss);
+}
+
 }  // namespace
 }  // namespace idem

@@ -6,8 +6,9 @@
 // The database decides. Only finished records (SUCCEEDED, FAILED_FINAL) are cached, and a cached
 // record is used only while its expires_at is in the future by the store's clock: until then the
 // database record cannot change (finished records are immutable until they expire), and after it
-// the cache entry is ignored whatever Redis still holds. Every Redis error or timeout falls back
-// to the database. The in-flight marker is a hint only: it may make a duplicate wait and retry,
+// the cache entry is ignored whatever Redis still holds. An entry answers only for its own scope
+// (one holding another scope's record is a miss). Every Redis error or timeout falls back to the
+// database. The in-flight marker is a hint only: it may make a duplicate wait and retry,
 // never give it a final answer. Transactions, claims and everything else pass straight through.
 #pragma once
 
@@ -32,8 +33,9 @@ struct RedisCacheOptions {
   std::size_t lru_entries = 10000;
   // Cache entries are <prefix><hex scope hash>, markers <prefix>lock:<hex scope hash>.
   std::string key_prefix = "idem:rec:";
-  // Called on every fallback to the database after a Redis failure (for metrics). After a
-  // failure Redis is left alone for a second, by the cache and the markers alike.
+  // Called on every fallback to the database after a Redis failure, and for every cache entry
+  // found to belong to another scope (for metrics). After a failure Redis is left alone for a
+  // second, by the cache and the markers alike.
   std::function<void()> on_fallback;
 };
 

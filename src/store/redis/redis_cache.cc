@@ -84,10 +84,10 @@ class Lru {
     order_.splice(order_.begin(), order_, it->second);
     return it->second->second;
   }
-  void Put(const Record& record) {
+  void Put(const ScopeHash& scope, const Record& record) {
     if (capacity_ == 0) return;
     std::lock_guard lock(mu_);
-    const std::string key = Key(record.scope);
+    const std::string key = Key(scope);
     if (auto it = index_.find(key); it != index_.end()) order_.erase(it->second);
     order_.emplace_front(key, record);
     index_[key] = order_.begin();
@@ -122,17 +122,19 @@ class RedisCachedStore final : public Store {
 
   const StoreCapabilities& capabilities() const override { return caps_; }
 
+  // Every cache path answers only with a record of the scope asked for: an entry of another
+  // scope is a miss, counted as a fallback, and the database answers.
   Result<std::optional<Record>> Read(const ScopeHash& scope) override {
     const Timestamp now = clock_.Now();
-    if (auto hit = lru_.Get(scope); hit && Usable(*hit, now)) return hit;
+    if (auto hit = lru_.Get(scope); hit && OfScope(*hit, scope) && Usable(*hit, now)) return hit;
     const std::string key = client_->options().key_prefix + ToHex(scope);
-    if (auto cached = FromRedis(key); cached && Usable(*cached, now)) {
-      lru_.Put(*cached);
+    if (auto cached = FromRedis(key); cached && OfScope(*cached, scope) && Usable(*cached, now)) {
+      lru_.Put(scope, *cached);
       return cached;
     }
     IDEM_ASSIGN_OR_RETURN(std::optional<Record> record, inner_->Read(scope));
-    if (record && Usable(*record, now)) {
-      lru_.Put(*record);
+    if (record && record->scope == scope && Usable(*record, now)) {
+      lru_.Put(scope, *record);
       ToRedis(key, *record, now);
     }
     return record;
@@ -154,6 +156,13 @@ class RedisCachedStore final : public Store {
   // The rule: only finished records, only before their expiry by the store's clock.
   static bool Usable(const Record& r, Timestamp now) {
     return IsReplayable(r.state) && r.expires_at > now;
+  }
+
+  // Whether a cache entry is the record of `scope`; counts a fallback when it is not.
+  bool OfScope(const Record& r, const ScopeHash& scope) const {
+    if (r.scope == scope) return true;
+    client_->CountFallback();
+    return false;
   }
 
   std::optional<Record> FromRedis(const std::string& key) {

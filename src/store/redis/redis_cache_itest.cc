@@ -152,6 +152,11 @@ class RawRedis {
     return r != nullptr && r->type == REDIS_REPLY_INTEGER && r->integer == 1;
   }
   void Set(const std::string& key, const std::string& value) { Run({"SET", key, value}); }
+  std::optional<std::string> Get(const std::string& key) {
+    Reply r = Run({"GET", key});
+    if (r == nullptr || r->type != REDIS_REPLY_STRING) return std::nullopt;
+    return std::string(r->str, r->len);
+  }
 
  private:
   struct ReplyFree {
@@ -233,6 +238,45 @@ TEST_F(RedisCacheTest, UnfinishedRecordsAreNotCached) {
   ASSERT_TRUE((*cached_->Read(spec.scope)).has_value());
   DeleteFromDatabase(spec.scope);
   EXPECT_FALSE((*cached_->Read(spec.scope)).has_value()) << "a PROCESSING record was cached";
+}
+
+// A cache entry answers only for its own scope: another scope's record planted under a key (a
+// bug, a copied entry, someone with access to Redis) is a miss, counted as a fallback, and is
+// never kept in the LRU.
+TEST_F(RedisCacheTest, ACachedRecordAnswersOnlyForItsOwnScope) {
+  REQUIRE_SERVICE("IDEM_TEST_REDIS_URL");
+  const std::string prefix = Fresh("idem:test:");
+  std::atomic<int> fallbacks{0};
+  RedisCacheOptions options = CacheOptions(prefix);
+  options.on_fallback = [&] { ++fallbacks; };
+  Open(options);
+  const ClaimSpec x = Finished("scope-x-key-1");
+  ASSERT_TRUE((*cached_->Read(x.scope)).has_value());  // X's entry is in Redis now
+  RawRedis redis;
+  const std::optional<std::string> entry = redis.Get(prefix + ToHex(x.scope));
+  ASSERT_TRUE(entry.has_value());
+  const ScopeHash y = *Scope{"acme", "alice", "r", "scope-y-key-1"}.Hash();
+  redis.Set(prefix + ToHex(y), *entry);
+
+  for (bool lru : {true, false}) {
+    RedisCacheOptions fresh = options;  // another process: nothing in its LRU yet
+    fresh.lru_entries = lru ? 100 : 0;
+    SqliteStoreOptions o;
+    o.path = env_.dir.File("idem.db");
+    auto other = std::move(*WrapWithRedisCache(
+        std::move(*OpenSqliteStore(o, env_.clock, env_.random)), fresh, env_.clock));
+    const int before = fallbacks.load();
+    for (int i = 0; i < 2; ++i) {  // the second read would come from the LRU
+      auto read = other->Read(y);
+      ASSERT_TRUE(read.has_value()) << read.error().message;
+      EXPECT_FALSE(read->has_value())
+          << "Y has no record; X's was served for it (lru " << lru << ", read " << i << ")";
+    }
+    EXPECT_GE(fallbacks.load(), before + 1) << "the mismatch was not counted";
+    auto own = other->Read(x.scope);
+    ASSERT_TRUE(own.has_value() && own->has_value());
+    EXPECT_EQ((*own)->scope, x.scope);
+  }
 }
 
 TEST_F(RedisCacheTest, ARedisThatIsDownFallsBackToTheDatabase) {

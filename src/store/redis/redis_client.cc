@@ -93,8 +93,12 @@ Reply RedisClient::Command(const std::vector<std::string_view>& args) {
 
 bool RedisClient::Resting() const { return SteadyMs() < resting_until_ms_.load(); }
 
-void RedisClient::Fallback() {
+void RedisClient::CountFallback() const {
   if (options_.on_fallback) options_.on_fallback();
+}
+
+void RedisClient::Fallback() {
+  CountFallback();
   resting_until_ms_ = SteadyMs() + 1000;
 }
 

@@ -60,6 +60,10 @@ class RedisClient {
   // Whether Redis is resting; callers may skip work that only feeds a command.
   bool Resting() const;
 
+  // Counts a fallback to the database that was not Redis's failure (a reply that fails a check),
+  // without resting.
+  void CountFallback() const;
+
   const RedisCacheOptions& options() const { return options_; }
 
  private:
