@@ -14,6 +14,7 @@
 #include "include/idem/canonical.h"
 #include "include/idem/clock.h"
 #include "include/idem/fingerprint.h"
+#include "include/idem/inflight.h"
 #include "include/idem/key.h"
 #include "include/idem/limits.h"
 #include "include/idem/record.h"
@@ -60,6 +61,9 @@ struct Ticket {
   Lease lease;
   Record record;         // the record right after the claim (recovery point, resource id)
   bool resumed = false;  // true after a takeover or a retry: a downstream call may have happened
+  // The in-flight marker this request placed, if any (never after TakeOver): Finish and Release
+  // remove it with this token, and nothing else removes it.
+  std::optional<MarkerToken> marker;
 };
 
 struct Decision {
@@ -77,6 +81,18 @@ struct Decision {
   Timestamp key_expires{};  // until when a retry with this key is recognised
 };
 
+// A record as Engine::Lookup found it, with its stored answer opened.
+struct FoundRecord {
+  std::string key;  // the parsed key when looked up by key; empty when looked up by scope hash
+  Record record;
+  // The record's expiry has passed by the engine's clock: the key is no longer recognised (the
+  // next request with it starts a new operation) and its answer is never given again.
+  bool expired = false;
+  // The stored answer, opened with the scope that was looked up: set when the record is finished
+  // (SUCCEEDED or FAILED_FINAL) and not expired.
+  std::optional<StoredResponse> response;
+};
+
 // Business writes that join a record transaction. Returning an error rolls the transaction back;
 // so does throwing, which the engine reports as kInternal. A claim hook runs on every claim that
 // wins the right to execute, resumes included: record.resource_id tells whether an earlier
@@ -87,7 +103,10 @@ using TxnHook = std::function<Status(StoreTxn& txn, const Record& record)>;
 // Thread-safe: one engine serves all requests.
 class Engine {
  public:
-  Engine(Store& store, const Fingerprinter& fingerprinter, const Sealer& sealer, Clock& clock);
+  // `markers` (optional, nullptr for none) turn obvious concurrent duplicates away before the
+  // database; see include/idem/inflight.h.
+  Engine(Store& store, const Fingerprinter& fingerprinter, const Sealer& sealer, Clock& clock,
+         InFlightMarkers* markers = nullptr);
 
   // Steps 1–4 and 13: parses the key, fingerprints the request, and claims or decides.
   // `on_claim` runs inside the claim transaction when this call wins the right to execute (fix
@@ -98,6 +117,25 @@ class Engine {
   Result<Decision> Start(const RoutePolicy& policy, const Request& request,
                          const TxnHook& on_claim = {});
 
+  // Step 10's read side, outside any transaction (a snapshot read): the record of `key` on
+  // `policy.route` for `principal`, and its stored answer opened and decoded. `key` is parsed as
+  // Start parses the Idempotency-Key header, under policy.key_policy. This and Start are the only
+  // places that open a stored answer, and both open it with the scope hash computed from the
+  // request, never with the scope a store returned. Returns nullopt when there is no record.
+  // Errors: kInvalidArgument (key malformed, or a scope part empty or too long); kUnavailable
+  // (store); kDataLoss (the record failed to decode, or its stored answer failed to open or
+  // decode: altered bytes, a response sealed for another scope, a seal key no longer configured).
+  Result<std::optional<FoundRecord>> Lookup(const Principal& principal, const RoutePolicy& policy,
+                                            std::string_view key);
+  // The same for a scope hash the caller already holds (a ticket's, a stale record's).
+  // Errors: kUnavailable, kDataLoss as above.
+  Result<std::optional<FoundRecord>> Lookup(const ScopeHash& scope);
+
+  // Up to `limit` PROCESSING records whose lease has expired, oldest lease first (executions that
+  // crashed or stalled), for TakeOver. Errors: kUnavailable (store); kDataLoss (a record failed
+  // to decode).
+  Result<std::vector<Record>> ListStale(int limit);
+
   // Step 6: records progress before a side effect (e.g. "charge_sent"), in its own transaction
   // with optional business writes. Errors: kFenced if the lease was lost.
   Status Advance(const Ticket& ticket, std::string_view point, std::string_view resource_id = {},
@@ -107,33 +145,41 @@ class Engine {
   Status Renew(const RoutePolicy& policy, Ticket& ticket);
 
   // Gives the lease up now, leaving the record PROCESSING at its recovery point, so the next
-  // attempt (or the reconciler) takes over at once: used when the outcome is unknown.
-  // Errors: kFenced.
+  // attempt (or the reconciler) takes over at once: used when the outcome is unknown. Removes
+  // the ticket's in-flight marker. Errors: kFenced.
   Status Release(Ticket& ticket);
 
-  // Takes over a stale PROCESSING record found by Store::ListStale (the reconciler's claim).
+  // Takes over a stale PROCESSING record found by ListStale (the reconciler's claim).
   // Errors: kConflict if someone else took it first; kUnavailable.
   Result<Ticket> TakeOver(const RoutePolicy& policy, const Record& stale);
 
   // Step 7: finishes the operation with `state` and `response` (sealed before it is stored), in
-  // one transaction with `business`. Errors: kFenced (lost the lease; nothing was written, the
-  // business writes included), kTooLarge (response over the cap), kUnavailable.
+  // one transaction with `business`, then removes the ticket's in-flight marker. Errors: kFenced
+  // (lost the lease; nothing was written, the business writes included), kTooLarge (response
+  // over the cap), kUnavailable.
   Status Finish(const Ticket& ticket, RecordState state, const StoredResponse& response,
                 const TxnHook& business = {});
 
  private:
   Result<Decision> DecideExisting(const RoutePolicy& policy, const Request& request,
                                   Decision decision, const CanonicalRequest& canonical);
-  Result<Decision> Replay(Decision decision);
+  // decision.record's stored answer, opened with `scope` (the hash of the request's scope).
+  Result<Decision> Replay(const ScopeHash& scope, Decision decision) const;
+  // Decrypts and decodes the stored answer of finished `record` with the requested `scope`.
+  Result<StoredResponse> OpenAnswer(const ScopeHash& scope, const Record& record) const;
   Status CheckQuota(const RoutePolicy& policy, StoreTxn& txn, const Principal& who);
   Result<Decision> ClaimInTxn(const RoutePolicy& policy, const Request& request,
                               const ClaimSpec& spec, const CanonicalRequest& canonical,
                               Decision decision, const TxnHook& on_claim);
 
+  // Removes the marker `token` placed, if any.
+  void ReleaseMarker(const ScopeHash& scope, const std::optional<MarkerToken>& token);
+
   Store& store_;
   const Fingerprinter& fingerprinter_;
   const Sealer& sealer_;
   Clock& clock_;
+  InFlightMarkers* markers_;  // may be null
 };
 
 }  // namespace idem

@@ -156,30 +156,10 @@ class Subscription {
   virtual ~Subscription() = default;
 };
 
-// What a fast path (Redis) remembers of an execution in flight, outside the database.
-struct InFlight {
-  Fingerprint fingerprint;
-  Timestamp lease_until{};
-  Timestamp expires_at{};
-};
-
 // A Store is safe for concurrent use from many threads without external locking.
 class Store {
  public:
   virtual ~Store() = default;
-
-  // A fast path's pre-claim, before any transaction: marks `scope` as in flight with `mine` for
-  // `ttl` unless another marker is there, which is returned. nullopt means "go to the database"
-  // (this call placed the marker, or there is no fast path, or it failed). A marker is only ever
-  // a hint: the caller may answer a duplicate with a retryable "in progress", never with a final
-  // answer, and the database decides everything else.
-  virtual std::optional<InFlight> Preclaim(const ScopeHash& scope, const InFlight& mine,
-                                           Millis ttl) {
-    (void)scope, (void)mine, (void)ttl;
-    return std::nullopt;
-  }
-  // Removes the marker of `scope` (after a finish, or when the caller will not execute).
-  virtual void ReleasePreclaim(const ScopeHash& scope) { (void)scope; }
 
   // Calls `on_finished(scope)`, from a thread the store owns, whenever any process finishes a
   // record (StoreTxn::Finish committed), so waiters on other instances wake without polling.

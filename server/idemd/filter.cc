@@ -102,16 +102,9 @@ http::Response ProblemFor(const Error& error) {
   return http::Problem(500, "internal", "Internal Server Error", "unexpected failure");
 }
 
-IdempotencyFilter::IdempotencyFilter(Engine& engine, Store& store, const Sealer& sealer,
-                                     Clock& clock, Metrics& metrics, FilterPolicy policy,
+IdempotencyFilter::IdempotencyFilter(Engine& engine, Metrics& metrics, FilterPolicy policy,
                                      Operation& operation)
-    : engine_(engine),
-      store_(store),
-      sealer_(sealer),
-      clock_(clock),
-      metrics_(metrics),
-      policy_(std::move(policy)),
-      operation_(operation) {}
+    : engine_(engine), metrics_(metrics), policy_(std::move(policy)), operation_(operation) {}
 
 void IdempotencyFilter::AddExpires(http::Response& response, Timestamp expires) const {
   response.headers.Set("Idempotency-Key-Expires", http::HttpDate(ToUnixMillis(expires)));
@@ -274,45 +267,33 @@ http::Response IdempotencyFilter::Finish(Ticket& ticket, Execution execution) {
 }
 
 std::optional<http::Response> IdempotencyFilter::StoredAnswer(const ScopeHash& scope) {
-  auto record = store_.Read(scope);
-  if (!record || !*record || !IsReplayable((*record)->state)) return std::nullopt;
-  auto plain = sealer_.Open(scope, (*record)->response);
-  if (!plain) return std::nullopt;
-  auto stored = DecodeResponse(*plain);
-  if (!stored) return std::nullopt;
+  auto found = engine_.Lookup(scope);
+  if (!found || !*found || !(*found)->response) return std::nullopt;
+  StoredResponse& stored = *(*found)->response;
   http::Response response;
-  response.status = stored->status;
-  for (auto& [name, value] : stored->headers) response.headers.Add(name, value);
-  response.body = std::move(stored->body);
+  response.status = stored.status;
+  for (auto& [name, value] : stored.headers) response.headers.Add(name, value);
+  response.body = std::move(stored.body);
   response.headers.Set("Idempotent-Replayed", "true");
-  AddExpires(response, (*record)->expires_at);
+  AddExpires(response, (*found)->record.expires_at);
   return response;
 }
 
 http::Response IdempotencyFilter::GetOperation(std::string_view key, const Principal& principal) {
-  auto parsed = ParseIdempotencyKey(key, policy_.route.key_policy);
-  if (!parsed) return ProblemFor(parsed.error());
-  auto scope = Scope{principal.tenant, principal.user, policy_.route.route, *parsed}.Hash();
-  if (!scope) return ProblemFor(scope.error());
-  auto record = store_.Read(*scope);
-  if (!record) return ProblemFor(record.error());
-  if (!*record || (*record)->expires_at <= clock_.Now()) {
+  auto found = engine_.Lookup(principal, policy_.route, key);
+  if (!found) return ProblemFor(found.error());
+  if (!*found || (*found)->expired) {
     return http::Problem(404, "not-found", "Not Found", "no operation with this key");
   }
-  const Record& r = **record;
+  const Record& r = (*found)->record;
   json::object body;
-  body["key"] = *parsed;
+  body["key"] = (*found)->key;
   body["state"] = RecordStateName(r.state);
   body["recovery_point"] = r.recovery_point;
-  const bool finished = IsReplayable(r.state);
-  body["status_code"] = finished || r.state == RecordState::kFailedRetryable
+  body["status_code"] = IsReplayable(r.state) || r.state == RecordState::kFailedRetryable
                             ? json::value(r.status_code)
                             : json::value(nullptr);
-  if (finished) {
-    auto plain = sealer_.Open(r.scope, r.response);
-    if (!plain) return ProblemFor(plain.error());
-    auto stored = DecodeResponse(*plain);
-    if (!stored) return ProblemFor(stored.error());
+  if (const std::optional<StoredResponse>& stored = (*found)->response) {
     boost::system::error_code ec;
     json::value parsed_body = json::parse(stored->body, ec);
     body["response"] = ec ? json::value(stored->body) : std::move(parsed_body);
@@ -327,7 +308,7 @@ http::Response IdempotencyFilter::GetOperation(std::string_view key, const Princ
 
 int IdempotencyFilter::ReconcileOnce(int limit,
                                      const std::function<void(const std::string&)>& notify) {
-  auto stale = store_.ListStale(limit);
+  auto stale = engine_.ListStale(limit);
   if (!stale) return 0;
   int resolved = 0;
   for (const Record& record : *stale) {

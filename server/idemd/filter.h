@@ -65,11 +65,11 @@ struct FilterPolicy {
   std::vector<std::string> stored_headers = {"Location", "Content-Type"};
 };
 
-// Thread-safe.
+// Thread-safe. Borrows the engine, the metrics and the operation; talks to records only through
+// the engine.
 class IdempotencyFilter {
  public:
-  IdempotencyFilter(Engine& engine, Store& store, const Sealer& sealer, Clock& clock,
-                    Metrics& metrics, FilterPolicy policy, Operation& operation);
+  IdempotencyFilter(Engine& engine, Metrics& metrics, FilterPolicy policy, Operation& operation);
 
   http::Response Handle(const http::Request& request, const Principal& principal,
                         http::RequestContext& context);
@@ -91,9 +91,6 @@ class IdempotencyFilter {
   std::optional<http::Response> StoredAnswer(const ScopeHash& scope);
 
   Engine& engine_;
-  Store& store_;
-  const Sealer& sealer_;
-  Clock& clock_;
   Metrics& metrics_;
   FilterPolicy policy_;
   Operation& operation_;

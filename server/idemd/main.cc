@@ -89,18 +89,25 @@ int Run(int argc, char** argv) {
     std::fprintf(stderr, "{\"level\":\"warn\",\"msg\":\"failpoints armed\"}\n");
   }
 
-  auto store = OpenStoreUrl(config->store_url, config->store_pool_size, "payments",
-                            PaymentsMigrations(), config->store_prepared_statements);
+  StoreUrlOptions store_options;
+  store_options.pool_size = config->store_pool_size;
+  store_options.prepared_statements = config->store_prepared_statements;
+  store_options.app_name = "payments";
+  store_options.app_migrations = PaymentsMigrations();
+  auto store = OpenStoreUrl(config->store_url, store_options);
   if (!store) return Fail("store: " + store.error().message);
   Metrics metrics;
+  std::unique_ptr<InFlightMarkers> markers;
   if (!config->redis_url.empty()) {
-    // Replays served from an in-process LRU and Redis; the database still decides (redis.h).
+    // Replays served from an in-process LRU and Redis, and in-flight markers that turn concurrent
+    // duplicates away early; the database still decides (redis.h).
     RedisCacheOptions cache;
     cache.url = config->redis_url;
     cache.on_fallback = [&metrics] { metrics.CountRedisFallback(); };
-    auto wrapped = WrapWithRedisCache(std::move(*store), cache, SystemClock());
-    if (!wrapped) return Fail("redis: " + wrapped.error().message);
-    store = std::move(wrapped);
+    auto fast = OpenRedisFastPath(std::move(*store), cache, SystemClock(), SystemRandom());
+    if (!fast) return Fail("redis: " + fast.error().message);
+    store = std::move(fast->store);
+    markers = std::move(fast->markers);
   }
   auto fingerprinter = Fingerprinter::Create(config->secrets.hmac, config->secrets.hmac_current);
   if (!fingerprinter) return Fail("secrets: " + fingerprinter.error().message);
@@ -109,14 +116,14 @@ int Run(int argc, char** argv) {
   auto provider = MakeHttpProvider(config->provider_url, config->provider_timeout);
   if (!provider) return Fail("provider: " + provider.error().message);
 
-  Engine engine(**store, **fingerprinter, **sealer, SystemClock());
+  Engine engine(**store, **fingerprinter, **sealer, SystemClock(), markers.get());
   KeyPolicy keys;
   keys.min_length = config->key_min_length;
   keys.max_length = config->key_max_length;
   Payments payments(**store, **provider, SystemClock(), SystemRandom(), metrics,
                     config->currencies);
   IdempotencyFilter filter(
-      engine, **store, **sealer, SystemClock(), metrics,
+      engine, metrics,
       PaymentsPolicy(keys, config->lease, config->retention, config->max_processing,
                      config->max_retained, config->wait_max),
       payments);

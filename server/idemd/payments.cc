@@ -5,6 +5,7 @@
 #include <chrono>
 
 #include "include/idem/failpoint.h"
+#include "server/idemd/routes.h"
 
 namespace idem::idemd {
 namespace {
@@ -89,7 +90,7 @@ CREATE TABLE payments (
 FilterPolicy PaymentsPolicy(const KeyPolicy& keys, Millis lease, Millis retention,
                             int64_t max_processing, int64_t max_retained, Millis wait_max) {
   FilterPolicy p;
-  p.route.route = "payments.create";
+  p.route.route = kPaymentsCreateRoute;
   p.route.key_policy = keys;
   p.route.rules.version = 1;
   p.route.rules.money_fields = {"amount"};
@@ -102,7 +103,7 @@ FilterPolicy PaymentsPolicy(const KeyPolicy& keys, Millis lease, Millis retentio
   p.failures.final_statuses = {400, 402, 409, 422};
   p.failures.retryable_statuses = {503};
   p.wait_max = wait_max;
-  p.route_label = "payments.create";
+  p.route_label = kPaymentsCreateRoute;
   p.operations_prefix = "/v1/operations/";
   return p;
 }

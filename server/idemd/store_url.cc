@@ -8,30 +8,32 @@
 
 namespace idem::idemd {
 
-Result<std::unique_ptr<Store>> OpenStoreUrl(const std::string& url, int pool_size,
-                                            const std::string& app_name,
-                                            const std::vector<Migration>& app_migrations,
-                                            bool prepared_statements) {
+Result<std::unique_ptr<Store>> OpenStoreUrl(const std::string& url,
+                                            const StoreUrlOptions& options) {
   constexpr std::string_view kSqlite = "sqlite://";
   if (url.rfind(kSqlite, 0) == 0) {
-    SqliteStoreOptions options;
-    options.path = url.substr(kSqlite.size());
-    options.pool_size = pool_size;
-    options.app_name = app_name;
-    options.app_migrations = app_migrations;
-    const std::filesystem::path parent = std::filesystem::path(options.path).parent_path();
+    SqliteStoreOptions sqlite;
+    sqlite.path = url.substr(kSqlite.size());
+    sqlite.pool_size = options.pool_size;
+    sqlite.apply_migrations = options.apply_migrations;
+    sqlite.app_name = options.app_name;
+    sqlite.app_migrations = options.app_migrations;
+    const std::filesystem::path parent = std::filesystem::path(sqlite.path).parent_path();
     std::error_code ec;
-    if (!parent.empty()) std::filesystem::create_directories(parent, ec);
-    return OpenSqliteStore(options, SystemClock(), SystemRandom());
+    if (!parent.empty() && options.apply_migrations) {
+      std::filesystem::create_directories(parent, ec);
+    }
+    return OpenSqliteStore(sqlite, SystemClock(), SystemRandom());
   }
   if (url.rfind("postgresql://", 0) == 0 || url.rfind("postgres://", 0) == 0) {
-    PostgresStoreOptions options;
-    options.conninfo = url;
-    options.pool_size = pool_size;
-    options.prepared_statements = prepared_statements;
-    options.app_name = app_name;
-    options.app_migrations = app_migrations;
-    return OpenPostgresStore(options, SystemClock(), SystemRandom());
+    PostgresStoreOptions postgres;
+    postgres.conninfo = url;
+    postgres.pool_size = options.pool_size;
+    postgres.prepared_statements = options.prepared_statements;
+    postgres.apply_migrations = options.apply_migrations;
+    postgres.app_name = options.app_name;
+    postgres.app_migrations = options.app_migrations;
+    return OpenPostgresStore(postgres, SystemClock(), SystemRandom());
   }
   return MakeError(Errc::kInvalidArgument,
                    "store URL must start with sqlite:// or postgresql://, got '" + url + "'");

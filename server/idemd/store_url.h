@@ -10,12 +10,20 @@
 
 namespace idem::idemd {
 
-// Opens the store and applies libidem's and the application's migrations.
-// Errors: kInvalidArgument for an unknown scheme; the backend's errors otherwise.
-// `prepared_statements` applies to PostgreSQL only.
-Result<std::unique_ptr<Store>> OpenStoreUrl(const std::string& url, int pool_size,
-                                            const std::string& app_name,
-                                            const std::vector<Migration>& app_migrations,
-                                            bool prepared_statements = true);
+struct StoreUrlOptions {
+  int pool_size = 4;
+  // PostgreSQL only: server-side prepared statements (off behind PgBouncer transaction pooling).
+  bool prepared_statements = true;
+  // true: create the store if needed and apply libidem's and the application's migrations
+  // (idemd). false: write nothing on open; the store must already have a current schema
+  // (idemctl). See SqliteStoreOptions::apply_migrations.
+  bool apply_migrations = true;
+  std::string app_name;
+  std::vector<Migration> app_migrations;
+};
+
+// Opens the store at `url`. Errors: kInvalidArgument for an unknown scheme; the backend's errors
+// otherwise (OpenSqliteStore, OpenPostgresStore).
+Result<std::unique_ptr<Store>> OpenStoreUrl(const std::string& url, const StoreUrlOptions& options);
 
 }  // namespace idem::idemd

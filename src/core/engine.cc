@@ -10,8 +10,13 @@
 
 namespace idem {
 
-Engine::Engine(Store& store, const Fingerprinter& fingerprinter, const Sealer& sealer, Clock& clock)
-    : store_(store), fingerprinter_(fingerprinter), sealer_(sealer), clock_(clock) {}
+Engine::Engine(Store& store, const Fingerprinter& fingerprinter, const Sealer& sealer, Clock& clock,
+               InFlightMarkers* markers)
+    : store_(store),
+      fingerprinter_(fingerprinter),
+      sealer_(sealer),
+      clock_(clock),
+      markers_(markers) {}
 
 namespace {
 
@@ -85,7 +90,7 @@ Result<Decision> Engine::Start(const RoutePolicy& policy, const Request& request
     IDEM_RETURN_IF_ERROR(
         VerifySameRequest(policy, request, canonical, fingerprinter_, seen->fingerprint));
     decision.record = std::move(*seen);
-    return Replay(std::move(decision));
+    return Replay(hash, std::move(decision));
   }
 
   ClaimSpec spec{hash,
@@ -96,29 +101,42 @@ Result<Decision> Engine::Start(const RoutePolicy& policy, const Request& request
                  policy.lease,
                  policy.retention};
 
-  // A fast path may turn an obvious concurrent duplicate away before the database: same
+  // In-flight markers may turn an obvious concurrent duplicate away before the database: same
   // fingerprint, live marker → a retryable "in progress". Anything else goes to the database.
-  const Timestamp now = clock_.Now();
-  const InFlight mine{spec.fingerprint, now + policy.lease, now + policy.retention};
-  if (std::optional<InFlight> other = store_.Preclaim(hash, mine, policy.lease)) {
-    const bool same_request =
-        other->fingerprint.secret_id == spec.fingerprint.secret_id &&
-        other->fingerprint.rules_version == spec.fingerprint.rules_version &&
-        CRYPTO_memcmp(other->fingerprint.mac.data(), spec.fingerprint.mac.data(), 32) == 0;
-    if (same_request && other->lease_until > now) {
-      decision.kind = Decision::Kind::kInProgress;
-      decision.retry_after =
-          std::clamp(std::chrono::duration_cast<Millis>(other->lease_until - now), Millis(1),
-                     policy.retry_after);
-      decision.key_expires = other->expires_at;
-      decision.record.scope = hash;
-      return decision;
+  Placement placed;
+  if (markers_ != nullptr) {
+    const Timestamp now = clock_.Now();
+    placed = markers_->Place(
+        hash, InFlight{spec.fingerprint, now + policy.lease, now + policy.retention}, policy.lease);
+    if (const std::optional<InFlight>& other = placed.held) {
+      const bool same_request =
+          other->fingerprint.secret_id == spec.fingerprint.secret_id &&
+          other->fingerprint.rules_version == spec.fingerprint.rules_version &&
+          CRYPTO_memcmp(other->fingerprint.mac.data(), spec.fingerprint.mac.data(), 32) == 0;
+      if (same_request && other->lease_until > now) {
+        decision.kind = Decision::Kind::kInProgress;
+        decision.retry_after =
+            std::clamp(std::chrono::duration_cast<Millis>(other->lease_until - now), Millis(1),
+                       policy.retry_after);
+        decision.key_expires = other->expires_at;
+        decision.record.scope = hash;
+        return decision;
+      }
     }
   }
   auto decided = ClaimInTxn(policy, request, spec, canonical, std::move(decision), on_claim);
-  // Only an execution keeps the marker; every other outcome lets later requests through.
-  if (!decided || decided->kind != Decision::Kind::kExecute) store_.ReleasePreclaim(hash);
+  // An execution keeps the marker this request placed; every other outcome removes it (and only
+  // it: a marker held by another request stays), so later requests get through.
+  if (decided && decided->kind == Decision::Kind::kExecute) {
+    decided->ticket.marker = std::move(placed.token);
+  } else {
+    ReleaseMarker(hash, placed.token);
+  }
   return decided;
+}
+
+void Engine::ReleaseMarker(const ScopeHash& scope, const std::optional<MarkerToken>& token) {
+  if (markers_ != nullptr && token) markers_->Release(scope, *token);
 }
 
 Result<Decision> Engine::ClaimInTxn(const RoutePolicy& policy, const Request& request,
@@ -139,7 +157,7 @@ Result<Decision> Engine::ClaimInTxn(const RoutePolicy& policy, const Request& re
           VerifySameRequest(policy, request, canonical, fingerprinter_, record.fingerprint));
       if (IsReplayable(record.state)) {
         decision.record = std::move(record);
-        return Replay(std::move(decision));
+        return Replay(spec.scope, std::move(decision));
       }
       if (record.state == RecordState::kProcessing && record.lease.until >= now) {
         decision.kind = Decision::Kind::kInProgress;
@@ -166,7 +184,7 @@ Result<Decision> Engine::ClaimInTxn(const RoutePolicy& policy, const Request& re
   IDEM_RETURN_IF_ERROR(IDEM_FAILPOINT("after_claim"));
   decision.kind = Decision::Kind::kExecute;
   decision.key_expires = record.expires_at;
-  decision.ticket = Ticket{spec.scope, record.lease, record, resumed};
+  decision.ticket = Ticket{spec.scope, record.lease, record, resumed, std::nullopt};
   decision.record = std::move(record);
   return decision;
 }
@@ -190,14 +208,41 @@ Status Engine::CheckQuota(const RoutePolicy& policy, StoreTxn& txn, const Princi
   return Ok();
 }
 
-Result<Decision> Engine::Replay(Decision decision) {
-  IDEM_ASSIGN_OR_RETURN(std::string plain,
-                        sealer_.Open(decision.record.scope, decision.record.response));
-  IDEM_ASSIGN_OR_RETURN(decision.response, DecodeResponse(plain));
+Result<StoredResponse> Engine::OpenAnswer(const ScopeHash& scope, const Record& record) const {
+  IDEM_ASSIGN_OR_RETURN(std::string plain, sealer_.Open(scope, record.response));
+  return DecodeResponse(plain);
+}
+
+Result<Decision> Engine::Replay(const ScopeHash& scope, Decision decision) const {
+  IDEM_ASSIGN_OR_RETURN(decision.response, OpenAnswer(scope, decision.record));
   decision.kind = Decision::Kind::kReplay;
   decision.key_expires = decision.record.expires_at;
   return decision;
 }
+
+Result<std::optional<FoundRecord>> Engine::Lookup(const Principal& principal,
+                                                  const RoutePolicy& policy, std::string_view key) {
+  IDEM_ASSIGN_OR_RETURN(std::string parsed, ParseIdempotencyKey(key, policy.key_policy));
+  const Scope scope{principal.tenant, principal.user, policy.route, parsed};
+  IDEM_ASSIGN_OR_RETURN(ScopeHash hash, scope.Hash());
+  IDEM_ASSIGN_OR_RETURN(std::optional<FoundRecord> found, Lookup(hash));
+  if (found) found->key = std::move(parsed);
+  return found;
+}
+
+Result<std::optional<FoundRecord>> Engine::Lookup(const ScopeHash& scope) {
+  IDEM_ASSIGN_OR_RETURN(std::optional<Record> record, store_.Read(scope));
+  if (!record) return std::optional<FoundRecord>();
+  FoundRecord found;
+  found.expired = record->expires_at <= clock_.Now();
+  if (IsReplayable(record->state) && !found.expired) {
+    IDEM_ASSIGN_OR_RETURN(found.response, OpenAnswer(scope, *record));
+  }
+  found.record = std::move(*record);
+  return std::optional<FoundRecord>(std::move(found));
+}
+
+Result<std::vector<Record>> Engine::ListStale(int limit) { return store_.ListStale(limit); }
 
 Status Engine::Advance(const Ticket& ticket, std::string_view point, std::string_view resource_id,
                        const TxnHook& business) {
@@ -220,7 +265,8 @@ Status Engine::Release(Ticket& ticket) {
   IDEM_ASSIGN_OR_RETURN(std::unique_ptr<StoreTxn> txn, store_.Begin());
   IDEM_ASSIGN_OR_RETURN(Lease released, txn->Renew(ticket.scope, ticket.lease, Millis(0)));
   IDEM_RETURN_IF_ERROR(txn->Commit());
-  store_.ReleasePreclaim(ticket.scope);  // the next attempt must reach the database
+  ReleaseMarker(ticket.scope, ticket.marker);  // the next attempt must reach the database
+  ticket.marker.reset();
   ticket.lease = released;
   ticket.record.lease = released;
   return Ok();
@@ -232,7 +278,7 @@ Result<Ticket> Engine::TakeOver(const RoutePolicy& policy, const Record& stale) 
   IDEM_ASSIGN_OR_RETURN(std::unique_ptr<StoreTxn> txn, store_.Begin());
   IDEM_ASSIGN_OR_RETURN(Record record, txn->Reclaim(spec, stale.lease.fence));
   IDEM_RETURN_IF_ERROR(txn->Commit());
-  return Ticket{stale.scope, record.lease, record, /*resumed=*/true};
+  return Ticket{stale.scope, record.lease, record, /*resumed=*/true, /*marker=*/std::nullopt};
 }
 
 Status Engine::Finish(const Ticket& ticket, RecordState state, const StoredResponse& response,
@@ -254,7 +300,7 @@ Status Engine::Finish(const Ticket& ticket, RecordState state, const StoredRespo
   IDEM_RETURN_IF_ERROR(IDEM_FAILPOINT("before_complete_commit"));
   IDEM_RETURN_IF_ERROR(txn->Commit());
   IDEM_RETURN_IF_ERROR(IDEM_FAILPOINT("after_complete_commit"));
-  store_.ReleasePreclaim(ticket.scope);
+  ReleaseMarker(ticket.scope, ticket.marker);
   return Ok();
 }
 

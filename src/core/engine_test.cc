@@ -5,6 +5,8 @@
 
 #include <atomic>
 #include <deque>
+#include <map>
+#include <mutex>
 #include <stdexcept>
 #include <thread>
 
@@ -357,7 +359,7 @@ TEST_F(EngineTest, ReleaseLetsTheNextAttemptTakeOverAtOnce) {
 TEST_F(EngineTest, TakeOverClaimsAStaleRecordOnce) {
   Decision d = MustStart(Req("key-00014"), InsertPending("pay_14"));
   clock_.Advance(kLease + Millis(1));
-  auto stale = store_->ListStale(10);
+  auto stale = engine_->ListStale(10);
   ASSERT_TRUE(stale.has_value());
   ASSERT_EQ(stale->size(), 1u);
   auto ticket = engine_->TakeOver(policy_, stale->at(0));
@@ -367,8 +369,161 @@ TEST_F(EngineTest, TakeOverClaimsAStaleRecordOnce) {
   EXPECT_EQ(engine_->TakeOver(policy_, stale->at(0)).error().code, Errc::kConflict);
   EXPECT_EQ(engine_->Finish(d.ticket, RecordState::kSucceeded, Created("x")).error().code,
             Errc::kFenced);
-  EXPECT_TRUE(
-      engine_->Finish(*ticket, RecordState::kFailedRetryable, {503, {}, ""}).has_value());
+  EXPECT_TRUE(engine_->Finish(*ticket, RecordState::kFailedRetryable, {503, {}, ""}).has_value());
+}
+
+TEST_F(EngineTest, LookupFindsTheCallersRecordAndOpensItsAnswer) {
+  const Principal alice{"acme", "alice"};
+  Decision d = MustStart(Req("lookup-0001"), InsertPending("pay_l1"));
+  auto running = engine_->Lookup(alice, policy_, "lookup-0001");
+  ASSERT_TRUE(running.has_value()) << running.error().message;
+  ASSERT_TRUE(running->has_value());
+  EXPECT_EQ((*running)->key, "lookup-0001");
+  EXPECT_EQ((*running)->record.state, RecordState::kProcessing);
+  EXPECT_EQ((*running)->record.resource_id, "pay_l1");
+  EXPECT_FALSE((*running)->response.has_value()) << "nothing to open while running";
+
+  ASSERT_TRUE(engine_->Finish(d.ticket, RecordState::kSucceeded, Created("pay_l1")).has_value());
+  // The key is parsed as Start parses the header: an sf-string names the same record.
+  auto finished = engine_->Lookup(alice, policy_, "\"lookup-0001\"");
+  ASSERT_TRUE(finished.has_value() && finished->has_value());
+  EXPECT_EQ((*finished)->key, "lookup-0001");
+  EXPECT_FALSE((*finished)->expired);
+  ASSERT_TRUE((*finished)->response.has_value());
+  EXPECT_EQ(*(*finished)->response, Created("pay_l1"));
+  auto by_scope = engine_->Lookup(d.ticket.scope);
+  ASSERT_TRUE(by_scope.has_value() && by_scope->has_value());
+  EXPECT_EQ((*by_scope)->key, "");
+  EXPECT_EQ((*by_scope)->response, (*finished)->response);
+
+  // Another principal's key is another record; a malformed key is refused.
+  auto other = engine_->Lookup({"acme", "bob"}, policy_, "lookup-0001");
+  ASSERT_TRUE(other.has_value());
+  EXPECT_FALSE(other->has_value());
+  auto malformed = engine_->Lookup(alice, policy_, "bad key!");
+  ASSERT_FALSE(malformed.has_value());
+  EXPECT_EQ(malformed.error().code, Errc::kInvalidArgument);
+
+  // Past its expiry the record is still there until swept, but its answer is never opened again.
+  clock_.Advance(kRetention);
+  auto expired = engine_->Lookup(alice, policy_, "lookup-0001");
+  ASSERT_TRUE(expired.has_value() && expired->has_value());
+  EXPECT_TRUE((*expired)->expired);
+  EXPECT_FALSE((*expired)->response.has_value());
+}
+
+// In-flight markers in memory: what the engine asks of any implementation, without Redis.
+class MapMarkers final : public InFlightMarkers {
+ public:
+  Placement Place(const ScopeHash& scope, const InFlight& mine, Millis) override {
+    std::lock_guard lock(mu_);
+    auto [it, placed] = markers_.try_emplace(scope, mine, "token-" + std::to_string(++placed_));
+    if (!placed) return Placement{std::nullopt, it->second.first};
+    return Placement{it->second.second, std::nullopt};
+  }
+  void Release(const ScopeHash& scope, const MarkerToken& token) override {
+    std::lock_guard lock(mu_);
+    if (auto it = markers_.find(scope); it != markers_.end() && it->second.second == token) {
+      markers_.erase(it);
+    }
+  }
+  bool Has(const ScopeHash& scope) {
+    std::lock_guard lock(mu_);
+    return markers_.count(scope) > 0;
+  }
+
+ private:
+  std::mutex mu_;
+  int placed_ = 0;
+  std::map<ScopeHash, std::pair<InFlight, MarkerToken>> markers_;
+};
+
+TEST_F(EngineTest, OnlyTheRequestThatPlacedAMarkerRemovesIt) {
+  MapMarkers markers;
+  Engine engine(*store_, *fingerprinter_, *sealer_, clock_, &markers);
+  const ScopeHash scope = *Scope{"acme", "alice", policy_.route, "marker-0001"}.Hash();
+  auto executor = engine.Start(policy_, Req("marker-0001"));
+  ASSERT_TRUE(executor.has_value() && executor->kind == Decision::Kind::kExecute);
+  EXPECT_EQ(executor->ticket.marker, "token-1");
+  // A duplicate is turned away on the marker; a different request reaches the database (422).
+  auto duplicate = engine.Start(policy_, Req("marker-0001"));
+  ASSERT_TRUE(duplicate.has_value());
+  EXPECT_EQ(duplicate->kind, Decision::Kind::kInProgress);
+  EXPECT_FALSE(engine.Start(policy_, Req("marker-0001", R"({"amount":"2"})")).has_value());
+  EXPECT_TRUE(markers.Has(scope)) << "someone else removed the executor's marker";
+  ASSERT_TRUE(engine.Finish(executor->ticket, RecordState::kSucceeded, Created("p")).has_value());
+  EXPECT_FALSE(markers.Has(scope)) << "the executor's finish removes its marker";
+
+  // A request that places a marker but does not execute removes its own.
+  clock_.Advance(kRetention);
+  Decision next = MustStart(Req("marker-0001"));  // a new operation, by an engine without markers
+  EXPECT_FALSE(markers.Has(scope));
+  auto in_progress = engine.Start(policy_, Req("marker-0001"));
+  ASSERT_TRUE(in_progress.has_value());
+  EXPECT_EQ(in_progress->kind, Decision::Kind::kInProgress) << "the database said so";
+  EXPECT_FALSE(markers.Has(scope)) << "it left the marker it placed";
+  ASSERT_TRUE(engine_->Finish(next.ticket, RecordState::kSucceeded, Created("q")).has_value());
+}
+
+// Forwards to a real store, except that reads of `from` return the record of `to`: a cache that
+// answers for the wrong scope.
+class MisroutingStore final : public Store {
+ public:
+  MisroutingStore(Store& inner, ScopeHash from, ScopeHash to)
+      : inner_(inner), from_(from), to_(to) {}
+  const StoreCapabilities& capabilities() const override { return inner_.capabilities(); }
+  Result<std::unique_ptr<StoreTxn>> Begin() override { return inner_.Begin(); }
+  Result<std::optional<Record>> Read(const ScopeHash& scope) override {
+    return inner_.Read(scope == from_ ? to_ : scope);
+  }
+  Result<std::vector<SqlRow>> Query(std::string_view sql,
+                                    const std::vector<SqlValue>& params) override {
+    return inner_.Query(sql, params);
+  }
+  Result<std::vector<Record>> ListStale(int limit) override { return inner_.ListStale(limit); }
+  Result<int> Sweep(int batch) override { return inner_.Sweep(batch); }
+
+ private:
+  Store& inner_;
+  ScopeHash from_, to_;
+};
+
+// A stored answer opens only under the scope it was sealed for, and the engine opens it with the
+// scope of the request, never with the scope of the record a store returned.
+TEST_F(EngineTest, AStoredAnswerOpensOnlyUnderTheRequestedScope) {
+  const Principal alice{"acme", "alice"};
+  Decision x = MustStart(Req("scope-x-0001"));
+  ASSERT_TRUE(engine_->Finish(x.ticket, RecordState::kSucceeded, Created("pay_x")).has_value());
+  const ScopeHash y = *Scope{"acme", "alice", policy_.route, "scope-y-0001"}.Hash();
+
+  // A store that serves X's record for Y: the same user and body fingerprint alike, so only the
+  // seal tells them apart.
+  MisroutingStore misrouting(*store_, y, x.ticket.scope);
+  Engine engine(misrouting, *fingerprinter_, *sealer_, clock_);
+  auto replay = engine.Start(policy_, Req("scope-y-0001"));
+  ASSERT_FALSE(replay.has_value()) << "X's answer was replayed for Y";
+  EXPECT_EQ(replay.error().code, Errc::kDataLoss);
+  auto looked_up = engine.Lookup(alice, policy_, "scope-y-0001");
+  ASSERT_FALSE(looked_up.has_value());
+  EXPECT_EQ(looked_up.error().code, Errc::kDataLoss);
+  EXPECT_EQ(engine.Lookup(y).error().code, Errc::kDataLoss);
+
+  // A sealed answer moved into another record's row does not open either.
+  Decision y_run = MustStart(Req("scope-y-0001"));
+  ASSERT_TRUE(engine_->Finish(y_run.ticket, RecordState::kSucceeded, Created("pay_y")).has_value());
+  {
+    auto txn = std::move(*store_->Begin());
+    ASSERT_TRUE(txn->Exec("UPDATE idem_records SET response = (SELECT response FROM idem_records "
+                          "WHERE scope_hash = ?) WHERE scope_hash = ?",
+                          {Blob{std::string(x.ticket.scope.begin(), x.ticket.scope.end())},
+                           Blob{std::string(y.begin(), y.end())}})
+                    .has_value());
+    ASSERT_TRUE(txn->Commit().has_value());
+  }
+  auto moved = engine_->Lookup(alice, policy_, "scope-y-0001");
+  ASSERT_FALSE(moved.has_value());
+  EXPECT_EQ(moved.error().code, Errc::kDataLoss);
+  EXPECT_EQ(StartError(Req("scope-y-0001")), Errc::kDataLoss);
 }
 
 }  // namespace

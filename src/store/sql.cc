@@ -480,7 +480,7 @@ Status CheckSchema(SqlRunner& conn, const RecordSql& sql) {
   if (!current && current.error().code != Errc::kInvalidArgument) return std::move(current).error();
   if (!current || *current == 0) {
     return MakeError(Errc::kInvalidArgument,
-                     "the database has no idem schema; start idemd on it once to create it");
+                     "the database has no idem schema; start idemd once to create it");
   }
   const int64_t known = Newest(sql.migrations);
   if (*current > known) return NewerSchema(kComponent, *current, known);

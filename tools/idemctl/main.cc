@@ -13,9 +13,8 @@
 
 #include "client/client.h"
 #include "include/idem/engine.h"
-#include "include/idem/store/sqlite.h"
 #include "server/idemd/config.h"
-#include "server/idemd/payments.h"
+#include "server/idemd/routes.h"
 #include "server/idemd/store_url.h"
 
 namespace {
@@ -126,12 +125,19 @@ struct Opened {
   std::unique_ptr<Store> store;
 };
 
+// The store of an idemd config, opened without migrations: idemd owns the schema (it creates and
+// upgrades it under its own lock), so idemctl never creates a store nor migrates one under
+// running servers, and needs none of the routes' migrations. Sweeping deletes from the records
+// table, which every schema version has.
 Result<Opened> OpenFromConfig(const Args& a) {
   if (!a.Has("config")) return MakeError(Errc::kInvalidArgument, "--config FILE is required");
   Opened o;
   IDEM_ASSIGN_OR_RETURN(o.config, idemd::LoadConfig(a.Flag("config"), {}));
-  IDEM_ASSIGN_OR_RETURN(o.store, idemd::OpenStoreUrl(o.config.store_url, 1, "payments",
-                                                     idemd::PaymentsMigrations()));
+  idemd::StoreUrlOptions options;
+  options.pool_size = 1;
+  options.prepared_statements = o.config.store_prepared_statements;
+  options.apply_migrations = false;
+  IDEM_ASSIGN_OR_RETURN(o.store, idemd::OpenStoreUrl(o.config.store_url, options));
   return o;
 }
 
@@ -141,19 +147,23 @@ int Inspect(const Args& a) {
   }
   auto opened = OpenFromConfig(a);
   if (!opened) return Fail(opened.error().message);
-  auto key = ParseIdempotencyKey(a.Flag("key"), KeyPolicy{});
-  if (!key) return Fail(key.error().message);
-  Scope scope{a.Flag("tenant"), a.Flag("user"), a.Flag("route", "payments.create"), *key};
-  auto hash = scope.Hash();
-  if (!hash) return Fail(hash.error().message);
-  auto record = opened->store->Read(*hash);
-  if (!record) return Fail(record.error().message);
-  if (!*record) {
-    std::cout << "no record for " << scope.tenant << "/" << scope.user << " " << scope.route << " "
-              << scope.key << "\n";
+  const idemd::Secrets& secrets = opened->config.secrets;
+  auto fingerprinter = Fingerprinter::Create(secrets.hmac, secrets.hmac_current);
+  if (!fingerprinter) return Fail(fingerprinter.error().message);
+  auto sealer = Sealer::Create(secrets.seal, secrets.seal_current, SystemRandom());
+  if (!sealer) return Fail(sealer.error().message);
+  Engine engine(*opened->store, **fingerprinter, **sealer, SystemClock());
+  const Principal principal{a.Flag("tenant"), a.Flag("user")};
+  RoutePolicy policy;
+  policy.route = a.Flag("route", std::string(idemd::kPaymentsCreateRoute));
+  auto found = engine.Lookup(principal, policy, a.Flag("key"));
+  if (!found) return Fail(found.error().message);
+  if (!*found) {
+    std::cout << "no record for " << principal.tenant << "/" << principal.user << " "
+              << policy.route << " " << a.Flag("key") << "\n";
     return 4;
   }
-  const Record& r = **record;
+  const Record& r = (*found)->record;
   auto when = [](Timestamp t) { return http::Rfc3339(ToUnixMillis(t)); };
   std::cout << "scope_hash      " << ToHex(r.scope) << "\n"
             << "tenant/user     " << r.tenant << "/" << r.user << "\n"
@@ -166,23 +176,18 @@ int Inspect(const Args& a) {
             << "lease_until     " << when(r.lease.until) << "\n"
             << "created_at      " << when(r.created_at) << "\n"
             << "updated_at      " << when(r.updated_at) << "\n"
-            << "expires_at      " << when(r.expires_at) << "\n"
+            << "expires_at      " << when(r.expires_at) << ((*found)->expired ? " (expired)" : "")
+            << "\n"
             << "fingerprint     rules v" << r.fingerprint.rules_version << ", secret "
             << r.fingerprint.secret_id << "\n"
             << "response        "
             << (r.response.empty() ? "none" : std::to_string(r.response.size()) + " sealed bytes")
             << "\n";
-  if (a.Has("show-response") && !r.response.empty()) {
-    auto sealer = Sealer::Create(opened->config.secrets.seal, opened->config.secrets.seal_current,
-                                 SystemRandom());
-    if (!sealer) return Fail(sealer.error().message);
-    auto plain = (*sealer)->Open(r.scope, r.response);
-    if (!plain) return Fail(plain.error().message);
-    auto decoded = DecodeResponse(*plain);
-    if (!decoded) return Fail(decoded.error().message);
-    std::cout << "\nHTTP " << decoded->status << "\n";
-    for (const auto& [n, v] : decoded->headers) std::cout << n << ": " << v << "\n";
-    std::cout << "\n" << decoded->body << "\n";
+  if (a.Has("show-response") && (*found)->response) {
+    const StoredResponse& stored = *(*found)->response;
+    std::cout << "\nHTTP " << stored.status << "\n";
+    for (const auto& [n, v] : stored.headers) std::cout << n << ": " << v << "\n";
+    std::cout << "\n" << stored.body << "\n";
   }
   return 0;
 }

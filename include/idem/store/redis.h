@@ -1,13 +1,14 @@
 // include/idem/store/redis.h — an optional accelerator in front of a Store: replays of finished
 // operations are served from an in-process LRU and from Redis instead of the database, and
-// concurrent duplicates of a running operation are turned away (a retryable 409) by a
-// SET NX PX marker before they reach the database.
+// concurrent duplicates of a running operation are turned away (a retryable 409) by in-flight
+// markers (include/idem/inflight.h) kept in Redis, before they reach the database.
 //
 // The database decides. Only finished records (SUCCEEDED, FAILED_FINAL) are cached, and a cached
 // record is used only while its expires_at is in the future by the store's clock: until then the
 // database record cannot change (finished records are immutable until they expire), and after it
-// the cache entry is ignored whatever Redis still holds. Every Redis error or timeout falls back
-// to the database. The in-flight marker is a hint only: it may make a duplicate wait and retry,
+// the cache entry is ignored whatever Redis still holds. An entry answers only for its own scope
+// (one holding another scope's record is a miss). Every Redis error or timeout falls back to the
+// database. The in-flight marker is a hint only: it may make a duplicate wait and retry,
 // never give it a final answer. Transactions, claims and everything else pass straight through.
 #pragma once
 
@@ -16,11 +17,13 @@
 #include <string>
 
 #include "include/idem/clock.h"
+#include "include/idem/inflight.h"
 #include "include/idem/result.h"
 #include "include/idem/store.h"
 
 namespace idem {
 
+// Options of the one Redis client that the replay cache and the in-flight markers share.
 struct RedisCacheOptions {
   std::string url;  // "redis://host:port"
   // Per command; a slower Redis is skipped (the database answers).
@@ -28,14 +31,33 @@ struct RedisCacheOptions {
   int pool_size = 8;
   // Entries of the in-process LRU in front of Redis (0 turns it off).
   std::size_t lru_entries = 10000;
+  // Cache entries are <prefix><hex scope hash>, markers <prefix>lock:<hex scope hash>.
   std::string key_prefix = "idem:rec:";
-  // Called on every fallback to the database after a Redis failure (for metrics).
+  // Called on every fallback to the database after a Redis failure, and for every cache entry
+  // found to belong to another scope (for metrics). After a failure Redis is left alone for a
+  // second, by the cache and the markers alike.
   std::function<void()> on_fallback;
 };
 
-// Wraps `inner`. Connecting to Redis is lazy: a Redis that is down at start-up only means
-// fallbacks. Errors: kInvalidArgument for a malformed URL.
+// Wraps `inner` with the replay cache only. Connecting to Redis is lazy: a Redis that is down at
+// start-up only means fallbacks. `clock` must outlive the store.
+// Errors: kInvalidArgument for a malformed URL or a pool_size outside 1..256.
 Result<std::unique_ptr<Store>> WrapWithRedisCache(std::unique_ptr<Store> inner,
                                                   const RedisCacheOptions& options, Clock& clock);
+
+// The replay cache and the in-flight markers over one Redis client (one connection pool, one rest
+// period after a failure). Give `markers` to the Engine with `store`. Either may outlive the other.
+struct RedisFastPath {
+  std::unique_ptr<Store> store;              // `inner` behind the replay cache
+  std::unique_ptr<InFlightMarkers> markers;  // SET NX PX markers
+};
+
+// A marker's value carries 16 bytes from `random`, and is the token its placer releases it with:
+// Release is a compare-and-delete (a Lua script: GET == token → DEL), so only the request that
+// placed a marker removes it. `clock` and `random` must outlive both results.
+// Errors: as WrapWithRedisCache.
+Result<RedisFastPath> OpenRedisFastPath(std::unique_ptr<Store> inner,
+                                        const RedisCacheOptions& options, Clock& clock,
+                                        Random& random);
 
 }  // namespace idem

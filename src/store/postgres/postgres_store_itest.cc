@@ -146,29 +146,6 @@ TEST(PostgresStore, DecodesItsOwnTypesAndRefusesUnknownOnes) {
   EXPECT_NE(array.error().message.find("column 0"), std::string::npos) << array.error().message;
 }
 
-TEST(PostgresStore, WithoutMigrationsOpensOnlyAnExistingSchemaAndWritesNothing) {
-  REQUIRE_POSTGRES();
-  const std::string schema = FreshSchema();
-  FakeClock clock;
-  SeededRandom random(4);
-  PostgresStoreOptions as_is = Options(schema, 1, true);
-  as_is.apply_migrations = false;
-  auto missing = OpenPostgresStore(as_is, clock, random);
-  ASSERT_FALSE(missing.has_value());
-  EXPECT_EQ(missing.error().code, Errc::kInvalidArgument) << missing.error().message;
-  EXPECT_EQ(QueryInt("SELECT count(*) FROM pg_namespace WHERE nspname = '" + schema + "'"), 0)
-      << "nothing is created";
-
-  ASSERT_TRUE(OpenPostgresStore(Options(schema, 1, true), clock, random).has_value());
-  as_is.app_migrations.push_back({3, "CREATE TABLE never_applied (x BIGINT)"});
-  auto tool = OpenPostgresStore(as_is, clock, random);
-  ASSERT_TRUE(tool.has_value()) << tool.error().message;
-  EXPECT_TRUE((*tool)->Query("SELECT count(*) FROM contract_business").has_value());
-  EXPECT_EQ(QueryInt("SELECT count(*) FROM pg_tables WHERE schemaname = '" + schema +
-                     "' AND tablename = 'never_applied'"),
-            0);
-}
-
 TEST(PostgresStore, RefusesASchemaNewerThanItKnows) {
   REQUIRE_POSTGRES();
   const std::string schema = FreshSchema();
@@ -181,6 +158,39 @@ TEST(PostgresStore, RefusesASchemaNewerThanItKnows) {
   auto store = OpenPostgresStore(Options(schema, 1, true), clock, random);
   ASSERT_FALSE(store.has_value());
   EXPECT_EQ(store.error().code, Errc::kDataLoss);
+}
+
+// idemctl's read-only open: no schema is created; an existing one is checked and read.
+TEST(PostgresStore, WithoutMigrationsOpensOnlyAnExistingCurrentSchema) {
+  REQUIRE_POSTGRES();
+  const std::string schema = FreshSchema();
+  FakeClock clock;
+  SeededRandom random(1);
+  PostgresStoreOptions read_only = Options(schema, 1, true);
+  read_only.apply_migrations = false;
+  auto missing = OpenPostgresStore(read_only, clock, random);
+  ASSERT_FALSE(missing.has_value());
+  EXPECT_EQ(missing.error().code, Errc::kInvalidArgument);
+  EXPECT_EQ(QueryInt("SELECT count(*) FROM pg_namespace WHERE nspname = '" + schema + "'"), 0)
+      << "a read-only open created the schema";
+
+  ASSERT_TRUE(OpenPostgresStore(Options(schema, 1, true), clock, random).has_value());
+  read_only.app_migrations.push_back({3, "CREATE TABLE never_applied (x BIGINT)"});
+  auto reader = OpenPostgresStore(read_only, clock, random);
+  ASSERT_TRUE(reader.has_value()) << reader.error().message;
+  EXPECT_EQ(QueryInt("SELECT count(*) FROM pg_tables WHERE schemaname = '" + schema +
+                     "' AND tablename = 'never_applied'"),
+            0)
+      << "an app migration ran";
+  auto read = (*reader)->Read(*Scope{"acme", "alice", "r", "read-only-key"}.Hash());
+  ASSERT_TRUE(read.has_value()) << read.error().message;
+  EXPECT_FALSE(read->has_value());
+
+  QueryInt("WITH x AS (INSERT INTO " + schema +
+           ".idem_schema VALUES ('idem', 99, 0) RETURNING 1) SELECT count(*) FROM x");
+  auto newer = OpenPostgresStore(read_only, clock, random);
+  ASSERT_FALSE(newer.has_value());
+  EXPECT_EQ(newer.error().code, Errc::kDataLoss);
 }
 
 TEST(PostgresStore, RejectsBadOptionsAndUnreachableServers) {

@@ -1,7 +1,9 @@
 // src/store/redis/redis_cache_itest.cc — the store contract suite on Redis + SQLite and Redis +
 // PostgreSQL (services from scripts/with-services), and the cache's own rules: it serves warm
-// replays, never outlives a record's expiry, and falls back to the database when Redis fails.
+// replays, never outlives a record's expiry, and falls back to the database when Redis fails;
+// and the in-flight markers: placed once, removed only by their owner, a hint to the engine.
 #include <gtest/gtest.h>
+#include <hiredis/hiredis.h>
 
 #include <atomic>
 #include <cstdlib>
@@ -88,13 +90,17 @@ INSTANTIATE_TEST_SUITE_P(Redis, StoreContractTest,
 
 class RedisCacheTest : public ::testing::Test {
  protected:
-  // A SQLite store wrapped with the cache; `raw` keeps a handle on the database itself.
-  void Open(RedisCacheOptions options) {
+  // A SQLite store wrapped with the cache, and the markers of the same client; `raw` keeps a
+  // handle on the database itself.
+  void Open(RedisCacheOptions options, Millis busy_timeout = Millis(5000)) {
     SqliteStoreOptions o;
     o.path = env_.dir.File("idem.db");
+    o.busy_timeout = busy_timeout;
     raw_ = std::move(*OpenSqliteStore(o, env_.clock, env_.random));
-    cached_ = std::move(*WrapWithRedisCache(std::move(*OpenSqliteStore(o, env_.clock, env_.random)),
-                                            options, env_.clock));
+    RedisFastPath fast = std::move(*OpenRedisFastPath(
+        std::move(*OpenSqliteStore(o, env_.clock, env_.random)), options, env_.clock, env_.random));
+    cached_ = std::move(fast.store);
+    markers_ = std::move(fast.markers);
   }
 
   // A finished record for `key`, written through the database.
@@ -124,6 +130,49 @@ class RedisCacheTest : public ::testing::Test {
   StoreTestEnv env_;
   std::unique_ptr<Store> raw_;
   std::unique_ptr<Store> cached_;
+  std::unique_ptr<InFlightMarkers> markers_;
+};
+
+// Raw access to the test's Redis, to look at markers without going through the code under test.
+class RawRedis {
+ public:
+  RawRedis() {
+    const std::string rest = Env("IDEM_TEST_REDIS_URL").substr(std::string("redis://").size());
+    const std::size_t colon = rest.rfind(':');
+    ctx_ = redisConnect(rest.substr(0, colon).c_str(), std::stoi(rest.substr(colon + 1)));
+  }
+  ~RawRedis() { redisFree(ctx_); }
+  RawRedis(const RawRedis&) = delete;
+  RawRedis& operator=(const RawRedis&) = delete;
+
+  bool Exists(const std::string& key) {
+    Reply r = Run({"EXISTS", key});
+    return r != nullptr && r->type == REDIS_REPLY_INTEGER && r->integer == 1;
+  }
+  void Set(const std::string& key, const std::string& value) { Run({"SET", key, value}); }
+  std::optional<std::string> Get(const std::string& key) {
+    Reply r = Run({"GET", key});
+    if (r == nullptr || r->type != REDIS_REPLY_STRING) return std::nullopt;
+    return std::string(r->str, r->len);
+  }
+
+ private:
+  struct ReplyFree {
+    void operator()(redisReply* r) const { freeReplyObject(r); }
+  };
+  using Reply = std::unique_ptr<redisReply, ReplyFree>;
+  Reply Run(const std::vector<std::string>& args) {
+    std::vector<const char*> argv;
+    std::vector<std::size_t> lens;
+    for (const std::string& a : args) {
+      argv.push_back(a.data());
+      lens.push_back(a.size());
+    }
+    return Reply(static_cast<redisReply*>(
+        redisCommandArgv(ctx_, static_cast<int>(args.size()), argv.data(), lens.data())));
+  }
+
+  redisContext* ctx_;
 };
 
 TEST_F(RedisCacheTest, WarmReplaysAreServedFromTheLruAndFromRedis) {
@@ -189,6 +238,45 @@ TEST_F(RedisCacheTest, UnfinishedRecordsAreNotCached) {
   EXPECT_FALSE((*cached_->Read(spec.scope)).has_value()) << "a PROCESSING record was cached";
 }
 
+// A cache entry answers only for its own scope: another scope's record planted under a key (a
+// bug, a copied entry, someone with access to Redis) is a miss, counted as a fallback, and is
+// never kept in the LRU.
+TEST_F(RedisCacheTest, ACachedRecordAnswersOnlyForItsOwnScope) {
+  REQUIRE_SERVICE("IDEM_TEST_REDIS_URL");
+  const std::string prefix = Fresh("idem:test:");
+  std::atomic<int> fallbacks{0};
+  RedisCacheOptions options = CacheOptions(prefix);
+  options.on_fallback = [&] { ++fallbacks; };
+  Open(options);
+  const ClaimSpec x = Finished("scope-x-key-1");
+  ASSERT_TRUE((*cached_->Read(x.scope)).has_value());  // X's entry is in Redis now
+  RawRedis redis;
+  const std::optional<std::string> entry = redis.Get(prefix + ToHex(x.scope));
+  ASSERT_TRUE(entry.has_value());
+  const ScopeHash y = *Scope{"acme", "alice", "r", "scope-y-key-1"}.Hash();
+  redis.Set(prefix + ToHex(y), *entry);
+
+  for (bool lru : {true, false}) {
+    RedisCacheOptions fresh = options;  // another process: nothing in its LRU yet
+    fresh.lru_entries = lru ? 100 : 0;
+    SqliteStoreOptions o;
+    o.path = env_.dir.File("idem.db");
+    auto other = std::move(*WrapWithRedisCache(
+        std::move(*OpenSqliteStore(o, env_.clock, env_.random)), fresh, env_.clock));
+    const int before = fallbacks.load();
+    for (int i = 0; i < 2; ++i) {  // the second read would come from the LRU
+      auto read = other->Read(y);
+      ASSERT_TRUE(read.has_value()) << read.error().message;
+      EXPECT_FALSE(read->has_value())
+          << "Y has no record; X's was served for it (lru " << lru << ", read " << i << ")";
+    }
+    EXPECT_GE(fallbacks.load(), before + 1) << "the mismatch was not counted";
+    auto own = other->Read(x.scope);
+    ASSERT_TRUE(own.has_value() && own->has_value());
+    EXPECT_EQ((*own)->scope, x.scope);
+  }
+}
+
 TEST_F(RedisCacheTest, ARedisThatIsDownFallsBackToTheDatabase) {
   std::atomic<int> fallbacks{0};
   RedisCacheOptions options;
@@ -204,41 +292,54 @@ TEST_F(RedisCacheTest, ARedisThatIsDownFallsBackToTheDatabase) {
   EXPECT_GE(fallbacks.load(), 1);
 }
 
-TEST_F(RedisCacheTest, PreclaimMarksReleasesAndExpires) {
+TEST_F(RedisCacheTest, MarkersArePlacedReleasedByTheirOwnerAndExpire) {
   REQUIRE_SERVICE("IDEM_TEST_REDIS_URL");
-  Open(CacheOptions(Fresh("idem:test:")));
+  const std::string prefix = Fresh("idem:test:");
+  Open(CacheOptions(prefix));
   const ScopeHash scope = *Scope{"acme", "alice", "r", "preclaim-key-1"}.Hash();
+  const std::string key = prefix + "lock:" + ToHex(scope);
+  RawRedis redis;
   InFlight mine;
   mine.fingerprint.mac.fill(3);
   mine.fingerprint.secret_id = 9;
   mine.lease_until = env_.clock.Now() + Millis(30000);
   mine.expires_at = env_.clock.Now() + Millis(60000);
-  EXPECT_FALSE(cached_->Preclaim(scope, mine, Millis(30000)).has_value()) << "first takes it";
-  auto held = cached_->Preclaim(scope, InFlight{}, Millis(30000));
-  ASSERT_TRUE(held.has_value()) << "a second sees the holder";
-  EXPECT_EQ(held->fingerprint.mac, mine.fingerprint.mac);
-  EXPECT_EQ(held->fingerprint.secret_id, 9u);
-  EXPECT_EQ(held->lease_until, mine.lease_until);
-  EXPECT_EQ(held->expires_at, mine.expires_at);
-  cached_->ReleasePreclaim(scope);
-  EXPECT_FALSE(cached_->Preclaim(scope, mine, Millis(100)).has_value()) << "released";
+  Placement first = markers_->Place(scope, mine, Millis(30000));
+  ASSERT_TRUE(first.token.has_value()) << "first places it";
+  EXPECT_FALSE(first.held.has_value());
+  Placement second = markers_->Place(scope, InFlight{}, Millis(30000));
+  EXPECT_FALSE(second.token.has_value());
+  ASSERT_TRUE(second.held.has_value()) << "a second sees the holder";
+  EXPECT_EQ(second.held->fingerprint.mac, mine.fingerprint.mac);
+  EXPECT_EQ(second.held->fingerprint.secret_id, 9u);
+  EXPECT_EQ(second.held->lease_until, mine.lease_until);
+  EXPECT_EQ(second.held->expires_at, mine.expires_at);
+
+  // Only the holder's token removes it; an identical marker placed again has another token.
+  markers_->Release(scope, first.token->substr(0, first.token->size() - 1) + "x");
+  EXPECT_TRUE(redis.Exists(key)) << "a wrong token released the marker";
+  markers_->Release(scope, *first.token);
+  EXPECT_FALSE(redis.Exists(key)) << "its own token did not";
+  Placement again = markers_->Place(scope, mine, Millis(30000));
+  ASSERT_TRUE(again.token.has_value());
+  EXPECT_NE(*again.token, *first.token);
+  markers_->Release(scope, *first.token);
+  EXPECT_TRUE(redis.Exists(key)) << "a stale token released its successor's marker";
+  markers_->Release(scope, *again.token);
+
+  EXPECT_TRUE(markers_->Place(scope, mine, Millis(100)).token.has_value()) << "released";
   std::this_thread::sleep_for(std::chrono::milliseconds(250));
-  EXPECT_FALSE(cached_->Preclaim(scope, mine, Millis(100)).has_value()) << "expired";
+  EXPECT_TRUE(markers_->Place(scope, mine, Millis(100)).token.has_value()) << "expired";
 }
 
 // The engine turns a concurrent duplicate away on the marker alone — here while the database is
 // locked by another process and could not have answered — but never a request that differs.
 TEST_F(RedisCacheTest, EngineTurnsAwayDuplicatesBeforeTheDatabase) {
   REQUIRE_SERVICE("IDEM_TEST_REDIS_URL");
-  SqliteStoreOptions o;
-  o.path = env_.dir.File("idem.db");
-  o.busy_timeout = Millis(100);
-  raw_ = std::move(*OpenSqliteStore(o, env_.clock, env_.random));
-  cached_ = std::move(*WrapWithRedisCache(std::move(*OpenSqliteStore(o, env_.clock, env_.random)),
-                                          CacheOptions(Fresh("idem:test:")), env_.clock));
+  Open(CacheOptions(Fresh("idem:test:")), Millis(100));
   auto fingerprinter = std::move(*Fingerprinter::Create({{1, std::string(32, 'h')}}, 1));
   auto sealer = std::move(*Sealer::Create({{1, std::string(32, 's')}}, 1, env_.random));
-  Engine engine(*cached_, *fingerprinter, *sealer, env_.clock);
+  Engine engine(*cached_, *fingerprinter, *sealer, env_.clock, markers_.get());
   RoutePolicy policy;
   policy.route = "payments.create";
   auto request = [](const char* body) {
@@ -253,6 +354,7 @@ TEST_F(RedisCacheTest, EngineTurnsAwayDuplicatesBeforeTheDatabase) {
   auto first = engine.Start(policy, request(R"({"a":1})"));
   ASSERT_TRUE(first.has_value()) << first.error().message;
   ASSERT_EQ(first->kind, Decision::Kind::kExecute);
+  EXPECT_TRUE(first->ticket.marker.has_value()) << "the executor holds its marker";
 
   auto lock = raw_->Begin();  // another process holds the write lock now
   ASSERT_TRUE(lock.has_value());
@@ -272,6 +374,79 @@ TEST_F(RedisCacheTest, EngineTurnsAwayDuplicatesBeforeTheDatabase) {
   EXPECT_EQ(replay->kind, Decision::Kind::kReplay);
 }
 
+// Only the request that placed a marker removes it: a request that differs (422), a duplicate
+// that the database answered and the reconciler's takeover leave a running executor's marker in
+// place. (Before markers had owners, each of the three deleted it.)
+TEST_F(RedisCacheTest, OnlyTheExecutorReleasesItsMarker) {
+  REQUIRE_SERVICE("IDEM_TEST_REDIS_URL");
+  const std::string prefix = Fresh("idem:test:");
+  Open(CacheOptions(prefix));
+  auto fingerprinter = std::move(*Fingerprinter::Create({{1, std::string(32, 'h')}}, 1));
+  // Another instance already signs with the next secret (a rotation in progress): its duplicate
+  // does not match the marker's fingerprint byte for byte, so the database answers it.
+  auto rotated_fingerprinter =
+      std::move(*Fingerprinter::Create({{1, std::string(32, 'h')}, {2, std::string(32, 'i')}}, 2));
+  auto sealer = std::move(*Sealer::Create({{1, std::string(32, 's')}}, 1, env_.random));
+  Engine engine(*cached_, *fingerprinter, *sealer, env_.clock, markers_.get());
+  Engine rotated(*cached_, *rotated_fingerprinter, *sealer, env_.clock, markers_.get());
+  RoutePolicy policy;
+  policy.route = "payments.create";
+  RawRedis redis;
+  auto request = [](const std::string& key, const char* body) {
+    Request r;
+    r.principal = {"acme", "alice"};
+    r.key_header = key;
+    r.method = "POST";
+    r.content_type = "application/json";
+    r.body = body;
+    return r;
+  };
+  auto marker_of = [&](const std::string& key) {
+    return prefix + "lock:" + ToHex(*Scope{"acme", "alice", policy.route, key}.Hash());
+  };
+  // An executor of `key` holds the marker while `intrude` runs; it is still there afterwards,
+  // and the executor's finish removes it.
+  auto check = [&](const std::string& key, const std::function<void()>& intrude) {
+    auto executor = engine.Start(policy, request(key, R"({"a":1})"));
+    ASSERT_TRUE(executor.has_value()) << executor.error().message;
+    ASSERT_EQ(executor->kind, Decision::Kind::kExecute);
+    ASSERT_TRUE(redis.Exists(marker_of(key))) << "the executor placed its marker";
+    intrude();
+    EXPECT_TRUE(redis.Exists(marker_of(key)))
+        << key << ": another request deleted the executor's marker";
+    ASSERT_TRUE(
+        engine.Finish(executor->ticket, RecordState::kSucceeded, {201, {}, "done"}).has_value());
+    EXPECT_FALSE(redis.Exists(marker_of(key))) << key << ": the executor releases its own marker";
+  };
+
+  check("marker-mismatch-key", [&] {
+    auto mismatch = engine.Start(policy, request("marker-mismatch-key", R"({"a":2})"));
+    ASSERT_FALSE(mismatch.has_value());
+    EXPECT_EQ(mismatch.error().code, Errc::kFingerprintMismatch);
+  });
+  check("marker-duplicate-key", [&] {
+    auto duplicate = rotated.Start(policy, request("marker-duplicate-key", R"({"a":1})"));
+    ASSERT_TRUE(duplicate.has_value()) << duplicate.error().message;
+    EXPECT_EQ(duplicate->kind, Decision::Kind::kInProgress);
+  });
+
+  // The reconciler takes a stalled execution over without a marker of its own; finishing it
+  // must not delete the marker (here the stalled executor's, still in Redis).
+  const std::string stalled_key = "marker-stalled-key";
+  auto stalled = engine.Start(policy, request(stalled_key, R"({"a":1})"));
+  ASSERT_TRUE(stalled.has_value() && stalled->kind == Decision::Kind::kExecute);
+  env_.clock.Advance(policy.lease + Millis(1));
+  auto stale = engine.ListStale(10);
+  ASSERT_TRUE(stale.has_value());
+  ASSERT_EQ(stale->size(), 1u);
+  auto takeover = engine.TakeOver(policy, stale->at(0));
+  ASSERT_TRUE(takeover.has_value()) << takeover.error().message;
+  EXPECT_FALSE(takeover->marker.has_value());
+  ASSERT_TRUE(engine.Finish(*takeover, RecordState::kSucceeded, {201, {}, "done"}).has_value());
+  EXPECT_TRUE(redis.Exists(marker_of(stalled_key)))
+      << "the reconciler deleted a marker it did not place";
+}
+
 TEST(RedisCacheOptions, RejectsMalformedUrls) {
   FakeClock clock;
   SeededRandom random(1);
@@ -285,6 +460,10 @@ TEST(RedisCacheOptions, RejectsMalformedUrls) {
         WrapWithRedisCache(std::move(*OpenSqliteStore(o, clock, random)), options, clock);
     ASSERT_FALSE(wrapped.has_value()) << url;
     EXPECT_EQ(wrapped.error().code, Errc::kInvalidArgument);
+    auto fast =
+        OpenRedisFastPath(std::move(*OpenSqliteStore(o, clock, random)), options, clock, random);
+    ASSERT_FALSE(fast.has_value()) << url;
+    EXPECT_EQ(fast.error().code, Errc::kInvalidArgument);
   }
 }
 

@@ -77,8 +77,8 @@ class Connection final : public SqlRunner {
     int rc = sqlite3_open_v2(options.path.c_str(), &db_, flags, nullptr);
     if (rc == SQLITE_CANTOPEN && !options.apply_migrations) {
       return MakeError(Errc::kInvalidArgument, "sqlite: cannot open " + options.path +
-                                                   ": no such database; start idemd on it once "
-                                                   "to create it");
+                                                   ": no such database; start idemd once to "
+                                                   "create it");
     }
     if (rc != SQLITE_OK) return SqliteError(db_, rc, "open " + options.path);
     sqlite3_extended_result_codes(db_, 1);

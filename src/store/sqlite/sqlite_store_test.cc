@@ -88,6 +88,57 @@ TEST(SqliteStore, RefusesASchemaNewerThanItKnows) {
   EXPECT_EQ(store.error().code, Errc::kDataLoss);
 }
 
+// idemctl's read-only open: no file, no table, no migration; only a check of the schema.
+TEST(SqliteStore, WithoutMigrationsOpensOnlyAnExistingCurrentSchema) {
+  StoreTestEnv env;
+  const std::string path = env.dir.File("idem.db");
+  SqliteStoreOptions read_only = Options(path, 1);
+  read_only.apply_migrations = false;
+
+  auto missing = OpenSqliteStore(read_only, env.clock, env.random);
+  ASSERT_FALSE(missing.has_value());
+  EXPECT_EQ(missing.error().code, Errc::kInvalidArgument);
+  EXPECT_NE(missing.error().message.find("start idemd once"), std::string::npos)
+      << missing.error().message;
+  EXPECT_FALSE(std::filesystem::exists(path)) << "a read-only open created the file";
+
+  std::ofstream(path).close();  // a fresh, empty file
+  auto fresh = OpenSqliteStore(read_only, env.clock, env.random);
+  ASSERT_FALSE(fresh.has_value());
+  EXPECT_EQ(fresh.error().code, Errc::kInvalidArgument);
+  EXPECT_EQ(QueryInt(path, "SELECT count(*) FROM sqlite_master"), 0) << "it created tables";
+  std::filesystem::remove(path);
+
+  // After a normal open (idemd's), the read-only open reads what was written.
+  auto owner = OpenSqliteStore(Options(path, 1), env.clock, env.random);
+  ASSERT_TRUE(owner.has_value()) << owner.error().message;
+  ClaimSpec spec;
+  spec.scope = *Scope{"acme", "alice", "r", "read-only-key"}.Hash();
+  spec.tenant = "acme";
+  spec.user = "alice";
+  spec.route = "r";
+  {
+    auto txn = std::move(*(*owner)->Begin());
+    ASSERT_TRUE(txn->Claim(spec).has_value());
+    ASSERT_TRUE(txn->Commit().has_value());
+  }
+  owner->reset();  // idemd stopped: the WAL is checkpointed and its files removed
+  read_only.app_migrations.push_back({3, "CREATE TABLE never_applied (x INTEGER)"});
+  auto reader = OpenSqliteStore(read_only, env.clock, env.random);
+  ASSERT_TRUE(reader.has_value()) << reader.error().message;
+  auto read = (*reader)->Read(spec.scope);
+  ASSERT_TRUE(read.has_value() && read->has_value());
+  EXPECT_EQ((*read)->route, "r");
+  EXPECT_EQ(QueryInt(path, "SELECT count(*) FROM sqlite_master WHERE name = 'never_applied'"), 0)
+      << "an app migration ran";
+
+  // A schema newer than this build is refused, not used.
+  QueryInt(path, "INSERT INTO idem_schema VALUES ('idem', 99, 0) RETURNING 1");
+  auto newer = OpenSqliteStore(read_only, env.clock, env.random);
+  ASSERT_FALSE(newer.has_value());
+  EXPECT_EQ(newer.error().code, Errc::kDataLoss);
+}
+
 TEST(SqliteStore, ABrokenMigrationLeavesNothingApplied) {
   StoreTestEnv env;
   const std::string path = env.dir.File("idem.db");
@@ -97,41 +148,6 @@ TEST(SqliteStore, ABrokenMigrationLeavesNothingApplied) {
   ASSERT_FALSE(store.has_value());
   EXPECT_EQ(store.error().code, Errc::kInvalidArgument);
   EXPECT_EQ(QueryInt(path, "SELECT count(*) FROM sqlite_master WHERE name = 'ok_table'"), 0);
-}
-
-TEST(SqliteStore, WithoutMigrationsOpensOnlyAnExistingSchemaAndWritesNothing) {
-  StoreTestEnv env;
-  const std::string path = env.dir.File("idem.db");
-  SqliteStoreOptions as_is = Options(path, 1);
-  as_is.apply_migrations = false;
-  auto missing = OpenSqliteStore(as_is, env.clock, env.random);
-  ASSERT_FALSE(missing.has_value());
-  EXPECT_EQ(missing.error().code, Errc::kInvalidArgument) << missing.error().message;
-  EXPECT_FALSE(std::filesystem::exists(path)) << "no file is created";
-
-  // A file without idem's schema is refused, and stays without it.
-  QueryInt(path, "CREATE TABLE unrelated (x INTEGER) ");
-  auto foreign = OpenSqliteStore(as_is, env.clock, env.random);
-  ASSERT_FALSE(foreign.has_value());
-  EXPECT_EQ(foreign.error().code, Errc::kInvalidArgument) << foreign.error().message;
-  EXPECT_EQ(QueryInt(path, "SELECT count(*) FROM sqlite_master WHERE name = 'idem_records'"), 0);
-
-  // After a normal open it reads what the service wrote, and applies no migration of its own.
-  std::filesystem::remove(path);
-  auto service = OpenSqliteStore(Options(path, 1), env.clock, env.random);
-  ASSERT_TRUE(service.has_value()) << service.error().message;
-  as_is.app_migrations.push_back({3, "CREATE TABLE never_applied (x INTEGER)"});
-  auto tool = OpenSqliteStore(as_is, env.clock, env.random);
-  ASSERT_TRUE(tool.has_value()) << tool.error().message;
-  auto rows = (*tool)->Query("SELECT count(*) FROM contract_business");
-  ASSERT_TRUE(rows.has_value()) << rows.error().message;
-  EXPECT_EQ(QueryInt(path, "SELECT count(*) FROM sqlite_master WHERE name = 'never_applied'"), 0);
-
-  // A schema newer than this build is refused as on a normal open.
-  QueryInt(path, "INSERT INTO idem_schema VALUES ('idem', 99, 0) RETURNING 1");
-  auto newer = OpenSqliteStore(as_is, env.clock, env.random);
-  ASSERT_FALSE(newer.has_value());
-  EXPECT_EQ(newer.error().code, Errc::kDataLoss);
 }
 
 TEST(SqliteStore, RejectsBadOptions) {

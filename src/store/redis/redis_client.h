@@ -1,0 +1,84 @@
+// src/store/redis/redis_client.h — the one Redis client behind the replay cache and the in-flight
+// markers: a bounded connection pool, a timeout on every command, and a rest period after a
+// failure. Internal to the Redis target.
+#pragma once
+
+#include <hiredis/hiredis.h>
+
+#include <atomic>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "include/idem/store/redis.h"
+#include "src/store/pool.h"
+
+namespace idem::redis_internal {
+
+struct ReplyFree {
+  void operator()(redisReply* r) const { freeReplyObject(r); }
+};
+using Reply = std::unique_ptr<redisReply, ReplyFree>;
+
+// One connection of the pool. Used by one thread at a time.
+class RedisConn {
+ public:
+  explicit RedisConn(redisContext* c) : ctx_(c) {}
+  bool broken() const { return ctx_->err != 0; }
+  // A command with binary-safe arguments; nullptr on any failure, an error reply included (then
+  // the connection may be broken, and the pool replaces it).
+  Reply Command(const std::vector<std::string_view>& args);
+
+ private:
+  struct ContextFree {
+    void operator()(redisContext* c) const { redisFree(c); }
+  };
+  std::unique_ptr<redisContext, ContextFree> ctx_;
+};
+
+struct Endpoint {
+  std::string host;
+  int port = 6379;
+};
+
+// Thread-safe. Shared (std::shared_ptr) by every user, so a failure seen by one — the cache or
+// the markers — rests Redis for all of them, and every fallback is counted once, in one place.
+class RedisClient {
+ public:
+  // Errors: kInvalidArgument for a malformed URL or a pool size outside 1..256. Connecting is lazy:
+  // a Redis that is down only means fallbacks.
+  static Result<std::shared_ptr<RedisClient>> Create(const RedisCacheOptions& options);
+
+  RedisClient(const RedisCacheOptions& options, Endpoint endpoint);
+
+  // Runs one command. nullptr when Redis is resting after a recent failure, or when this command
+  // failed (no connection, timeout, error reply): then options.on_fallback is called and Redis
+  // rests for a second, so a Redis that is down or slow does not add its timeout to every request.
+  Reply Command(const std::vector<std::string_view>& args);
+
+  // Whether Redis is resting; callers may skip work that only feeds a command.
+  bool Resting() const;
+
+  // Counts a fallback to the database that was not Redis's failure (a reply that fails a check),
+  // without resting.
+  void CountFallback() const;
+
+  const RedisCacheOptions& options() const { return options_; }
+
+ private:
+  void Fallback();
+
+  RedisCacheOptions options_;
+  store_internal::Pool<RedisConn> pool_;
+  std::atomic<int64_t> resting_until_ms_{0};
+};
+
+// The two users of one client: the replay cache (redis_cache.cc) and the in-flight markers
+// (redis_markers.cc). `clock` and `random` must outlive what they make.
+std::unique_ptr<Store> MakeRedisCache(std::unique_ptr<Store> inner,
+                                      std::shared_ptr<RedisClient> client, Clock& clock);
+std::unique_ptr<InFlightMarkers> MakeRedisMarkers(std::shared_ptr<RedisClient> client,
+                                                  Random& random);
+
+}  // namespace idem::redis_internal
