@@ -34,9 +34,14 @@ struct RedisCacheOptions {
   // Cache entries are <prefix><hex scope hash>, markers <prefix>lock:<hex scope hash>.
   std::string key_prefix = "idem:rec:";
   // Called on every fallback to the database after a Redis failure, and for every cache entry
-  // found to belong to another scope (for metrics). After a failure Redis is left alone for a
-  // second, by the cache and the markers alike.
+  // found to belong to another scope (for metrics).
   std::function<void()> on_fallback;
+  // After a Redis failure, how long Redis is left alone by the cache and the markers alike (the
+  // database answers meanwhile), so a Redis that is down does not add its timeout to every call.
+  Millis rest_after_failure{1000};
+  // The clock of the rest period; nullptr means the system's monotonic clock. Must outlive the
+  // client.
+  MonotonicClock* monotonic = nullptr;
 };
 
 // Wraps `inner` with the replay cache only. Connecting to Redis is lazy: a Redis that is down at

@@ -447,6 +447,35 @@ TEST_F(RedisCacheTest, OnlyTheExecutorReleasesItsMarker) {
       << "the reconciler deleted a marker it did not place";
 }
 
+// The rest period after a failure runs on the injected monotonic clock: no Redis call until it
+// has passed (at its value minus 1 ms), calls again once it has. Needs no Redis: nothing listens.
+TEST(RedisCacheOptions, RestsForRestAfterFailureByTheInjectedClock) {
+  FakeClock clock;
+  FakeMonotonicClock monotonic;
+  SeededRandom random(1);
+  TempDir dir;
+  SqliteStoreOptions o;
+  o.path = dir.File("idem.db");
+  int fallbacks = 0;
+  RedisCacheOptions options;
+  options.url = "redis://127.0.0.1:1";  // nothing listens there
+  options.lru_entries = 0;
+  options.rest_after_failure = Millis(2500);
+  options.monotonic = &monotonic;
+  options.on_fallback = [&] { ++fallbacks; };
+  auto cached = WrapWithRedisCache(std::move(*OpenSqliteStore(o, clock, random)), options, clock);
+  ASSERT_TRUE(cached.has_value()) << cached.error().message;
+  const ScopeHash scope = *Scope{"acme", "alice", "r", "rest-key-0001"}.Hash();
+  ASSERT_TRUE((*cached)->Read(scope).has_value());
+  EXPECT_EQ(fallbacks, 1) << "the first read tries Redis and falls back";
+  monotonic.Advance(options.rest_after_failure - Millis(1));
+  ASSERT_TRUE((*cached)->Read(scope).has_value());
+  EXPECT_EQ(fallbacks, 1) << "still resting: Redis is not tried";
+  monotonic.Advance(Millis(1));
+  ASSERT_TRUE((*cached)->Read(scope).has_value());
+  EXPECT_EQ(fallbacks, 2) << "rested: Redis is tried again";
+}
+
 TEST(RedisCacheOptions, RejectsMalformedUrls) {
   FakeClock clock;
   SeededRandom random(1);

@@ -41,12 +41,6 @@ Result<std::unique_ptr<RedisConn>> Connect(const Endpoint& e, Millis timeout) {
   return std::make_unique<RedisConn>(c);
 }
 
-int64_t SteadyMs() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
-
 }  // namespace
 
 Reply RedisConn::Command(const std::vector<std::string_view>& args) {
@@ -72,6 +66,7 @@ Result<std::shared_ptr<RedisClient>> RedisClient::Create(const RedisCacheOptions
 
 RedisClient::RedisClient(const RedisCacheOptions& options, Endpoint endpoint)
     : options_(options),
+      monotonic_(options.monotonic != nullptr ? *options.monotonic : SystemMonotonicClock()),
       pool_(
           "redis", {},
           [endpoint = std::move(endpoint), timeout = options.timeout]() {
@@ -91,7 +86,11 @@ Reply RedisClient::Command(const std::vector<std::string_view>& args) {
   return reply;
 }
 
-bool RedisClient::Resting() const { return SteadyMs() < resting_until_ms_.load(); }
+int64_t RedisClient::NowMs() const {
+  return std::chrono::duration_cast<Millis>(monotonic_.Now().time_since_epoch()).count();
+}
+
+bool RedisClient::Resting() const { return NowMs() < resting_until_ms_.load(); }
 
 void RedisClient::CountFallback() const {
   if (options_.on_fallback) options_.on_fallback();
@@ -99,7 +98,7 @@ void RedisClient::CountFallback() const {
 
 void RedisClient::Fallback() {
   CountFallback();
-  resting_until_ms_ = SteadyMs() + 1000;
+  resting_until_ms_ = NowMs() + options_.rest_after_failure.count();
 }
 
 }  // namespace idem::redis_internal

@@ -54,7 +54,8 @@ class RedisClient {
 
   // Runs one command. nullptr when Redis is resting after a recent failure, or when this command
   // failed (no connection, timeout, error reply): then options.on_fallback is called and Redis
-  // rests for a second, so a Redis that is down or slow does not add its timeout to every request.
+  // rests for options.rest_after_failure, so a Redis that is down or slow does not add its
+  // timeout to every request.
   Reply Command(const std::vector<std::string_view>& args);
 
   // Whether Redis is resting; callers may skip work that only feeds a command.
@@ -68,8 +69,10 @@ class RedisClient {
 
  private:
   void Fallback();
+  int64_t NowMs() const;
 
   RedisCacheOptions options_;
+  MonotonicClock& monotonic_;
   store_internal::Pool<RedisConn> pool_;
   std::atomic<int64_t> resting_until_ms_{0};
 };
