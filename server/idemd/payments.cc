@@ -5,6 +5,7 @@
 #include <chrono>
 
 #include "include/idem/failpoint.h"
+#include "server/http/problem.h"
 
 namespace idem::idemd {
 namespace {
@@ -42,16 +43,11 @@ std::optional<std::string> ToMinor(const std::string& canonical, int digits, int
   return std::nullopt;
 }
 
-http::Response ValidationProblem(const json::array& errors) {
-  json::object o;
-  o["type"] = "urn:idem:problem:validation-failed";
-  o["title"] = "Bad Request";
-  o["status"] = 400;
-  o["detail"] = "the request body failed validation";
-  o["errors"] = errors;
-  http::Response r{400, {}, json::serialize(o)};
-  r.headers.Set("Content-Type", "application/problem+json");
-  return r;
+// The reconciler's answer for a record whose payment was never charged: retryable, so the next
+// attempt with the key executes. The reconciler stores only its status, never sends it.
+http::Response NothingCharged(const Ticket& ticket) {
+  return http::Problem(http::ProblemKind::kProviderUnavailable, "retry",
+                       {.key_expires = ticket.record.expires_at});
 }
 
 std::string Text(const SqlValue& v) {
@@ -203,18 +199,26 @@ std::optional<http::Response> Payments::Validate(const http::Request& request, c
       http::ToLower(request.headers.Get("content-type").value_or(std::string_view()));
   const std::string media = type.substr(0, type.find(';'));
   if (media != "application/json") {
-    return http::Problem(415, "unsupported-media-type", "Unsupported Media Type",
+    return http::Problem(http::ProblemKind::kUnsupportedMediaType,
                          "send the body as application/json");
   }
   auto parsed = Parse(request.body);
   if (parsed) return std::nullopt;
   const std::string& message = parsed.error().message;
   if (message.rfind("malformed JSON", 0) == 0) {
-    return http::Problem(400, "malformed-json", "Bad Request", message);
+    return http::Problem(http::ProblemKind::kMalformedJson, message);
   }
   boost::system::error_code ec;
   json::value errors = json::parse(message, ec);
-  return ValidationProblem(ec || !errors.is_array() ? json::array{} : errors.as_array());
+  http::ProblemOptions options;
+  if (!ec && errors.is_array()) {
+    for (const json::value& e : errors.as_array()) {
+      options.errors.push_back(
+          {std::string(e.at("field").as_string()), std::string(e.at("message").as_string())});
+    }
+  }
+  return http::Problem(http::ProblemKind::kValidationFailed, "the request body failed validation",
+                       options);
 }
 
 Status Payments::OnClaim(StoreTxn& txn, const Record& record, const http::Request& request,
@@ -304,36 +308,37 @@ Execution Payments::ChargeOnce(Ticket& ticket, Payment payment, Engine& engine) 
   if (ticket.resumed && ticket.record.recovery_point == "charge_sent") {
     auto found = timed([&] { return provider_.FindCharge(payment.id); });
     if (!found) {
-      e.response = http::Problem(503, "provider-unavailable", "Service Unavailable",
+      e.response = http::Problem(http::ProblemKind::kProviderUnavailable,
                                  "the payment provider could not be asked about an earlier "
-                                 "attempt; retry later");
-      e.response.headers.Set("Retry-After", "1");
+                                 "attempt; retry later",
+                                 {.key_expires = ticket.record.expires_at});
       e.outcome_unknown = true;
       return e;
     }
     if (*found) return Succeeded(std::move(payment), **found);
   }
   if (auto advanced = engine.Advance(ticket, "charge_sent"); !advanced) {
-    e.response = ProblemFor(advanced.error());
+    e.response = http::ProblemFor(advanced.error());
     e.outcome_unknown = true;
     return e;
   }
   if (auto fp = IDEM_FAILPOINT("after_charge_sent"); !fp) {
-    e.response = ProblemFor(fp.error());
+    e.response = http::ProblemFor(fp.error());
     e.outcome_unknown = true;
     return e;
   }
   auto charged =
       timed([&] { return provider_.CreateCharge(payment.id, amount, payment.currency); });
   if (auto fp = IDEM_FAILPOINT("after_provider_charge"); !fp) {
-    e.response = ProblemFor(fp.error());
+    e.response = http::ProblemFor(fp.error());
     e.outcome_unknown = true;
     return e;
   }
   if (charged && !charged->declined) return Succeeded(std::move(payment), charged->charge);
   if (charged && charged->declined) {
-    e.response = http::Problem(402, "payment-declined", "Payment Required",
-                               "the payment provider declined the charge");
+    e.response = http::Problem(http::ProblemKind::kPaymentDeclined,
+                               "the payment provider declined the charge",
+                               {.key_expires = ticket.record.expires_at});
     const int64_t now = ToUnixMillis(clock_.Now());
     e.business = [id = payment.id, now](StoreTxn& txn, const Record&) -> Status {
       IDEM_RETURN_IF_ERROR(txn.Exec(
@@ -343,15 +348,16 @@ Execution Payments::ChargeOnce(Ticket& ticket, Payment payment, Engine& engine) 
     return e;
   }
   if (charged.error().code == Errc::kUnavailable) {
-    e.response = http::Problem(503, "provider-unavailable", "Service Unavailable",
-                               "the payment provider is unavailable; nothing was charged");
-    e.response.headers.Set("Retry-After", "1");
+    e.response = http::Problem(http::ProblemKind::kProviderUnavailable,
+                               "the payment provider is unavailable; nothing was charged",
+                               {.key_expires = ticket.record.expires_at});
     e.state = RecordState::kFailedRetryable;
     return e;
   }
-  e.response = http::Problem(504, "provider-timeout", "Gateway Timeout",
+  e.response = http::Problem(http::ProblemKind::kProviderTimeout,
                              "the payment provider did not answer in time; retry with the same "
-                             "key to learn the outcome");
+                             "key to learn the outcome",
+                             {.key_expires = ticket.record.expires_at});
   e.outcome_unknown = true;
   return e;
 }
@@ -361,9 +367,8 @@ Execution Payments::Execute(Ticket& ticket, const http::Request& request,
   Execution e;
   auto loaded = Load(ticket.record.resource_id, principal.tenant);
   if (!loaded || !*loaded) {
-    e.response = loaded ? http::Problem(500, "internal", "Internal Server Error",
-                                        "the payment row is missing")
-                        : ProblemFor(loaded.error());
+    e.response = loaded ? http::Problem(http::ProblemKind::kInternal, "the payment row is missing")
+                        : http::ProblemFor(loaded.error());
     e.outcome_unknown = true;
     return e;
   }
@@ -377,17 +382,18 @@ Execution Payments::Execute(Ticket& ticket, const http::Request& request,
       return e;
     }
     if (same && payment.status == "pending") {
-      e.response = http::Problem(409, "order-in-progress", "Conflict",
+      e.response = http::Problem(http::ProblemKind::kOrderInProgress,
                                  "this merchant_order_no is being paid under another "
-                                 "Idempotency-Key; retry later");
-      e.response.headers.Set("Retry-After", "1");
+                                 "Idempotency-Key; retry later",
+                                 {.key_expires = ticket.record.expires_at});
       e.state = RecordState::kFailedRetryable;
       return e;
     }
     e.response = http::Problem(
-        409, "order-conflict", "Conflict",
+        http::ProblemKind::kOrderConflict,
         same ? "this merchant_order_no already has a " + payment.status + " payment"
-             : "this merchant_order_no was already paid with a different amount or currency");
+             : "this merchant_order_no was already paid with a different amount or currency",
+        {.key_expires = ticket.record.expires_at});
     return e;
   }
   if (payment.status == "succeeded") {
@@ -403,7 +409,7 @@ Execution Payments::Reconcile(Ticket& ticket, Engine&) {
   auto loaded = Load(ticket.record.resource_id, ticket.record.tenant);
   if (ticket.record.resource_id.empty() || (loaded && !*loaded)) {
     // Crashed before the payment existed: nothing was charged.
-    e.response = http::Problem(503, "provider-unavailable", "Service Unavailable", "retry");
+    e.response = NothingCharged(ticket);
     e.state = RecordState::kFailedRetryable;
     return e;
   }
@@ -413,7 +419,7 @@ Execution Payments::Reconcile(Ticket& ticket, Engine&) {
   }
   Payment payment = std::move(**loaded);
   if (ticket.record.recovery_point != "charge_sent") {
-    e.response = http::Problem(503, "provider-unavailable", "Service Unavailable", "retry");
+    e.response = NothingCharged(ticket);
     e.state = RecordState::kFailedRetryable;
     return e;
   }
@@ -424,15 +430,15 @@ Execution Payments::Reconcile(Ticket& ticket, Engine&) {
   }
   if (*found) return Succeeded(std::move(payment), **found);
   // The provider has no charge: release the key for a retry, which charges.
-  e.response = http::Problem(503, "provider-unavailable", "Service Unavailable", "retry");
+  e.response = NothingCharged(ticket);
   e.state = RecordState::kFailedRetryable;
   return e;
 }
 
 http::Response Payments::Get(std::string_view id, const Principal& principal) {
   auto loaded = Load(id, principal.tenant);
-  if (!loaded) return ProblemFor(loaded.error());
-  if (!*loaded) return http::Problem(404, "not-found", "Not Found", "no such payment");
+  if (!loaded) return http::ProblemFor(loaded.error());
+  if (!*loaded) return http::Problem(http::ProblemKind::kNotFound, "no such payment");
   http::Response r{200, {}, Body(**loaded)};
   r.headers.Set("Content-Type", "application/json");
   return r;
