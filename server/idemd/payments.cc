@@ -126,24 +126,25 @@ Payments::Payments(Store& store, Provider& provider, Clock& clock, Random& rando
       metrics_(metrics),
       currencies_(std::move(currencies)) {}
 
-Result<Payments::Parsed> Payments::Parse(const std::string& body) const {
+Payments::ParseResult Payments::Parse(const std::string& body) const {
   boost::system::error_code ec;
   json::value doc = json::parse(body, ec);
-  if (ec) return MakeError(Errc::kInvalidArgument, "malformed JSON: " + ec.message());
-  json::array errors;
-  auto fail = [&](const char* field, const std::string& message) {
-    errors.push_back(json::object{{"field", field}, {"message", message}});
+  if (ec) return MalformedJson{ec.message()};
+  std::vector<http::FieldError> errors;
+  auto fail = [&](std::string field, std::string message) {
+    errors.push_back({std::move(field), std::move(message)});
   };
   const json::object* o = doc.if_object();
   if (o == nullptr) {
     fail("", "the body must be a JSON object");
-    return MakeError(Errc::kInvalidArgument, json::serialize(errors));
+    return errors;
   }
   Parsed p;
   for (const auto& [name, value] : *o) {
     if (name != "merchant_order_no" && name != "amount" && name != "currency" &&
         name != "description" && name != "metadata" && name != "trace_id") {
-      fail(std::string(name).c_str(), "unknown field");
+      // An unknown member is named up to its first NUL character, as answers always have.
+      fail(std::string(name.substr(0, name.find('\0'))), "unknown field");
     }
   }
   const json::value* order = o->if_contains("merchant_order_no");
@@ -190,7 +191,7 @@ Result<Payments::Parsed> Payments::Parse(const std::string& body) const {
       m != nullptr && (!m->is_object() || m->as_object().size() > 50)) {
     fail("metadata", "must be an object with at most 50 members");
   }
-  if (!errors.empty()) return MakeError(Errc::kInvalidArgument, json::serialize(errors));
+  if (!errors.empty()) return errors;
   return p;
 }
 
@@ -202,44 +203,41 @@ std::optional<http::Response> Payments::Validate(const http::Request& request, c
     return http::Problem(http::ProblemKind::kUnsupportedMediaType,
                          "send the body as application/json");
   }
-  auto parsed = Parse(request.body);
-  if (parsed) return std::nullopt;
-  const std::string& message = parsed.error().message;
-  if (message.rfind("malformed JSON", 0) == 0) {
-    return http::Problem(http::ProblemKind::kMalformedJson, message);
+  ParseResult parsed = Parse(request.body);
+  if (auto* malformed = std::get_if<MalformedJson>(&parsed)) {
+    return http::Problem(http::ProblemKind::kMalformedJson,
+                         "malformed JSON: " + malformed->message);
   }
-  boost::system::error_code ec;
-  json::value errors = json::parse(message, ec);
-  http::ProblemOptions options;
-  if (!ec && errors.is_array()) {
-    for (const json::value& e : errors.as_array()) {
-      options.errors.push_back(
-          {std::string(e.at("field").as_string()), std::string(e.at("message").as_string())});
-    }
+  if (auto* errors = std::get_if<std::vector<http::FieldError>>(&parsed)) {
+    return http::Problem(http::ProblemKind::kValidationFailed, "the request body failed validation",
+                         {.errors = std::move(*errors)});
   }
-  return http::Problem(http::ProblemKind::kValidationFailed, "the request body failed validation",
-                       options);
+  return std::nullopt;
 }
 
 Status Payments::OnClaim(StoreTxn& txn, const Record& record, const http::Request& request,
                          const Principal& principal) {
   if (!record.resource_id.empty()) return Ok();  // fixed by an earlier attempt
-  IDEM_ASSIGN_OR_RETURN(Parsed p, Parse(request.body));
+  const ParseResult parsed = Parse(request.body);
+  const Parsed* p = std::get_if<Parsed>(&parsed);
+  // Validate accepted this body before the claim; Parse gives the same answer every time.
+  if (p == nullptr) return MakeError(Errc::kInvalidArgument, "the request body failed validation");
   std::array<uint8_t, 12> id_bytes;
   random_.Fill(id_bytes);
   const std::string id = "pay_" + ToHex(id_bytes);
   const int64_t now = ToUnixMillis(clock_.Now());
   IDEM_ASSIGN_OR_RETURN(
       auto inserted,
-      txn.Exec("INSERT INTO payments (id, tenant, merchant_order_no, amount_minor, currency, "
-               "status, created_at, updated_at) VALUES (?, ?, ?, ?, ?, 'pending', ?, ?) "
-               "ON CONFLICT (tenant, merchant_order_no) DO NOTHING RETURNING id",
-               {id, principal.tenant, p.merchant_order_no, p.amount_minor, p.currency, now, now}));
+      txn.Exec(
+          "INSERT INTO payments (id, tenant, merchant_order_no, amount_minor, currency, "
+          "status, created_at, updated_at) VALUES (?, ?, ?, ?, ?, 'pending', ?, ?) "
+          "ON CONFLICT (tenant, merchant_order_no) DO NOTHING RETURNING id",
+          {id, principal.tenant, p->merchant_order_no, p->amount_minor, p->currency, now, now}));
   if (!inserted.empty()) return txn.Advance(record.scope, record.lease, "claimed", id);
   // The order exists under another key: this operation answers from that payment.
   IDEM_ASSIGN_OR_RETURN(
       auto existing, txn.Exec("SELECT id FROM payments WHERE tenant = ? AND merchant_order_no = ?",
-                              {principal.tenant, p.merchant_order_no}));
+                              {principal.tenant, p->merchant_order_no}));
   if (existing.empty()) return MakeError(Errc::kInternal, "payment conflict without a row");
   return txn.Advance(record.scope, record.lease, "existing", Text(existing[0][0]));
 }
@@ -374,8 +372,9 @@ Execution Payments::Execute(Ticket& ticket, const http::Request& request,
   }
   Payment payment = std::move(**loaded);
   if (ticket.record.recovery_point == "existing") {
-    auto parsed = Parse(request.body);
-    const bool same = parsed && parsed->amount_minor == payment.amount_minor &&
+    const ParseResult result = Parse(request.body);
+    const Parsed* parsed = std::get_if<Parsed>(&result);
+    const bool same = parsed != nullptr && parsed->amount_minor == payment.amount_minor &&
                       parsed->currency == payment.currency;
     if (same && payment.status == "succeeded") {
       e.response = Created(payment, 200);
