@@ -18,8 +18,9 @@
 
 namespace idem::http {
 
-// Every problem the product answers. Closed: each kind has exactly one row in the table
-// (problem.cc: a kind without a row does not compile), and clients depend on each row's type URI.
+// Every problem the product answers. Closed: each kind has exactly one row in the table (in
+// problem.cc, a switch without a default: a kind without a row fails to compile with -Werror, and
+// problem_test aborts on it), and clients depend on each row's type URI.
 enum class ProblemKind : uint8_t {
   // The HTTP layer, before any handler runs (or when it fails).
   kMalformedRequest,  // the bytes are not HTTP/1.1
@@ -64,8 +65,8 @@ struct ProblemSpec {
   // Seconds of Retry-After that answers of this kind carry by default; 0: they carry none.
   int retry_after_seconds = 0;
   // Answers of this kind are about a record that was found or created, so they carry
-  // Idempotency-Key-Expires (CONTRACT: every such answer does). Kinds without this flag may still
-  // end an execution; the idempotency filter stamps every answer of an execution.
+  // Idempotency-Key-Expires (docs/idemd.md: every such answer does). Kinds without this flag may
+  // still end an execution; the idempotency filter stamps every answer of an execution.
   bool key_expires = false;
 };
 

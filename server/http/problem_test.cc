@@ -63,8 +63,8 @@ TEST(ProblemTable, EveryKindHasAWellFormedUniqueRow) {
   EXPECT_EQ(types.size(), AllKinds().size());
 }
 
-// The published answers (CONTRACT.md, docs/idemd.md, docs/openapi.yaml): clients match on type
-// and status, so changing one is a change of the product and must be made here too.
+// The published answers (docs/idemd.md, docs/openapi.yaml): clients match on type and status, so
+// changing one is a change of the product and must be made here too.
 TEST(ProblemTable, KeepsThePublishedStatusTypeAndTitleOfEveryKind) {
   struct Published {
     int status;
