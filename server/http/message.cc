@@ -94,23 +94,3 @@ std::string Rfc3339(int64_t unix_ms) {
 std::string HttpDate(int64_t unix_ms) { return FormatUtc(unix_ms, "%a, %d %b %Y %H:%M:%S GMT"); }
 
 }  // namespace idem::http
-
-#include <boost/json.hpp>
-
-namespace idem::http {
-
-Response Problem(int status, std::string_view kind, std::string_view title,
-                 std::string_view detail) {
-  boost::json::object o;
-  o["type"] = "urn:idem:problem:" + std::string(kind);
-  o["title"] = title;
-  o["status"] = status;
-  o["detail"] = detail;
-  Response r;
-  r.status = status;
-  r.headers.Set("Content-Type", "application/problem+json");
-  r.body = boost::json::serialize(o);
-  return r;
-}
-
-}  // namespace idem::http

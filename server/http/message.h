@@ -51,11 +51,3 @@ std::string Rfc3339(int64_t unix_ms);
 std::string HttpDate(int64_t unix_ms);
 
 }  // namespace idem::http
-
-namespace idem::http {
-
-// An RFC 9457 problem+json response: {"type":"urn:idem:problem:<kind>","title","status","detail"}.
-Response Problem(int status, std::string_view kind, std::string_view title,
-                 std::string_view detail);
-
-}  // namespace idem::http

@@ -11,6 +11,8 @@
 #include <mutex>
 #include <thread>
 
+#include "server/http/problem.h"
+
 namespace idem::http {
 namespace {
 
@@ -192,15 +194,14 @@ class ServerImpl final : public Server {
         std::optional<Response> refusal;
         if (ec == bhttp::error::body_limit) {
           refusal = Problem(
-              413, "payload-too-large", "Payload Too Large",
+              ProblemKind::kPayloadTooLarge,
               "the body is larger than " + std::to_string(options_.max_body_bytes) + " bytes");
         } else if (ec == bhttp::error::header_limit) {
-          refusal = Problem(431, "headers-too-large", "Request Header Fields Too Large",
-                            "the header section is too large");
+          refusal = Problem(ProblemKind::kHeadersTooLarge, "the header section is too large");
         } else if (ec != bhttp::error::end_of_stream && ec != beast::error::timeout &&
                    ec != net::error::operation_aborted && ec != net::error::eof &&
                    ec != net::error::connection_reset && (bytes > 0 || buffer.size() > 0)) {
-          refusal = Problem(400, "malformed-request", "Bad Request",
+          refusal = Problem(ProblemKind::kMalformedRequest,
                             "the request is not valid HTTP/1.1: " + ec.message());
         }
         if (refusal) co_await Write(*conn, std::move(*refusal), false);
@@ -213,12 +214,10 @@ class ServerImpl final : public Server {
       RequestContext context;
       Response response;
       if (draining_) {
-        response = Problem(503, "shutting-down", "Service Unavailable", "the server is stopping");
-        response.headers.Set("Retry-After", "1");
+        response = Problem(ProblemKind::kShuttingDown, "the server is stopping");
         context.outcome = "draining";
       } else if (in_flight_ >= options_.worker_threads + options_.max_queued) {
-        response = Problem(503, "overloaded", "Service Unavailable", "too many requests at once");
-        response.headers.Set("Retry-After", "1");
+        response = Problem(ProblemKind::kOverloaded, "too many requests at once");
         context.outcome = "overloaded";
       } else {
         ++in_flight_;
@@ -270,15 +269,12 @@ class ServerImpl final : public Server {
             } catch (...) {
               std::fprintf(stderr, "handler threw\n");
             }
-            co_return Problem(500, "internal", "Internal Server Error", "unexpected failure");
+            co_return Problem(ProblemKind::kInternal, "unexpected failure");
           },
           net::use_awaitable);
       if (!context.park) co_return response;
       if (draining_) {
-        Response stopping =
-            Problem(503, "shutting-down", "Service Unavailable", "the server is stopping");
-        stopping.headers.Set("Retry-After", "1");
-        co_return stopping;
+        co_return Problem(ProblemKind::kShuttingDown, "the server is stopping");
       }
       // Wait for a notification, but poll too: a completion in another process, or one that
       // happened between the handler's decision and this registration, is found by the next call.

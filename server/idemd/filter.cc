@@ -5,6 +5,8 @@
 #include <boost/json.hpp>
 #include <chrono>
 
+#include "server/http/problem.h"
+
 namespace idem::idemd {
 namespace {
 
@@ -69,39 +71,6 @@ RecordState FailurePolicy::Classify(int status) const {
   return status >= 500 ? RecordState::kFailedRetryable : RecordState::kFailedFinal;
 }
 
-http::Response ProblemFor(const Error& error) {
-  switch (error.code) {
-    case Errc::kInvalidArgument:
-      return http::Problem(400, "invalid-request", "Bad Request", error.message);
-    case Errc::kTooLarge:
-      return http::Problem(413, "payload-too-large", "Payload Too Large", error.message);
-    case Errc::kNotFound:
-      return http::Problem(404, "not-found", "Not Found", error.message);
-    case Errc::kFingerprintMismatch:
-      return http::Problem(422, "idempotency-key-reused", "Unprocessable Content", error.message);
-    case Errc::kResourceExhausted: {
-      auto r = http::Problem(429, "quota-exceeded", "Too Many Requests", error.message);
-      r.headers.Set("Retry-After", "1");
-      return r;
-    }
-    case Errc::kUnavailable:
-    case Errc::kFenced:
-    case Errc::kConflict: {
-      auto r = http::Problem(503, "unavailable", "Service Unavailable",
-                             "try again shortly: " + error.message);
-      r.headers.Set("Retry-After", "1");
-      return r;
-    }
-    case Errc::kDeadlineExceeded:
-      return http::Problem(504, "timeout", "Gateway Timeout", error.message);
-    case Errc::kAlreadyExists:
-    case Errc::kDataLoss:
-    case Errc::kInternal:
-      break;
-  }
-  return http::Problem(500, "internal", "Internal Server Error", "unexpected failure");
-}
-
 IdempotencyFilter::IdempotencyFilter(Engine& engine, Metrics& metrics, FilterPolicy policy,
                                      Operation& operation)
     : engine_(engine), metrics_(metrics), policy_(std::move(policy)), operation_(operation) {}
@@ -126,7 +95,7 @@ http::Response IdempotencyFilter::Handle(const http::Request& request, const Pri
   engine_request.key_header = request.headers.Get("idempotency-key");
   if (request.headers.Count("idempotency-key") > 1) {
     count("invalid");
-    return http::Problem(400, "invalid-request", "Bad Request",
+    return http::Problem(http::ProblemKind::kInvalidRequest,
                          "send exactly one Idempotency-Key header");
   }
   engine_request.method = request.method;
@@ -154,7 +123,7 @@ http::Response IdempotencyFilter::Handle(const http::Request& request, const Pri
       std::fprintf(stderr, "{\"level\":\"error\",\"msg\":\"engine\",\"code\":\"%s\"}\n",
                    std::string(ErrcName(code)).c_str());
     }
-    return ProblemFor(decision.error());
+    return http::ProblemFor(decision.error());
   }
 
   const std::string location = policy_.operations_prefix + decision->key;
@@ -188,10 +157,10 @@ http::Response IdempotencyFilter::Handle(const http::Request& request, const Pri
                                       ",\"state\":\"PROCESSING\"}"};
         response.headers.Set("Content-Type", "application/json");
       } else {
-        response = http::Problem(409, "request-in-progress", "Conflict",
-                                 "a request with this Idempotency-Key is still being processed");
-        response.headers.Set("Retry-After",
-                             std::to_string(RetryAfterSeconds(decision->retry_after)));
+        response = http::Problem(http::ProblemKind::kRequestInProgress,
+                                 "a request with this Idempotency-Key is still being processed",
+                                 {.retry_after_seconds = RetryAfterSeconds(decision->retry_after),
+                                  .key_expires = decision->key_expires});
       }
       response.headers.Set("Location", location);
       AddExpires(response, decision->key_expires);
@@ -256,12 +225,11 @@ http::Response IdempotencyFilter::Finish(Ticket& ticket, Execution execution) {
       // Another executor took over and owns the outcome: answer with its result when it has one.
       metrics_.CountFenced();
       if (auto replay = StoredAnswer(ticket.scope)) return std::move(*replay);
-      auto r = http::Problem(409, "request-in-progress", "Conflict",
-                             "this execution lost its lease to another; retry to get its result");
-      r.headers.Set("Retry-After", "1");
-      return r;
+      return http::Problem(http::ProblemKind::kRequestInProgress,
+                           "this execution lost its lease to another; retry to get its result",
+                           {.key_expires = ticket.record.expires_at});
     }
-    return ProblemFor(finished.error());
+    return http::ProblemFor(finished.error());
   }
   return std::move(execution.response);
 }
@@ -281,9 +249,9 @@ std::optional<http::Response> IdempotencyFilter::StoredAnswer(const ScopeHash& s
 
 http::Response IdempotencyFilter::GetOperation(std::string_view key, const Principal& principal) {
   auto found = engine_.Lookup(principal, policy_.route, key);
-  if (!found) return ProblemFor(found.error());
+  if (!found) return http::ProblemFor(found.error());
   if (!*found || (*found)->expired) {
-    return http::Problem(404, "not-found", "Not Found", "no operation with this key");
+    return http::Problem(http::ProblemKind::kNotFound, "no operation with this key");
   }
   const Record& r = (*found)->record;
   json::object body;

@@ -96,7 +96,4 @@ class IdempotencyFilter {
   Operation& operation_;
 };
 
-// The one mapping of libidem errors to HTTP problems.
-http::Response ProblemFor(const Error& error);
-
 }  // namespace idem::idemd

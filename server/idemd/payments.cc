@@ -5,6 +5,7 @@
 #include <chrono>
 
 #include "include/idem/failpoint.h"
+#include "server/http/problem.h"
 #include "server/idemd/routes.h"
 
 namespace idem::idemd {
@@ -43,16 +44,11 @@ std::optional<std::string> ToMinor(const std::string& canonical, int digits, int
   return std::nullopt;
 }
 
-http::Response ValidationProblem(const json::array& errors) {
-  json::object o;
-  o["type"] = "urn:idem:problem:validation-failed";
-  o["title"] = "Bad Request";
-  o["status"] = 400;
-  o["detail"] = "the request body failed validation";
-  o["errors"] = errors;
-  http::Response r{400, {}, json::serialize(o)};
-  r.headers.Set("Content-Type", "application/problem+json");
-  return r;
+// The reconciler's answer for a record whose payment was never charged: retryable, so the next
+// attempt with the key executes. The reconciler stores only its status, never sends it.
+http::Response NothingCharged(const Ticket& ticket) {
+  return http::Problem(http::ProblemKind::kProviderUnavailable, "retry",
+                       {.key_expires = ticket.record.expires_at});
 }
 
 std::string Text(const SqlValue& v) {
@@ -131,24 +127,25 @@ Payments::Payments(Store& store, Provider& provider, Clock& clock, Random& rando
       metrics_(metrics),
       currencies_(std::move(currencies)) {}
 
-Result<Payments::Parsed> Payments::Parse(const std::string& body) const {
+Payments::ParseResult Payments::Parse(const std::string& body) const {
   boost::system::error_code ec;
   json::value doc = json::parse(body, ec);
-  if (ec) return MakeError(Errc::kInvalidArgument, "malformed JSON: " + ec.message());
-  json::array errors;
-  auto fail = [&](const char* field, const std::string& message) {
-    errors.push_back(json::object{{"field", field}, {"message", message}});
+  if (ec) return MalformedJson{ec.message()};
+  std::vector<http::FieldError> errors;
+  auto fail = [&](std::string field, std::string message) {
+    errors.push_back({std::move(field), std::move(message)});
   };
   const json::object* o = doc.if_object();
   if (o == nullptr) {
     fail("", "the body must be a JSON object");
-    return MakeError(Errc::kInvalidArgument, json::serialize(errors));
+    return errors;
   }
   Parsed p;
   for (const auto& [name, value] : *o) {
     if (name != "merchant_order_no" && name != "amount" && name != "currency" &&
         name != "description" && name != "metadata" && name != "trace_id") {
-      fail(std::string(name).c_str(), "unknown field");
+      // An unknown member is named up to its first NUL character, as answers always have.
+      fail(std::string(name.substr(0, name.find('\0'))), "unknown field");
     }
   }
   const json::value* order = o->if_contains("merchant_order_no");
@@ -195,7 +192,7 @@ Result<Payments::Parsed> Payments::Parse(const std::string& body) const {
       m != nullptr && (!m->is_object() || m->as_object().size() > 50)) {
     fail("metadata", "must be an object with at most 50 members");
   }
-  if (!errors.empty()) return MakeError(Errc::kInvalidArgument, json::serialize(errors));
+  if (!errors.empty()) return errors;
   return p;
 }
 
@@ -204,39 +201,44 @@ std::optional<http::Response> Payments::Validate(const http::Request& request, c
       http::ToLower(request.headers.Get("content-type").value_or(std::string_view()));
   const std::string media = type.substr(0, type.find(';'));
   if (media != "application/json") {
-    return http::Problem(415, "unsupported-media-type", "Unsupported Media Type",
+    return http::Problem(http::ProblemKind::kUnsupportedMediaType,
                          "send the body as application/json");
   }
-  auto parsed = Parse(request.body);
-  if (parsed) return std::nullopt;
-  const std::string& message = parsed.error().message;
-  if (message.rfind("malformed JSON", 0) == 0) {
-    return http::Problem(400, "malformed-json", "Bad Request", message);
+  ParseResult parsed = Parse(request.body);
+  if (auto* malformed = std::get_if<MalformedJson>(&parsed)) {
+    return http::Problem(http::ProblemKind::kMalformedJson,
+                         "malformed JSON: " + malformed->message);
   }
-  boost::system::error_code ec;
-  json::value errors = json::parse(message, ec);
-  return ValidationProblem(ec || !errors.is_array() ? json::array{} : errors.as_array());
+  if (auto* errors = std::get_if<std::vector<http::FieldError>>(&parsed)) {
+    return http::Problem(http::ProblemKind::kValidationFailed, "the request body failed validation",
+                         {.errors = std::move(*errors)});
+  }
+  return std::nullopt;
 }
 
 Status Payments::OnClaim(StoreTxn& txn, const Record& record, const http::Request& request,
                          const Principal& principal) {
   if (!record.resource_id.empty()) return Ok();  // fixed by an earlier attempt
-  IDEM_ASSIGN_OR_RETURN(Parsed p, Parse(request.body));
+  const ParseResult parsed = Parse(request.body);
+  const Parsed* p = std::get_if<Parsed>(&parsed);
+  // Validate accepted this body before the claim; Parse gives the same answer every time.
+  if (p == nullptr) return MakeError(Errc::kInvalidArgument, "the request body failed validation");
   std::array<uint8_t, 12> id_bytes;
   random_.Fill(id_bytes);
   const std::string id = "pay_" + ToHex(id_bytes);
   const int64_t now = ToUnixMillis(clock_.Now());
   IDEM_ASSIGN_OR_RETURN(
       auto inserted,
-      txn.Exec("INSERT INTO payments (id, tenant, merchant_order_no, amount_minor, currency, "
-               "status, created_at, updated_at) VALUES (?, ?, ?, ?, ?, 'pending', ?, ?) "
-               "ON CONFLICT (tenant, merchant_order_no) DO NOTHING RETURNING id",
-               {id, principal.tenant, p.merchant_order_no, p.amount_minor, p.currency, now, now}));
+      txn.Exec(
+          "INSERT INTO payments (id, tenant, merchant_order_no, amount_minor, currency, "
+          "status, created_at, updated_at) VALUES (?, ?, ?, ?, ?, 'pending', ?, ?) "
+          "ON CONFLICT (tenant, merchant_order_no) DO NOTHING RETURNING id",
+          {id, principal.tenant, p->merchant_order_no, p->amount_minor, p->currency, now, now}));
   if (!inserted.empty()) return txn.Advance(record.scope, record.lease, "claimed", id);
   // The order exists under another key: this operation answers from that payment.
   IDEM_ASSIGN_OR_RETURN(
       auto existing, txn.Exec("SELECT id FROM payments WHERE tenant = ? AND merchant_order_no = ?",
-                              {principal.tenant, p.merchant_order_no}));
+                              {principal.tenant, p->merchant_order_no}));
   if (existing.empty()) return MakeError(Errc::kInternal, "payment conflict without a row");
   return txn.Advance(record.scope, record.lease, "existing", Text(existing[0][0]));
 }
@@ -305,36 +307,37 @@ Execution Payments::ChargeOnce(Ticket& ticket, Payment payment, Engine& engine) 
   if (ticket.resumed && ticket.record.recovery_point == "charge_sent") {
     auto found = timed([&] { return provider_.FindCharge(payment.id); });
     if (!found) {
-      e.response = http::Problem(503, "provider-unavailable", "Service Unavailable",
+      e.response = http::Problem(http::ProblemKind::kProviderUnavailable,
                                  "the payment provider could not be asked about an earlier "
-                                 "attempt; retry later");
-      e.response.headers.Set("Retry-After", "1");
+                                 "attempt; retry later",
+                                 {.key_expires = ticket.record.expires_at});
       e.outcome_unknown = true;
       return e;
     }
     if (*found) return Succeeded(std::move(payment), **found);
   }
   if (auto advanced = engine.Advance(ticket, "charge_sent"); !advanced) {
-    e.response = ProblemFor(advanced.error());
+    e.response = http::ProblemFor(advanced.error());
     e.outcome_unknown = true;
     return e;
   }
   if (auto fp = IDEM_FAILPOINT("after_charge_sent"); !fp) {
-    e.response = ProblemFor(fp.error());
+    e.response = http::ProblemFor(fp.error());
     e.outcome_unknown = true;
     return e;
   }
   auto charged =
       timed([&] { return provider_.CreateCharge(payment.id, amount, payment.currency); });
   if (auto fp = IDEM_FAILPOINT("after_provider_charge"); !fp) {
-    e.response = ProblemFor(fp.error());
+    e.response = http::ProblemFor(fp.error());
     e.outcome_unknown = true;
     return e;
   }
   if (charged && !charged->declined) return Succeeded(std::move(payment), charged->charge);
   if (charged && charged->declined) {
-    e.response = http::Problem(402, "payment-declined", "Payment Required",
-                               "the payment provider declined the charge");
+    e.response = http::Problem(http::ProblemKind::kPaymentDeclined,
+                               "the payment provider declined the charge",
+                               {.key_expires = ticket.record.expires_at});
     const int64_t now = ToUnixMillis(clock_.Now());
     e.business = [id = payment.id, now](StoreTxn& txn, const Record&) -> Status {
       IDEM_RETURN_IF_ERROR(txn.Exec(
@@ -344,15 +347,16 @@ Execution Payments::ChargeOnce(Ticket& ticket, Payment payment, Engine& engine) 
     return e;
   }
   if (charged.error().code == Errc::kUnavailable) {
-    e.response = http::Problem(503, "provider-unavailable", "Service Unavailable",
-                               "the payment provider is unavailable; nothing was charged");
-    e.response.headers.Set("Retry-After", "1");
+    e.response = http::Problem(http::ProblemKind::kProviderUnavailable,
+                               "the payment provider is unavailable; nothing was charged",
+                               {.key_expires = ticket.record.expires_at});
     e.state = RecordState::kFailedRetryable;
     return e;
   }
-  e.response = http::Problem(504, "provider-timeout", "Gateway Timeout",
+  e.response = http::Problem(http::ProblemKind::kProviderTimeout,
                              "the payment provider did not answer in time; retry with the same "
-                             "key to learn the outcome");
+                             "key to learn the outcome",
+                             {.key_expires = ticket.record.expires_at});
   e.outcome_unknown = true;
   return e;
 }
@@ -362,33 +366,34 @@ Execution Payments::Execute(Ticket& ticket, const http::Request& request,
   Execution e;
   auto loaded = Load(ticket.record.resource_id, principal.tenant);
   if (!loaded || !*loaded) {
-    e.response = loaded ? http::Problem(500, "internal", "Internal Server Error",
-                                        "the payment row is missing")
-                        : ProblemFor(loaded.error());
+    e.response = loaded ? http::Problem(http::ProblemKind::kInternal, "the payment row is missing")
+                        : http::ProblemFor(loaded.error());
     e.outcome_unknown = true;
     return e;
   }
   Payment payment = std::move(**loaded);
   if (ticket.record.recovery_point == "existing") {
-    auto parsed = Parse(request.body);
-    const bool same = parsed && parsed->amount_minor == payment.amount_minor &&
+    const ParseResult result = Parse(request.body);
+    const Parsed* parsed = std::get_if<Parsed>(&result);
+    const bool same = parsed != nullptr && parsed->amount_minor == payment.amount_minor &&
                       parsed->currency == payment.currency;
     if (same && payment.status == "succeeded") {
       e.response = Created(payment, 200);
       return e;
     }
     if (same && payment.status == "pending") {
-      e.response = http::Problem(409, "order-in-progress", "Conflict",
+      e.response = http::Problem(http::ProblemKind::kOrderInProgress,
                                  "this merchant_order_no is being paid under another "
-                                 "Idempotency-Key; retry later");
-      e.response.headers.Set("Retry-After", "1");
+                                 "Idempotency-Key; retry later",
+                                 {.key_expires = ticket.record.expires_at});
       e.state = RecordState::kFailedRetryable;
       return e;
     }
     e.response = http::Problem(
-        409, "order-conflict", "Conflict",
+        http::ProblemKind::kOrderConflict,
         same ? "this merchant_order_no already has a " + payment.status + " payment"
-             : "this merchant_order_no was already paid with a different amount or currency");
+             : "this merchant_order_no was already paid with a different amount or currency",
+        {.key_expires = ticket.record.expires_at});
     return e;
   }
   if (payment.status == "succeeded") {
@@ -404,7 +409,7 @@ Execution Payments::Reconcile(Ticket& ticket, Engine&) {
   auto loaded = Load(ticket.record.resource_id, ticket.record.tenant);
   if (ticket.record.resource_id.empty() || (loaded && !*loaded)) {
     // Crashed before the payment existed: nothing was charged.
-    e.response = http::Problem(503, "provider-unavailable", "Service Unavailable", "retry");
+    e.response = NothingCharged(ticket);
     e.state = RecordState::kFailedRetryable;
     return e;
   }
@@ -414,7 +419,7 @@ Execution Payments::Reconcile(Ticket& ticket, Engine&) {
   }
   Payment payment = std::move(**loaded);
   if (ticket.record.recovery_point != "charge_sent") {
-    e.response = http::Problem(503, "provider-unavailable", "Service Unavailable", "retry");
+    e.response = NothingCharged(ticket);
     e.state = RecordState::kFailedRetryable;
     return e;
   }
@@ -425,15 +430,15 @@ Execution Payments::Reconcile(Ticket& ticket, Engine&) {
   }
   if (*found) return Succeeded(std::move(payment), **found);
   // The provider has no charge: release the key for a retry, which charges.
-  e.response = http::Problem(503, "provider-unavailable", "Service Unavailable", "retry");
+  e.response = NothingCharged(ticket);
   e.state = RecordState::kFailedRetryable;
   return e;
 }
 
 http::Response Payments::Get(std::string_view id, const Principal& principal) {
   auto loaded = Load(id, principal.tenant);
-  if (!loaded) return ProblemFor(loaded.error());
-  if (!*loaded) return http::Problem(404, "not-found", "Not Found", "no such payment");
+  if (!loaded) return http::ProblemFor(loaded.error());
+  if (!*loaded) return http::Problem(http::ProblemKind::kNotFound, "no such payment");
   http::Response r{200, {}, Body(**loaded)};
   r.headers.Set("Content-Type", "application/json");
   return r;

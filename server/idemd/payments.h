@@ -3,9 +3,11 @@
 
 #include <optional>
 #include <string>
+#include <variant>
 #include <vector>
 
 #include "include/idem/store/sqlite.h"
+#include "server/http/problem.h"
 #include "server/idemd/filter.h"
 #include "server/idemd/metrics.h"
 #include "server/idemd/provider.h"
@@ -52,8 +54,15 @@ class Payments final : public Operation {
     int64_t amount_minor = 0;
     std::string currency;
   };
+  // A body that is not JSON: the parser's message.
+  struct MalformedJson {
+    std::string message;
+  };
+  // What a body holds: a valid request, no JSON at all, or JSON whose fields fail validation
+  // (at least one field error, in the order the checks run).
+  using ParseResult = std::variant<Parsed, MalformedJson, std::vector<http::FieldError>>;
 
-  Result<Parsed> Parse(const std::string& body) const;
+  ParseResult Parse(const std::string& body) const;
   Result<std::optional<Payment>> Load(std::string_view id, std::string_view tenant);
   std::string Body(const Payment& p) const;
   http::Response Created(const Payment& p, int status) const;

@@ -7,6 +7,8 @@
 #include <cstdio>
 #include <mutex>
 
+#include "server/http/problem.h"
+
 namespace idem::idemd {
 namespace {
 
@@ -17,8 +19,7 @@ http::Response Json(int status, std::string body) {
 }
 
 http::Response MethodNotAllowed(const char* allow) {
-  auto r = http::Problem(405, "method-not-allowed", "Method Not Allowed",
-                         std::string("allowed: ") + allow);
+  auto r = http::Problem(http::ProblemKind::kMethodNotAllowed, std::string("allowed: ") + allow);
   r.headers.Set("Allow", allow);
   return r;
 }
@@ -60,11 +61,7 @@ http::Response Service::Handle(const http::Request& request, http::RequestContex
     context.route = "readyz";
     if (request.method != "GET" && request.method != "HEAD") return MethodNotAllowed("GET, HEAD");
     auto ping = store_.Query("SELECT 1");
-    if (!ping) {
-      auto r = http::Problem(503, "not-ready", "Service Unavailable", "the store is unreachable");
-      r.headers.Set("Retry-After", "1");
-      return r;
-    }
+    if (!ping) return http::Problem(http::ProblemKind::kNotReady, "the store is unreachable");
     return Json(200, R"({"status":"ready"})");
   }
   if (path == "/metrics") {
@@ -80,7 +77,7 @@ http::Response Service::Handle(const http::Request& request, http::RequestContex
   const bool operation = path.rfind("/v1/operations/", 0) == 0 && path.size() > 15;
   if (!payments && !payment && !operation) {
     context.route = "unknown";
-    return http::Problem(404, "not-found", "Not Found", "no such resource");
+    return http::Problem(http::ProblemKind::kNotFound, "no such resource");
   }
   context.route = payments ? "payments.create" : payment ? "payments.get" : "operations.get";
   auto principal = Authenticate(request);
@@ -88,7 +85,7 @@ http::Response Service::Handle(const http::Request& request, http::RequestContex
     context.outcome = "unauthorized";
     metrics_.CountRequest(context.route, "unauthorized");
     auto r =
-        http::Problem(401, "unauthorized", "Unauthorized", "send Authorization: Bearer <api key>");
+        http::Problem(http::ProblemKind::kUnauthorized, "send Authorization: Bearer <api key>");
     r.headers.Set("WWW-Authenticate", "Bearer");
     return r;
   }

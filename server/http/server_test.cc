@@ -1,0 +1,495 @@
+// server/http/server_test.cc — http::Server over loopback with a fake handler: the header and body
+// limits, the whole-request deadline, drain, parking, admission and a throwing handler.
+//
+// Tests bind port 0. A timing assertion's bound lies far from both the expected time and the
+// time a broken feature would show, or compares two events of the same test.
+#include "server/http/server.h"
+
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <future>
+#include <map>
+#include <mutex>
+#include <set>
+#include <stdexcept>
+#include <thread>
+
+#include "server/http/client.h"
+
+namespace idem::http {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
+// Answers by path. Thread-safe; tests wait on its counters.
+//   /echo               200, the body's size
+//   /throw, /throw-int  throws a std::exception, or an int
+//   /block              waits until Open() (at most 10 s), then 200
+//   /park?key=K&ms=D    parks on K until Release(K) ("released") or D ms after its first call
+//                       ("deadline"); each call is recorded
+class FakeHandler final : public Handler {
+ public:
+  Response Handle(const Request& request, RequestContext& context) override {
+    const std::string_view path = request.Path();
+    if (path == "/echo") {
+      Bump(echoes_);
+      return Text(std::to_string(request.body.size()));
+    }
+    if (path == "/throw") throw std::runtime_error("handler failure");
+    if (path == "/throw-int") throw 42;
+    if (path == "/block") {
+      std::unique_lock lock(mu_);
+      ++blocked_;
+      changed_.notify_all();
+      // Bounded, so a failed test cannot hang the server's drain for ever.
+      if (!changed_.wait_for(lock, std::chrono::seconds(10), [&] { return open_; })) {
+        return Response{504, {}, "never opened"};
+      }
+      return Text("unblocked");
+    }
+    if (path == "/park") return Park(request, context);
+    return Response{404, {}, ""};
+  }
+
+  void Open() {
+    std::lock_guard lock(mu_);
+    open_ = true;
+    changed_.notify_all();
+  }
+  void Release(const std::string& key) {
+    std::lock_guard lock(mu_);
+    released_.insert(key);
+  }
+
+  int echoes() {
+    std::lock_guard lock(mu_);
+    return echoes_;
+  }
+  // The times `key`'s handler was called, in order.
+  std::vector<Clock::time_point> calls(const std::string& key) {
+    std::lock_guard lock(mu_);
+    return calls_[key];
+  }
+  // Waits up to 5 s for `blocked` requests in /block, or `n` calls of /park on `key`.
+  bool WaitBlocked(int blocked) {
+    std::unique_lock lock(mu_);
+    return changed_.wait_for(lock, std::chrono::seconds(5), [&] { return blocked_ >= blocked; });
+  }
+  bool WaitCalls(const std::string& key, std::size_t n) {
+    std::unique_lock lock(mu_);
+    return changed_.wait_for(lock, std::chrono::seconds(5),
+                             [&] { return calls_[key].size() >= n; });
+  }
+
+ private:
+  static Response Text(std::string body) {
+    Response r{200, {}, std::move(body)};
+    r.headers.Set("Content-Type", "text/plain");
+    return r;
+  }
+
+  void Bump(int& counter) {
+    std::lock_guard lock(mu_);
+    ++counter;
+    changed_.notify_all();
+  }
+
+  Response Park(const Request& request, RequestContext& context) {
+    const std::string key(request.QueryParam("key").value_or(""));
+    const auto now = Clock::now();
+    if (!context.wait_until) {
+      context.wait_until = now + milliseconds(std::stoi(std::string(*request.QueryParam("ms"))));
+    }
+    std::lock_guard lock(mu_);
+    calls_[key].push_back(now);
+    changed_.notify_all();
+    if (released_.contains(key)) return Text("released");
+    if (now >= *context.wait_until) return Text("deadline");
+    context.park = RequestContext::Park{key, *context.wait_until};
+    return {};
+  }
+
+  std::mutex mu_;
+  std::condition_variable changed_;
+  int echoes_ = 0;
+  int blocked_ = 0;
+  bool open_ = false;
+  std::set<std::string> released_;
+  std::map<std::string, std::vector<Clock::time_point>> calls_;
+};
+
+// A raw TCP connection to loopback, for input http::Call cannot produce. Closed on destruction.
+class RawConnection {
+ public:
+  explicit RawConnection(uint16_t port) : fd_(socket(AF_INET, SOCK_STREAM, 0)) {
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(port);
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    connected_ = connect(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0;
+  }
+  ~RawConnection() { close(fd_); }
+  RawConnection(const RawConnection&) = delete;
+  RawConnection& operator=(const RawConnection&) = delete;
+
+  bool connected() const { return connected_; }
+  bool closed() const { return closed_; }
+
+  bool Send(std::string_view data) {
+    return ::send(fd_, data.data(), data.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(data.size());
+  }
+
+  // Everything the server sends until it closes the connection or `timeout` passes.
+  std::string ReadAll(milliseconds timeout) {
+    std::string out;
+    const auto deadline = Clock::now() + timeout;
+    while (ReadSome(out, deadline)) {
+    }
+    return out;
+  }
+
+  // One response with a Content-Length (a keep-alive answer), or what arrived before the server
+  // closed or `timeout` passed.
+  std::string ReadResponse(milliseconds timeout) {
+    const auto deadline = Clock::now() + timeout;
+    while (true) {
+      const std::size_t end = pending_.find("\r\n\r\n");
+      if (end != std::string::npos) {
+        const std::size_t at = ToLower(pending_.substr(0, end)).find("content-length: ");
+        const std::size_t length =
+            at == std::string::npos ? 0 : std::stoul(pending_.substr(at + 16));
+        if (pending_.size() >= end + 4 + length) {
+          std::string response = pending_.substr(0, end + 4 + length);
+          pending_.erase(0, end + 4 + length);
+          return response;
+        }
+      }
+      if (!ReadSome(pending_, deadline)) return std::exchange(pending_, {});
+    }
+  }
+
+ private:
+  // Appends what arrives before `deadline`; false once the connection closed or time is up.
+  bool ReadSome(std::string& out, Clock::time_point deadline) {
+    const auto left = std::chrono::duration_cast<milliseconds>(deadline - Clock::now());
+    if (left.count() <= 0) return false;
+    pollfd p{fd_, POLLIN, 0};
+    if (poll(&p, 1, static_cast<int>(left.count())) <= 0) return true;  // the loop re-checks
+    char buf[4096];
+    const ssize_t n = recv(fd_, buf, sizeof buf, 0);
+    if (n <= 0) {
+      closed_ = true;
+      return false;
+    }
+    out.append(buf, static_cast<std::size_t>(n));
+    return true;
+  }
+
+  int fd_;
+  bool connected_ = false;
+  std::atomic<bool> closed_{false};  // read by a sending thread while another reads
+  std::string pending_;
+};
+
+int StatusOf(std::string_view raw) {
+  if (raw.substr(0, 9) != "HTTP/1.1 " || raw.size() < 12) return 0;
+  return std::stoi(std::string(raw.substr(9, 3)));
+}
+
+class ServerTest : public ::testing::Test {
+ protected:
+  ServerTest() {
+    options_.port = 0;
+    options_.worker_threads = 2;
+    options_.drain_timeout = milliseconds(3000);
+  }
+  ~ServerTest() override {
+    handler_.Open();  // a failed test must not leave the server waiting for a blocked request
+    if (server_) server_->Drain();
+  }
+
+  void Start() {
+    auto server = Server::Start(options_, handler_, nullptr);
+    ASSERT_TRUE(server.has_value()) << server.error().message;
+    server_ = std::move(*server);
+    url_ = Url{"127.0.0.1", server_->port(), ""};
+  }
+
+  Result<Response> Get(std::string target) {
+    Request r;
+    r.method = "GET";
+    r.target = std::move(target);
+    return Call(url_, std::move(r), CallOptions{.timeout = milliseconds(10000)});
+  }
+  std::future<Result<Response>> GetAsync(std::string target) {
+    return std::async(std::launch::async, [this, target] { return Get(target); });
+  }
+
+  // The header fields of a "GET /echo": one X-Pad field and the blank line, `size` bytes in all.
+  static std::string FieldsOfSize(std::size_t size) {
+    const std::string name = "X-Pad: ";
+    const std::string end = "\r\n\r\n";
+    return name + std::string(size - name.size() - end.size(), 'p') + end;
+  }
+
+  ServerOptions options_;
+  FakeHandler handler_;  // outlives server_
+  std::unique_ptr<Server> server_;
+  Url url_;
+};
+
+// --- limits -----------------------------------------------------------------------------------
+
+// max_header_bytes bounds the header fields that follow the request line, through the blank
+// line. (Beast counts from where its parse stands when it first needs more bytes; the request
+// line is sent on its own first so that is always after the request line.)
+TEST_F(ServerTest, HeaderFieldsAtTheLimitAreServedAndOnePastThemAre431) {
+  options_.max_header_bytes = 1024;
+  Start();
+  {
+    RawConnection c(server_->port());
+    ASSERT_TRUE(c.Send("GET /echo HTTP/1.1\r\n"));
+    std::this_thread::sleep_for(milliseconds(20));
+    ASSERT_TRUE(c.Send(FieldsOfSize(1024)));
+    const std::string answer = c.ReadResponse(milliseconds(3000));
+    EXPECT_EQ(StatusOf(answer), 200) << answer;
+  }
+  {
+    RawConnection c(server_->port());
+    ASSERT_TRUE(c.Send("GET /echo HTTP/1.1\r\n"));
+    std::this_thread::sleep_for(milliseconds(20));
+    ASSERT_TRUE(c.Send(FieldsOfSize(1025)));
+    const std::string answer = c.ReadAll(milliseconds(3000));
+    EXPECT_EQ(StatusOf(answer), 431) << answer;
+    EXPECT_NE(answer.find(R"("type":"urn:idem:problem:headers-too-large")"), std::string::npos);
+    EXPECT_NE(answer.find(R"("detail":"the header section is too large")"), std::string::npos);
+    EXPECT_TRUE(c.closed());
+  }
+  EXPECT_EQ(handler_.echoes(), 1);
+}
+
+TEST_F(ServerTest, BodyAtTheLimitIsServedAndOnePastItIs413) {
+  options_.max_body_bytes = 1000;
+  Start();
+  Request at_limit{"POST", "/echo", {}, std::string(1000, 'b')};
+  auto served = Call(url_, at_limit);
+  ASSERT_TRUE(served.has_value()) << served.error().message;
+  EXPECT_EQ(served->status, 200);
+  EXPECT_EQ(served->body, "1000");
+
+  // Refused on the declared length, before the body is read: send only the header.
+  RawConnection c(server_->port());
+  ASSERT_TRUE(c.Send("POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 1001\r\n\r\n"));
+  const std::string answer = c.ReadAll(milliseconds(3000));
+  EXPECT_EQ(StatusOf(answer), 413) << answer;
+  EXPECT_NE(answer.find(R"("type":"urn:idem:problem:payload-too-large")"), std::string::npos);
+  EXPECT_NE(answer.find(R"("detail":"the body is larger than 1000 bytes")"), std::string::npos);
+  EXPECT_TRUE(c.closed());
+  EXPECT_EQ(handler_.echoes(), 1);
+}
+
+TEST_F(ServerTest, GarbageIs400MalformedRequest) {
+  Start();
+  RawConnection c(server_->port());
+  ASSERT_TRUE(c.Send("THIS IS NOT HTTP\r\n\r\n"));
+  const std::string answer = c.ReadAll(milliseconds(3000));
+  EXPECT_EQ(StatusOf(answer), 400) << answer;
+  EXPECT_NE(answer.find(R"("type":"urn:idem:problem:malformed-request")"), std::string::npos);
+  EXPECT_TRUE(c.closed());
+}
+
+// --- the whole-request deadline ---------------------------------------------------------------
+
+TEST_F(ServerTest, AClientSendingHeadersSlowlyIsCutOffWhileAnotherIsServed) {
+  options_.read_timeout = milliseconds(1000);
+  Start();
+  RawConnection slow(server_->port());
+  ASSERT_TRUE(slow.connected());
+  const auto started = Clock::now();
+  ASSERT_TRUE(slow.Send("GET /echo HTTP/1.1\r\nHost: x\r\n"));
+  // A byte every 50 ms: a deadline per read would never fire; the one for the whole request does.
+  std::thread dribble([&] {
+    for (int i = 0; i < 100 && !slow.closed(); ++i) {
+      if (!slow.Send("X-Slow: a\r\n")) break;
+      std::this_thread::sleep_for(milliseconds(50));
+    }
+  });
+  std::this_thread::sleep_for(milliseconds(100));
+  auto other = Get("/echo");
+  const auto other_done = Clock::now();
+  const std::string answer = slow.ReadAll(milliseconds(5000));
+  const auto cut_off = Clock::now();
+  dribble.join();
+
+  ASSERT_TRUE(other.has_value()) << other.error().message;
+  EXPECT_EQ(other->status, 200);
+  EXPECT_TRUE(slow.closed()) << "the slow client must be disconnected";
+  EXPECT_EQ(answer, "") << "a cut-off client gets no answer";
+  EXPECT_LT(other_done, cut_off) << "the other client is served while the slow one is connected";
+  EXPECT_GE(cut_off - started, milliseconds(500)) << "not before the read timeout";
+  EXPECT_LT(cut_off - started, milliseconds(3000)) << "within the read timeout (1 s), generously";
+}
+
+// --- drain ------------------------------------------------------------------------------------
+
+TEST_F(ServerTest, DrainFinishesInFlightRequestsAndRefusesNewOnes) {
+  Start();
+  // An idle keep-alive connection that has been served once.
+  RawConnection idle(server_->port());
+  ASSERT_TRUE(idle.Send("GET /echo HTTP/1.1\r\nHost: x\r\n\r\n"));
+  ASSERT_EQ(StatusOf(idle.ReadResponse(milliseconds(3000))), 200);
+  ASSERT_EQ(handler_.echoes(), 1);
+  // One request running in the handler, one parked.
+  auto running = GetAsync("/block");
+  ASSERT_TRUE(handler_.WaitBlocked(1));
+  auto parked = GetAsync("/park?key=drain&ms=20000");
+  ASSERT_TRUE(handler_.WaitCalls("drain", 1));
+
+  auto drained = std::async(std::launch::async, [&] { server_->Drain(); });
+  // New connections are refused once the acceptor is closed.
+  bool refused = false;
+  for (int i = 0; i < 200 && !refused; ++i) {
+    RawConnection probe(server_->port());
+    refused = !probe.connected();
+    if (!refused) std::this_thread::sleep_for(milliseconds(10));
+  }
+  EXPECT_TRUE(refused) << "Drain must stop accepting";
+
+  // A new request on the open keep-alive connection is not served: it gets 503 shutting-down or,
+  // if Drain closed the idle connection first, no answer at all.
+  idle.Send("GET /echo HTTP/1.1\r\nHost: x\r\n\r\n");
+  const std::string refusal = idle.ReadAll(milliseconds(3000));
+  EXPECT_TRUE(idle.closed());
+  if (!refusal.empty()) {
+    EXPECT_EQ(StatusOf(refusal), 503) << refusal;
+    EXPECT_NE(refusal.find(R"("type":"urn:idem:problem:shutting-down")"), std::string::npos);
+  }
+  EXPECT_EQ(handler_.echoes(), 1);
+
+  // The parked request is answered 503 shutting-down at its next wake-up, with Retry-After.
+  ASSERT_EQ(parked.wait_for(std::chrono::seconds(5)), std::future_status::ready);
+  auto parked_answer = parked.get();
+  ASSERT_TRUE(parked_answer.has_value()) << parked_answer.error().message;
+  EXPECT_EQ(parked_answer->status, 503);
+  EXPECT_EQ(parked_answer->headers.Get("retry-after"), "1");
+  EXPECT_NE(parked_answer->body.find(R"("type":"urn:idem:problem:shutting-down")"),
+            std::string::npos);
+
+  // The running request finishes with its own answer, then Drain returns.
+  handler_.Open();
+  ASSERT_EQ(running.wait_for(std::chrono::seconds(5)), std::future_status::ready);
+  auto running_answer = running.get();
+  ASSERT_TRUE(running_answer.has_value()) << running_answer.error().message;
+  EXPECT_EQ(running_answer->status, 200);
+  EXPECT_EQ(running_answer->body, "unblocked");
+  EXPECT_EQ(drained.wait_for(std::chrono::seconds(5)), std::future_status::ready);
+}
+
+// --- parking ----------------------------------------------------------------------------------
+
+TEST_F(ServerTest, NotifyWakesAParkedRequestAtOnce) {
+  Start();
+  auto parked = GetAsync("/park?key=n&ms=20000");
+  // By its fifth call the server's own re-poll of a parked request is 800 ms away (50 ms,
+  // doubling): a wake-up much sooner than that can only come from Notify.
+  ASSERT_TRUE(handler_.WaitCalls("n", 5));
+  handler_.Release("n");
+  const auto notified = Clock::now();
+  // Notify until the handler runs again: a notification that lands between the handler's
+  // decision to park and the server's registration of the park is lost by design.
+  while (handler_.calls("n").size() < 6 && Clock::now() - notified < std::chrono::seconds(3)) {
+    server_->Notify("n");
+    std::this_thread::sleep_for(milliseconds(10));
+  }
+  ASSERT_EQ(parked.wait_for(std::chrono::seconds(5)), std::future_status::ready);
+  auto answer = parked.get();
+  ASSERT_TRUE(answer.has_value()) << answer.error().message;
+  EXPECT_EQ(answer->status, 200);
+  EXPECT_EQ(answer->body, "released");
+  const auto calls = handler_.calls("n");
+  ASSERT_GE(calls.size(), 6u);
+  EXPECT_LT(calls[5] - notified, milliseconds(400)) << "woken by Notify, not by the next poll";
+}
+
+TEST_F(ServerTest, AParkedRequestIsCalledAgainAtItsDeadlineWithoutANotify) {
+  Start();
+  // Polls alone would call at 0, 50, 150, 350, 750 and 1550 ms; the deadline at 900 ms must
+  // wake it between the last two.
+  auto parked = GetAsync("/park?key=d&ms=900");
+  ASSERT_EQ(parked.wait_for(std::chrono::seconds(5)), std::future_status::ready);
+  auto answer = parked.get();
+  ASSERT_TRUE(answer.has_value()) << answer.error().message;
+  EXPECT_EQ(answer->status, 200);
+  EXPECT_EQ(answer->body, "deadline");
+  const auto calls = handler_.calls("d");
+  ASSERT_GE(calls.size(), 2u);
+  EXPECT_GE(calls.back() - calls.front(), milliseconds(900));
+  EXPECT_LT(calls.back() - calls.front(), milliseconds(1400)) << "woken by the deadline";
+}
+
+// --- admission --------------------------------------------------------------------------------
+
+TEST_F(ServerTest, BeyondWorkersPlusQueueRequestsAre503Overloaded) {
+  options_.worker_threads = 1;
+  options_.max_queued = 1;
+  Start();
+  // A parked request counts against the limit but holds no worker ...
+  auto parked = GetAsync("/park?key=q&ms=20000");
+  ASSERT_TRUE(handler_.WaitCalls("q", 1));
+  // ... so a second request is admitted (the limit is 1 + 1) and runs ...
+  auto running = GetAsync("/block");
+  ASSERT_TRUE(handler_.WaitBlocked(1));
+  // ... and a third is refused without reaching the handler.
+  auto refused = Get("/echo");
+  ASSERT_TRUE(refused.has_value()) << refused.error().message;
+  EXPECT_EQ(refused->status, 503);
+  EXPECT_EQ(refused->headers.Get("retry-after"), "1");
+  EXPECT_EQ(refused->headers.Get("content-type"), "application/problem+json");
+  EXPECT_NE(refused->body.find(R"("type":"urn:idem:problem:overloaded")"), std::string::npos);
+  EXPECT_EQ(handler_.echoes(), 0);
+
+  handler_.Open();
+  handler_.Release("q");
+  server_->Notify("q");
+  for (auto* pending : {&running, &parked}) {
+    ASSERT_EQ(pending->wait_for(std::chrono::seconds(5)), std::future_status::ready);
+    auto answer = pending->get();
+    ASSERT_TRUE(answer.has_value()) << answer.error().message;
+    EXPECT_EQ(answer->status, 200);
+  }
+  // Admission reopens as work finishes.
+  auto later = Get("/echo");
+  ASSERT_TRUE(later.has_value()) << later.error().message;
+  EXPECT_EQ(later->status, 200);
+}
+
+// --- handler failures -------------------------------------------------------------------------
+
+TEST_F(ServerTest, AHandlerThatThrowsIsAnswered500Internal) {
+  Start();
+  for (const char* target : {"/throw", "/throw-int"}) {
+    SCOPED_TRACE(target);
+    auto answer = Get(target);
+    ASSERT_TRUE(answer.has_value()) << answer.error().message;
+    EXPECT_EQ(answer->status, 500);
+    EXPECT_EQ(answer->headers.Get("content-type"), "application/problem+json");
+    EXPECT_EQ(answer->body,
+              R"({"type":"urn:idem:problem:internal","title":"Internal Server Error",)"
+              R"("status":500,"detail":"unexpected failure"})");
+  }
+  // The server goes on serving.
+  auto after = Get("/echo");
+  ASSERT_TRUE(after.has_value()) << after.error().message;
+  EXPECT_EQ(after->status, 200);
+}
+
+}  // namespace
+}  // namespace idem::http
