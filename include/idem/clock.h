@@ -32,6 +32,11 @@ class MonotonicClock {
  public:
   virtual ~MonotonicClock() = default;
   virtual SteadyTime Now() const = 0;
+
+  // Seconds from `start` (an earlier Now()) until now, for latency metrics.
+  double SecondsSince(SteadyTime start) const {
+    return std::chrono::duration<double>(Now() - start).count();
+  }
 };
 
 // A source of unpredictable bytes (owner tokens, nonces, ids). Implementations are thread-safe.

@@ -71,9 +71,13 @@ RecordState FailurePolicy::Classify(int status) const {
   return status >= 500 ? RecordState::kFailedRetryable : RecordState::kFailedFinal;
 }
 
-IdempotencyFilter::IdempotencyFilter(Engine& engine, Metrics& metrics, FilterPolicy policy,
-                                     Operation& operation)
-    : engine_(engine), metrics_(metrics), policy_(std::move(policy)), operation_(operation) {}
+IdempotencyFilter::IdempotencyFilter(Engine& engine, MonotonicClock& monotonic, Metrics& metrics,
+                                     FilterPolicy policy, Operation& operation)
+    : engine_(engine),
+      monotonic_(monotonic),
+      metrics_(metrics),
+      policy_(std::move(policy)),
+      operation_(operation) {}
 
 void IdempotencyFilter::AddExpires(http::Response& response, Timestamp expires) const {
   response.headers.Set("Idempotency-Key-Expires", http::HttpDate(ToUnixMillis(expires)));
@@ -106,13 +110,12 @@ http::Response IdempotencyFilter::Handle(const http::Request& request, const Pri
   engine_request.body = request.body;
   const Preferences prefer = ParsePrefer(request.headers);
 
-  const auto started = std::chrono::steady_clock::now();
+  const SteadyTime started = monotonic_.Now();
   auto decision =
       engine_.Start(policy_.route, engine_request, [&](StoreTxn& txn, const Record& record) {
         return operation_.OnClaim(txn, record, request, principal);
       });
-  metrics_.ObserveStore(
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());
+  metrics_.ObserveStore(monotonic_.SecondsSince(started));
   if (!decision) {
     const Errc code = decision.error().code;
     count(code == Errc::kFingerprintMismatch                          ? "mismatch"
@@ -139,7 +142,7 @@ http::Response IdempotencyFilter::Handle(const http::Request& request, const Pri
       return response;
     }
     case Decision::Kind::kInProgress: {
-      const auto now = std::chrono::steady_clock::now();
+      const SteadyTime now = monotonic_.Now();
       if (prefer.wait && !context.wait_until) {
         context.wait_until = now + std::min(*prefer.wait, policy_.wait_max);
       }
@@ -216,10 +219,9 @@ http::Response IdempotencyFilter::Finish(Ticket& ticket, Execution execution) {
       stored.headers.emplace_back(name, *value);
   }
   stored.body = execution.response.body;
-  const auto started = std::chrono::steady_clock::now();
+  const SteadyTime started = monotonic_.Now();
   Status finished = engine_.Finish(ticket, state, stored, execution.business);
-  metrics_.ObserveStore(
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());
+  metrics_.ObserveStore(monotonic_.SecondsSince(started));
   if (!finished) {
     if (finished.error().code == Errc::kFenced) {
       // Another executor took over and owns the outcome: answer with its result when it has one.

@@ -65,11 +65,12 @@ struct FilterPolicy {
   std::vector<std::string> stored_headers = {"Location", "Content-Type"};
 };
 
-// Thread-safe. Borrows the engine, the metrics and the operation; talks to records only through
-// the engine.
+// Thread-safe. Borrows the engine, the clock, the metrics and the operation; talks to records only
+// through the engine. `monotonic` times Prefer: wait deadlines and the latency metrics.
 class IdempotencyFilter {
  public:
-  IdempotencyFilter(Engine& engine, Metrics& metrics, FilterPolicy policy, Operation& operation);
+  IdempotencyFilter(Engine& engine, MonotonicClock& monotonic, Metrics& metrics,
+                    FilterPolicy policy, Operation& operation);
 
   http::Response Handle(const http::Request& request, const Principal& principal,
                         http::RequestContext& context);
@@ -91,6 +92,7 @@ class IdempotencyFilter {
   std::optional<http::Response> StoredAnswer(const ScopeHash& scope);
 
   Engine& engine_;
+  MonotonicClock& monotonic_;
   Metrics& metrics_;
   FilterPolicy policy_;
   Operation& operation_;

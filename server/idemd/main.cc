@@ -120,10 +120,10 @@ int Run(int argc, char** argv) {
   KeyPolicy keys;
   keys.min_length = config->key_min_length;
   keys.max_length = config->key_max_length;
-  Payments payments(**store, **provider, SystemClock(), SystemRandom(), metrics,
-                    config->currencies);
+  Payments payments(**store, **provider, SystemClock(), SystemMonotonicClock(), SystemRandom(),
+                    metrics, config->currencies);
   IdempotencyFilter filter(
-      engine, metrics,
+      engine, SystemMonotonicClock(), metrics,
       PaymentsPolicy(keys, config->lease, config->retention, config->max_processing,
                      config->max_retained, config->wait_max),
       payments);

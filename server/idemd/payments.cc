@@ -118,11 +118,12 @@ std::string FormatAmount(int64_t minor, int digits) {
   return s;
 }
 
-Payments::Payments(Store& store, Provider& provider, Clock& clock, Random& random, Metrics& metrics,
-                   std::vector<std::string> currencies)
+Payments::Payments(Store& store, Provider& provider, Clock& clock, MonotonicClock& monotonic,
+                   Random& random, Metrics& metrics, std::vector<std::string> currencies)
     : store_(store),
       provider_(provider),
       clock_(clock),
+      monotonic_(monotonic),
       random_(random),
       metrics_(metrics),
       currencies_(std::move(currencies)) {}
@@ -297,10 +298,9 @@ Execution Payments::ChargeOnce(Ticket& ticket, Payment payment, Engine& engine) 
   Execution e;
   const std::string amount = FormatAmount(payment.amount_minor, MinorDigits(payment.currency));
   auto timed = [&](auto&& call) {
-    const auto started = std::chrono::steady_clock::now();
+    const SteadyTime started = monotonic_.Now();
     auto result = call();
-    metrics_.ObserveProvider(
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());
+    metrics_.ObserveProvider(monotonic_.SecondsSince(started));
     return result;
   };
   // A resumed execution whose charge may have left asks the provider first (step 6).

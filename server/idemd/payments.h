@@ -25,8 +25,8 @@ FilterPolicy PaymentsPolicy(const KeyPolicy& keys, Millis lease, Millis retentio
 // Thread-safe. Borrows everything.
 class Payments final : public Operation {
  public:
-  Payments(Store& store, Provider& provider, Clock& clock, Random& random, Metrics& metrics,
-           std::vector<std::string> currencies);
+  Payments(Store& store, Provider& provider, Clock& clock, MonotonicClock& monotonic,
+           Random& random, Metrics& metrics, std::vector<std::string> currencies);
 
   std::optional<http::Response> Validate(const http::Request& request,
                                          const Principal& principal) override;
@@ -72,6 +72,7 @@ class Payments final : public Operation {
   Store& store_;
   Provider& provider_;
   Clock& clock_;
+  MonotonicClock& monotonic_;
   Random& random_;
   Metrics& metrics_;
   std::vector<std::string> currencies_;
