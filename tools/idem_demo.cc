@@ -1,6 +1,6 @@
 // tools/idem_demo.cc — the protocol on a SQLite file, step by step: a payment is claimed and
 // executed, its retry is replayed byte for byte, and reusing the key for another amount is refused.
-// It stands in for idemd until the HTTP service exists.
+// libidem alone, without HTTP: the smallest program that embeds it.
 #include <sys/stat.h>
 
 #include <cstdio>

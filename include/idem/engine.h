@@ -31,13 +31,13 @@ struct RoutePolicy {
   CanonicalRules rules;  // current rules; new records use rules.version
   // Rules of earlier versions still present in stored records (rotation of the rule set).
   std::vector<CanonicalRules> previous_rules;
-  Millis lease{30000};
-  Millis retention{7LL * 24 * 3600 * 1000};
+  Millis lease{limits::kDefaultLease};
+  Millis retention{limits::kDefaultRetention};
   // Quotas per principal: records PROCESSING at once, and records retained.
   int64_t max_processing = limits::kMaxProcessingPerPrincipal;
   int64_t max_retained = limits::kMaxRetainedPerPrincipal;
   // The Retry-After suggested to a duplicate that meets a running execution, at most.
-  Millis retry_after{1000};
+  Millis retry_after{limits::kDefaultRetryAfter};
 };
 
 // Who is asking: from authentication, never from the request.

@@ -4,6 +4,7 @@
 // configuration. Tests exercise each at the limit and one past it.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 
@@ -38,7 +39,20 @@ inline constexpr std::size_t kResourceIdMaxLength = 128;
 inline constexpr int64_t kMaxProcessingPerPrincipal = 100;
 inline constexpr int64_t kMaxRetainedPerPrincipal = 100000;
 
-// Sweeper batch size.
+// Time of records: how long a claim's lease lasts before another executor may take over (renewed
+// by a heartbeat), how long a record is retained and its key recognised, and the longest
+// Retry-After suggested to a duplicate that meets a running execution.
+inline constexpr std::chrono::milliseconds kDefaultLease{30'000};
+inline constexpr std::chrono::milliseconds kDefaultRetention{7LL * 24 * 3600 * 1000};
+inline constexpr std::chrono::milliseconds kDefaultRetryAfter{1'000};
+
+// The longest a request may wait for a running duplicate (Prefer: wait, capped by configuration
+// at no more than this): a parked request holds a connection and memory.
+inline constexpr std::chrono::milliseconds kWaitMax{300'000};
+
+// The sweeper deletes expired records in batches of this many, at most this many batches a
+// round, so it never holds the write lock for long.
 inline constexpr int kSweepBatch = 500;
+inline constexpr int kSweepBatchesPerRound = 20;
 
 }  // namespace idem::limits

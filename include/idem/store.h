@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "include/idem/clock.h"
+#include "include/idem/limits.h"
 #include "include/idem/record.h"
 #include "include/idem/result.h"
 
@@ -53,8 +54,8 @@ struct ClaimSpec {
   std::string user;
   std::string route;
   Fingerprint fingerprint;
-  Millis lease_ttl{30000};
-  Millis retention{7LL * 24 * 3600 * 1000};
+  Millis lease_ttl{limits::kDefaultLease};
+  Millis retention{limits::kDefaultRetention};
 };
 
 struct ClaimResult {
@@ -196,5 +197,10 @@ class Store {
   // must first learn whether their downstream call happened.
   virtual Result<int> Sweep(int batch) = 0;
 };
+
+// Deletes expired finished records in batches of limits::kSweepBatch until a batch comes back
+// short or `max_batches` ran, and returns how many it deleted. Errors: the store's, after the
+// batches that succeeded (their deletions stand).
+Result<int> SweepExpired(Store& store, int max_batches = limits::kSweepBatchesPerRound);
 
 }  // namespace idem

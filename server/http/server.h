@@ -14,6 +14,7 @@
 #include <string>
 
 #include "include/idem/clock.h"
+#include "include/idem/limits.h"
 #include "include/idem/result.h"
 #include "server/http/message.h"
 
@@ -28,7 +29,7 @@ struct ServerOptions {
   int worker_threads = 8;
   int max_queued = 1024;
   int max_connections = 2048;
-  std::size_t max_body_bytes = 64 * 1024;
+  std::size_t max_body_bytes = limits::kJsonMaxBytes;
   std::size_t max_header_bytes = 16 * 1024;
   // The whole request (headers and body) must arrive within this: slow clients are cut off.
   Millis read_timeout{10000};

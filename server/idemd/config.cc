@@ -227,6 +227,17 @@ Result<Config> LoadConfig(const std::string& path, const std::vector<std::string
   if (c.lease.count() <= 0 || c.retention <= c.lease) {
     return Bad(o, "lease must be positive and shorter than retention");
   }
+  if (c.server.max_body_bytes < 1 || c.server.max_body_bytes > limits::kJsonMaxBytes) {
+    return Bad(o, "server.max_body_bytes must be 1.." + std::to_string(limits::kJsonMaxBytes) +
+                      " (the largest body the fingerprint canonicalises)");
+  }
+  if (c.wait_max > limits::kWaitMax) {
+    return Bad(
+        o, "idempotency.wait_max_ms must be at most " + std::to_string(limits::kWaitMax.count()));
+  }
+  if (c.max_processing < 1 || c.max_retained < 1) {
+    return Bad(o, "idempotency quotas max_processing and max_retained must be at least 1");
+  }
   if (c.lease <= c.provider_timeout) {
     // Allowed (tests provoke takeovers this way), but every slow provider call then loses its
     // lease: fencing keeps it correct, at the cost of extra provider lookups.

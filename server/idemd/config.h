@@ -33,7 +33,7 @@ struct Config {
   int store_pool_size = 4;
   // PostgreSQL: server-side prepared statements (off behind PgBouncer transaction pooling).
   bool store_prepared_statements = true;
-  std::string redis_url;  // optional; not used yet
+  std::string redis_url;  // optional: the replay cache and in-flight markers
   std::string provider_url = "http://127.0.0.1:8090";
   Millis provider_timeout{5000};
 
@@ -43,8 +43,8 @@ struct Config {
   bool generate_secrets = false;
   Secrets secrets;
 
-  Millis lease{30000};
-  Millis retention{7LL * 24 * 3600 * 1000};
+  Millis lease{limits::kDefaultLease};
+  Millis retention{limits::kDefaultRetention};
   int64_t max_processing = limits::kMaxProcessingPerPrincipal;
   int64_t max_retained = limits::kMaxRetainedPerPrincipal;
   Millis wait_max{10000};

@@ -131,6 +131,40 @@ TEST_F(ConfigTest, ErrorsNameTheProblem) {
   }
 }
 
+// Each limit a config can set is accepted at its value and refused one past it.
+TEST_F(ConfigTest, LimitsHoldAtTheirValueAndOnePast) {
+  struct Case {
+    std::string at_limit;
+    std::string past_limit;
+    std::string expect;
+  };
+  const std::string max_body = std::to_string(limits::kJsonMaxBytes);
+  const std::string wait_max = std::to_string(limits::kWaitMax.count());
+  const std::vector<Case> cases = {
+      {"[idempotency]\nkey_max_length = 255\n", "[idempotency]\nkey_max_length = 256\n",
+       "key lengths"},
+      {"[idempotency]\nkey_min_length = 1\n", "[idempotency]\nkey_min_length = 0\n", "key lengths"},
+      {"[server]\nmax_body_bytes = " + max_body + "\n",
+       "[server]\nmax_body_bytes = " + max_body + "1\n", "max_body_bytes"},
+      {"[server]\nmax_body_bytes = 1\n", "[server]\nmax_body_bytes = 0\n", "max_body_bytes"},
+      {"[idempotency]\nwait_max_ms = " + wait_max + "\n",
+       "[idempotency]\nwait_max_ms = " + std::to_string(limits::kWaitMax.count() + 1) + "\n",
+       "wait_max_ms"},
+      {"[idempotency]\nmax_processing = 1\n", "[idempotency]\nmax_processing = 0\n", "quotas"},
+      {"[idempotency]\nmax_retained = 1\n", "[idempotency]\nmax_retained = 0\n", "quotas"},
+      {"[idempotency]\nlease_ms = 59999\nretention_ms = 60000\n",
+       "[idempotency]\nlease_ms = 60000\nretention_ms = 60000\n", "lease"},
+  };
+  for (const Case& k : cases) {
+    auto ok = LoadConfig(Write("ok.toml", Minimal(k.at_limit)), {});
+    EXPECT_TRUE(ok.has_value()) << k.at_limit << ": " << ok.error().message;
+    auto bad = LoadConfig(Write("bad.toml", Minimal(k.past_limit)), {});
+    ASSERT_FALSE(bad.has_value()) << k.past_limit;
+    EXPECT_EQ(bad.error().code, Errc::kInvalidArgument);
+    EXPECT_NE(bad.error().message.find(k.expect), std::string::npos) << bad.error().message;
+  }
+}
+
 TEST_F(ConfigTest, SecretsMustBeLongEnough) {
   setenv("IDEM_SECRETS",
          ("hmac_current = 1\nseal_current = 1\n[[hmac]]\nid = 1\nkey = \"abcd\"\n[[seal]]\nid = 1\n"

@@ -146,12 +146,7 @@ int Run(int argc, char** argv) {
       });
       if (subscription) finished = std::move(*subscription);
     }
-    Loop sweeper(config->sweep_interval, [&] {
-      for (int i = 0; i < 20; ++i) {  // at most 20 batches a round: never hog the write lock
-        auto swept = (*store)->Sweep(limits::kSweepBatch);
-        if (!swept || *swept < limits::kSweepBatch) break;
-      }
-    });
+    Loop sweeper(config->sweep_interval, [&] { (void)SweepExpired(**store); });
     Loop reconciler(config->reconcile_interval, [&] {
       filter.ReconcileOnce(100, [&](const std::string& key) { (*server)->Notify(key); });
     });

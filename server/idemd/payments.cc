@@ -1,4 +1,4 @@
-// server/idemd/payments.cc — the payments reference API (CONTRACT.md "POST /v1/payments").
+// server/idemd/payments.cc — the payments reference API (POST /v1/payments in docs/openapi.yaml).
 #include "server/idemd/payments.h"
 
 #include <boost/json.hpp>

@@ -1,4 +1,4 @@
-// server/idemd/provider.cc — the provider over HTTP (CONTRACT.md "The downstream provider").
+// server/idemd/provider.cc — the provider over HTTP (the provider calls in docs/idemd.md).
 #include "server/idemd/provider.h"
 
 #include <boost/json.hpp>

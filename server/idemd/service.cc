@@ -1,4 +1,4 @@
-// server/idemd/service.cc — routes of CONTRACT.md.
+// server/idemd/service.cc — idemd's routes (docs/openapi.yaml).
 #include "server/idemd/service.h"
 
 #include <openssl/sha.h>

@@ -1,4 +1,4 @@
-// tests/integration/payments_itest.cc — CONTRACT.md, row by row, over real HTTP against real
+// tests/integration/payments_itest.cc — the HTTP contract (docs/openapi.yaml), row by row, over real HTTP against real
 // idemd and provider-sim processes. Charges are counted at the provider: nothing may be charged
 // twice.
 #include <signal.h>

@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <iostream>
+#include <limits>
 #include <map>
 #include <string>
 #include <vector>
@@ -195,14 +196,10 @@ int Inspect(const Args& a) {
 int Sweep(const Args& a) {
   auto opened = OpenFromConfig(a);
   if (!opened) return Fail(opened.error().message);
-  int total = 0;
-  while (true) {
-    auto n = opened->store->Sweep(limits::kSweepBatch);
-    if (!n) return Fail(n.error().message);
-    total += *n;
-    if (*n < limits::kSweepBatch) break;
-  }
-  std::cout << "swept " << total << " expired records\n";
+  // Everything that has expired, in the sweeper's batches.
+  auto swept = SweepExpired(*opened->store, std::numeric_limits<int>::max());
+  if (!swept) return Fail(swept.error().message);
+  std::cout << "swept " << *swept << " expired records\n";
   return 0;
 }
 
