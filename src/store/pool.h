@@ -90,7 +90,7 @@ class Lent {
   Lent(const Lent&) = delete;
   Lent& operator=(const Lent&) = delete;
   ~Lent() {
-    if (conn_ != nullptr) pool_->Release(conn_, conn_->broken());
+    if (conn_ != nullptr) pool_->Release(conn_, conn_->Broken());
   }
   Conn& operator*() const { return *conn_; }
   Conn* operator->() const { return conn_; }

@@ -99,14 +99,14 @@ class TxnSession : public SqlRunner {
 };
 
 // A TxnSession on a connection lent by a Pool: `Conn` is the backend's connection (a SqlRunner
-// with Script(sql) and broken()). Rolls back on destruction unless committed, on a connection
+// with Script(sql) and Broken()). Rolls back on destruction unless committed, on a connection
 // that still works.
 template <typename Conn>
 class LentSession : public TxnSession {
  public:
   explicit LentSession(Lent<Conn> conn) : conn_(std::move(conn)) {}
   ~LentSession() override {
-    if (open_ && !conn_->broken()) (void)conn_->Script("ROLLBACK");
+    if (open_ && !conn_->Broken()) (void)conn_->Script("ROLLBACK");
   }
 
   // Opens the transaction with `begin` ("BEGIN", "BEGIN IMMEDIATE").
@@ -126,7 +126,7 @@ class LentSession : public TxnSession {
   // connection broke, when the outcome is unknown: kDeadlineExceeded.
   Status CommitOnce() {
     Status s = conn_->Script("COMMIT");
-    if (!s && conn_->broken()) {
+    if (!s && conn_->Broken()) {
       open_ = false;
       return MakeError(Errc::kDeadlineExceeded,
                        "commit outcome unknown (connection lost): " + s.error().message);

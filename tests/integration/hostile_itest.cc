@@ -26,11 +26,11 @@ class RawConnection {
     connected_ = connect(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0;
   }
   ~RawConnection() { close(fd_); }
-  bool connected() const { return connected_; }
+  bool Connected() const { return connected_; }
   bool Send(std::string_view data) {
     return ::send(fd_, data.data(), data.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(data.size());
   }
-  // Everything the server sends until it closes or `timeout` passes; closed() tells which.
+  // Everything the server sends until it closes or `timeout` passes; Closed() tells which.
   std::string ReadAll(std::chrono::milliseconds timeout) {
     std::string out;
     const auto deadline = std::chrono::steady_clock::now() + timeout;
@@ -49,7 +49,7 @@ class RawConnection {
       out.append(buf, static_cast<std::size_t>(n));
     }
   }
-  bool closed() const { return closed_; }
+  bool Closed() const { return closed_; }
 
  private:
   int fd_;
@@ -59,11 +59,11 @@ class RawConnection {
 
 TEST_F(IdemdTest, SlowlorisIsCutOffWhileOthersAreServed) {
   RawConnection slow(idemd_url_.port);
-  ASSERT_TRUE(slow.connected());
+  ASSERT_TRUE(slow.Connected());
   ASSERT_TRUE(slow.Send("POST /v1/payments HTTP/1.1\r\nHost: x\r\n"));
   const auto started = std::chrono::steady_clock::now();
   std::thread dribble([&] {
-    for (int i = 0; i < 40 && !slow.closed(); ++i) {
+    for (int i = 0; i < 40 && !slow.Closed(); ++i) {
       if (!slow.Send("X-Slow: a\r\n")) break;
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
     }
@@ -72,7 +72,7 @@ TEST_F(IdemdTest, SlowlorisIsCutOffWhileOthersAreServed) {
   EXPECT_EQ(Pay("slowloris-order-1", Body("ORD-SL")).status, 201);
   slow.ReadAll(std::chrono::seconds(6));
   dribble.join();
-  EXPECT_TRUE(slow.closed()) << "the slow client must be disconnected";
+  EXPECT_TRUE(slow.Closed()) << "the slow client must be disconnected";
   EXPECT_LT(std::chrono::steady_clock::now() - started, std::chrono::seconds(4))
       << "within the read timeout (2 s in the test config)";
 }
@@ -90,7 +90,7 @@ TEST_F(IdemdTest, GarbageIsAnsweredWith400AndTheConnectionClosed) {
   const std::string answer = c.ReadAll(std::chrono::seconds(3));
   EXPECT_EQ(answer.rfind("HTTP/1.1 400", 0), 0u) << answer;
   EXPECT_NE(answer.find("urn:idem:problem:malformed-request"), std::string::npos);
-  EXPECT_TRUE(c.closed());
+  EXPECT_TRUE(c.Closed());
 }
 
 TEST_F(IdemdTest, OversizedHeadersAre431) {
@@ -148,7 +148,7 @@ TEST_F(IdemdTest, KeepAliveServesManyRequestsOnOneConnection) {
     ++count;
   }
   EXPECT_EQ(count, 5u);
-  EXPECT_FALSE(c.closed()) << "kept alive";
+  EXPECT_FALSE(c.Closed()) << "kept alive";
 }
 
 }  // namespace

@@ -1,6 +1,6 @@
-// tests/integration/payments_itest.cc — the HTTP contract (docs/openapi.yaml), row by row, over real HTTP against real
-// idemd and provider-sim processes. Charges are counted at the provider: nothing may be charged
-// twice.
+// tests/integration/payments_itest.cc — the HTTP contract (docs/openapi.yaml), row by row, over
+// real HTTP against real idemd and provider-sim processes. Charges are counted at the provider:
+// nothing may be charged twice.
 #include <signal.h>
 #include <sys/wait.h>
 

@@ -1,5 +1,6 @@
 // tools/provider_sim/main.cc — a downstream payment provider for tests, demos and benchmarks:
-// the provider calls idemd makes (docs/idemd.md), its own idempotency keys, and an admin API to inject faults.
+// the provider calls idemd makes (docs/idemd.md), its own idempotency keys, and an admin API to
+// inject faults.
 //
 //   POST /v1/charges               Idempotency-Key + {"amount","currency","reference"} → 201 | 402
 //   | 5xx GET  /v1/charges?reference=R   → 200 charge | 404 POST /admin/faults {"fault":

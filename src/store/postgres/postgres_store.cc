@@ -209,7 +209,7 @@ class Connection final : public SqlRunner {
   Connection(const Connection&) = delete;
   ~Connection() override { PQfinish(conn_); }
 
-  bool broken() const { return broken_ || PQstatus(conn_) != CONNECTION_OK; }
+  bool Broken() const { return broken_ || PQstatus(conn_) != CONNECTION_OK; }
 
   Result<std::vector<SqlRow>> Run(std::string_view sql, const std::vector<SqlValue>& params,
                                   int* changed) override {
@@ -272,7 +272,7 @@ class Connection final : public SqlRunner {
   }
 
   // The SQLSTATE of the last failure ("" if none or the connection broke).
-  const std::string& last_sqlstate() const { return sqlstate_; }
+  const std::string& LastSqlstate() const { return sqlstate_; }
 
  private:
   Error Fail(const PGresult* res, const char* what) {
@@ -347,7 +347,7 @@ class PostgresSession final : public store_internal::LentSession<Connection> {
     IDEM_RETURN_IF_ERROR(conn_->Script("SAVEPOINT idem_exec"));
     auto rows = conn_->Run(numbered, params, nullptr);
     if (!rows) {
-      if (!conn_->broken()) (void)conn_->Script("ROLLBACK TO SAVEPOINT idem_exec");
+      if (!conn_->Broken()) (void)conn_->Script("ROLLBACK TO SAVEPOINT idem_exec");
       return rows;
     }
     IDEM_RETURN_IF_ERROR(conn_->Script("RELEASE SAVEPOINT idem_exec"));
@@ -473,8 +473,8 @@ class PostgresStore final : public Store {
       // A read-only transaction makes the server refuse writes.
       IDEM_RETURN_IF_ERROR(c.Script("BEGIN READ ONLY"));
       auto rows = c.Run(numbered, params, nullptr);
-      if (!c.broken()) (void)c.Script(rows ? "COMMIT" : "ROLLBACK");
-      if (!rows && c.last_sqlstate() == "25006") {
+      if (!c.Broken()) (void)c.Script(rows ? "COMMIT" : "ROLLBACK");
+      if (!rows && c.LastSqlstate() == "25006") {
         return MakeError(Errc::kInvalidArgument, "query: statement is not read-only");
       }
       return rows;

@@ -25,7 +25,7 @@ using Reply = std::unique_ptr<redisReply, ReplyFree>;
 class RedisConn {
  public:
   explicit RedisConn(redisContext* c) : ctx_(c) {}
-  bool broken() const { return ctx_->err != 0; }
+  bool Broken() const { return ctx_->err != 0; }
   // A command with binary-safe arguments; nullptr on any failure, an error reply included (then
   // the connection may be broken, and the pool replaces it).
   Reply Command(const std::vector<std::string_view>& args);

@@ -91,7 +91,7 @@ class Connection final : public SqlRunner {
   }
 
   // SQLite connections do not break the way network connections do.
-  bool broken() const { return false; }
+  bool Broken() const { return false; }
 
   // Runs statements without parameters or results.
   Status Script(const std::string& sql) {
