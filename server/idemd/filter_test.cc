@@ -1,6 +1,6 @@
 // server/idemd/filter_test.cc — every decision of the idempotency filter, called directly (no
 // process, no socket): a scripted Operation in front of a real Engine on a SQLite file, with fake
-// clocks. Each test asserts the exact status, problem type and the headers CONTRACT.md requires.
+// clocks. Each test asserts the exact status, problem type and the headers docs/idemd.md requires.
 //
 // Only the tests that hold an execution inside Execute use a second thread; it blocks on latches,
 // never on time.
@@ -698,7 +698,7 @@ TEST_F(FilterTest, AFencedExecutorAnswersWithTheWinnersStoredAnswer) {
 }
 
 // A fenced executor whose winner is still running answers request-in-progress: a 409 for a running
-// key, which CONTRACT.md says carries Retry-After and Location: /v1/operations/{key}.
+// key, which docs/idemd.md says carries Retry-After and Location: /v1/operations/{key}.
 TEST_F(FilterTest, AFencedExecutorWhoseWinnerStillRunsAnswers409WithLocation) {
   op_.execute = [&](int n, Ticket&) {
     if (n == 1) {
