@@ -421,20 +421,30 @@ TEST_P(StoreContractTest, SweeperDeletesExpiredFinishedRecordsInBatchesOnly) {
       << "an unresolved PROCESSING record is the reconciler's, not the sweeper's";
 }
 
-TEST_P(StoreContractTest, ListStaleFindsExpiredLeasesOnly) {
+TEST_P(StoreContractTest, ListStaleFindsExpiredLeasesOfItsRouteOnly) {
   const ClaimSpec live = Spec("stale-live-key");
   const ClaimSpec stale = Spec("stale-old-key");
   const ClaimSpec done = Spec("stale-done-key");
+  // Older stale records of another route come first by lease, and must not crowd this one out.
+  ClaimSpec other = Spec("stale-other-route");
+  other.route = "orders.create";
+  other.scope = *Scope{"acme", "alice", other.route, "stale-other-route"}.Hash();
+  MustClaim(*store_, other);
+  env_.clock.Advance(Millis(1));
   MustClaim(*store_, stale);
   MustFinish(*store_, done, MustClaim(*store_, done).lease, Succeeded());
   env_.clock.Advance(kLease + Millis(1));
   MustClaim(*store_, live);
-  auto found = store_->ListStale(10);
+  auto found = store_->ListStale("payments.create", 1);
   ASSERT_TRUE(found.has_value()) << found.error().message;
   ASSERT_EQ(found->size(), 1u);
   EXPECT_EQ(found->at(0).scope, stale.scope);
   EXPECT_EQ(found->at(0).state, RecordState::kProcessing);
-  EXPECT_EQ(store_->ListStale(0)->size(), 0u);
+  auto others = store_->ListStale("orders.create", 10);
+  ASSERT_TRUE(others.has_value()) << others.error().message;
+  ASSERT_EQ(others->size(), 1u);
+  EXPECT_EQ(others->at(0).scope, other.scope);
+  EXPECT_EQ(store_->ListStale("payments.create", 0)->size(), 0u);
 }
 
 TEST_P(StoreContractTest, QueryReadsCommittedBusinessRowsAndRefusesWrites) {

@@ -131,10 +131,10 @@ class Engine {
   // Errors: kUnavailable, kDataLoss as above.
   Result<std::optional<FoundRecord>> Lookup(const ScopeHash& scope);
 
-  // Up to `limit` PROCESSING records whose lease has expired, oldest lease first (executions that
-  // crashed or stalled), for TakeOver. Errors: kUnavailable (store); kDataLoss (a record failed
-  // to decode).
-  Result<std::vector<Record>> ListStale(int limit);
+  // Up to `limit` PROCESSING records of `route` whose lease has expired, oldest lease first
+  // (executions that crashed or stalled), for TakeOver. Errors: kUnavailable (store); kDataLoss (a
+  // record failed to decode).
+  Result<std::vector<Record>> ListStale(std::string_view route, int limit);
 
   // Step 6: records progress before a side effect (e.g. "charge_sent"), in its own transaction
   // with optional business writes. Errors: kFenced if the lease was lost.

@@ -188,9 +188,10 @@ class Store {
   virtual Result<std::vector<SqlRow>> Query(std::string_view sql,
                                             const std::vector<SqlValue>& params = {}) = 0;
 
-  // Up to `limit` PROCESSING records whose lease has expired, oldest lease first: executions that
-  // crashed or stalled, for the reconciler to resolve.
-  virtual Result<std::vector<Record>> ListStale(int limit) = 0;
+  // Up to `limit` PROCESSING records of `route` whose lease has expired, oldest lease first:
+  // executions that crashed or stalled, for the reconciler to resolve. Per route, so the stale
+  // records of one route never crowd out another's.
+  virtual Result<std::vector<Record>> ListStale(std::string_view route, int limit) = 0;
 
   // Deletes up to `batch` finished records (not PROCESSING) whose expiry has passed, oldest
   // first, and returns how many it deleted. PROCESSING records are left to the reconciler, which

@@ -79,6 +79,16 @@ IdempotencyFilter::IdempotencyFilter(Engine& engine, MonotonicClock& monotonic, 
       policy_(std::move(policy)),
       operation_(operation) {}
 
+http::Response IdempotencyFilter::Accepted(std::string_view key, const std::string& location,
+                                           Timestamp expires) const {
+  http::Response response{
+      202, {}, "{\"key\":" + json::serialize(json::string(key)) + ",\"state\":\"PROCESSING\"}"};
+  response.headers.Set("Content-Type", "application/json");
+  response.headers.Set("Location", location);
+  AddExpires(response, expires);
+  return response;
+}
+
 void IdempotencyFilter::AddExpires(http::Response& response, Timestamp expires) const {
   response.headers.Set("Idempotency-Key-Expires", http::HttpDate(ToUnixMillis(expires)));
 }
@@ -152,21 +162,13 @@ http::Response IdempotencyFilter::Handle(const http::Request& request, const Pri
         return {};
       }
       count("in_progress");
-      http::Response response;
-      if (prefer.respond_async) {
-        response = http::Response{202,
-                                  {},
-                                  "{\"key\":" + json::serialize(json::string(decision->key)) +
-                                      ",\"state\":\"PROCESSING\"}"};
-        response.headers.Set("Content-Type", "application/json");
-      } else {
-        response = http::Problem(http::ProblemKind::kRequestInProgress,
-                                 "a request with this Idempotency-Key is still being processed",
-                                 {.retry_after_seconds = RetryAfterSeconds(decision->retry_after),
-                                  .key_expires = decision->key_expires});
-      }
+      if (prefer.respond_async) return Accepted(decision->key, location, decision->key_expires);
+      http::Response response =
+          http::Problem(http::ProblemKind::kRequestInProgress,
+                        "a request with this Idempotency-Key is still being processed",
+                        {.retry_after_seconds = RetryAfterSeconds(decision->retry_after),
+                         .key_expires = decision->key_expires});
       response.headers.Set("Location", location);
-      AddExpires(response, decision->key_expires);
       return response;
     }
     case Decision::Kind::kExecute:
@@ -177,34 +179,30 @@ http::Response IdempotencyFilter::Handle(const http::Request& request, const Pri
   if (prefer.respond_async) {
     count("accepted");
     auto notify = context.notify;
-    context.spawn([this, ticket = decision->ticket, request, principal, notify]() mutable {
-      (void)Run(std::move(ticket), request, principal, notify);
-    });
-    http::Response response{
-        202,
-        {},
-        "{\"key\":" + json::serialize(json::string(decision->key)) + ",\"state\":\"PROCESSING\"}"};
-    response.headers.Set("Content-Type", "application/json");
-    response.headers.Set("Location", location);
-    AddExpires(response, decision->key_expires);
-    return response;
+    context.spawn(
+        [this, ticket = decision->ticket, request, principal, notify, location]() mutable {
+          (void)Run(std::move(ticket), request, principal, location, notify);
+        });
+    return Accepted(decision->key, location, decision->key_expires);
   }
   count("executed");
-  http::Response response = Run(std::move(decision->ticket), request, principal, context.notify);
+  http::Response response =
+      Run(std::move(decision->ticket), request, principal, location, context.notify);
   AddExpires(response, decision->key_expires);
   return response;
 }
 
 http::Response IdempotencyFilter::Run(Ticket ticket, const http::Request& request,
-                                      const Principal& principal,
+                                      const Principal& principal, const std::string& location,
                                       const std::function<void(const std::string&)>& notify) {
   Execution execution = operation_.Execute(ticket, request, principal, engine_);
-  http::Response response = Finish(ticket, std::move(execution));
+  http::Response response = Finish(ticket, std::move(execution), location);
   if (notify) notify(ScopeKey(ticket.scope));
   return response;
 }
 
-http::Response IdempotencyFilter::Finish(Ticket& ticket, Execution execution) {
+http::Response IdempotencyFilter::Finish(Ticket& ticket, Execution execution,
+                                         const std::string& location) {
   if (execution.outcome_unknown) {
     // Nobody knows whether the downstream acted: keep the record PROCESSING, free the lease.
     (void)engine_.Release(ticket);
@@ -227,9 +225,12 @@ http::Response IdempotencyFilter::Finish(Ticket& ticket, Execution execution) {
       // Another executor took over and owns the outcome: answer with its result when it has one.
       metrics_.CountFenced();
       if (auto replay = StoredAnswer(ticket.scope)) return std::move(*replay);
-      return http::Problem(http::ProblemKind::kRequestInProgress,
-                           "this execution lost its lease to another; retry to get its result",
-                           {.key_expires = ticket.record.expires_at});
+      http::Response r =
+          http::Problem(http::ProblemKind::kRequestInProgress,
+                        "this execution lost its lease to another; retry to get its result",
+                        {.key_expires = ticket.record.expires_at});
+      if (!location.empty()) r.headers.Set("Location", location);
+      return r;
     }
     return http::ProblemFor(finished.error());
   }
@@ -278,17 +279,16 @@ http::Response IdempotencyFilter::GetOperation(std::string_view key, const Princ
 
 int IdempotencyFilter::ReconcileOnce(int limit,
                                      const std::function<void(const std::string&)>& notify) {
-  auto stale = engine_.ListStale(limit);
+  auto stale = engine_.ListStale(policy_.route.route, limit);
   if (!stale) return 0;
   int resolved = 0;
   for (const Record& record : *stale) {
-    if (record.route != policy_.route.route) continue;
     auto ticket = engine_.TakeOver(policy_.route, record);
     if (!ticket) continue;  // another instance or a retry got there first
     metrics_.CountTakeover();
     Execution execution = operation_.Reconcile(*ticket, engine_);
     const bool unknown = execution.outcome_unknown;
-    (void)Finish(*ticket, std::move(execution));
+    (void)Finish(*ticket, std::move(execution), /*location=*/{});  // nobody waits for this answer
     metrics_.CountReconciled(unknown ? "unknown" : "resolved");
     if (!unknown) ++resolved;
     if (notify) notify(ScopeKey(record.scope));

@@ -84,10 +84,15 @@ class IdempotencyFilter {
   const FilterPolicy& policy() const { return policy_; }
 
  private:
+  // `location`: the operation's URL, for answers that tell a client to come back.
   http::Response Run(Ticket ticket, const http::Request& request, const Principal& principal,
+                     const std::string& location,
                      const std::function<void(const std::string&)>& notify);
-  http::Response Finish(Ticket& ticket, Execution execution);
+  http::Response Finish(Ticket& ticket, Execution execution, const std::string& location);
   void AddExpires(http::Response& response, Timestamp expires) const;
+  // 202 Accepted for an operation that runs on: its key, state and Location.
+  http::Response Accepted(std::string_view key, const std::string& location,
+                          Timestamp expires) const;
   // The stored answer of a finished record, as a replay; nullopt if it is not finished.
   std::optional<http::Response> StoredAnswer(const ScopeHash& scope);
 

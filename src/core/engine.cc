@@ -242,7 +242,9 @@ Result<std::optional<FoundRecord>> Engine::Lookup(const ScopeHash& scope) {
   return std::optional<FoundRecord>(std::move(found));
 }
 
-Result<std::vector<Record>> Engine::ListStale(int limit) { return store_.ListStale(limit); }
+Result<std::vector<Record>> Engine::ListStale(std::string_view route, int limit) {
+  return store_.ListStale(route, limit);
+}
 
 Status Engine::Advance(const Ticket& ticket, std::string_view point, std::string_view resource_id,
                        const TxnHook& business) {
@@ -263,7 +265,9 @@ Status Engine::Renew(const RoutePolicy& policy, Ticket& ticket) {
 
 Status Engine::Release(Ticket& ticket) {
   IDEM_ASSIGN_OR_RETURN(std::unique_ptr<StoreTxn> txn, store_.Begin());
-  IDEM_ASSIGN_OR_RETURN(Lease released, txn->Renew(ticket.scope, ticket.lease, Millis(0)));
+  // A lease is live while lease.until >= now, and a takeover needs lease_until < now: a released
+  // lease ends one millisecond ago, so the next attempt may take over in this very millisecond.
+  IDEM_ASSIGN_OR_RETURN(Lease released, txn->Renew(ticket.scope, ticket.lease, Millis(-1)));
   IDEM_RETURN_IF_ERROR(txn->Commit());
   ReleaseMarker(ticket.scope, ticket.marker);  // the next attempt must reach the database
   ticket.marker.reset();

@@ -359,7 +359,7 @@ TEST_F(EngineTest, ReleaseLetsTheNextAttemptTakeOverAtOnce) {
 TEST_F(EngineTest, TakeOverClaimsAStaleRecordOnce) {
   Decision d = MustStart(Req("key-00014"), InsertPending("pay_14"));
   clock_.Advance(kLease + Millis(1));
-  auto stale = engine_->ListStale(10);
+  auto stale = engine_->ListStale(policy_.route, 10);
   ASSERT_TRUE(stale.has_value());
   ASSERT_EQ(stale->size(), 1u);
   auto ticket = engine_->TakeOver(policy_, stale->at(0));
@@ -480,7 +480,9 @@ class MisroutingStore final : public Store {
                                     const std::vector<SqlValue>& params) override {
     return inner_.Query(sql, params);
   }
-  Result<std::vector<Record>> ListStale(int limit) override { return inner_.ListStale(limit); }
+  Result<std::vector<Record>> ListStale(std::string_view route, int limit) override {
+    return inner_.ListStale(route, limit);
+  }
   Result<int> Sweep(int batch) override { return inner_.Sweep(batch); }
 
  private:

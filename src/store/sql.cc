@@ -46,10 +46,11 @@ CREATE TABLE idem_records (
 CREATE INDEX idem_records_quota ON idem_records (tenant, user_id, state);
 CREATE INDEX idem_records_expiry ON idem_records (expires_at);
 )sql"},
-      // The reconciler's scan of expired leases. PostgreSQL stores made before the schema had one
-      // text already have this index (IF NOT EXISTS).
+      // The reconciler's scan of one route's expired leases. PostgreSQL stores made before the
+      // schema had one text have an index on lease_until alone, which this replaces.
       {2, R"sql(
-CREATE INDEX IF NOT EXISTS idem_records_stale ON idem_records (lease_until)
+DROP INDEX IF EXISTS idem_records_stale;
+CREATE INDEX idem_records_stale_by_route ON idem_records (route, lease_until)
   WHERE state = 'PROCESSING';
 )sql"},
   };
@@ -308,8 +309,8 @@ RecordSql::RecordSql(const Dialect& d) : dialect(d) {
                        "SELECT count(*) FROM (SELECT 1 FROM idem_records WHERE tenant = ? AND "
                        "user_id = ? AND state = ? LIMIT ?) AS bounded");
   list_stale = Render(d, "SELECT " + columns +
-                             " FROM idem_records WHERE state = 'PROCESSING' AND lease_until < ? "
-                             "ORDER BY lease_until LIMIT ?");
+                             " FROM idem_records WHERE state = 'PROCESSING' AND route = ? AND "
+                             "lease_until < ? ORDER BY lease_until LIMIT ?");
   sweep = Render(d,
                  "DELETE FROM idem_records WHERE scope_hash IN (SELECT scope_hash FROM "
                  "idem_records WHERE expires_at <= ? AND state <> 'PROCESSING' ORDER BY "
@@ -450,10 +451,11 @@ Result<std::optional<Record>> GetRecord(SqlRunner& conn, const RecordSql& sql,
   return std::optional<Record>(std::move(r));
 }
 
-Result<std::vector<Record>> ListStaleRecords(SqlRunner& conn, const RecordSql& sql, Timestamp now,
-                                             int limit) {
-  IDEM_ASSIGN_OR_RETURN(auto rows,
-                        conn.Run(sql.list_stale, {ToUnixMillis(now), int64_t{limit}}, nullptr));
+Result<std::vector<Record>> ListStaleRecords(SqlRunner& conn, const RecordSql& sql,
+                                             std::string_view route, Timestamp now, int limit) {
+  IDEM_ASSIGN_OR_RETURN(
+      auto rows,
+      conn.Run(sql.list_stale, {std::string(route), ToUnixMillis(now), int64_t{limit}}, nullptr));
   return Records(rows);
 }
 

@@ -175,8 +175,8 @@ class SqlTxn final : public StoreTxn {
 // Store-level reads and deletes outside a write transaction, on any connection.
 Result<std::optional<Record>> GetRecord(SqlRunner& conn, const RecordSql& sql,
                                         const ScopeHash& scope);
-Result<std::vector<Record>> ListStaleRecords(SqlRunner& conn, const RecordSql& sql, Timestamp now,
-                                             int limit);
+Result<std::vector<Record>> ListStaleRecords(SqlRunner& conn, const RecordSql& sql,
+                                             std::string_view route, Timestamp now, int limit);
 // One atomic statement: deletes up to `batch` expired finished records, returns how many.
 Result<int> SweepRecords(SqlRunner& conn, const RecordSql& sql, Timestamp now, int batch);
 

@@ -481,9 +481,9 @@ class PostgresStore final : public Store {
     });
   }
 
-  Result<std::vector<Record>> ListStale(int limit) override {
+  Result<std::vector<Record>> ListStale(std::string_view route, int limit) override {
     return Retrying([&](Connection& c) {
-      return store_internal::ListStaleRecords(c, Sql(), clock_.Now(), limit);
+      return store_internal::ListStaleRecords(c, Sql(), route, clock_.Now(), limit);
     });
   }
 

@@ -145,7 +145,9 @@ class RedisCachedStore final : public Store {
                                     const std::vector<SqlValue>& params) override {
     return inner_->Query(sql, params);
   }
-  Result<std::vector<Record>> ListStale(int limit) override { return inner_->ListStale(limit); }
+  Result<std::vector<Record>> ListStale(std::string_view route, int limit) override {
+    return inner_->ListStale(route, limit);
+  }
   Result<int> Sweep(int batch) override { return inner_->Sweep(batch); }
   Result<std::unique_ptr<Subscription>> SubscribeFinished(
       std::function<void(const ScopeHash&)> on_finished) override {

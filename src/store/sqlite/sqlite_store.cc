@@ -265,9 +265,9 @@ class SqliteStore final : public Store {
     return conn->Step(stmt, params, nullptr);
   }
 
-  Result<std::vector<Record>> ListStale(int limit) override {
+  Result<std::vector<Record>> ListStale(std::string_view route, int limit) override {
     IDEM_ASSIGN_OR_RETURN(PooledConnection conn, Lend(*readers_));
-    return store_internal::ListStaleRecords(*conn, Sql(), clock_.Now(), limit);
+    return store_internal::ListStaleRecords(*conn, Sql(), route, clock_.Now(), limit);
   }
 
   Result<int> Sweep(int batch) override {

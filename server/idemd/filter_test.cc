@@ -1,0 +1,878 @@
+// server/idemd/filter_test.cc — every decision of the idempotency filter, called directly (no
+// process, no socket): a scripted Operation in front of a real Engine on a SQLite file, with fake
+// clocks. Each test asserts the exact status, problem type and the headers docs/idemd.md requires.
+//
+// Only the tests that hold an execution inside Execute use a second thread; it blocks on latches,
+// never on time.
+#include "server/idemd/filter.h"
+
+#include <gtest/gtest.h>
+
+#include <boost/json.hpp>
+#include <functional>
+#include <latch>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "include/idem/store/sqlite.h"
+#include "server/http/problem.h"
+#include "testing/fakes.h"
+
+namespace idem::idemd {
+namespace {
+
+namespace json = boost::json;
+using std::chrono::milliseconds;
+
+constexpr Millis kLease{10000};
+constexpr Millis kRetention{24LL * 3600 * 1000};
+constexpr Millis kWaitMax{10000};
+constexpr std::string_view kRoute = "things.create";
+constexpr std::string_view kBody = R"({"amount":"1.00"})";
+const Principal kAlice{"acme", "alice"};
+const Principal kBob{"acme", "bob"};
+
+std::string TypeOf(const http::Response& r) {
+  boost::system::error_code ec;
+  const json::value v = json::parse(r.body, ec);
+  if (ec || !v.is_object() || !v.as_object().contains("type")) return "<no problem type>";
+  return std::string(v.at("type").as_string());
+}
+
+std::string HeaderOf(const http::Response& r, std::string_view name) {
+  return std::string(r.headers.Get(name).value_or("<absent>"));
+}
+
+// The answer of the n-th execution: 201 with a body that names it, a Location and Content-Type
+// (stored with the answer) and X-Trace (not stored).
+Execution Answer(int status, int n) {
+  Execution e;
+  e.response.status = status;
+  e.response.headers.Set("Content-Type", "application/json");
+  e.response.headers.Set("Location", "/v1/things/" + std::to_string(n));
+  e.response.headers.Set("X-Trace", "t" + std::to_string(n));
+  e.response.body = R"({"n":)" + std::to_string(n) + "}";
+  return e;
+}
+
+// An Operation the test scripts. Validate answers `refusal`; OnClaim fixes the resource id
+// ("thing_<claim>") and advances to "claimed" once per operation; Execute and Reconcile answer
+// through the hooks, by default Answer(201, n) for the n-th execution. Counts every call and keeps
+// what each execution's ticket said. The hooks are set before requests start; the rest is
+// thread-safe.
+class FakeOperation final : public Operation {
+ public:
+  std::optional<http::Response> refusal;
+  std::function<Execution(int n, Ticket& ticket)> execute;
+  std::function<Execution(Ticket& ticket)> reconcile;
+
+  std::optional<http::Response> Validate(const http::Request&, const Principal&) override {
+    std::lock_guard lock(mu_);
+    ++validated_;
+    return refusal;
+  }
+  Status OnClaim(StoreTxn& txn, const Record& record, const http::Request&,
+                 const Principal&) override {
+    int n;
+    {
+      std::lock_guard lock(mu_);
+      n = ++claimed_;
+    }
+    if (!record.resource_id.empty()) return Ok();
+    return txn.Advance(record.scope, record.lease, "claimed", "thing_" + std::to_string(n));
+  }
+  Execution Execute(Ticket& ticket, const http::Request&, const Principal&, Engine&) override {
+    int n;
+    {
+      std::lock_guard lock(mu_);
+      n = ++executed_;
+      executions_.push_back(ticket);
+    }
+    return execute ? execute(n, ticket) : Answer(201, n);
+  }
+  Execution Reconcile(Ticket& ticket, Engine&) override {
+    {
+      std::lock_guard lock(mu_);
+      reconciled_.push_back(ticket);
+    }
+    return reconcile ? reconcile(ticket) : Answer(201, 99);
+  }
+
+  int validated() {
+    std::lock_guard lock(mu_);
+    return validated_;
+  }
+  int claimed() {
+    std::lock_guard lock(mu_);
+    return claimed_;
+  }
+  int executed() {
+    std::lock_guard lock(mu_);
+    return executed_;
+  }
+  // The ticket each execution (or reconciliation) started with, in order.
+  std::vector<Ticket> executions() {
+    std::lock_guard lock(mu_);
+    return executions_;
+  }
+  std::vector<Ticket> reconciled() {
+    std::lock_guard lock(mu_);
+    return reconciled_;
+  }
+
+ private:
+  std::mutex mu_;
+  int validated_ = 0;
+  int claimed_ = 0;
+  int executed_ = 0;
+  std::vector<Ticket> executions_;
+  std::vector<Ticket> reconciled_;
+};
+
+class FilterTest : public ::testing::Test {
+ protected:
+  FilterTest() {
+    SqliteStoreOptions options;
+    options.path = dir_.File("idem.db");
+    store_ = std::move(*OpenSqliteStore(options, clock_, random_));
+    fingerprinter_ = std::move(*Fingerprinter::Create({{1, std::string(32, 'h')}}, 1));
+    sealer_ = std::move(*Sealer::Create({{1, std::string(32, 's')}}, 1, random_));
+    engine_ = std::make_unique<Engine>(*store_, *fingerprinter_, *sealer_, clock_);
+
+    policy_.route.route = kRoute;
+    policy_.route.rules.money_fields = {"amount"};
+    policy_.route.lease = kLease;
+    policy_.route.retention = kRetention;
+    policy_.route.retry_after = Millis(5000);
+    policy_.failures.final_statuses = {402};
+    policy_.failures.retryable_statuses = {503};
+    policy_.wait_max = kWaitMax;
+    policy_.route_label = kRoute;
+    policy_.operations_prefix = "/v1/operations/";
+  }
+
+  ~FilterTest() override {
+    // A failed assertion must not leave the blocked execution waiting for ever.
+    if (runner_.joinable()) {
+      if (!released_) release_.count_down();
+      runner_.join();
+    }
+  }
+
+  // The filter, made on first use so a test may change policy_ before.
+  IdempotencyFilter& filter() {
+    if (!filter_) {
+      filter_ = std::make_unique<IdempotencyFilter>(*engine_, monotonic_, metrics_, policy_, op_);
+    }
+    return *filter_;
+  }
+
+  static http::Request Post(std::string_view key, std::string_view body = kBody) {
+    http::Request r;
+    r.method = "POST";
+    r.target = "/v1/things";
+    r.headers.Add("Idempotency-Key", key);
+    r.headers.Add("Content-Type", "application/json");
+    r.body = std::string(body);
+    return r;
+  }
+  static http::Request Prefer(http::Request r, std::string_view preference) {
+    r.headers.Add("Prefer", preference);
+    return r;
+  }
+
+  // A context like the server's: spawned tasks are kept for the test to run, notifications are
+  // recorded.
+  http::RequestContext Context() {
+    http::RequestContext context;
+    context.spawn = [this](std::function<void()> task) {
+      std::lock_guard lock(mu_);
+      spawned_.push_back(std::move(task));
+    };
+    context.notify = [this](const std::string& key) {
+      std::lock_guard lock(mu_);
+      notified_.push_back(key);
+    };
+    return context;
+  }
+
+  http::Response Handle(const http::Request& request, const Principal& who = kAlice) {
+    http::RequestContext context = Context();
+    return filter().Handle(request, who, context);
+  }
+
+  // Runs `request` on a thread and returns once its (first) execution is inside Execute, where it
+  // waits until Release().
+  void StartBlocked(http::Request request) {
+    op_.execute = [this](int n, Ticket&) {
+      if (n == 1) {
+        entered_.count_down();
+        release_.wait();
+      }
+      return Answer(201, n);
+    };
+    filter();
+    runner_ = std::thread([this, request = std::move(request)] {
+      http::RequestContext context = Context();
+      blocked_answer_ = filter().Handle(request, kAlice, context);
+    });
+    entered_.wait();
+  }
+  // Lets the blocked execution finish and returns its answer.
+  http::Response Release() {
+    released_ = true;
+    release_.count_down();
+    runner_.join();
+    return blocked_answer_;
+  }
+
+  ScopeHash ScopeOf(std::string_view key, const Principal& who = kAlice,
+                    std::string_view route = kRoute) {
+    return *Scope{who.tenant, who.user, std::string(route), std::string(key)}.Hash();
+  }
+  std::optional<FoundRecord> Found(std::string_view key, const Principal& who = kAlice) {
+    auto found = engine_->Lookup(who, policy_.route, key);
+    EXPECT_TRUE(found.has_value()) << found.error().message;
+    return found ? *found : std::nullopt;
+  }
+  int64_t Records() {
+    auto rows = store_->Query("SELECT count(*) FROM idem_records");
+    EXPECT_TRUE(rows.has_value());
+    return rows ? std::get<int64_t>(rows->at(0).at(0)) : -1;
+  }
+  // Idempotency-Key-Expires of a record created at `created`.
+  static std::string ExpiresFor(Timestamp created) {
+    return http::HttpDate(ToUnixMillis(created + kRetention));
+  }
+  // The value of one metric series (name and labels as rendered); 0 when not rendered.
+  int64_t Metric(const std::string& series) {
+    const std::string text = metrics_.Render();
+    const std::size_t at = text.find("\n" + series + " ");
+    if (at == std::string::npos) return 0;
+    return std::stoll(text.substr(at + series.size() + 2));
+  }
+  int64_t Requests(const std::string& outcome) {
+    return Metric("idem_requests_total{route=\"" + std::string(kRoute) + "\",outcome=\"" + outcome +
+                  "\"}");
+  }
+  std::vector<std::string> notified() {
+    std::lock_guard lock(mu_);
+    return notified_;
+  }
+
+  testing::TempDir dir_;
+  testing::FakeClock clock_;
+  testing::FakeMonotonicClock monotonic_;
+  testing::SeededRandom random_{7};
+  const Timestamp t0_ = clock_.Now();
+  std::unique_ptr<Store> store_;
+  std::unique_ptr<Fingerprinter> fingerprinter_;
+  std::unique_ptr<Sealer> sealer_;
+  std::unique_ptr<Engine> engine_;
+  Metrics metrics_;
+  FilterPolicy policy_;
+  FakeOperation op_;
+  std::unique_ptr<IdempotencyFilter> filter_;
+
+  std::mutex mu_;
+  std::vector<std::function<void()>> spawned_;
+  std::vector<std::string> notified_;
+
+  std::latch entered_{1};
+  std::latch release_{1};
+  bool released_ = false;
+  std::thread runner_;
+  http::Response blocked_answer_;
+};
+
+TEST(FailurePolicyTest, Classifies2xxThenTheListsThenTheStatusClass) {
+  FailurePolicy policy;
+  policy.final_statuses = {402, 501};
+  policy.retryable_statuses = {409, 503};
+  EXPECT_EQ(policy.Classify(200), RecordState::kSucceeded);
+  EXPECT_EQ(policy.Classify(201), RecordState::kSucceeded);
+  EXPECT_EQ(policy.Classify(204), RecordState::kSucceeded);
+  EXPECT_EQ(policy.Classify(402), RecordState::kFailedFinal);
+  EXPECT_EQ(policy.Classify(501), RecordState::kFailedFinal) << "listed final beats 5xx";
+  EXPECT_EQ(policy.Classify(409), RecordState::kFailedRetryable) << "listed retryable beats 4xx";
+  EXPECT_EQ(policy.Classify(503), RecordState::kFailedRetryable);
+  EXPECT_EQ(policy.Classify(400), RecordState::kFailedFinal) << "any other 4xx";
+  EXPECT_EQ(policy.Classify(500), RecordState::kFailedRetryable) << "any other 5xx";
+}
+
+TEST_F(FilterTest, ARefusalFromValidateEndsTheRequestAndLeavesNoRecord) {
+  op_.refusal = http::Problem(http::ProblemKind::kUnsupportedMediaType, "send JSON");
+  http::RequestContext context = Context();
+  const http::Response r = filter().Handle(Post("key-00000001"), kAlice, context);
+
+  EXPECT_EQ(r.status, 415);
+  EXPECT_EQ(TypeOf(r), "urn:idem:problem:unsupported-media-type");
+  EXPECT_EQ(HeaderOf(r, "Idempotency-Key-Expires"), "<absent>");
+  EXPECT_EQ(op_.validated(), 1);
+  EXPECT_EQ(op_.claimed(), 0);
+  EXPECT_EQ(op_.executed(), 0);
+  EXPECT_FALSE(Found("key-00000001").has_value());
+  EXPECT_EQ(Records(), 0);
+  EXPECT_EQ(context.route, kRoute);
+  EXPECT_EQ(context.outcome, "invalid");
+  EXPECT_EQ(Requests("invalid"), 1);
+}
+
+TEST_F(FilterTest, AMissingKeyIs400AndLeavesNoRecord) {
+  http::Request request = Post("unused-key");
+  request.headers.fields.clear();
+  request.headers.Add("Content-Type", "application/json");
+  http::RequestContext context = Context();
+  const http::Response r = filter().Handle(request, kAlice, context);
+
+  EXPECT_EQ(r.status, 400);
+  EXPECT_EQ(TypeOf(r), "urn:idem:problem:invalid-request");
+  EXPECT_EQ(op_.claimed(), 0);
+  EXPECT_EQ(op_.executed(), 0);
+  EXPECT_EQ(Records(), 0);
+  EXPECT_EQ(context.outcome, "invalid");
+}
+
+TEST_F(FilterTest, AMalformedKeyIs400AndLeavesNoRecord) {
+  for (std::string_view key :
+       {"short", "has space inside", "\"unterminated-key", "key/with/slash"}) {
+    SCOPED_TRACE(key);
+    const http::Response r = Handle(Post(key));
+    EXPECT_EQ(r.status, 400);
+    EXPECT_EQ(TypeOf(r), "urn:idem:problem:invalid-request");
+  }
+  EXPECT_EQ(op_.claimed(), 0);
+  EXPECT_EQ(op_.executed(), 0);
+  EXPECT_EQ(Records(), 0);
+  EXPECT_EQ(Requests("invalid"), 4);
+}
+
+TEST_F(FilterTest, TwoKeyHeadersAre400AndLeaveNoRecord) {
+  http::Request request = Post("key-00000001");
+  request.headers.Add("Idempotency-Key", "key-00000002");
+  http::RequestContext context = Context();
+  const http::Response r = filter().Handle(request, kAlice, context);
+
+  EXPECT_EQ(r.status, 400);
+  EXPECT_EQ(TypeOf(r), "urn:idem:problem:invalid-request");
+  EXPECT_EQ(op_.executed(), 0);
+  EXPECT_FALSE(Found("key-00000001").has_value());
+  EXPECT_FALSE(Found("key-00000002").has_value());
+  EXPECT_EQ(Records(), 0);
+  EXPECT_EQ(context.outcome, "invalid");
+}
+
+TEST_F(FilterTest, TheFirstRequestExecutesOnceAndTheRetryReplaysItsAnswer) {
+  http::RequestContext context = Context();
+  const http::Response first = filter().Handle(Post("key-00000001"), kAlice, context);
+  ASSERT_EQ(first.status, 201);
+  EXPECT_EQ(first.body, R"({"n":1})");
+  EXPECT_EQ(HeaderOf(first, "Location"), "/v1/things/1");
+  EXPECT_EQ(HeaderOf(first, "Idempotency-Key-Expires"), ExpiresFor(t0_));
+  EXPECT_EQ(HeaderOf(first, "Idempotent-Replayed"), "<absent>");
+  EXPECT_EQ(context.outcome, "executed");
+  ASSERT_EQ(op_.executions().size(), 1u);
+  EXPECT_FALSE(op_.executions()[0].resumed);
+  EXPECT_EQ(op_.executions()[0].record.resource_id, "thing_1");
+  EXPECT_EQ(notified(), std::vector<std::string>{ToHex(ScopeOf("key-00000001"))});
+
+  clock_.Advance(Millis(60000));
+  // The same request, the key written as an sf-string: a retry.
+  context = Context();
+  const http::Response again = filter().Handle(Post("\"key-00000001\""), kAlice, context);
+  EXPECT_EQ(again.status, 201);
+  EXPECT_EQ(again.body, first.body);
+  EXPECT_EQ(HeaderOf(again, "Idempotent-Replayed"), "true");
+  EXPECT_EQ(HeaderOf(again, "Location"), "/v1/things/1");
+  EXPECT_EQ(HeaderOf(again, "Content-Type"), "application/json");
+  EXPECT_EQ(HeaderOf(again, "X-Trace"), "<absent>") << "only the policy's stored_headers replay";
+  EXPECT_EQ(HeaderOf(again, "Idempotency-Key-Expires"), ExpiresFor(t0_));
+  EXPECT_EQ(context.outcome, "replayed");
+  EXPECT_EQ(op_.executed(), 1);
+  EXPECT_EQ(op_.claimed(), 1) << "a replay claims nothing";
+  EXPECT_EQ(Requests("executed"), 1);
+  EXPECT_EQ(Requests("replayed"), 1);
+}
+
+TEST_F(FilterTest, TheSameKeyWithADifferentBodyIs422) {
+  ASSERT_EQ(Handle(Post("key-00000001")).status, 201);
+  http::RequestContext context = Context();
+  const http::Response r =
+      filter().Handle(Post("key-00000001", R"({"amount":"2.00"})"), kAlice, context);
+
+  EXPECT_EQ(r.status, 422);
+  EXPECT_EQ(TypeOf(r), "urn:idem:problem:idempotency-key-reused");
+  EXPECT_EQ(HeaderOf(r, "Idempotent-Replayed"), "<absent>");
+  EXPECT_EQ(op_.executed(), 1);
+  EXPECT_EQ(context.outcome, "mismatch");
+  // The same key of another principal is another record: no mismatch.
+  EXPECT_EQ(Handle(Post("key-00000001", R"({"amount":"2.00"})"), kBob).status, 201);
+}
+
+TEST_F(FilterTest, ADuplicateWhileTheFirstRunsIs409WithRetryAfterAndLocation) {
+  StartBlocked(Post("key-00000001"));
+  // 2.5 s of the lease left: Retry-After rounds up to 3 (the policy allows up to 5).
+  clock_.Advance(Millis(7500));
+  http::RequestContext context = Context();
+  const http::Response r = filter().Handle(Post("\"key-00000001\""), kAlice, context);
+
+  EXPECT_EQ(r.status, 409);
+  EXPECT_EQ(TypeOf(r), "urn:idem:problem:request-in-progress");
+  EXPECT_EQ(HeaderOf(r, "Retry-After"), "3");
+  EXPECT_EQ(HeaderOf(r, "Location"), "/v1/operations/key-00000001");
+  EXPECT_EQ(HeaderOf(r, "Idempotency-Key-Expires"), ExpiresFor(t0_));
+  EXPECT_EQ(context.outcome, "in_progress");
+  EXPECT_FALSE(context.park.has_value());
+  EXPECT_EQ(op_.executed(), 1) << "the duplicate must not execute";
+
+  EXPECT_EQ(Release().status, 201);
+  EXPECT_EQ(op_.executed(), 1);
+}
+
+TEST_F(FilterTest, ADuplicateWhileTheFirstRunsWithRespondAsyncIs202) {
+  StartBlocked(Post("key-00000001"));
+  http::RequestContext context = Context();
+  const http::Response r =
+      filter().Handle(Prefer(Post("key-00000001"), "respond-async"), kAlice, context);
+
+  EXPECT_EQ(r.status, 202);
+  EXPECT_EQ(r.body, R"({"key":"key-00000001","state":"PROCESSING"})");
+  EXPECT_EQ(HeaderOf(r, "Content-Type"), "application/json");
+  EXPECT_EQ(HeaderOf(r, "Location"), "/v1/operations/key-00000001");
+  EXPECT_EQ(HeaderOf(r, "Idempotency-Key-Expires"), ExpiresFor(t0_));
+  EXPECT_EQ(context.outcome, "in_progress");
+  EXPECT_TRUE(spawned_.empty()) << "a duplicate spawns no work";
+  EXPECT_EQ(Release().status, 201);
+  EXPECT_EQ(op_.executed(), 1);
+}
+
+TEST_F(FilterTest, PreferWaitParksUntilMinOfNAndWaitMaxThenAnswers409) {
+  StartBlocked(Post("key-00000001"));
+  const std::string scope_key = ToHex(ScopeOf("key-00000001"));
+
+  // wait=3 is under wait_max: the deadline is now + 3 s on the injected monotonic clock.
+  const SteadyTime start = monotonic_.Now();
+  http::RequestContext context = Context();
+  const http::Request waiting = Prefer(Post("key-00000001"), "wait=3");
+  (void)filter().Handle(waiting, kAlice, context);
+  ASSERT_TRUE(context.park.has_value());
+  EXPECT_EQ(context.park->key, scope_key);
+  EXPECT_EQ(context.park->deadline, start + milliseconds(3000));
+  EXPECT_EQ(context.outcome, "") << "a parked request has no outcome yet";
+
+  // Woken early (a poll), still running: parks again with the same deadline.
+  monotonic_.Advance(milliseconds(1000));
+  context.park.reset();
+  context.attempt = 2;
+  (void)filter().Handle(waiting, kAlice, context);
+  ASSERT_TRUE(context.park.has_value());
+  EXPECT_EQ(context.park->deadline, start + milliseconds(3000));
+
+  // At the deadline: the answer a request without Prefer gets.
+  monotonic_.Advance(milliseconds(2000));
+  context.park.reset();
+  context.attempt = 3;
+  const http::Response r = filter().Handle(waiting, kAlice, context);
+  EXPECT_FALSE(context.park.has_value());
+  EXPECT_EQ(r.status, 409);
+  EXPECT_EQ(TypeOf(r), "urn:idem:problem:request-in-progress");
+  EXPECT_EQ(HeaderOf(r, "Retry-After"), "5");
+  EXPECT_EQ(HeaderOf(r, "Location"), "/v1/operations/key-00000001");
+  EXPECT_EQ(context.outcome, "in_progress");
+
+  // wait=60 is over wait_max (10 s): capped.
+  http::RequestContext capped = Context();
+  (void)filter().Handle(Prefer(Post("key-00000001"), "wait=60"), kAlice, capped);
+  ASSERT_TRUE(capped.park.has_value());
+  EXPECT_EQ(capped.park->deadline, monotonic_.Now() + kWaitMax);
+
+  EXPECT_EQ(Release().status, 201);
+  EXPECT_EQ(op_.executed(), 1);
+}
+
+TEST_F(FilterTest, AParkedDuplicateGetsTheReplayOnceTheFirstFinishes) {
+  StartBlocked(Post("key-00000001"));
+  http::RequestContext context = Context();
+  const http::Request waiting = Prefer(Post("key-00000001"), "wait=5");
+  (void)filter().Handle(waiting, kAlice, context);
+  ASSERT_TRUE(context.park.has_value());
+
+  const http::Response first = Release();
+  ASSERT_EQ(first.status, 201);
+  // The completion notifies the parked request's key; it calls Handle again before its deadline.
+  EXPECT_EQ(notified(), std::vector<std::string>{context.park->key});
+  context.park.reset();
+  context.attempt = 2;
+  const http::Response r = filter().Handle(waiting, kAlice, context);
+  EXPECT_FALSE(context.park.has_value());
+  EXPECT_EQ(r.status, 201);
+  EXPECT_EQ(r.body, first.body);
+  EXPECT_EQ(HeaderOf(r, "Idempotent-Replayed"), "true");
+  EXPECT_EQ(context.outcome, "replayed");
+  EXPECT_EQ(op_.executed(), 1);
+}
+
+TEST_F(FilterTest, ANewKeyWithRespondAsyncIs202AndTheWorkGoesToSpawn) {
+  http::RequestContext context = Context();
+  const http::Response r =
+      filter().Handle(Prefer(Post("key-00000001"), "respond-async"), kAlice, context);
+
+  EXPECT_EQ(r.status, 202);
+  EXPECT_EQ(r.body, R"({"key":"key-00000001","state":"PROCESSING"})");
+  EXPECT_EQ(HeaderOf(r, "Location"), "/v1/operations/key-00000001");
+  EXPECT_EQ(HeaderOf(r, "Idempotency-Key-Expires"), ExpiresFor(t0_));
+  EXPECT_EQ(context.outcome, "accepted");
+  EXPECT_EQ(op_.executed(), 0) << "the work runs on the spawned task, not in Handle";
+  ASSERT_EQ(spawned_.size(), 1u);
+  ASSERT_TRUE(Found("key-00000001").has_value());
+  EXPECT_EQ(Found("key-00000001")->record.state, RecordState::kProcessing);
+
+  spawned_[0]();
+  EXPECT_EQ(op_.executed(), 1);
+  auto found = Found("key-00000001");
+  ASSERT_TRUE(found.has_value());
+  EXPECT_EQ(found->record.state, RecordState::kSucceeded);
+  ASSERT_TRUE(found->response.has_value());
+  EXPECT_EQ(found->response->status, 201);
+  EXPECT_EQ(found->response->body, R"({"n":1})");
+  EXPECT_EQ(notified(), std::vector<std::string>{ToHex(ScopeOf("key-00000001"))});
+
+  const http::Response replay = Handle(Post("key-00000001"));
+  EXPECT_EQ(replay.status, 201);
+  EXPECT_EQ(replay.body, R"({"n":1})");
+  EXPECT_EQ(HeaderOf(replay, "Idempotent-Replayed"), "true");
+}
+
+TEST_F(FilterTest, AFinalFailureIsReplayedWithoutExecutingAgain) {
+  op_.execute = [](int n, Ticket&) { return Answer(402, n); };
+  const http::Response first = Handle(Post("key-00000001"));
+  ASSERT_EQ(first.status, 402);
+  EXPECT_EQ(Found("key-00000001")->record.state, RecordState::kFailedFinal);
+
+  const http::Response again = Handle(Post("key-00000001"));
+  EXPECT_EQ(again.status, 402);
+  EXPECT_EQ(again.body, first.body);
+  EXPECT_EQ(HeaderOf(again, "Idempotent-Replayed"), "true");
+  EXPECT_EQ(HeaderOf(again, "Idempotency-Key-Expires"), ExpiresFor(t0_));
+  EXPECT_EQ(op_.executed(), 1);
+}
+
+TEST_F(FilterTest, ARetryableFailureExecutesAgainWithTheSameKey) {
+  op_.execute = [](int n, Ticket&) { return Answer(n == 1 ? 503 : 201, n); };
+  const http::Response first = Handle(Post("key-00000001"));
+  ASSERT_EQ(first.status, 503);
+  EXPECT_EQ(HeaderOf(first, "Idempotency-Key-Expires"), ExpiresFor(t0_));
+  EXPECT_EQ(Found("key-00000001")->record.state, RecordState::kFailedRetryable);
+
+  http::RequestContext context = Context();
+  const http::Response again = filter().Handle(Post("key-00000001"), kAlice, context);
+  EXPECT_EQ(again.status, 201);
+  EXPECT_EQ(again.body, R"({"n":2})");
+  EXPECT_EQ(HeaderOf(again, "Idempotent-Replayed"), "<absent>");
+  EXPECT_EQ(context.outcome, "executed");
+  ASSERT_EQ(op_.executions().size(), 2u);
+  EXPECT_TRUE(op_.executions()[1].resumed);
+  EXPECT_EQ(op_.executions()[1].record.resource_id, "thing_1") << "the same operation resumes";
+  EXPECT_EQ(Found("key-00000001")->record.state, RecordState::kSucceeded);
+  EXPECT_EQ(Metric("idem_lease_takeovers_total"), 1);
+}
+
+TEST_F(FilterTest, AnExecutionsStateOverridesThePolicy) {
+  // A 503 declared final is replayed; a 201 declared retryable executes again.
+  op_.execute = [](int n, Ticket&) {
+    Execution e = Answer(503, n);
+    e.state = RecordState::kFailedFinal;
+    return e;
+  };
+  ASSERT_EQ(Handle(Post("key-00000001")).status, 503);
+  EXPECT_EQ(Found("key-00000001")->record.state, RecordState::kFailedFinal);
+  const http::Response replay = Handle(Post("key-00000001"));
+  EXPECT_EQ(replay.status, 503);
+  EXPECT_EQ(HeaderOf(replay, "Idempotent-Replayed"), "true");
+  EXPECT_EQ(op_.executed(), 1);
+
+  op_.execute = [](int n, Ticket&) {
+    Execution e = Answer(201, n);
+    e.state = RecordState::kFailedRetryable;
+    return e;
+  };
+  ASSERT_EQ(Handle(Post("key-00000002")).status, 201);
+  EXPECT_EQ(Found("key-00000002")->record.state, RecordState::kFailedRetryable);
+  const http::Response again = Handle(Post("key-00000002"));
+  EXPECT_EQ(again.status, 201);
+  EXPECT_EQ(again.body, R"({"n":3})");
+  EXPECT_EQ(HeaderOf(again, "Idempotent-Replayed"), "<absent>");
+  EXPECT_EQ(op_.executed(), 3);
+}
+
+TEST_F(FilterTest, AnUnknownOutcomeKeepsTheRecordProcessingAndTheNextRequestResumes) {
+  op_.execute = [](int n, Ticket&) {
+    Execution e = Answer(n == 1 ? 504 : 201, n);
+    e.outcome_unknown = n == 1;
+    return e;
+  };
+  const http::Response first = Handle(Post("key-00000001"));
+  EXPECT_EQ(first.status, 504);
+  EXPECT_EQ(HeaderOf(first, "Idempotency-Key-Expires"), ExpiresFor(t0_));
+  auto found = Found("key-00000001");
+  ASSERT_TRUE(found.has_value());
+  EXPECT_EQ(found->record.state, RecordState::kProcessing);
+  EXPECT_EQ(found->record.recovery_point, "claimed");
+  EXPECT_LE(found->record.lease.until, clock_.Now()) << "the lease is released, not left to run";
+  EXPECT_FALSE(found->response.has_value());
+
+  clock_.Advance(Millis(1));  // far less than the 10 s lease
+  http::RequestContext context = Context();
+  const http::Response again = filter().Handle(Post("key-00000001"), kAlice, context);
+  EXPECT_EQ(again.status, 201);
+  EXPECT_EQ(again.body, R"({"n":2})");
+  EXPECT_EQ(context.outcome, "executed");
+  ASSERT_EQ(op_.executions().size(), 2u);
+  EXPECT_TRUE(op_.executions()[1].resumed);
+  EXPECT_EQ(op_.executions()[1].record.recovery_point, "claimed");
+  EXPECT_EQ(Found("key-00000001")->record.state, RecordState::kSucceeded);
+}
+
+// Engine::Release promises the next attempt "takes over at once". It sets the lease's end to now,
+// while a live lease is one whose end is >= now, so a retry in the same millisecond (a parked
+// duplicate woken by the release's notification) is told 409 instead of executing.
+TEST_F(FilterTest, AnUnknownOutcomeReleasesTheLeaseForARetryInTheSameMillisecond) {
+  op_.execute = [](int n, Ticket&) {
+    Execution e = Answer(n == 1 ? 504 : 201, n);
+    e.outcome_unknown = n == 1;
+    return e;
+  };
+  ASSERT_EQ(Handle(Post("key-00000001")).status, 504);
+  const http::Response again = Handle(Post("key-00000001"));
+  EXPECT_EQ(again.status, 201) << TypeOf(again);
+  EXPECT_EQ(op_.executed(), 2);
+}
+
+TEST_F(FilterTest, ASecondKeyOverTheProcessingQuotaIs429) {
+  policy_.route.max_processing = 1;
+  StartBlocked(Post("key-00000001"));
+  http::RequestContext context = Context();
+  const http::Response r = filter().Handle(Post("key-00000002"), kAlice, context);
+
+  EXPECT_EQ(r.status, 429);
+  EXPECT_EQ(TypeOf(r), "urn:idem:problem:quota-exceeded");
+  EXPECT_EQ(HeaderOf(r, "Retry-After"), "1");
+  EXPECT_EQ(context.outcome, "quota");
+  EXPECT_FALSE(Found("key-00000002").has_value()) << "the refused claim is rolled back";
+  // Another principal has its own quota.
+  EXPECT_EQ(Handle(Post("key-00000002"), kBob).status, 201);
+
+  EXPECT_EQ(Release().status, 201);
+  EXPECT_EQ(Handle(Post("key-00000002")).status, 201) << "under the quota again";
+}
+
+TEST_F(FilterTest, AFencedExecutorAnswersWithTheWinnersStoredAnswer) {
+  http::Response second;
+  op_.execute = [&](int n, Ticket&) {
+    if (n == 1) {
+      // The first execution stalls past its lease; a retry takes over and finishes.
+      clock_.Advance(kLease + Millis(1));
+      http::RequestContext context = Context();
+      second = filter().Handle(Post("key-00000001"), kAlice, context);
+    }
+    return Answer(201, n);
+  };
+  const http::Response first = Handle(Post("key-00000001"));
+
+  EXPECT_EQ(second.status, 201);
+  EXPECT_EQ(second.body, R"({"n":2})");
+  EXPECT_EQ(first.status, second.status);
+  EXPECT_EQ(first.body, second.body) << "both clients must get the winner's bytes";
+  EXPECT_EQ(HeaderOf(first, "Location"), "/v1/things/2");
+  EXPECT_EQ(HeaderOf(first, "Idempotent-Replayed"), "true");
+  EXPECT_EQ(HeaderOf(first, "Idempotency-Key-Expires"), ExpiresFor(t0_));
+  ASSERT_EQ(op_.executions().size(), 2u);
+  EXPECT_TRUE(op_.executions()[1].resumed);
+  EXPECT_EQ(op_.executions()[1].lease.fence, op_.executions()[0].lease.fence + 1);
+  auto found = Found("key-00000001");
+  ASSERT_TRUE(found && found->response);
+  EXPECT_EQ(found->response->body, R"({"n":2})");
+  EXPECT_EQ(Metric("idem_fencing_rejections_total"), 1);
+  EXPECT_EQ(Metric("idem_lease_takeovers_total"), 1);
+}
+
+// A fenced executor whose winner is still running answers request-in-progress: a 409 for a running
+// key, which docs/idemd.md says carries Retry-After and Location: /v1/operations/{key}.
+TEST_F(FilterTest, AFencedExecutorWhoseWinnerStillRunsAnswers409WithLocation) {
+  op_.execute = [&](int n, Ticket&) {
+    if (n == 1) {
+      clock_.Advance(kLease + Millis(1));
+      auto stale = engine_->ListStale(policy_.route.route, 10);
+      EXPECT_TRUE(stale && stale->size() == 1u);
+      if (stale && !stale->empty()) {
+        EXPECT_TRUE(engine_->TakeOver(policy_.route, (*stale)[0]).has_value());
+      }
+    }
+    return Answer(201, n);
+  };
+  const http::Response r = Handle(Post("key-00000001"));
+
+  EXPECT_EQ(r.status, 409);
+  EXPECT_EQ(TypeOf(r), "urn:idem:problem:request-in-progress");
+  EXPECT_EQ(HeaderOf(r, "Retry-After"), "1");
+  EXPECT_EQ(HeaderOf(r, "Idempotency-Key-Expires"), ExpiresFor(t0_));
+  EXPECT_EQ(Metric("idem_fencing_rejections_total"), 1);
+  EXPECT_EQ(Found("key-00000001")->record.state, RecordState::kProcessing)
+      << "the loser wrote nothing";
+  EXPECT_EQ(HeaderOf(r, "Location"), "/v1/operations/key-00000001");
+}
+
+TEST_F(FilterTest, GetOperationShowsTheCallersOwnRecord) {
+  const std::string created = http::Rfc3339(ToUnixMillis(t0_));
+  const std::string expires = http::Rfc3339(ToUnixMillis(t0_ + kRetention));
+  StartBlocked(Post("key-00000001"));
+  http::Response running = filter().GetOperation("key-00000001", kAlice);
+  EXPECT_EQ(running.status, 200);
+  EXPECT_EQ(HeaderOf(running, "Content-Type"), "application/json");
+  EXPECT_EQ(HeaderOf(running, "Idempotency-Key-Expires"), ExpiresFor(t0_));
+  EXPECT_EQ(running.body,
+            R"({"key":"key-00000001","state":"PROCESSING","recovery_point":"claimed",)"
+            R"("status_code":null,"created_at":")" +
+                created + R"(","expires_at":")" + expires + R"("})");
+
+  ASSERT_EQ(Release().status, 201);
+  clock_.Advance(Millis(1000));
+  // The key is parsed as the header is: an sf-string names the same record.
+  const http::Response done = filter().GetOperation("\"key-00000001\"", kAlice);
+  EXPECT_EQ(done.status, 200);
+  EXPECT_EQ(HeaderOf(done, "Idempotency-Key-Expires"), ExpiresFor(t0_));
+  EXPECT_EQ(done.body, R"({"key":"key-00000001","state":"SUCCEEDED","recovery_point":"done",)"
+                       R"("status_code":201,"response":{"n":1},"created_at":")" +
+                           created + R"(","expires_at":")" + expires + R"("})");
+
+  // A retryable failure shows its status but no response.
+  op_.execute = [](int n, Ticket&) { return Answer(503, n); };
+  ASSERT_EQ(Handle(Post("key-00000002")).status, 503);
+  const json::value failed = json::parse(filter().GetOperation("key-00000002", kAlice).body);
+  EXPECT_EQ(failed.at("state").as_string(), "FAILED_RETRYABLE");
+  EXPECT_EQ(failed.at("status_code").as_int64(), 503);
+  EXPECT_FALSE(failed.as_object().contains("response"));
+}
+
+TEST_F(FilterTest, GetOperationAnswers404ForOthersAndUnknownKeysAnd400ForMalformedOnes) {
+  ASSERT_EQ(Handle(Post("key-00000001")).status, 201);
+
+  const http::Response other = filter().GetOperation("key-00000001", kBob);
+  EXPECT_EQ(other.status, 404);
+  EXPECT_EQ(TypeOf(other), "urn:idem:problem:not-found");
+  EXPECT_EQ(other.body.find("n\":1"), std::string::npos) << "nothing of alice's answer leaks";
+
+  const http::Response unknown = filter().GetOperation("key-99999999", kAlice);
+  EXPECT_EQ(unknown.status, 404);
+  EXPECT_EQ(TypeOf(unknown), "urn:idem:problem:not-found");
+
+  const http::Response malformed = filter().GetOperation("bad key!", kAlice);
+  EXPECT_EQ(malformed.status, 400);
+  EXPECT_EQ(TypeOf(malformed), "urn:idem:problem:invalid-request");
+
+  // Past its expiry the key is no longer recognised.
+  clock_.Advance(kRetention);
+  const http::Response expired = filter().GetOperation("key-00000001", kAlice);
+  EXPECT_EQ(expired.status, 404);
+  EXPECT_EQ(TypeOf(expired), "urn:idem:problem:not-found");
+}
+
+// A request of `who` for `key` on `route`, as the filter would start it.
+Request EngineRequest(const Principal& who, std::string_view key) {
+  Request r;
+  r.principal = who;
+  r.key_header = key;
+  r.method = "POST";
+  r.content_type = "application/json";
+  r.api_version = "v1";
+  r.body = kBody;
+  return r;
+}
+
+TEST_F(FilterTest, ReconcileOnceResolvesStaleRecordsOfItsOwnRouteOnly) {
+  // This route: an unknown outcome left the record PROCESSING at "claimed".
+  op_.execute = [](int n, Ticket&) {
+    Execution e = Answer(504, n);
+    e.outcome_unknown = true;
+    return e;
+  };
+  ASSERT_EQ(Handle(Post("key-00000001")).status, 504);
+  // Another route: a claim whose executor crashed.
+  RoutePolicy other = policy_.route;
+  other.route = "others.create";
+  auto crashed = engine_->Start(other, EngineRequest(kAlice, "key-00000001"));
+  ASSERT_TRUE(crashed && crashed->kind == Decision::Kind::kExecute);
+  clock_.Advance(kLease + Millis(1));
+
+  std::vector<std::string> woken;
+  const int resolved =
+      filter().ReconcileOnce(10, [&](const std::string& key) { woken.push_back(key); });
+
+  EXPECT_EQ(resolved, 1);
+  ASSERT_EQ(op_.reconciled().size(), 1u);
+  const Ticket ticket = op_.reconciled()[0];
+  EXPECT_EQ(ticket.scope, ScopeOf("key-00000001"));
+  EXPECT_TRUE(ticket.resumed);
+  EXPECT_EQ(ticket.record.recovery_point, "claimed");
+  EXPECT_EQ(ticket.record.resource_id, "thing_1");
+  EXPECT_EQ(woken, std::vector<std::string>{ToHex(ScopeOf("key-00000001"))});
+  EXPECT_EQ(Found("key-00000001")->record.state, RecordState::kSucceeded);
+  EXPECT_EQ(Metric("idem_reconciler_total{result=\"resolved\"}"), 1);
+  EXPECT_EQ(Metric("idem_lease_takeovers_total"), 1);
+
+  auto left = engine_->Lookup(crashed->ticket.scope);
+  ASSERT_TRUE(left && *left);
+  EXPECT_EQ((*left)->record.state, RecordState::kProcessing);
+  EXPECT_EQ((*left)->record.lease.fence, crashed->ticket.lease.fence) << "not taken over";
+
+  // The client's retry gets the reconciled answer.
+  const http::Response retry = Handle(Post("key-00000001"));
+  EXPECT_EQ(retry.status, 201);
+  EXPECT_EQ(retry.body, R"({"n":99})");
+  EXPECT_EQ(HeaderOf(retry, "Idempotent-Replayed"), "true");
+  EXPECT_EQ(op_.executed(), 1);
+}
+
+TEST_F(FilterTest, ReconcileOnceLeavesAnUnknownOutcomeForLater) {
+  auto claimed = engine_->Start(policy_.route, EngineRequest(kAlice, "key-00000001"));
+  ASSERT_TRUE(claimed && claimed->kind == Decision::Kind::kExecute);
+  clock_.Advance(kLease + Millis(1));
+  op_.reconcile = [](Ticket&) {
+    Execution e;
+    e.outcome_unknown = true;
+    return e;
+  };
+
+  EXPECT_EQ(filter().ReconcileOnce(10, {}), 0);
+  EXPECT_EQ(op_.reconciled().size(), 1u);
+  EXPECT_EQ(Found("key-00000001")->record.state, RecordState::kProcessing);
+  EXPECT_EQ(Metric("idem_reconciler_total{result=\"unknown\"}"), 1);
+
+  // Released: the next pass (a millisecond on) tries again.
+  clock_.Advance(Millis(1));
+  op_.reconcile = {};
+  EXPECT_EQ(filter().ReconcileOnce(10, {}), 1);
+  EXPECT_EQ(op_.reconciled().size(), 2u);
+  EXPECT_EQ(Found("key-00000001")->record.state, RecordState::kSucceeded);
+}
+
+// ReconcileOnce promises up to `limit` stale records *of this route*, but it takes the `limit`
+// oldest stale records of every route and skips the others': stale records of another route that
+// this filter never resolves keep the head of the list, and its own are never reached.
+TEST_F(FilterTest, ReconcileOnceIsNotStarvedByAnotherRoutesStaleRecords) {
+  RoutePolicy other = policy_.route;
+  other.route = "others.create";
+  ASSERT_TRUE(engine_->Start(other, EngineRequest(kAlice, "key-00000001")));
+  clock_.Advance(Millis(1));
+  ASSERT_TRUE(engine_->Start(policy_.route, EngineRequest(kAlice, "key-00000002")));
+  clock_.Advance(kLease + Millis(1));
+
+  int resolved = 0;
+  for (int pass = 0; pass < 3; ++pass) resolved += filter().ReconcileOnce(1, {});
+  EXPECT_EQ(resolved, 1);
+  EXPECT_EQ(Found("key-00000002")->record.state, RecordState::kSucceeded);
+}
+
+}  // namespace
+}  // namespace idem::idemd

@@ -1,0 +1,382 @@
+// server/idemd/service_test.cc — idemd's handler called directly (no process, no socket): routing,
+// bearer authentication, methods, health, readiness and metrics, and tenant isolation of payment
+// reads, with the real Payments operation over a fake provider and a real engine on SQLite.
+#include "server/idemd/service.h"
+
+#include <gtest/gtest.h>
+#include <openssl/sha.h>
+
+#include <atomic>
+#include <boost/json.hpp>
+#include <map>
+#include <mutex>
+
+#include "include/idem/store/sqlite.h"
+#include "server/http/problem.h"
+#include "testing/fakes.h"
+
+namespace idem::idemd {
+namespace {
+
+namespace json = boost::json;
+
+constexpr Millis kLease{10000};
+constexpr Millis kRetention{24LL * 3600 * 1000};
+
+std::string TypeOf(const http::Response& r) {
+  boost::system::error_code ec;
+  const json::value v = json::parse(r.body, ec);
+  if (ec || !v.is_object() || !v.as_object().contains("type")) return "<no problem type>";
+  return std::string(v.at("type").as_string());
+}
+
+std::string HeaderOf(const http::Response& r, std::string_view name) {
+  return std::string(r.headers.Get(name).value_or("<absent>"));
+}
+
+std::string Sha256Hex(std::string_view s) {
+  std::array<uint8_t, 32> digest;
+  SHA256(reinterpret_cast<const unsigned char*>(s.data()), s.size(), digest.data());
+  return ToHex(digest);
+}
+
+// A provider that charges every first request for a reference and answers repeats and lookups
+// with that charge. Thread-safe.
+class FakeProvider final : public Provider {
+ public:
+  Result<ChargeResult> CreateCharge(const std::string& reference, const std::string& amount,
+                                    const std::string& currency) override {
+    std::lock_guard lock(mu_);
+    ++calls_;
+    auto it = charges_.find(reference);
+    if (it == charges_.end()) {
+      const Charge charge{"ch_" + std::to_string(charges_.size() + 1), reference, amount, currency,
+                          "succeeded"};
+      it = charges_.emplace(reference, charge).first;
+    }
+    return ChargeResult{false, it->second};
+  }
+  Result<std::optional<Charge>> FindCharge(const std::string& reference) override {
+    std::lock_guard lock(mu_);
+    auto it = charges_.find(reference);
+    if (it == charges_.end()) return std::optional<Charge>();
+    return std::optional<Charge>(it->second);
+  }
+
+  int calls() {
+    std::lock_guard lock(mu_);
+    return calls_;
+  }
+  std::map<std::string, Charge> charges() {
+    std::lock_guard lock(mu_);
+    return charges_;
+  }
+
+ private:
+  std::mutex mu_;
+  int calls_ = 0;
+  std::map<std::string, Charge> charges_;  // by reference
+};
+
+// Forwards to a real store; while `reachable` is false, Query fails as it does when no database
+// connection can be had. (A SQLite file removed under an open store still answers "SELECT 1".)
+class SwitchableStore final : public Store {
+ public:
+  explicit SwitchableStore(Store& inner) : inner_(inner) {}
+  std::atomic<bool> reachable{true};
+
+  const StoreCapabilities& capabilities() const override { return inner_.capabilities(); }
+  Result<std::unique_ptr<StoreTxn>> Begin() override { return inner_.Begin(); }
+  Result<std::optional<Record>> Read(const ScopeHash& scope) override { return inner_.Read(scope); }
+  Result<std::vector<SqlRow>> Query(std::string_view sql,
+                                    const std::vector<SqlValue>& params) override {
+    if (!reachable) return MakeError(Errc::kUnavailable, "no database connection within 5000 ms");
+    return inner_.Query(sql, params);
+  }
+  Result<std::vector<Record>> ListStale(std::string_view route, int limit) override {
+    return inner_.ListStale(route, limit);
+  }
+  Result<int> Sweep(int batch) override { return inner_.Sweep(batch); }
+
+ private:
+  Store& inner_;
+};
+
+class ServiceTest : public ::testing::Test {
+ protected:
+  ServiceTest() {
+    SqliteStoreOptions options;
+    options.path = dir_.File("idem.db");
+    options.app_name = "payments";
+    options.app_migrations = PaymentsMigrations();
+    store_ = std::move(*OpenSqliteStore(options, clock_, random_));
+    fingerprinter_ = std::move(*Fingerprinter::Create({{1, std::string(32, 'h')}}, 1));
+    sealer_ = std::move(*Sealer::Create({{1, std::string(32, 's')}}, 1, random_));
+    engine_ = std::make_unique<Engine>(*store_, *fingerprinter_, *sealer_, clock_);
+    payments_ = std::make_unique<Payments>(*store_, provider_, clock_, monotonic_, random_,
+                                           metrics_, std::vector<std::string>{"CNY", "USD"});
+    filter_ = std::make_unique<IdempotencyFilter>(
+        *engine_, monotonic_, metrics_,
+        PaymentsPolicy(KeyPolicy{}, kLease, kRetention, 100, 1000, Millis(10000)), *payments_);
+    switchable_ = std::make_unique<SwitchableStore>(*store_);
+    const std::vector<PrincipalEntry> principals = {
+        {Sha256Hex("alice-key"), "acme", "alice"},
+        {Sha256Hex("bob-key"), "acme", "bob"},
+        {Sha256Hex("carol-key"), "globex", "carol"},
+    };
+    service_ = std::make_unique<Service>(principals, *switchable_, metrics_, *filter_, *payments_);
+  }
+
+  static http::Request Req(std::string method, std::string target,
+                           std::string_view api_key = "alice-key") {
+    http::Request r;
+    r.method = std::move(method);
+    r.target = std::move(target);
+    if (!api_key.empty()) r.headers.Add("Authorization", "Bearer " + std::string(api_key));
+    return r;
+  }
+  static http::Request Pay(std::string_view key, std::string_view api_key = "alice-key",
+                           std::string_view order = "ORD-1001") {
+    http::Request r = Req("POST", "/v1/payments", api_key);
+    r.headers.Add("Idempotency-Key", key);
+    r.headers.Add("Content-Type", "application/json");
+    r.body = R"({"merchant_order_no":")" + std::string(order) +
+             R"(","amount":"100.00","currency":"CNY"})";
+    return r;
+  }
+
+  http::Response Handle(const http::Request& request) {
+    context_ = http::RequestContext();
+    context_.spawn = [](std::function<void()> task) { task(); };
+    context_.notify = [](const std::string&) {};
+    return service_->Handle(request, context_);
+  }
+
+  int64_t Records() {
+    auto rows = store_->Query("SELECT count(*) FROM idem_records");
+    EXPECT_TRUE(rows.has_value());
+    return rows ? std::get<int64_t>(rows->at(0).at(0)) : -1;
+  }
+
+  testing::TempDir dir_;
+  testing::FakeClock clock_;
+  testing::FakeMonotonicClock monotonic_;
+  testing::SeededRandom random_{11};
+  const Timestamp t0_ = clock_.Now();
+  std::unique_ptr<Store> store_;
+  std::unique_ptr<Fingerprinter> fingerprinter_;
+  std::unique_ptr<Sealer> sealer_;
+  std::unique_ptr<Engine> engine_;
+  FakeProvider provider_;
+  Metrics metrics_;
+  std::unique_ptr<Payments> payments_;
+  std::unique_ptr<IdempotencyFilter> filter_;
+  std::unique_ptr<SwitchableStore> switchable_;
+  std::unique_ptr<Service> service_;
+  http::RequestContext context_;
+};
+
+TEST_F(ServiceTest, AMissingMalformedOrUnknownBearerKeyIs401WithAChallenge) {
+  struct Route {
+    std::string method, target, label;
+  };
+  const std::vector<Route> routes = {
+      {"POST", "/v1/payments", "payments.create"},
+      {"GET", "/v1/payments/pay_000000000000000000000001", "payments.get"},
+      {"GET", "/v1/operations/key-00000001", "operations.get"},
+  };
+  const std::vector<std::vector<std::string>> authorizations = {
+      {},                                        // none
+      {"Basic YWxpY2Uta2V5Og=="},                // another scheme
+      {"alice-key"},                             // no scheme
+      {"Bearer"},                                // no key
+      {"Bearer   "},                             // a blank key
+      {"Bearer unknown-key"},                    // nobody's key
+      {"Bearer " + std::string(600, 'a')},       // over the length bound
+      {"Bearer alice-key", "Bearer alice-key"},  // two headers
+  };
+  for (const Route& route : routes) {
+    for (const std::vector<std::string>& values : authorizations) {
+      http::Request request = Pay("key-00000001");
+      request.method = route.method;
+      request.target = route.target;
+      request.headers.fields.erase(request.headers.fields.begin());  // the valid Authorization
+      for (const std::string& v : values) request.headers.Add("Authorization", v);
+      SCOPED_TRACE(route.target + " with " + (values.empty() ? "none" : values[0]));
+      const http::Response r = Handle(request);
+      EXPECT_EQ(r.status, 401);
+      EXPECT_EQ(TypeOf(r), "urn:idem:problem:unauthorized");
+      EXPECT_EQ(HeaderOf(r, "WWW-Authenticate"), "Bearer");
+      EXPECT_EQ(context_.route, route.label);
+      EXPECT_EQ(context_.outcome, "unauthorized");
+    }
+  }
+  EXPECT_EQ(provider_.calls(), 0);
+  EXPECT_EQ(Records(), 0);
+  const std::string text = metrics_.Render();
+  EXPECT_NE(text.find("idem_requests_total{route=\"payments.create\",outcome=\"unauthorized\"} " +
+                      std::to_string(authorizations.size()) + "\n"),
+            std::string::npos)
+      << text;
+}
+
+TEST_F(ServiceTest, TheBearerSchemeIsCaseInsensitive) {
+  for (std::string_view scheme : {"bearer", "BEARER", "Bearer"}) {
+    http::Request request = Req("GET", "/v1/operations/key-00000001", "");
+    request.headers.Add("Authorization", std::string(scheme) + " alice-key");
+    const http::Response r = Handle(request);
+    EXPECT_EQ(r.status, 404) << scheme << ": authenticated, and alice has no such operation";
+    EXPECT_EQ(TypeOf(r), "urn:idem:problem:not-found");
+  }
+}
+
+TEST_F(ServiceTest, AWrongMethodIs405WithAllowOnEveryRoute) {
+  struct Case {
+    std::string method, target, allow;
+  };
+  const std::vector<Case> cases = {
+      {"GET", "/v1/payments", "POST"},
+      {"PUT", "/v1/payments", "POST"},
+      {"POST", "/v1/payments/pay_000000000000000000000001", "GET"},
+      {"DELETE", "/v1/payments/pay_000000000000000000000001", "GET"},
+      {"POST", "/v1/operations/key-00000001", "GET"},
+      {"POST", "/healthz", "GET, HEAD"},
+      {"DELETE", "/readyz", "GET, HEAD"},
+      {"POST", "/metrics", "GET"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.method + " " + c.target);
+    const http::Response r = Handle(Req(c.method, c.target));
+    EXPECT_EQ(r.status, 405);
+    EXPECT_EQ(TypeOf(r), "urn:idem:problem:method-not-allowed");
+    EXPECT_EQ(HeaderOf(r, "Allow"), c.allow);
+  }
+  EXPECT_EQ(Records(), 0);
+  EXPECT_EQ(provider_.calls(), 0);
+}
+
+TEST_F(ServiceTest, AnUnknownPathIs404) {
+  for (std::string target : {"/", "/v1", "/v1/payment", "/v1/payments/", "/v1/operations/",
+                             "/v2/payments", "/healthz/x", "/v1/paymentsX"}) {
+    SCOPED_TRACE(target);
+    const http::Response r = Handle(Req("GET", target));
+    EXPECT_EQ(r.status, 404);
+    EXPECT_EQ(TypeOf(r), "urn:idem:problem:not-found");
+    EXPECT_EQ(context_.route, "unknown");
+  }
+}
+
+TEST_F(ServiceTest, HealthzAndReadyzAnswer200WithoutAuthentication) {
+  for (std::string method : {"GET", "HEAD"}) {
+    const http::Response health = Handle(Req(method, "/healthz?probe=1", ""));
+    EXPECT_EQ(health.status, 200);
+    EXPECT_EQ(health.body, R"({"status":"ok"})");
+    EXPECT_EQ(HeaderOf(health, "Content-Type"), "application/json");
+    EXPECT_EQ(context_.route, "healthz");
+
+    const http::Response ready = Handle(Req(method, "/readyz", ""));
+    EXPECT_EQ(ready.status, 200);
+    EXPECT_EQ(ready.body, R"({"status":"ready"})");
+    EXPECT_EQ(context_.route, "readyz");
+  }
+}
+
+TEST_F(ServiceTest, ReadyzIs503NotReadyWhileTheStoreIsUnreachable) {
+  switchable_->reachable = false;
+  const http::Response r = Handle(Req("GET", "/readyz", ""));
+  EXPECT_EQ(r.status, 503);
+  EXPECT_EQ(TypeOf(r), "urn:idem:problem:not-ready");
+  EXPECT_EQ(HeaderOf(r, "Retry-After"), "1");
+  EXPECT_EQ(Handle(Req("GET", "/healthz", "")).status, 200) << "the process is still alive";
+
+  switchable_->reachable = true;
+  EXPECT_EQ(Handle(Req("GET", "/readyz", "")).status, 200);
+}
+
+TEST_F(ServiceTest, MetricsAnswersPrometheusText) {
+  ASSERT_EQ(Handle(Pay("key-00000001")).status, 201);
+  ASSERT_EQ(Handle(Pay("key-00000001")).status, 201);
+  ASSERT_EQ(Handle(Pay("key-00000002", "")).status, 401);
+
+  const http::Response r = Handle(Req("GET", "/metrics", ""));
+  EXPECT_EQ(r.status, 200);
+  EXPECT_EQ(HeaderOf(r, "Content-Type"), "text/plain; version=0.0.4");
+  EXPECT_EQ(context_.route, "metrics");
+  for (const std::string line : {
+           "# TYPE idem_requests_total counter\n",
+           "idem_requests_total{route=\"payments.create\",outcome=\"executed\"} 1\n",
+           "idem_requests_total{route=\"payments.create\",outcome=\"replayed\"} 1\n",
+           "idem_requests_total{route=\"payments.create\",outcome=\"unauthorized\"} 1\n",
+           "# TYPE idem_store_seconds histogram\n",
+           "idem_provider_seconds_count 1\n",
+           "# TYPE idem_lease_takeovers_total counter\n",
+           "# TYPE idem_fencing_rejections_total counter\n",
+       }) {
+    EXPECT_NE(r.body.find(line), std::string::npos) << "missing: " << line;
+  }
+}
+
+TEST_F(ServiceTest, APaymentRunsThroughTheFilterAndItsRetryIsReplayed) {
+  const http::Response first = Handle(Pay("key-00000001"));
+  ASSERT_EQ(first.status, 201) << first.body;
+  EXPECT_EQ(context_.route, "payments.create");
+  EXPECT_EQ(context_.outcome, "executed");
+  const json::value body = json::parse(first.body);
+  const std::string id(body.at("id").as_string());
+  EXPECT_EQ(HeaderOf(first, "Location"), "/v1/payments/" + id);
+  EXPECT_EQ(HeaderOf(first, "Idempotency-Key-Expires"),
+            http::HttpDate(ToUnixMillis(t0_ + kRetention)));
+  EXPECT_EQ(first.body,
+            R"({"id":")" + id +
+                R"(","merchant_order_no":"ORD-1001","amount":"100.00","currency":"CNY",)"
+                R"("status":"succeeded","provider_charge_id":"ch_1","created_at":")" +
+                http::Rfc3339(ToUnixMillis(t0_)) + R"("})");
+  ASSERT_EQ(provider_.charges().count(id), 1u);
+  EXPECT_EQ(provider_.charges()[id].amount, "100.00");
+  EXPECT_EQ(provider_.charges()[id].currency, "CNY");
+
+  const http::Response again = Handle(Pay("key-00000001"));
+  EXPECT_EQ(again.status, 201);
+  EXPECT_EQ(again.body, first.body);
+  EXPECT_EQ(HeaderOf(again, "Location"), "/v1/payments/" + id);
+  EXPECT_EQ(HeaderOf(again, "Idempotent-Replayed"), "true");
+  EXPECT_EQ(provider_.calls(), 1);
+
+  const http::Response read = Handle(Req("GET", "/v1/payments/" + id));
+  EXPECT_EQ(read.status, 200);
+  EXPECT_EQ(read.body, first.body);
+  const http::Response operation = Handle(Req("GET", "/v1/operations/key-00000001"));
+  EXPECT_EQ(operation.status, 200);
+  EXPECT_EQ(json::parse(operation.body).at("state").as_string(), "SUCCEEDED");
+  EXPECT_EQ(json::parse(operation.body).at("response"), body);
+}
+
+TEST_F(ServiceTest, AnotherTenantsPaymentAndOperationAre404) {
+  const http::Response created = Handle(Pay("key-00000001"));
+  ASSERT_EQ(created.status, 201) << created.body;
+  const std::string id(json::parse(created.body).at("id").as_string());
+
+  const http::Response foreign = Handle(Req("GET", "/v1/payments/" + id, "carol-key"));
+  EXPECT_EQ(foreign.status, 404);
+  EXPECT_EQ(TypeOf(foreign), "urn:idem:problem:not-found");
+  EXPECT_EQ(foreign.body.find("ORD-1001"), std::string::npos);
+
+  // Payments belong to the tenant: another user of acme reads it.
+  const http::Response colleague = Handle(Req("GET", "/v1/payments/" + id, "bob-key"));
+  EXPECT_EQ(colleague.status, 200);
+  EXPECT_EQ(colleague.body, created.body);
+
+  const http::Response unknown = Handle(Req("GET", "/v1/payments/pay_000000000000000000000000"));
+  EXPECT_EQ(unknown.status, 404);
+  EXPECT_EQ(TypeOf(unknown), "urn:idem:problem:not-found");
+
+  // Operations belong to the principal.
+  for (std::string_view other : {"carol-key", "bob-key"}) {
+    const http::Response op = Handle(Req("GET", "/v1/operations/key-00000001", other));
+    EXPECT_EQ(op.status, 404) << other;
+    EXPECT_EQ(TypeOf(op), "urn:idem:problem:not-found");
+  }
+}
+
+}  // namespace
+}  // namespace idem::idemd
