@@ -69,12 +69,12 @@ class FakeHandler final : public Handler {
     released_.insert(key);
   }
 
-  int echoes() {
+  int Echoes() {
     std::lock_guard lock(mu_);
     return echoes_;
   }
   // The times `key`'s handler was called, in order.
-  std::vector<Clock::time_point> calls(const std::string& key) {
+  std::vector<Clock::time_point> Calls(const std::string& key) {
     std::lock_guard lock(mu_);
     return calls_[key];
   }
@@ -140,8 +140,8 @@ class RawConnection {
   RawConnection(const RawConnection&) = delete;
   RawConnection& operator=(const RawConnection&) = delete;
 
-  bool connected() const { return connected_; }
-  bool closed() const { return closed_; }
+  bool Connected() const { return connected_; }
+  bool Closed() const { return closed_; }
 
   bool Send(std::string_view data) {
     return ::send(fd_, data.data(), data.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(data.size());
@@ -271,9 +271,9 @@ TEST_F(ServerTest, HeaderFieldsAtTheLimitAreServedAndOnePastThemAre431) {
     EXPECT_EQ(StatusOf(answer), 431) << answer;
     EXPECT_NE(answer.find(R"("type":"urn:idem:problem:headers-too-large")"), std::string::npos);
     EXPECT_NE(answer.find(R"("detail":"the header section is too large")"), std::string::npos);
-    EXPECT_TRUE(c.closed());
+    EXPECT_TRUE(c.Closed());
   }
-  EXPECT_EQ(handler_.echoes(), 1);
+  EXPECT_EQ(handler_.Echoes(), 1);
 }
 
 TEST_F(ServerTest, BodyAtTheLimitIsServedAndOnePastItIs413) {
@@ -292,8 +292,8 @@ TEST_F(ServerTest, BodyAtTheLimitIsServedAndOnePastItIs413) {
   EXPECT_EQ(StatusOf(answer), 413) << answer;
   EXPECT_NE(answer.find(R"("type":"urn:idem:problem:payload-too-large")"), std::string::npos);
   EXPECT_NE(answer.find(R"("detail":"the body is larger than 1000 bytes")"), std::string::npos);
-  EXPECT_TRUE(c.closed());
-  EXPECT_EQ(handler_.echoes(), 1);
+  EXPECT_TRUE(c.Closed());
+  EXPECT_EQ(handler_.Echoes(), 1);
 }
 
 TEST_F(ServerTest, GarbageIs400MalformedRequest) {
@@ -303,7 +303,7 @@ TEST_F(ServerTest, GarbageIs400MalformedRequest) {
   const std::string answer = c.ReadAll(milliseconds(3000));
   EXPECT_EQ(StatusOf(answer), 400) << answer;
   EXPECT_NE(answer.find(R"("type":"urn:idem:problem:malformed-request")"), std::string::npos);
-  EXPECT_TRUE(c.closed());
+  EXPECT_TRUE(c.Closed());
 }
 
 // --- the whole-request deadline ---------------------------------------------------------------
@@ -312,12 +312,12 @@ TEST_F(ServerTest, AClientSendingHeadersSlowlyIsCutOffWhileAnotherIsServed) {
   options_.read_timeout = milliseconds(1000);
   Start();
   RawConnection slow(server_->port());
-  ASSERT_TRUE(slow.connected());
+  ASSERT_TRUE(slow.Connected());
   const auto started = Clock::now();
   ASSERT_TRUE(slow.Send("GET /echo HTTP/1.1\r\nHost: x\r\n"));
   // A byte every 50 ms: a deadline per read would never fire; the one for the whole request does.
   std::thread dribble([&] {
-    for (int i = 0; i < 100 && !slow.closed(); ++i) {
+    for (int i = 0; i < 100 && !slow.Closed(); ++i) {
       if (!slow.Send("X-Slow: a\r\n")) break;
       std::this_thread::sleep_for(milliseconds(50));
     }
@@ -331,7 +331,7 @@ TEST_F(ServerTest, AClientSendingHeadersSlowlyIsCutOffWhileAnotherIsServed) {
 
   ASSERT_TRUE(other.has_value()) << other.error().message;
   EXPECT_EQ(other->status, 200);
-  EXPECT_TRUE(slow.closed()) << "the slow client must be disconnected";
+  EXPECT_TRUE(slow.Closed()) << "the slow client must be disconnected";
   EXPECT_EQ(answer, "") << "a cut-off client gets no answer";
   EXPECT_LT(other_done, cut_off) << "the other client is served while the slow one is connected";
   EXPECT_GE(cut_off - started, milliseconds(500)) << "not before the read timeout";
@@ -346,7 +346,7 @@ TEST_F(ServerTest, DrainFinishesInFlightRequestsAndRefusesNewOnes) {
   RawConnection idle(server_->port());
   ASSERT_TRUE(idle.Send("GET /echo HTTP/1.1\r\nHost: x\r\n\r\n"));
   ASSERT_EQ(StatusOf(idle.ReadResponse(milliseconds(3000))), 200);
-  ASSERT_EQ(handler_.echoes(), 1);
+  ASSERT_EQ(handler_.Echoes(), 1);
   // One request running in the handler, one parked.
   auto running = GetAsync("/block");
   ASSERT_TRUE(handler_.WaitBlocked(1));
@@ -358,7 +358,7 @@ TEST_F(ServerTest, DrainFinishesInFlightRequestsAndRefusesNewOnes) {
   bool refused = false;
   for (int i = 0; i < 200 && !refused; ++i) {
     RawConnection probe(server_->port());
-    refused = !probe.connected();
+    refused = !probe.Connected();
     if (!refused) std::this_thread::sleep_for(milliseconds(10));
   }
   EXPECT_TRUE(refused) << "Drain must stop accepting";
@@ -367,12 +367,12 @@ TEST_F(ServerTest, DrainFinishesInFlightRequestsAndRefusesNewOnes) {
   // if Drain closed the idle connection first, no answer at all.
   idle.Send("GET /echo HTTP/1.1\r\nHost: x\r\n\r\n");
   const std::string refusal = idle.ReadAll(milliseconds(3000));
-  EXPECT_TRUE(idle.closed());
+  EXPECT_TRUE(idle.Closed());
   if (!refusal.empty()) {
     EXPECT_EQ(StatusOf(refusal), 503) << refusal;
     EXPECT_NE(refusal.find(R"("type":"urn:idem:problem:shutting-down")"), std::string::npos);
   }
-  EXPECT_EQ(handler_.echoes(), 1);
+  EXPECT_EQ(handler_.Echoes(), 1);
 
   // The parked request is answered 503 shutting-down at its next wake-up, with Retry-After.
   ASSERT_EQ(parked.wait_for(std::chrono::seconds(5)), std::future_status::ready);
@@ -405,7 +405,7 @@ TEST_F(ServerTest, NotifyWakesAParkedRequestAtOnce) {
   const auto notified = Clock::now();
   // Notify until the handler runs again: a notification that lands between the handler's
   // decision to park and the server's registration of the park is lost by design.
-  while (handler_.calls("n").size() < 6 && Clock::now() - notified < std::chrono::seconds(3)) {
+  while (handler_.Calls("n").size() < 6 && Clock::now() - notified < std::chrono::seconds(3)) {
     server_->Notify("n");
     std::this_thread::sleep_for(milliseconds(10));
   }
@@ -414,7 +414,7 @@ TEST_F(ServerTest, NotifyWakesAParkedRequestAtOnce) {
   ASSERT_TRUE(answer.has_value()) << answer.error().message;
   EXPECT_EQ(answer->status, 200);
   EXPECT_EQ(answer->body, "released");
-  const auto calls = handler_.calls("n");
+  const auto calls = handler_.Calls("n");
   ASSERT_GE(calls.size(), 6u);
   EXPECT_LT(calls[5] - notified, milliseconds(400)) << "woken by Notify, not by the next poll";
 }
@@ -429,7 +429,7 @@ TEST_F(ServerTest, AParkedRequestIsCalledAgainAtItsDeadlineWithoutANotify) {
   ASSERT_TRUE(answer.has_value()) << answer.error().message;
   EXPECT_EQ(answer->status, 200);
   EXPECT_EQ(answer->body, "deadline");
-  const auto calls = handler_.calls("d");
+  const auto calls = handler_.Calls("d");
   ASSERT_GE(calls.size(), 2u);
   EXPECT_GE(calls.back() - calls.front(), milliseconds(900));
   EXPECT_LT(calls.back() - calls.front(), milliseconds(1400)) << "woken by the deadline";
@@ -454,7 +454,7 @@ TEST_F(ServerTest, BeyondWorkersPlusQueueRequestsAre503Overloaded) {
   EXPECT_EQ(refused->headers.Get("retry-after"), "1");
   EXPECT_EQ(refused->headers.Get("content-type"), "application/problem+json");
   EXPECT_NE(refused->body.find(R"("type":"urn:idem:problem:overloaded")"), std::string::npos);
-  EXPECT_EQ(handler_.echoes(), 0);
+  EXPECT_EQ(handler_.Echoes(), 0);
 
   handler_.Open();
   handler_.Release("q");

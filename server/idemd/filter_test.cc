@@ -99,24 +99,24 @@ class FakeOperation final : public Operation {
     return reconcile ? reconcile(ticket) : Answer(201, 99);
   }
 
-  int validated() {
+  int Validated() {
     std::lock_guard lock(mu_);
     return validated_;
   }
-  int claimed() {
+  int Claimed() {
     std::lock_guard lock(mu_);
     return claimed_;
   }
-  int executed() {
+  int Executed() {
     std::lock_guard lock(mu_);
     return executed_;
   }
   // The ticket each execution (or reconciliation) started with, in order.
-  std::vector<Ticket> executions() {
+  std::vector<Ticket> Executions() {
     std::lock_guard lock(mu_);
     return executions_;
   }
-  std::vector<Ticket> reconciled() {
+  std::vector<Ticket> Reconciled() {
     std::lock_guard lock(mu_);
     return reconciled_;
   }
@@ -161,7 +161,7 @@ class FilterTest : public ::testing::Test {
   }
 
   // The filter, made on first use so a test may change policy_ before.
-  IdempotencyFilter& filter() {
+  IdempotencyFilter& Filter() {
     if (!filter_) {
       filter_ = std::make_unique<IdempotencyFilter>(*engine_, monotonic_, metrics_, policy_, op_);
     }
@@ -199,7 +199,7 @@ class FilterTest : public ::testing::Test {
 
   http::Response Handle(const http::Request& request, const Principal& who = kAlice) {
     http::RequestContext context = Context();
-    return filter().Handle(request, who, context);
+    return Filter().Handle(request, who, context);
   }
 
   // Runs `request` on a thread and returns once its (first) execution is inside Execute, where it
@@ -212,10 +212,10 @@ class FilterTest : public ::testing::Test {
       }
       return Answer(201, n);
     };
-    filter();
+    Filter();
     runner_ = std::thread([this, request = std::move(request)] {
       http::RequestContext context = Context();
-      blocked_answer_ = filter().Handle(request, kAlice, context);
+      blocked_answer_ = Filter().Handle(request, kAlice, context);
     });
     entered_.wait();
   }
@@ -256,7 +256,7 @@ class FilterTest : public ::testing::Test {
     return Metric("idem_requests_total{route=\"" + std::string(kRoute) + "\",outcome=\"" + outcome +
                   "\"}");
   }
-  std::vector<std::string> notified() {
+  std::vector<std::string> Notified() {
     std::lock_guard lock(mu_);
     return notified_;
   }
@@ -304,14 +304,14 @@ TEST(FailurePolicyTest, Classifies2xxThenTheListsThenTheStatusClass) {
 TEST_F(FilterTest, ARefusalFromValidateEndsTheRequestAndLeavesNoRecord) {
   op_.refusal = http::Problem(http::ProblemKind::kUnsupportedMediaType, "send JSON");
   http::RequestContext context = Context();
-  const http::Response r = filter().Handle(Post("key-00000001"), kAlice, context);
+  const http::Response r = Filter().Handle(Post("key-00000001"), kAlice, context);
 
   EXPECT_EQ(r.status, 415);
   EXPECT_EQ(TypeOf(r), "urn:idem:problem:unsupported-media-type");
   EXPECT_EQ(HeaderOf(r, "Idempotency-Key-Expires"), "<absent>");
-  EXPECT_EQ(op_.validated(), 1);
-  EXPECT_EQ(op_.claimed(), 0);
-  EXPECT_EQ(op_.executed(), 0);
+  EXPECT_EQ(op_.Validated(), 1);
+  EXPECT_EQ(op_.Claimed(), 0);
+  EXPECT_EQ(op_.Executed(), 0);
   EXPECT_FALSE(Found("key-00000001").has_value());
   EXPECT_EQ(Records(), 0);
   EXPECT_EQ(context.route, kRoute);
@@ -324,12 +324,12 @@ TEST_F(FilterTest, AMissingKeyIs400AndLeavesNoRecord) {
   request.headers.fields.clear();
   request.headers.Add("Content-Type", "application/json");
   http::RequestContext context = Context();
-  const http::Response r = filter().Handle(request, kAlice, context);
+  const http::Response r = Filter().Handle(request, kAlice, context);
 
   EXPECT_EQ(r.status, 400);
   EXPECT_EQ(TypeOf(r), "urn:idem:problem:invalid-request");
-  EXPECT_EQ(op_.claimed(), 0);
-  EXPECT_EQ(op_.executed(), 0);
+  EXPECT_EQ(op_.Claimed(), 0);
+  EXPECT_EQ(op_.Executed(), 0);
   EXPECT_EQ(Records(), 0);
   EXPECT_EQ(context.outcome, "invalid");
 }
@@ -342,8 +342,8 @@ TEST_F(FilterTest, AMalformedKeyIs400AndLeavesNoRecord) {
     EXPECT_EQ(r.status, 400);
     EXPECT_EQ(TypeOf(r), "urn:idem:problem:invalid-request");
   }
-  EXPECT_EQ(op_.claimed(), 0);
-  EXPECT_EQ(op_.executed(), 0);
+  EXPECT_EQ(op_.Claimed(), 0);
+  EXPECT_EQ(op_.Executed(), 0);
   EXPECT_EQ(Records(), 0);
   EXPECT_EQ(Requests("invalid"), 4);
 }
@@ -352,11 +352,11 @@ TEST_F(FilterTest, TwoKeyHeadersAre400AndLeaveNoRecord) {
   http::Request request = Post("key-00000001");
   request.headers.Add("Idempotency-Key", "key-00000002");
   http::RequestContext context = Context();
-  const http::Response r = filter().Handle(request, kAlice, context);
+  const http::Response r = Filter().Handle(request, kAlice, context);
 
   EXPECT_EQ(r.status, 400);
   EXPECT_EQ(TypeOf(r), "urn:idem:problem:invalid-request");
-  EXPECT_EQ(op_.executed(), 0);
+  EXPECT_EQ(op_.Executed(), 0);
   EXPECT_FALSE(Found("key-00000001").has_value());
   EXPECT_FALSE(Found("key-00000002").has_value());
   EXPECT_EQ(Records(), 0);
@@ -365,22 +365,22 @@ TEST_F(FilterTest, TwoKeyHeadersAre400AndLeaveNoRecord) {
 
 TEST_F(FilterTest, TheFirstRequestExecutesOnceAndTheRetryReplaysItsAnswer) {
   http::RequestContext context = Context();
-  const http::Response first = filter().Handle(Post("key-00000001"), kAlice, context);
+  const http::Response first = Filter().Handle(Post("key-00000001"), kAlice, context);
   ASSERT_EQ(first.status, 201);
   EXPECT_EQ(first.body, R"({"n":1})");
   EXPECT_EQ(HeaderOf(first, "Location"), "/v1/things/1");
   EXPECT_EQ(HeaderOf(first, "Idempotency-Key-Expires"), ExpiresFor(t0_));
   EXPECT_EQ(HeaderOf(first, "Idempotent-Replayed"), "<absent>");
   EXPECT_EQ(context.outcome, "executed");
-  ASSERT_EQ(op_.executions().size(), 1u);
-  EXPECT_FALSE(op_.executions()[0].resumed);
-  EXPECT_EQ(op_.executions()[0].record.resource_id, "thing_1");
-  EXPECT_EQ(notified(), std::vector<std::string>{ToHex(ScopeOf("key-00000001"))});
+  ASSERT_EQ(op_.Executions().size(), 1u);
+  EXPECT_FALSE(op_.Executions()[0].resumed);
+  EXPECT_EQ(op_.Executions()[0].record.resource_id, "thing_1");
+  EXPECT_EQ(Notified(), std::vector<std::string>{ToHex(ScopeOf("key-00000001"))});
 
   clock_.Advance(Millis(60000));
   // The same request, the key written as an sf-string: a retry.
   context = Context();
-  const http::Response again = filter().Handle(Post("\"key-00000001\""), kAlice, context);
+  const http::Response again = Filter().Handle(Post("\"key-00000001\""), kAlice, context);
   EXPECT_EQ(again.status, 201);
   EXPECT_EQ(again.body, first.body);
   EXPECT_EQ(HeaderOf(again, "Idempotent-Replayed"), "true");
@@ -389,8 +389,8 @@ TEST_F(FilterTest, TheFirstRequestExecutesOnceAndTheRetryReplaysItsAnswer) {
   EXPECT_EQ(HeaderOf(again, "X-Trace"), "<absent>") << "only the policy's stored_headers replay";
   EXPECT_EQ(HeaderOf(again, "Idempotency-Key-Expires"), ExpiresFor(t0_));
   EXPECT_EQ(context.outcome, "replayed");
-  EXPECT_EQ(op_.executed(), 1);
-  EXPECT_EQ(op_.claimed(), 1) << "a replay claims nothing";
+  EXPECT_EQ(op_.Executed(), 1);
+  EXPECT_EQ(op_.Claimed(), 1) << "a replay claims nothing";
   EXPECT_EQ(Requests("executed"), 1);
   EXPECT_EQ(Requests("replayed"), 1);
 }
@@ -399,12 +399,12 @@ TEST_F(FilterTest, TheSameKeyWithADifferentBodyIs422) {
   ASSERT_EQ(Handle(Post("key-00000001")).status, 201);
   http::RequestContext context = Context();
   const http::Response r =
-      filter().Handle(Post("key-00000001", R"({"amount":"2.00"})"), kAlice, context);
+      Filter().Handle(Post("key-00000001", R"({"amount":"2.00"})"), kAlice, context);
 
   EXPECT_EQ(r.status, 422);
   EXPECT_EQ(TypeOf(r), "urn:idem:problem:idempotency-key-reused");
   EXPECT_EQ(HeaderOf(r, "Idempotent-Replayed"), "<absent>");
-  EXPECT_EQ(op_.executed(), 1);
+  EXPECT_EQ(op_.Executed(), 1);
   EXPECT_EQ(context.outcome, "mismatch");
   // The same key of another principal is another record: no mismatch.
   EXPECT_EQ(Handle(Post("key-00000001", R"({"amount":"2.00"})"), kBob).status, 201);
@@ -415,7 +415,7 @@ TEST_F(FilterTest, ADuplicateWhileTheFirstRunsIs409WithRetryAfterAndLocation) {
   // 2.5 s of the lease left: Retry-After rounds up to 3 (the policy allows up to 5).
   clock_.Advance(Millis(7500));
   http::RequestContext context = Context();
-  const http::Response r = filter().Handle(Post("\"key-00000001\""), kAlice, context);
+  const http::Response r = Filter().Handle(Post("\"key-00000001\""), kAlice, context);
 
   EXPECT_EQ(r.status, 409);
   EXPECT_EQ(TypeOf(r), "urn:idem:problem:request-in-progress");
@@ -424,17 +424,17 @@ TEST_F(FilterTest, ADuplicateWhileTheFirstRunsIs409WithRetryAfterAndLocation) {
   EXPECT_EQ(HeaderOf(r, "Idempotency-Key-Expires"), ExpiresFor(t0_));
   EXPECT_EQ(context.outcome, "in_progress");
   EXPECT_FALSE(context.park.has_value());
-  EXPECT_EQ(op_.executed(), 1) << "the duplicate must not execute";
+  EXPECT_EQ(op_.Executed(), 1) << "the duplicate must not execute";
 
   EXPECT_EQ(Release().status, 201);
-  EXPECT_EQ(op_.executed(), 1);
+  EXPECT_EQ(op_.Executed(), 1);
 }
 
 TEST_F(FilterTest, ADuplicateWhileTheFirstRunsWithRespondAsyncIs202) {
   StartBlocked(Post("key-00000001"));
   http::RequestContext context = Context();
   const http::Response r =
-      filter().Handle(Prefer(Post("key-00000001"), "respond-async"), kAlice, context);
+      Filter().Handle(Prefer(Post("key-00000001"), "respond-async"), kAlice, context);
 
   EXPECT_EQ(r.status, 202);
   EXPECT_EQ(r.body, R"({"key":"key-00000001","state":"PROCESSING"})");
@@ -444,7 +444,7 @@ TEST_F(FilterTest, ADuplicateWhileTheFirstRunsWithRespondAsyncIs202) {
   EXPECT_EQ(context.outcome, "in_progress");
   EXPECT_TRUE(spawned_.empty()) << "a duplicate spawns no work";
   EXPECT_EQ(Release().status, 201);
-  EXPECT_EQ(op_.executed(), 1);
+  EXPECT_EQ(op_.Executed(), 1);
 }
 
 TEST_F(FilterTest, PreferWaitParksUntilMinOfNAndWaitMaxThenAnswers409) {
@@ -455,7 +455,7 @@ TEST_F(FilterTest, PreferWaitParksUntilMinOfNAndWaitMaxThenAnswers409) {
   const SteadyTime start = monotonic_.Now();
   http::RequestContext context = Context();
   const http::Request waiting = Prefer(Post("key-00000001"), "wait=3");
-  (void)filter().Handle(waiting, kAlice, context);
+  (void)Filter().Handle(waiting, kAlice, context);
   ASSERT_TRUE(context.park.has_value());
   EXPECT_EQ(context.park->key, scope_key);
   EXPECT_EQ(context.park->deadline, start + milliseconds(3000));
@@ -465,7 +465,7 @@ TEST_F(FilterTest, PreferWaitParksUntilMinOfNAndWaitMaxThenAnswers409) {
   monotonic_.Advance(milliseconds(1000));
   context.park.reset();
   context.attempt = 2;
-  (void)filter().Handle(waiting, kAlice, context);
+  (void)Filter().Handle(waiting, kAlice, context);
   ASSERT_TRUE(context.park.has_value());
   EXPECT_EQ(context.park->deadline, start + milliseconds(3000));
 
@@ -473,7 +473,7 @@ TEST_F(FilterTest, PreferWaitParksUntilMinOfNAndWaitMaxThenAnswers409) {
   monotonic_.Advance(milliseconds(2000));
   context.park.reset();
   context.attempt = 3;
-  const http::Response r = filter().Handle(waiting, kAlice, context);
+  const http::Response r = Filter().Handle(waiting, kAlice, context);
   EXPECT_FALSE(context.park.has_value());
   EXPECT_EQ(r.status, 409);
   EXPECT_EQ(TypeOf(r), "urn:idem:problem:request-in-progress");
@@ -483,60 +483,60 @@ TEST_F(FilterTest, PreferWaitParksUntilMinOfNAndWaitMaxThenAnswers409) {
 
   // wait=60 is over wait_max (10 s): capped.
   http::RequestContext capped = Context();
-  (void)filter().Handle(Prefer(Post("key-00000001"), "wait=60"), kAlice, capped);
+  (void)Filter().Handle(Prefer(Post("key-00000001"), "wait=60"), kAlice, capped);
   ASSERT_TRUE(capped.park.has_value());
   EXPECT_EQ(capped.park->deadline, monotonic_.Now() + kWaitMax);
 
   EXPECT_EQ(Release().status, 201);
-  EXPECT_EQ(op_.executed(), 1);
+  EXPECT_EQ(op_.Executed(), 1);
 }
 
 TEST_F(FilterTest, AParkedDuplicateGetsTheReplayOnceTheFirstFinishes) {
   StartBlocked(Post("key-00000001"));
   http::RequestContext context = Context();
   const http::Request waiting = Prefer(Post("key-00000001"), "wait=5");
-  (void)filter().Handle(waiting, kAlice, context);
+  (void)Filter().Handle(waiting, kAlice, context);
   ASSERT_TRUE(context.park.has_value());
 
   const http::Response first = Release();
   ASSERT_EQ(first.status, 201);
   // The completion notifies the parked request's key; it calls Handle again before its deadline.
-  EXPECT_EQ(notified(), std::vector<std::string>{context.park->key});
+  EXPECT_EQ(Notified(), std::vector<std::string>{context.park->key});
   context.park.reset();
   context.attempt = 2;
-  const http::Response r = filter().Handle(waiting, kAlice, context);
+  const http::Response r = Filter().Handle(waiting, kAlice, context);
   EXPECT_FALSE(context.park.has_value());
   EXPECT_EQ(r.status, 201);
   EXPECT_EQ(r.body, first.body);
   EXPECT_EQ(HeaderOf(r, "Idempotent-Replayed"), "true");
   EXPECT_EQ(context.outcome, "replayed");
-  EXPECT_EQ(op_.executed(), 1);
+  EXPECT_EQ(op_.Executed(), 1);
 }
 
 TEST_F(FilterTest, ANewKeyWithRespondAsyncIs202AndTheWorkGoesToSpawn) {
   http::RequestContext context = Context();
   const http::Response r =
-      filter().Handle(Prefer(Post("key-00000001"), "respond-async"), kAlice, context);
+      Filter().Handle(Prefer(Post("key-00000001"), "respond-async"), kAlice, context);
 
   EXPECT_EQ(r.status, 202);
   EXPECT_EQ(r.body, R"({"key":"key-00000001","state":"PROCESSING"})");
   EXPECT_EQ(HeaderOf(r, "Location"), "/v1/operations/key-00000001");
   EXPECT_EQ(HeaderOf(r, "Idempotency-Key-Expires"), ExpiresFor(t0_));
   EXPECT_EQ(context.outcome, "accepted");
-  EXPECT_EQ(op_.executed(), 0) << "the work runs on the spawned task, not in Handle";
+  EXPECT_EQ(op_.Executed(), 0) << "the work runs on the spawned task, not in Handle";
   ASSERT_EQ(spawned_.size(), 1u);
   ASSERT_TRUE(Found("key-00000001").has_value());
   EXPECT_EQ(Found("key-00000001")->record.state, RecordState::kProcessing);
 
   spawned_[0]();
-  EXPECT_EQ(op_.executed(), 1);
+  EXPECT_EQ(op_.Executed(), 1);
   auto found = Found("key-00000001");
   ASSERT_TRUE(found.has_value());
   EXPECT_EQ(found->record.state, RecordState::kSucceeded);
   ASSERT_TRUE(found->response.has_value());
   EXPECT_EQ(found->response->status, 201);
   EXPECT_EQ(found->response->body, R"({"n":1})");
-  EXPECT_EQ(notified(), std::vector<std::string>{ToHex(ScopeOf("key-00000001"))});
+  EXPECT_EQ(Notified(), std::vector<std::string>{ToHex(ScopeOf("key-00000001"))});
 
   const http::Response replay = Handle(Post("key-00000001"));
   EXPECT_EQ(replay.status, 201);
@@ -555,7 +555,7 @@ TEST_F(FilterTest, AFinalFailureIsReplayedWithoutExecutingAgain) {
   EXPECT_EQ(again.body, first.body);
   EXPECT_EQ(HeaderOf(again, "Idempotent-Replayed"), "true");
   EXPECT_EQ(HeaderOf(again, "Idempotency-Key-Expires"), ExpiresFor(t0_));
-  EXPECT_EQ(op_.executed(), 1);
+  EXPECT_EQ(op_.Executed(), 1);
 }
 
 TEST_F(FilterTest, ARetryableFailureExecutesAgainWithTheSameKey) {
@@ -566,14 +566,14 @@ TEST_F(FilterTest, ARetryableFailureExecutesAgainWithTheSameKey) {
   EXPECT_EQ(Found("key-00000001")->record.state, RecordState::kFailedRetryable);
 
   http::RequestContext context = Context();
-  const http::Response again = filter().Handle(Post("key-00000001"), kAlice, context);
+  const http::Response again = Filter().Handle(Post("key-00000001"), kAlice, context);
   EXPECT_EQ(again.status, 201);
   EXPECT_EQ(again.body, R"({"n":2})");
   EXPECT_EQ(HeaderOf(again, "Idempotent-Replayed"), "<absent>");
   EXPECT_EQ(context.outcome, "executed");
-  ASSERT_EQ(op_.executions().size(), 2u);
-  EXPECT_TRUE(op_.executions()[1].resumed);
-  EXPECT_EQ(op_.executions()[1].record.resource_id, "thing_1") << "the same operation resumes";
+  ASSERT_EQ(op_.Executions().size(), 2u);
+  EXPECT_TRUE(op_.Executions()[1].resumed);
+  EXPECT_EQ(op_.Executions()[1].record.resource_id, "thing_1") << "the same operation resumes";
   EXPECT_EQ(Found("key-00000001")->record.state, RecordState::kSucceeded);
   EXPECT_EQ(Metric("idem_lease_takeovers_total"), 1);
 }
@@ -590,7 +590,7 @@ TEST_F(FilterTest, AnExecutionsStateOverridesThePolicy) {
   const http::Response replay = Handle(Post("key-00000001"));
   EXPECT_EQ(replay.status, 503);
   EXPECT_EQ(HeaderOf(replay, "Idempotent-Replayed"), "true");
-  EXPECT_EQ(op_.executed(), 1);
+  EXPECT_EQ(op_.Executed(), 1);
 
   op_.execute = [](int n, Ticket&) {
     Execution e = Answer(201, n);
@@ -603,7 +603,7 @@ TEST_F(FilterTest, AnExecutionsStateOverridesThePolicy) {
   EXPECT_EQ(again.status, 201);
   EXPECT_EQ(again.body, R"({"n":3})");
   EXPECT_EQ(HeaderOf(again, "Idempotent-Replayed"), "<absent>");
-  EXPECT_EQ(op_.executed(), 3);
+  EXPECT_EQ(op_.Executed(), 3);
 }
 
 TEST_F(FilterTest, AnUnknownOutcomeKeepsTheRecordProcessingAndTheNextRequestResumes) {
@@ -624,13 +624,13 @@ TEST_F(FilterTest, AnUnknownOutcomeKeepsTheRecordProcessingAndTheNextRequestResu
 
   clock_.Advance(Millis(1));  // far less than the 10 s lease
   http::RequestContext context = Context();
-  const http::Response again = filter().Handle(Post("key-00000001"), kAlice, context);
+  const http::Response again = Filter().Handle(Post("key-00000001"), kAlice, context);
   EXPECT_EQ(again.status, 201);
   EXPECT_EQ(again.body, R"({"n":2})");
   EXPECT_EQ(context.outcome, "executed");
-  ASSERT_EQ(op_.executions().size(), 2u);
-  EXPECT_TRUE(op_.executions()[1].resumed);
-  EXPECT_EQ(op_.executions()[1].record.recovery_point, "claimed");
+  ASSERT_EQ(op_.Executions().size(), 2u);
+  EXPECT_TRUE(op_.Executions()[1].resumed);
+  EXPECT_EQ(op_.Executions()[1].record.recovery_point, "claimed");
   EXPECT_EQ(Found("key-00000001")->record.state, RecordState::kSucceeded);
 }
 
@@ -646,14 +646,14 @@ TEST_F(FilterTest, AnUnknownOutcomeReleasesTheLeaseForARetryInTheSameMillisecond
   ASSERT_EQ(Handle(Post("key-00000001")).status, 504);
   const http::Response again = Handle(Post("key-00000001"));
   EXPECT_EQ(again.status, 201) << TypeOf(again);
-  EXPECT_EQ(op_.executed(), 2);
+  EXPECT_EQ(op_.Executed(), 2);
 }
 
 TEST_F(FilterTest, ASecondKeyOverTheProcessingQuotaIs429) {
   policy_.route.max_processing = 1;
   StartBlocked(Post("key-00000001"));
   http::RequestContext context = Context();
-  const http::Response r = filter().Handle(Post("key-00000002"), kAlice, context);
+  const http::Response r = Filter().Handle(Post("key-00000002"), kAlice, context);
 
   EXPECT_EQ(r.status, 429);
   EXPECT_EQ(TypeOf(r), "urn:idem:problem:quota-exceeded");
@@ -674,7 +674,7 @@ TEST_F(FilterTest, AFencedExecutorAnswersWithTheWinnersStoredAnswer) {
       // The first execution stalls past its lease; a retry takes over and finishes.
       clock_.Advance(kLease + Millis(1));
       http::RequestContext context = Context();
-      second = filter().Handle(Post("key-00000001"), kAlice, context);
+      second = Filter().Handle(Post("key-00000001"), kAlice, context);
     }
     return Answer(201, n);
   };
@@ -687,9 +687,9 @@ TEST_F(FilterTest, AFencedExecutorAnswersWithTheWinnersStoredAnswer) {
   EXPECT_EQ(HeaderOf(first, "Location"), "/v1/things/2");
   EXPECT_EQ(HeaderOf(first, "Idempotent-Replayed"), "true");
   EXPECT_EQ(HeaderOf(first, "Idempotency-Key-Expires"), ExpiresFor(t0_));
-  ASSERT_EQ(op_.executions().size(), 2u);
-  EXPECT_TRUE(op_.executions()[1].resumed);
-  EXPECT_EQ(op_.executions()[1].lease.fence, op_.executions()[0].lease.fence + 1);
+  ASSERT_EQ(op_.Executions().size(), 2u);
+  EXPECT_TRUE(op_.Executions()[1].resumed);
+  EXPECT_EQ(op_.Executions()[1].lease.fence, op_.Executions()[0].lease.fence + 1);
   auto found = Found("key-00000001");
   ASSERT_TRUE(found && found->response);
   EXPECT_EQ(found->response->body, R"({"n":2})");
@@ -727,7 +727,7 @@ TEST_F(FilterTest, GetOperationShowsTheCallersOwnRecord) {
   const std::string created = http::Rfc3339(ToUnixMillis(t0_));
   const std::string expires = http::Rfc3339(ToUnixMillis(t0_ + kRetention));
   StartBlocked(Post("key-00000001"));
-  http::Response running = filter().GetOperation("key-00000001", kAlice);
+  http::Response running = Filter().GetOperation("key-00000001", kAlice);
   EXPECT_EQ(running.status, 200);
   EXPECT_EQ(HeaderOf(running, "Content-Type"), "application/json");
   EXPECT_EQ(HeaderOf(running, "Idempotency-Key-Expires"), ExpiresFor(t0_));
@@ -739,7 +739,7 @@ TEST_F(FilterTest, GetOperationShowsTheCallersOwnRecord) {
   ASSERT_EQ(Release().status, 201);
   clock_.Advance(Millis(1000));
   // The key is parsed as the header is: an sf-string names the same record.
-  const http::Response done = filter().GetOperation("\"key-00000001\"", kAlice);
+  const http::Response done = Filter().GetOperation("\"key-00000001\"", kAlice);
   EXPECT_EQ(done.status, 200);
   EXPECT_EQ(HeaderOf(done, "Idempotency-Key-Expires"), ExpiresFor(t0_));
   EXPECT_EQ(done.body, R"({"key":"key-00000001","state":"SUCCEEDED","recovery_point":"done",)"
@@ -749,7 +749,7 @@ TEST_F(FilterTest, GetOperationShowsTheCallersOwnRecord) {
   // A retryable failure shows its status but no response.
   op_.execute = [](int n, Ticket&) { return Answer(503, n); };
   ASSERT_EQ(Handle(Post("key-00000002")).status, 503);
-  const json::value failed = json::parse(filter().GetOperation("key-00000002", kAlice).body);
+  const json::value failed = json::parse(Filter().GetOperation("key-00000002", kAlice).body);
   EXPECT_EQ(failed.at("state").as_string(), "FAILED_RETRYABLE");
   EXPECT_EQ(failed.at("status_code").as_int64(), 503);
   EXPECT_FALSE(failed.as_object().contains("response"));
@@ -758,22 +758,22 @@ TEST_F(FilterTest, GetOperationShowsTheCallersOwnRecord) {
 TEST_F(FilterTest, GetOperationAnswers404ForOthersAndUnknownKeysAnd400ForMalformedOnes) {
   ASSERT_EQ(Handle(Post("key-00000001")).status, 201);
 
-  const http::Response other = filter().GetOperation("key-00000001", kBob);
+  const http::Response other = Filter().GetOperation("key-00000001", kBob);
   EXPECT_EQ(other.status, 404);
   EXPECT_EQ(TypeOf(other), "urn:idem:problem:not-found");
   EXPECT_EQ(other.body.find("n\":1"), std::string::npos) << "nothing of alice's answer leaks";
 
-  const http::Response unknown = filter().GetOperation("key-99999999", kAlice);
+  const http::Response unknown = Filter().GetOperation("key-99999999", kAlice);
   EXPECT_EQ(unknown.status, 404);
   EXPECT_EQ(TypeOf(unknown), "urn:idem:problem:not-found");
 
-  const http::Response malformed = filter().GetOperation("bad key!", kAlice);
+  const http::Response malformed = Filter().GetOperation("bad key!", kAlice);
   EXPECT_EQ(malformed.status, 400);
   EXPECT_EQ(TypeOf(malformed), "urn:idem:problem:invalid-request");
 
   // Past its expiry the key is no longer recognised.
   clock_.Advance(kRetention);
-  const http::Response expired = filter().GetOperation("key-00000001", kAlice);
+  const http::Response expired = Filter().GetOperation("key-00000001", kAlice);
   EXPECT_EQ(expired.status, 404);
   EXPECT_EQ(TypeOf(expired), "urn:idem:problem:not-found");
 }
@@ -807,11 +807,11 @@ TEST_F(FilterTest, ReconcileOnceResolvesStaleRecordsOfItsOwnRouteOnly) {
 
   std::vector<std::string> woken;
   const int resolved =
-      filter().ReconcileOnce(10, [&](const std::string& key) { woken.push_back(key); });
+      Filter().ReconcileOnce(10, [&](const std::string& key) { woken.push_back(key); });
 
   EXPECT_EQ(resolved, 1);
-  ASSERT_EQ(op_.reconciled().size(), 1u);
-  const Ticket ticket = op_.reconciled()[0];
+  ASSERT_EQ(op_.Reconciled().size(), 1u);
+  const Ticket ticket = op_.Reconciled()[0];
   EXPECT_EQ(ticket.scope, ScopeOf("key-00000001"));
   EXPECT_TRUE(ticket.resumed);
   EXPECT_EQ(ticket.record.recovery_point, "claimed");
@@ -831,7 +831,7 @@ TEST_F(FilterTest, ReconcileOnceResolvesStaleRecordsOfItsOwnRouteOnly) {
   EXPECT_EQ(retry.status, 201);
   EXPECT_EQ(retry.body, R"({"n":99})");
   EXPECT_EQ(HeaderOf(retry, "Idempotent-Replayed"), "true");
-  EXPECT_EQ(op_.executed(), 1);
+  EXPECT_EQ(op_.Executed(), 1);
 }
 
 TEST_F(FilterTest, ReconcileOnceLeavesAnUnknownOutcomeForLater) {
@@ -844,16 +844,16 @@ TEST_F(FilterTest, ReconcileOnceLeavesAnUnknownOutcomeForLater) {
     return e;
   };
 
-  EXPECT_EQ(filter().ReconcileOnce(10, {}), 0);
-  EXPECT_EQ(op_.reconciled().size(), 1u);
+  EXPECT_EQ(Filter().ReconcileOnce(10, {}), 0);
+  EXPECT_EQ(op_.Reconciled().size(), 1u);
   EXPECT_EQ(Found("key-00000001")->record.state, RecordState::kProcessing);
   EXPECT_EQ(Metric("idem_reconciler_total{result=\"unknown\"}"), 1);
 
   // Released: the next pass (a millisecond on) tries again.
   clock_.Advance(Millis(1));
   op_.reconcile = {};
-  EXPECT_EQ(filter().ReconcileOnce(10, {}), 1);
-  EXPECT_EQ(op_.reconciled().size(), 2u);
+  EXPECT_EQ(Filter().ReconcileOnce(10, {}), 1);
+  EXPECT_EQ(op_.Reconciled().size(), 2u);
   EXPECT_EQ(Found("key-00000001")->record.state, RecordState::kSucceeded);
 }
 
@@ -869,7 +869,7 @@ TEST_F(FilterTest, ReconcileOnceIsNotStarvedByAnotherRoutesStaleRecords) {
   clock_.Advance(kLease + Millis(1));
 
   int resolved = 0;
-  for (int pass = 0; pass < 3; ++pass) resolved += filter().ReconcileOnce(1, {});
+  for (int pass = 0; pass < 3; ++pass) resolved += Filter().ReconcileOnce(1, {});
   EXPECT_EQ(resolved, 1);
   EXPECT_EQ(Found("key-00000002")->record.state, RecordState::kSucceeded);
 }

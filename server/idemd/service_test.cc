@@ -63,11 +63,11 @@ class FakeProvider final : public Provider {
     return std::optional<Charge>(it->second);
   }
 
-  int calls() {
+  int Calls() {
     std::lock_guard lock(mu_);
     return calls_;
   }
-  std::map<std::string, Charge> charges() {
+  std::map<std::string, Charge> Charges() {
     std::lock_guard lock(mu_);
     return charges_;
   }
@@ -211,7 +211,7 @@ TEST_F(ServiceTest, AMissingMalformedOrUnknownBearerKeyIs401WithAChallenge) {
       EXPECT_EQ(context_.outcome, "unauthorized");
     }
   }
-  EXPECT_EQ(provider_.calls(), 0);
+  EXPECT_EQ(provider_.Calls(), 0);
   EXPECT_EQ(Records(), 0);
   const std::string text = metrics_.Render();
   EXPECT_NE(text.find("idem_requests_total{route=\"payments.create\",outcome=\"unauthorized\"} " +
@@ -252,7 +252,7 @@ TEST_F(ServiceTest, AWrongMethodIs405WithAllowOnEveryRoute) {
     EXPECT_EQ(HeaderOf(r, "Allow"), c.allow);
   }
   EXPECT_EQ(Records(), 0);
-  EXPECT_EQ(provider_.calls(), 0);
+  EXPECT_EQ(provider_.Calls(), 0);
 }
 
 TEST_F(ServiceTest, AnUnknownPathIs404) {
@@ -331,16 +331,16 @@ TEST_F(ServiceTest, APaymentRunsThroughTheFilterAndItsRetryIsReplayed) {
                 R"(","merchant_order_no":"ORD-1001","amount":"100.00","currency":"CNY",)"
                 R"("status":"succeeded","provider_charge_id":"ch_1","created_at":")" +
                 http::Rfc3339(ToUnixMillis(t0_)) + R"("})");
-  ASSERT_EQ(provider_.charges().count(id), 1u);
-  EXPECT_EQ(provider_.charges()[id].amount, "100.00");
-  EXPECT_EQ(provider_.charges()[id].currency, "CNY");
+  ASSERT_EQ(provider_.Charges().count(id), 1u);
+  EXPECT_EQ(provider_.Charges()[id].amount, "100.00");
+  EXPECT_EQ(provider_.Charges()[id].currency, "CNY");
 
   const http::Response again = Handle(Pay("key-00000001"));
   EXPECT_EQ(again.status, 201);
   EXPECT_EQ(again.body, first.body);
   EXPECT_EQ(HeaderOf(again, "Location"), "/v1/payments/" + id);
   EXPECT_EQ(HeaderOf(again, "Idempotent-Replayed"), "true");
-  EXPECT_EQ(provider_.calls(), 1);
+  EXPECT_EQ(provider_.Calls(), 1);
 
   const http::Response read = Handle(Req("GET", "/v1/payments/" + id));
   EXPECT_EQ(read.status, 200);

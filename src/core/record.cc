@@ -76,7 +76,7 @@ Result<StoredResponse> DecodeResponse(std::string_view bytes) {
     }
     r.headers.emplace_back(std::move(name), std::move(value));
   }
-  if (!in.Bytes(&r.body) || !in.done()) {
+  if (!in.Bytes(&r.body) || !in.Done()) {
     return MakeError(Errc::kDataLoss, "stored response: bad body");
   }
   return r;

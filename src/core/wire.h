@@ -60,7 +60,7 @@ class Reader {
     *v = std::strtoll(s.c_str(), &end, 10);
     return *end == '\0';
   }
-  bool done() const { return in_.empty(); }
+  bool Done() const { return in_.empty(); }
 
  private:
   std::string_view in_;

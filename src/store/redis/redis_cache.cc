@@ -55,7 +55,7 @@ std::optional<Record> DecodeRecord(std::string_view bytes) {
       !in.Int(&rules) || !in.Int(&secret) || !in.Int(&state) || !in.Bytes(&r.recovery_point) ||
       !in.Bytes(&r.resource_id) || !in.Int(&status) || !in.Bytes(&r.response) ||
       !in.Bytes(&r.lease.owner) || !in.Int(&fence) || !in.Int(&until) || !in.Int(&created) ||
-      !in.Int(&updated) || !in.Int(&expires) || !in.done()) {
+      !in.Int(&updated) || !in.Int(&expires) || !in.Done()) {
     return std::nullopt;
   }
   if (state < 1 || state > 4) return std::nullopt;

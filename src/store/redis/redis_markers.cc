@@ -42,7 +42,7 @@ std::optional<InFlight> DecodeMarker(std::string_view bytes) {
   int64_t rules, secret, lease, expires;
   if (!in.Bytes(&format) || format != kFormat || !in.Bytes(&nonce) ||
       !in.Bytes(&m.fingerprint.mac) || !in.Int(&rules) || !in.Int(&secret) || !in.Int(&lease) ||
-      !in.Int(&expires) || !in.done()) {
+      !in.Int(&expires) || !in.Done()) {
     return std::nullopt;
   }
   m.fingerprint.rules_version = static_cast<uint32_t>(rules);
