@@ -1,6 +1,6 @@
 // server/idemd/filter.h — the idempotency filter: HTTP in front of the engine, generic over the
-// operation it protects. The payments route uses it today; later routes and the gateway mode
-// plug in another Operation and policy and reuse it unchanged.
+// operation it protects. The payments route uses it; another route plugs in its own Operation and
+// policy and reuses it unchanged.
 #pragma once
 
 #include <optional>
