@@ -199,6 +199,37 @@ class Store {
   virtual Result<int> Sweep(int batch) = 0;
 };
 
+// A Store that forwards every call to another (leveldb's EnvWrapper): decorators — a cache, fault
+// injection in tests — derive from it and override only what they change. Borrows `target`,
+// which must outlive the wrapper; as thread-safe as the target.
+class StoreWrapper : public Store {
+ public:
+  explicit StoreWrapper(Store& target) : target_(target) {}
+
+  Store& target() const { return target_; }
+
+  Result<std::unique_ptr<Subscription>> SubscribeFinished(
+      std::function<void(const ScopeHash&)> on_finished) override {
+    return target_.SubscribeFinished(std::move(on_finished));
+  }
+  const StoreCapabilities& capabilities() const override { return target_.capabilities(); }
+  Result<std::unique_ptr<StoreTxn>> Begin() override { return target_.Begin(); }
+  Result<std::optional<Record>> Read(const ScopeHash& scope) override {
+    return target_.Read(scope);
+  }
+  Result<std::vector<SqlRow>> Query(std::string_view sql,
+                                    const std::vector<SqlValue>& params = {}) override {
+    return target_.Query(sql, params);
+  }
+  Result<std::vector<Record>> ListStale(std::string_view route, int limit) override {
+    return target_.ListStale(route, limit);
+  }
+  Result<int> Sweep(int batch) override { return target_.Sweep(batch); }
+
+ private:
+  Store& target_;
+};
+
 // Deletes expired finished records in batches of limits::kSweepBatch until a batch comes back
 // short or `max_batches` ran, and returns how many it deleted. Errors: the store's, after the
 // batches that succeeded (their deletions stand).

@@ -22,9 +22,12 @@
 #include <thread>
 
 #include "server/http/client.h"
+#include "testing/raw_connection.h"
 
 namespace idem::http {
 namespace {
+
+using testing::RawConnection;
 
 using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
@@ -124,79 +127,6 @@ class FakeHandler final : public Handler {
   bool open_ = false;
   std::set<std::string> released_;
   std::map<std::string, std::vector<Clock::time_point>> calls_;
-};
-
-// A raw TCP connection to loopback, for input http::Call cannot produce. Closed on destruction.
-class RawConnection {
- public:
-  explicit RawConnection(uint16_t port) : fd_(socket(AF_INET, SOCK_STREAM, 0)) {
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_port = htons(port);
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    connected_ = connect(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0;
-  }
-  ~RawConnection() { close(fd_); }
-  RawConnection(const RawConnection&) = delete;
-  RawConnection& operator=(const RawConnection&) = delete;
-
-  bool Connected() const { return connected_; }
-  bool Closed() const { return closed_; }
-
-  bool Send(std::string_view data) {
-    return ::send(fd_, data.data(), data.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(data.size());
-  }
-
-  // Everything the server sends until it closes the connection or `timeout` passes.
-  std::string ReadAll(milliseconds timeout) {
-    std::string out;
-    const auto deadline = Clock::now() + timeout;
-    while (ReadSome(out, deadline)) {
-    }
-    return out;
-  }
-
-  // One response with a Content-Length (a keep-alive answer), or what arrived before the server
-  // closed or `timeout` passed.
-  std::string ReadResponse(milliseconds timeout) {
-    const auto deadline = Clock::now() + timeout;
-    while (true) {
-      const std::size_t end = pending_.find("\r\n\r\n");
-      if (end != std::string::npos) {
-        const std::size_t at = ToLower(pending_.substr(0, end)).find("content-length: ");
-        const std::size_t length =
-            at == std::string::npos ? 0 : std::stoul(pending_.substr(at + 16));
-        if (pending_.size() >= end + 4 + length) {
-          std::string response = pending_.substr(0, end + 4 + length);
-          pending_.erase(0, end + 4 + length);
-          return response;
-        }
-      }
-      if (!ReadSome(pending_, deadline)) return std::exchange(pending_, {});
-    }
-  }
-
- private:
-  // Appends what arrives before `deadline`; false once the connection closed or time is up.
-  bool ReadSome(std::string& out, Clock::time_point deadline) {
-    const auto left = std::chrono::duration_cast<milliseconds>(deadline - Clock::now());
-    if (left.count() <= 0) return false;
-    pollfd p{fd_, POLLIN, 0};
-    if (poll(&p, 1, static_cast<int>(left.count())) <= 0) return true;  // the loop re-checks
-    char buf[4096];
-    const ssize_t n = recv(fd_, buf, sizeof buf, 0);
-    if (n <= 0) {
-      closed_ = true;
-      return false;
-    }
-    out.append(buf, static_cast<std::size_t>(n));
-    return true;
-  }
-
-  int fd_;
-  bool connected_ = false;
-  std::atomic<bool> closed_{false};  // read by a sending thread while another reads
-  std::string pending_;
 };
 
 int StatusOf(std::string_view raw) {

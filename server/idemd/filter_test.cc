@@ -17,7 +17,9 @@
 
 #include "include/idem/store/sqlite.h"
 #include "server/http/problem.h"
+#include "testing/engine_fixture.h"
 #include "testing/fakes.h"
+#include "testing/http_answers.h"
 
 namespace idem::idemd {
 namespace {
@@ -33,16 +35,8 @@ constexpr std::string_view kBody = R"({"amount":"1.00"})";
 const Principal kAlice{"acme", "alice"};
 const Principal kBob{"acme", "bob"};
 
-std::string TypeOf(const http::Response& r) {
-  boost::system::error_code ec;
-  const json::value v = json::parse(r.body, ec);
-  if (ec || !v.is_object() || !v.as_object().contains("type")) return "<no problem type>";
-  return std::string(v.at("type").as_string());
-}
-
-std::string HeaderOf(const http::Response& r, std::string_view name) {
-  return std::string(r.headers.Get(name).value_or("<absent>"));
-}
+using testing::HeaderOf;
+using testing::TypeOf;
 
 // The answer of the n-th execution: 201 with a body that names it, a Location and Content-Type
 // (stored with the answer) and X-Trace (not stored).
@@ -130,16 +124,9 @@ class FakeOperation final : public Operation {
   std::vector<Ticket> reconciled_;
 };
 
-class FilterTest : public ::testing::Test {
+class FilterTest : public testing::EngineFixture {
  protected:
   FilterTest() {
-    SqliteStoreOptions options;
-    options.path = dir_.File("idem.db");
-    store_ = std::move(*OpenSqliteStore(options, clock_, random_));
-    fingerprinter_ = std::move(*Fingerprinter::Create({{1, std::string(32, 'h')}}, 1));
-    sealer_ = std::move(*Sealer::Create({{1, std::string(32, 's')}}, 1, random_));
-    engine_ = std::make_unique<Engine>(*store_, *fingerprinter_, *sealer_, clock_);
-
     policy_.route.route = kRoute;
     policy_.route.rules.money_fields = {"amount"};
     policy_.route.lease = kLease;
@@ -261,15 +248,6 @@ class FilterTest : public ::testing::Test {
     return notified_;
   }
 
-  testing::TempDir dir_;
-  testing::FakeClock clock_;
-  testing::FakeMonotonicClock monotonic_;
-  testing::SeededRandom random_{7};
-  const Timestamp t0_ = clock_.Now();
-  std::unique_ptr<Store> store_;
-  std::unique_ptr<Fingerprinter> fingerprinter_;
-  std::unique_ptr<Sealer> sealer_;
-  std::unique_ptr<Engine> engine_;
   Metrics metrics_;
   FilterPolicy policy_;
   FakeOperation op_;

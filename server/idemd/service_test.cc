@@ -13,7 +13,9 @@
 
 #include "include/idem/store/sqlite.h"
 #include "server/http/problem.h"
+#include "testing/engine_fixture.h"
 #include "testing/fakes.h"
+#include "testing/http_answers.h"
 
 namespace idem::idemd {
 namespace {
@@ -23,16 +25,8 @@ namespace json = boost::json;
 constexpr Millis kLease{10000};
 constexpr Millis kRetention{24LL * 3600 * 1000};
 
-std::string TypeOf(const http::Response& r) {
-  boost::system::error_code ec;
-  const json::value v = json::parse(r.body, ec);
-  if (ec || !v.is_object() || !v.as_object().contains("type")) return "<no problem type>";
-  return std::string(v.at("type").as_string());
-}
-
-std::string HeaderOf(const http::Response& r, std::string_view name) {
-  return std::string(r.headers.Get(name).value_or("<absent>"));
-}
+using testing::HeaderOf;
+using testing::TypeOf;
 
 std::string Sha256Hex(std::string_view s) {
   std::array<uint8_t, 32> digest;
@@ -80,39 +74,21 @@ class FakeProvider final : public Provider {
 
 // Forwards to a real store; while `reachable` is false, Query fails as it does when no database
 // connection can be had. (A SQLite file removed under an open store still answers "SELECT 1".)
-class SwitchableStore final : public Store {
+class SwitchableStore final : public StoreWrapper {
  public:
-  explicit SwitchableStore(Store& inner) : inner_(inner) {}
+  using StoreWrapper::StoreWrapper;
   std::atomic<bool> reachable{true};
 
-  const StoreCapabilities& capabilities() const override { return inner_.capabilities(); }
-  Result<std::unique_ptr<StoreTxn>> Begin() override { return inner_.Begin(); }
-  Result<std::optional<Record>> Read(const ScopeHash& scope) override { return inner_.Read(scope); }
   Result<std::vector<SqlRow>> Query(std::string_view sql,
                                     const std::vector<SqlValue>& params) override {
     if (!reachable) return MakeError(Errc::kUnavailable, "no database connection within 5000 ms");
-    return inner_.Query(sql, params);
+    return StoreWrapper::Query(sql, params);
   }
-  Result<std::vector<Record>> ListStale(std::string_view route, int limit) override {
-    return inner_.ListStale(route, limit);
-  }
-  Result<int> Sweep(int batch) override { return inner_.Sweep(batch); }
-
- private:
-  Store& inner_;
 };
 
-class ServiceTest : public ::testing::Test {
+class ServiceTest : public testing::EngineFixture {
  protected:
-  ServiceTest() {
-    SqliteStoreOptions options;
-    options.path = dir_.File("idem.db");
-    options.app_name = "payments";
-    options.app_migrations = PaymentsMigrations();
-    store_ = std::move(*OpenSqliteStore(options, clock_, random_));
-    fingerprinter_ = std::move(*Fingerprinter::Create({{1, std::string(32, 'h')}}, 1));
-    sealer_ = std::move(*Sealer::Create({{1, std::string(32, 's')}}, 1, random_));
-    engine_ = std::make_unique<Engine>(*store_, *fingerprinter_, *sealer_, clock_);
+  ServiceTest() : EngineFixture("payments", PaymentsMigrations(), 11) {
     payments_ = std::make_unique<Payments>(*store_, provider_, clock_, monotonic_, random_,
                                            metrics_, std::vector<std::string>{"CNY", "USD"});
     filter_ = std::make_unique<IdempotencyFilter>(
@@ -158,15 +134,6 @@ class ServiceTest : public ::testing::Test {
     return rows ? std::get<int64_t>(rows->at(0).at(0)) : -1;
   }
 
-  testing::TempDir dir_;
-  testing::FakeClock clock_;
-  testing::FakeMonotonicClock monotonic_;
-  testing::SeededRandom random_{11};
-  const Timestamp t0_ = clock_.Now();
-  std::unique_ptr<Store> store_;
-  std::unique_ptr<Fingerprinter> fingerprinter_;
-  std::unique_ptr<Sealer> sealer_;
-  std::unique_ptr<Engine> engine_;
   FakeProvider provider_;
   Metrics metrics_;
   std::unique_ptr<Payments> payments_;

@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "include/idem/store/sqlite.h"
+#include "testing/engine_fixture.h"
 #include "testing/fakes.h"
 
 namespace idem {
@@ -19,19 +20,14 @@ namespace {
 constexpr Millis kLease{10000};
 constexpr Millis kRetention{24LL * 3600 * 1000};
 
-class EngineTest : public ::testing::Test {
+class EngineTest : public testing::EngineFixture {
  protected:
-  void SetUp() override {
-    SqliteStoreOptions options;
-    options.path = dir_.File("idem.db");
-    options.app_name = "engine_test";
-    options.app_migrations = {
-        {1, "CREATE TABLE payments (id TEXT PRIMARY KEY, status TEXT NOT NULL)"}};
-    store_ = std::move(*OpenSqliteStore(options, clock_, random_));
-    fingerprinter_ = std::move(*Fingerprinter::Create({{1, std::string(32, 'h')}}, 1));
-    sealer_ = std::move(*Sealer::Create({{1, std::string(32, 's')}}, 1, random_));
-    engine_ = std::make_unique<Engine>(*store_, *fingerprinter_, *sealer_, clock_);
+  EngineTest()
+      : EngineFixture("engine_test",
+                      {{1, "CREATE TABLE payments (id TEXT PRIMARY KEY, status TEXT NOT NULL)"}},
+                      3) {}
 
+  void SetUp() override {
     policy_.route = "payments.create";
     policy_.rules.money_fields = {"amount"};
     policy_.rules.removed_fields = {"trace_id"};
@@ -99,13 +95,6 @@ class EngineTest : public ::testing::Test {
     };
   }
 
-  testing::TempDir dir_;
-  testing::FakeClock clock_;
-  testing::SeededRandom random_{3};
-  std::unique_ptr<Store> store_;
-  std::unique_ptr<Fingerprinter> fingerprinter_;
-  std::unique_ptr<Sealer> sealer_;
-  std::unique_ptr<Engine> engine_;
   RoutePolicy policy_;
   std::deque<std::string> bodies_, keys_;
 };
@@ -467,26 +456,15 @@ TEST_F(EngineTest, OnlyTheRequestThatPlacedAMarkerRemovesIt) {
 
 // Forwards to a real store, except that reads of `from` return the record of `to`: a cache that
 // answers for the wrong scope.
-class MisroutingStore final : public Store {
+class MisroutingStore final : public StoreWrapper {
  public:
   MisroutingStore(Store& inner, ScopeHash from, ScopeHash to)
-      : inner_(inner), from_(from), to_(to) {}
-  const StoreCapabilities& capabilities() const override { return inner_.capabilities(); }
-  Result<std::unique_ptr<StoreTxn>> Begin() override { return inner_.Begin(); }
+      : StoreWrapper(inner), from_(from), to_(to) {}
   Result<std::optional<Record>> Read(const ScopeHash& scope) override {
-    return inner_.Read(scope == from_ ? to_ : scope);
+    return StoreWrapper::Read(scope == from_ ? to_ : scope);
   }
-  Result<std::vector<SqlRow>> Query(std::string_view sql,
-                                    const std::vector<SqlValue>& params) override {
-    return inner_.Query(sql, params);
-  }
-  Result<std::vector<Record>> ListStale(std::string_view route, int limit) override {
-    return inner_.ListStale(route, limit);
-  }
-  Result<int> Sweep(int batch) override { return inner_.Sweep(batch); }
 
  private:
-  Store& inner_;
   ScopeHash from_, to_;
 };
 

@@ -1,61 +1,16 @@
 // tests/integration/hostile_itest.cc — clients that misbehave at the HTTP level: slow senders,
 // garbage, oversized headers, idle connection floods. The server answers with the documented
 // status, leaves no record behind, and keeps serving everyone else.
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <poll.h>
-#include <sys/socket.h>
-#include <unistd.h>
-
 #include <atomic>
 #include <thread>
 
+#include "testing/raw_connection.h"
 #include "tests/integration/idemd_fixture.h"
 
 namespace idem::itest {
 namespace {
 
-// A raw TCP connection to loopback, closed on destruction.
-class RawConnection {
- public:
-  explicit RawConnection(uint16_t port) : fd_(socket(AF_INET, SOCK_STREAM, 0)) {
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_port = htons(port);
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    connected_ = connect(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0;
-  }
-  ~RawConnection() { close(fd_); }
-  bool Connected() const { return connected_; }
-  bool Send(std::string_view data) {
-    return ::send(fd_, data.data(), data.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(data.size());
-  }
-  // Everything the server sends until it closes or `timeout` passes; Closed() tells which.
-  std::string ReadAll(std::chrono::milliseconds timeout) {
-    std::string out;
-    const auto deadline = std::chrono::steady_clock::now() + timeout;
-    while (true) {
-      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-          deadline - std::chrono::steady_clock::now());
-      if (left.count() <= 0) return out;
-      pollfd p{fd_, POLLIN, 0};
-      if (poll(&p, 1, static_cast<int>(left.count())) <= 0) continue;
-      char buf[4096];
-      const ssize_t n = recv(fd_, buf, sizeof buf, 0);
-      if (n <= 0) {
-        closed_ = true;
-        return out;
-      }
-      out.append(buf, static_cast<std::size_t>(n));
-    }
-  }
-  bool Closed() const { return closed_; }
-
- private:
-  int fd_;
-  bool connected_ = false;
-  std::atomic<bool> closed_{false};  // read by a sending thread while another reads
-};
+using testing::RawConnection;
 
 TEST_F(IdemdTest, SlowlorisIsCutOffWhileOthersAreServed) {
   RawConnection slow(idemd_url_.port);

@@ -109,10 +109,12 @@ class Lru {
 
 // ---- The decorator --------------------------------------------------------------------------
 
-class RedisCachedStore final : public Store {
+// Owns the store it wraps; only Read differs, everything else is forwarded.
+class RedisCachedStore final : public StoreWrapper {
  public:
   RedisCachedStore(std::unique_ptr<Store> inner, std::shared_ptr<RedisClient> client, Clock& clock)
-      : inner_(std::move(inner)),
+      : StoreWrapper(*inner),
+        inner_(std::move(inner)),
         client_(std::move(client)),
         clock_(clock),
         lru_(client_->options().lru_entries) {
@@ -138,20 +140,6 @@ class RedisCachedStore final : public Store {
       ToRedis(key, *record, now);
     }
     return record;
-  }
-
-  Result<std::unique_ptr<StoreTxn>> Begin() override { return inner_->Begin(); }
-  Result<std::vector<SqlRow>> Query(std::string_view sql,
-                                    const std::vector<SqlValue>& params) override {
-    return inner_->Query(sql, params);
-  }
-  Result<std::vector<Record>> ListStale(std::string_view route, int limit) override {
-    return inner_->ListStale(route, limit);
-  }
-  Result<int> Sweep(int batch) override { return inner_->Sweep(batch); }
-  Result<std::unique_ptr<Subscription>> SubscribeFinished(
-      std::function<void(const ScopeHash&)> on_finished) override {
-    return inner_->SubscribeFinished(std::move(on_finished));
   }
 
  private:
