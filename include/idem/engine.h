@@ -50,7 +50,7 @@ struct Request {
   Principal principal;
   std::optional<std::string_view> key_header;  // nullopt when the header is absent
   std::string_view method;
-  std::string_view content_type;
+  std::string_view content_type;  // as sent: only its media type is fingerprinted (MediaTypeOf)
   std::string_view api_version;
   std::string_view body;
 };

@@ -113,9 +113,8 @@ http::Response IdempotencyFilter::Handle(const http::Request& request, const Pri
                          "send exactly one Idempotency-Key header");
   }
   engine_request.method = request.method;
-  const std::string content_type =
-      http::ToLower(request.headers.Get("content-type").value_or(std::string_view()));
-  engine_request.content_type = content_type;
+  // As sent: the engine fingerprints only its media type (MediaTypeOf).
+  engine_request.content_type = request.headers.Get("content-type").value_or(std::string_view());
   engine_request.api_version = policy_.api_version;
   engine_request.body = request.body;
   const Preferences prefer = ParsePrefer(request.headers);

@@ -373,6 +373,21 @@ TEST_F(FilterTest, TheFirstRequestExecutesOnceAndTheRetryReplaysItsAnswer) {
   EXPECT_EQ(Requests("replayed"), 1);
 }
 
+// The engine fingerprints the media type of Content-Type only; the filter hands it the header as
+// sent, so a retry that adds a charset or changes case is the same request.
+TEST_F(FilterTest, ARetryWithContentTypeParametersOrOtherCaseIsAReplay) {
+  ASSERT_EQ(Handle(Post("key-00000001")).status, 201);
+  for (std::string_view type : {"application/json; charset=utf-8", "Application/JSON"}) {
+    SCOPED_TRACE(type);
+    http::Request retry = Post("key-00000001");
+    retry.headers.Set("Content-Type", type);
+    const http::Response r = Handle(retry);
+    EXPECT_EQ(r.status, 201) << TypeOf(r);
+    EXPECT_EQ(HeaderOf(r, "Idempotent-Replayed"), "true");
+  }
+  EXPECT_EQ(op_.Executed(), 1);
+}
+
 TEST_F(FilterTest, TheSameKeyWithADifferentBodyIs422) {
   ASSERT_EQ(Handle(Post("key-00000001")).status, 201);
   http::RequestContext context = Context();

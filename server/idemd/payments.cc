@@ -5,6 +5,7 @@
 #include <chrono>
 
 #include "include/idem/failpoint.h"
+#include "include/idem/fingerprint.h"
 #include "server/http/problem.h"
 #include "server/idemd/routes.h"
 
@@ -198,10 +199,9 @@ Payments::ParseResult Payments::Parse(const std::string& body) const {
 }
 
 std::optional<http::Response> Payments::Validate(const http::Request& request, const Principal&) {
-  const std::string type =
-      http::ToLower(request.headers.Get("content-type").value_or(std::string_view()));
-  const std::string media = type.substr(0, type.find(';'));
-  if (media != "application/json") {
+  // The media type as the fingerprint sees it (parameters and case do not count).
+  if (MediaTypeOf(request.headers.Get("content-type").value_or(std::string_view())) !=
+      "application/json") {
     return http::Problem(http::ProblemKind::kUnsupportedMediaType,
                          "send the body as application/json");
   }

@@ -318,6 +318,32 @@ TEST_F(ServiceTest, APaymentRunsThroughTheFilterAndItsRetryIsReplayed) {
   EXPECT_EQ(json::parse(operation.body).at("response"), body);
 }
 
+// Validation and the fingerprint read Content-Type alike: its media type, whatever the
+// parameters, case or white space around them.
+TEST_F(ServiceTest, ContentTypeIsJudgedByItsMediaTypeOnly) {
+  const http::Response first = Handle(Pay("key-00000001"));
+  ASSERT_EQ(first.status, 201) << first.body;
+  for (std::string_view type : {"application/json; charset=utf-8",
+                                "Application/JSON ; charset=UTF-8", "APPLICATION/JSON"}) {
+    SCOPED_TRACE(type);
+    http::Request retry = Pay("key-00000001");
+    retry.headers.Set("Content-Type", type);
+    const http::Response r = Handle(retry);
+    EXPECT_EQ(r.status, 201) << r.body;
+    EXPECT_EQ(r.body, first.body);
+    EXPECT_EQ(HeaderOf(r, "Idempotent-Replayed"), "true");
+  }
+  for (std::string_view type : {"text/plain", "application/jsonx", ""}) {
+    SCOPED_TRACE(type);
+    http::Request other = Pay("key-00000002");
+    other.headers.Set("Content-Type", type);
+    const http::Response r = Handle(other);
+    EXPECT_EQ(r.status, 415);
+    EXPECT_EQ(TypeOf(r), "urn:idem:problem:unsupported-media-type");
+  }
+  EXPECT_EQ(provider_.Calls(), 1);
+}
+
 TEST_F(ServiceTest, AnotherTenantsPaymentAndOperationAre404) {
   const http::Response created = Handle(Pay("key-00000001"));
   ASSERT_EQ(created.status, 201) << created.body;

@@ -135,6 +135,36 @@ TEST_F(EngineTest, SameKeyWithADifferentRequestIsAMismatch) {
             Decision::Kind::kExecute);
 }
 
+// Only the media type of Content-Type is part of the fingerprint: parameters, case and the white
+// space around them do not change what the request means.
+TEST_F(EngineTest, ContentTypeParametersAndCaseDoNotChangeTheFingerprint) {
+  const std::vector<std::string_view> same_media_type = {
+      "application/json; charset=utf-8", "Application/JSON", " APPLICATION/json ;charset=UTF-8",
+      "application/json\t;\tq=1"};
+  auto with_type = [&](std::string_view key, std::string_view content_type) {
+    Request r = Req(key);
+    r.content_type = content_type;
+    return r;
+  };
+  // While the first runs (decided in the claim transaction): the same request, in progress.
+  Decision running = MustStart(Req("ctype-0001"));
+  for (std::string_view type : same_media_type) {
+    SCOPED_TRACE(type);
+    EXPECT_EQ(MustStart(with_type("ctype-0001", type)).kind, Decision::Kind::kInProgress);
+  }
+  // Once it finished (decided on the snapshot read): a replay.
+  ASSERT_TRUE(engine_->Finish(running.ticket, RecordState::kSucceeded, Created("p")).has_value());
+  for (std::string_view type : same_media_type) {
+    SCOPED_TRACE(type);
+    EXPECT_EQ(MustStart(with_type("ctype-0001", type)).kind, Decision::Kind::kReplay);
+  }
+  // Another media type is another request.
+  EXPECT_EQ(StartError(with_type("ctype-0001", "text/plain; charset=utf-8")),
+            Errc::kFingerprintMismatch);
+  EXPECT_EQ(StartError(with_type("ctype-0001", "application/json-seq")),
+            Errc::kFingerprintMismatch);
+}
+
 TEST_F(EngineTest, BadInputLeavesNoRecord) {
   Request missing = Req("unused-key");
   missing.key_header.reset();
