@@ -120,10 +120,13 @@ http::Response IdempotencyFilter::Handle(const http::Request& request, const Pri
   const Preferences prefer = ParsePrefer(request.headers);
 
   const SteadyTime started = monotonic_.Now();
-  auto decision =
-      engine_.Start(policy_.route, engine_request, [&](StoreTxn& txn, const Record& record) {
+  Timestamp mismatch_expires{};  // set by Start with kFingerprintMismatch
+  auto decision = engine_.Start(
+      policy_.route, engine_request,
+      [&](StoreTxn& txn, const Record& record) {
         return operation_.OnClaim(txn, record, request, principal);
-      });
+      },
+      &mismatch_expires);
   metrics_.ObserveStore(monotonic_.SecondsSince(started));
   if (!decision) {
     const Errc code = decision.error().code;
@@ -134,6 +137,10 @@ http::Response IdempotencyFilter::Handle(const http::Request& request, const Pri
     if (code == Errc::kDataLoss || code == Errc::kInternal) {
       std::fprintf(stderr, "{\"level\":\"error\",\"msg\":\"engine\",\"code\":\"%s\"}\n",
                    std::string(ErrcName(code)).c_str());
+    }
+    // A mismatch is about the record that holds the key: the 422 tells until when it does.
+    if (code == Errc::kFingerprintMismatch) {
+      return http::ProblemFor(decision.error(), mismatch_expires);
     }
     return http::ProblemFor(decision.error());
   }

@@ -531,6 +531,38 @@ TEST_F(ServiceTest, TheReconcilerCountsAFoundChargeOnlyIfItIsThePaymentsCharge) 
   EXPECT_EQ(provider_.Calls(), calls) << "the reconciler never charges";
 }
 
+// Payments' own 409s are answers of an execution about its record: each carries that record's
+// expiry, the first answer and its replay alike.
+TEST_F(ServiceTest, OrderConflictsCarryTheirRecordsExpiry) {
+  // The order is being paid under another key (its outcome unknown): order-in-progress.
+  (void)TimedOutPayment("first-0001", "ORD-C1");
+  clock_.Advance(Millis(1000));
+  const Timestamp second = clock_.Now();
+  const http::Response running = Handle(Pay("second-0001", "alice-key", "ORD-C1"));
+  EXPECT_EQ(running.status, 409) << running.body;
+  EXPECT_EQ(TypeOf(running), "urn:idem:problem:order-in-progress");
+  EXPECT_EQ(HeaderOf(running, "Idempotency-Key-Expires"), Expires(second));
+  EXPECT_EQ(HeaderOf(running, "Retry-After"), "1");
+
+  // The order is paid; another key asks for another amount: order-conflict, final.
+  ASSERT_EQ(Handle(Pay("paid-0001", "alice-key", "ORD-C2")).status, 201);
+  clock_.Advance(Millis(1000));
+  const Timestamp third = clock_.Now();
+  http::Request other = Pay("conflict-0001", "alice-key", "ORD-C2");
+  other.body = R"({"merchant_order_no":"ORD-C2","amount":"5.00","currency":"CNY"})";
+  const http::Response conflict = Handle(other);
+  EXPECT_EQ(conflict.status, 409) << conflict.body;
+  EXPECT_EQ(TypeOf(conflict), "urn:idem:problem:order-conflict");
+  EXPECT_EQ(HeaderOf(conflict, "Idempotency-Key-Expires"), Expires(third));
+
+  clock_.Advance(Millis(1000));
+  const http::Response replay = Handle(other);
+  EXPECT_EQ(replay.status, 409);
+  EXPECT_EQ(replay.body, conflict.body);
+  EXPECT_EQ(HeaderOf(replay, "Idempotent-Replayed"), "true");
+  EXPECT_EQ(HeaderOf(replay, "Idempotency-Key-Expires"), Expires(third));
+}
+
 TEST_F(ServiceTest, AnotherTenantsPaymentAndOperationAre404) {
   const http::Response created = Handle(Pay("key-00000001"));
   ASSERT_EQ(created.status, 201) << created.body;

@@ -135,6 +135,46 @@ TEST_F(EngineTest, SameKeyWithADifferentRequestIsAMismatch) {
             Decision::Kind::kExecute);
 }
 
+// Start reports the expiry of the record that holds the key with every mismatch (decided on the
+// snapshot read or in the claim transaction), and touches the out-parameter on nothing else.
+TEST_F(EngineTest, AMismatchReportsTheExpiryOfTheRecordThatHoldsTheKey) {
+  const Timestamp untouched = FromUnixMillis(42);
+  Timestamp expires = untouched;
+  auto start = [&](const Request& r) { return engine_->Start(policy_, r, {}, &expires); };
+
+  // A new operation, and a duplicate while it runs: no mismatch, untouched.
+  auto first = start(Req("expires-01"));
+  ASSERT_TRUE(first.has_value());
+  EXPECT_EQ(first->key_expires, clock_.Now() + kRetention);
+  ASSERT_EQ(start(Req("expires-01"))->kind, Decision::Kind::kInProgress);
+  EXPECT_EQ(expires, untouched);
+
+  // Mismatch while running (the claim transaction decides).
+  clock_.Advance(Millis(3000));
+  auto running = start(Req("expires-01", R"({"amount":"2"})"));
+  ASSERT_FALSE(running.has_value());
+  EXPECT_EQ(running.error().code, Errc::kFingerprintMismatch);
+  EXPECT_EQ(expires, first->key_expires) << "the record's expiry, not now + retention";
+
+  // Mismatch once finished (the snapshot read decides).
+  ASSERT_TRUE(engine_->Finish(first->ticket, RecordState::kSucceeded, Created("p")).has_value());
+  clock_.Advance(Millis(3000));
+  expires = untouched;
+  auto finished = start(Req("expires-01", R"({"amount":"3"})"));
+  ASSERT_FALSE(finished.has_value());
+  EXPECT_EQ(finished.error().code, Errc::kFingerprintMismatch);
+  EXPECT_EQ(expires, first->key_expires);
+
+  // Replays and other errors leave it alone.
+  expires = untouched;
+  ASSERT_EQ(start(Req("expires-01"))->kind, Decision::Kind::kReplay);
+  EXPECT_EQ(start(Req("short")).error().code, Errc::kInvalidArgument);
+  EXPECT_EQ(start(Req("expires-02", R"({"amount":)")).error().code, Errc::kInvalidArgument);
+  EXPECT_EQ(expires, untouched);
+  // And a caller that passes nothing still gets the error.
+  EXPECT_EQ(StartError(Req("expires-01", R"({"amount":"4"})")), Errc::kFingerprintMismatch);
+}
+
 // Only the media type of Content-Type is part of the fingerprint: parameters, case and the white
 // space around them do not change what the request means.
 TEST_F(EngineTest, ContentTypeParametersAndCaseDoNotChangeTheFingerprint) {
@@ -468,7 +508,11 @@ TEST_F(EngineTest, OnlyTheRequestThatPlacedAMarkerRemovesIt) {
   auto duplicate = engine.Start(policy_, Req("marker-0001"));
   ASSERT_TRUE(duplicate.has_value());
   EXPECT_EQ(duplicate->kind, Decision::Kind::kInProgress);
-  EXPECT_FALSE(engine.Start(policy_, Req("marker-0001", R"({"amount":"2"})")).has_value());
+  Timestamp expires{};
+  auto mismatch = engine.Start(policy_, Req("marker-0001", R"({"amount":"2"})"), {}, &expires);
+  ASSERT_FALSE(mismatch.has_value());
+  EXPECT_EQ(mismatch.error().code, Errc::kFingerprintMismatch);
+  EXPECT_EQ(expires, executor->key_expires);
   EXPECT_TRUE(markers.Has(scope)) << "someone else removed the executor's marker";
   ASSERT_TRUE(engine.Finish(executor->ticket, RecordState::kSucceeded, Created("p")).has_value());
   EXPECT_FALSE(markers.Has(scope)) << "the executor's finish removes its marker";
