@@ -50,7 +50,7 @@ struct Request {
   Principal principal;
   std::optional<std::string_view> key_header;  // nullopt when the header is absent
   std::string_view method;
-  std::string_view content_type;
+  std::string_view content_type;  // as sent: only its media type is fingerprinted (MediaTypeOf)
   std::string_view api_version;
   std::string_view body;
 };
@@ -114,8 +114,11 @@ class Engine {
   // Errors: kInvalidArgument (key missing or malformed, body invalid), kTooLarge (body),
   // kFingerprintMismatch (the key was used for a different request), kResourceExhausted
   // (quota), kUnavailable (store), kDataLoss (a stored record or response failed to verify).
+  // With kFingerprintMismatch, and only then, *mismatch_expires (when not null) is set to the
+  // expiry of the record that holds the key, which a caller may tell the client; every other
+  // outcome leaves it untouched.
   Result<Decision> Start(const RoutePolicy& policy, const Request& request,
-                         const TxnHook& on_claim = {});
+                         const TxnHook& on_claim = {}, Timestamp* mismatch_expires = nullptr);
 
   // Step 10's read side, outside any transaction (a snapshot read): the record of `key` on
   // `policy.route` for `principal`, and its stored answer opened and decoded. `key` is parsed as
@@ -170,7 +173,8 @@ class Engine {
   Status CheckQuota(const RoutePolicy& policy, StoreTxn& txn, const Principal& who);
   Result<Decision> ClaimInTxn(const RoutePolicy& policy, const Request& request,
                               const ClaimSpec& spec, const CanonicalRequest& canonical,
-                              Decision decision, const TxnHook& on_claim);
+                              Decision decision, const TxnHook& on_claim,
+                              Timestamp* mismatch_expires);
 
   // Removes the marker `token` placed, if any.
   void ReleaseMarker(const ScopeHash& scope, const std::optional<MarkerToken>& token);

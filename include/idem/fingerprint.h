@@ -18,14 +18,14 @@ namespace idem {
 struct RequestFacts {
   std::string_view method;
   std::string_view route;
-  std::string_view content_type;
+  std::string_view content_type;  // the Content-Type value as sent; only MediaTypeOf it counts
   std::string_view api_version;
   std::string_view body;  // JSON text
   std::string_view user;
 };
 
 // The MAC input of one request: everything in RequestFacts with the body canonicalised under the
-// rules of `rules_version`.
+// rules of `rules_version` and the content type reduced to its media type.
 struct CanonicalRequest {
   uint32_t rules_version = 0;
   std::string method;
@@ -36,7 +36,13 @@ struct CanonicalRequest {
   std::string user;
 };
 
-// Canonicalises facts.body under `rules`. Errors: those of Canonicalize().
+// The media type of a Content-Type value: the text before the first ';', without the white space
+// around it, lower-cased ("Application/JSON ; charset=utf-8" → "application/json"). Parameters
+// and case do not change what a request means, so a fingerprint covers this and nothing more.
+std::string MediaTypeOf(std::string_view content_type);
+
+// Canonicalises facts.body under `rules` and facts.content_type to MediaTypeOf it.
+// Errors: those of Canonicalize().
 Result<CanonicalRequest> MakeCanonicalRequest(const RequestFacts& facts,
                                               const CanonicalRules& rules);
 

@@ -57,7 +57,8 @@ ProblemSpec Spec(ProblemKind kind) {
       return {503, "urn:idem:problem:not-ready", "Service Unavailable", kRetry1s};
 
     case K::kIdempotencyKeyReused:
-      return {422, "urn:idem:problem:idempotency-key-reused", "Unprocessable Content"};
+      return {422, "urn:idem:problem:idempotency-key-reused", "Unprocessable Content", kNoRetry,
+              kExpires};
     case K::kRequestInProgress:
       return {409, "urn:idem:problem:request-in-progress", "Conflict", kRetry1s, kExpires};
     case K::kQuotaExceeded:
@@ -142,12 +143,14 @@ ProblemKind ProblemKindFor(Errc code) {
   Unknown("Errc", static_cast<int>(code));
 }
 
-Response ProblemFor(const Error& error) {
+Response ProblemFor(const Error& error, std::optional<Timestamp> key_expires) {
   const ProblemKind kind = ProblemKindFor(error.code);
   if (kind == ProblemKind::kUnavailable)
     return Problem(kind, "try again shortly: " + error.message);
   if (kind == ProblemKind::kInternal) return Problem(kind, "unexpected failure");
-  return Problem(kind, error.message);
+  ProblemOptions options;
+  if (Spec(kind).key_expires) options.key_expires = key_expires;
+  return Problem(kind, error.message, options);
 }
 
 }  // namespace idem::http

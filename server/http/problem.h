@@ -103,7 +103,10 @@ ProblemKind ProblemKindFor(Errc code);
 
 // The answer to a libidem error: ProblemKindFor's kind with the error's message as detail, except
 // kUnavailable ("try again shortly: " + message) and kInternal (a fixed "unexpected failure":
-// internal messages are not for clients).
-Response ProblemFor(const Error& error);
+// internal messages are not for clients). `key_expires` is the expiry of the record the error is
+// about (Engine::Start reports it with kFingerprintMismatch); kinds whose row carries
+// Idempotency-Key-Expires require it (it is a programmer error to leave it out, as for Problem),
+// the others ignore it.
+Response ProblemFor(const Error& error, std::optional<Timestamp> key_expires = std::nullopt);
 
 }  // namespace idem::http

@@ -91,8 +91,7 @@ TEST(ProblemTable, KeepsThePublishedStatusTypeAndTitleOfEveryKind) {
       {K::kMethodNotAllowed, {405, "method-not-allowed", "Method Not Allowed", 0, false}},
       {K::kNotFound, {404, "not-found", "Not Found", 0, false}},
       {K::kNotReady, {503, "not-ready", "Service Unavailable", 1, false}},
-      {K::kIdempotencyKeyReused,
-       {422, "idempotency-key-reused", "Unprocessable Content", 0, false}},
+      {K::kIdempotencyKeyReused, {422, "idempotency-key-reused", "Unprocessable Content", 0, true}},
       {K::kRequestInProgress, {409, "request-in-progress", "Conflict", 1, true}},
       {K::kQuotaExceeded, {429, "quota-exceeded", "Too Many Requests", 1, false}},
       {K::kUnavailable, {503, "unavailable", "Service Unavailable", 1, false}},
@@ -249,16 +248,30 @@ TEST(ProblemFor, EveryErrcHasItsKind) {
   for (const auto& [code, kind] : expected) {
     SCOPED_TRACE(std::string(ErrcName(code)));
     EXPECT_EQ(ProblemKindFor(code), kind);
-    const Response r = ProblemFor(Error{code, "the message"});
+    const Response r = ProblemFor(Error{code, "the message"}, kExpiry);
     EXPECT_EQ(r.status, Spec(kind).status);
     EXPECT_NE(r.body.find("\"type\":\"" + std::string(Spec(kind).type) + "\""), std::string::npos)
         << r.body;
+    // The record's expiry goes only where the kind's row carries it.
+    EXPECT_EQ(r.headers.Count("idempotency-key-expires"), Spec(kind).key_expires ? 1 : 0);
   }
+}
+
+// A key reused for another request is an answer about the record that holds the key.
+TEST(ProblemFor, AMismatchCarriesTheRecordsExpiry) {
+  const Response r = ProblemFor(Error{Errc::kFingerprintMismatch, "used before"}, kExpiry);
+  EXPECT_EQ(r.status, 422);
+  EXPECT_EQ(r.headers.Get("idempotency-key-expires"), "Sun, 06 Nov 1994 08:49:37 GMT");
+  EXPECT_EQ(
+      ProblemFor(Error{Errc::kInvalidArgument, "bad key"}).headers.Count("idempotency-key-expires"),
+      0);
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_DEATH(ProblemFor(Error{Errc::kFingerprintMismatch, "used before"}), "check failed");
 }
 
 TEST(ProblemFor, DetailIsTheMessageExceptForUnavailableAndInternal) {
   auto detail = [](Errc code) {
-    return std::string(json::parse(ProblemFor(Error{code, "disk on fire"}).body)
+    return std::string(json::parse(ProblemFor(Error{code, "disk on fire"}, kExpiry).body)
                            .as_object()
                            .at("detail")
                            .as_string());

@@ -113,18 +113,20 @@ http::Response IdempotencyFilter::Handle(const http::Request& request, const Pri
                          "send exactly one Idempotency-Key header");
   }
   engine_request.method = request.method;
-  const std::string content_type =
-      http::ToLower(request.headers.Get("content-type").value_or(std::string_view()));
-  engine_request.content_type = content_type;
+  // As sent: the engine fingerprints only its media type (MediaTypeOf).
+  engine_request.content_type = request.headers.Get("content-type").value_or(std::string_view());
   engine_request.api_version = policy_.api_version;
   engine_request.body = request.body;
   const Preferences prefer = ParsePrefer(request.headers);
 
   const SteadyTime started = monotonic_.Now();
-  auto decision =
-      engine_.Start(policy_.route, engine_request, [&](StoreTxn& txn, const Record& record) {
+  Timestamp mismatch_expires{};  // set by Start with kFingerprintMismatch
+  auto decision = engine_.Start(
+      policy_.route, engine_request,
+      [&](StoreTxn& txn, const Record& record) {
         return operation_.OnClaim(txn, record, request, principal);
-      });
+      },
+      &mismatch_expires);
   metrics_.ObserveStore(monotonic_.SecondsSince(started));
   if (!decision) {
     const Errc code = decision.error().code;
@@ -135,6 +137,10 @@ http::Response IdempotencyFilter::Handle(const http::Request& request, const Pri
     if (code == Errc::kDataLoss || code == Errc::kInternal) {
       std::fprintf(stderr, "{\"level\":\"error\",\"msg\":\"engine\",\"code\":\"%s\"}\n",
                    std::string(ErrcName(code)).c_str());
+    }
+    // A mismatch is about the record that holds the key: the 422 tells until when it does.
+    if (code == Errc::kFingerprintMismatch) {
+      return http::ProblemFor(decision.error(), mismatch_expires);
     }
     return http::ProblemFor(decision.error());
   }

@@ -373,19 +373,88 @@ TEST_F(FilterTest, TheFirstRequestExecutesOnceAndTheRetryReplaysItsAnswer) {
   EXPECT_EQ(Requests("replayed"), 1);
 }
 
+// The engine fingerprints the media type of Content-Type only; the filter hands it the header as
+// sent, so a retry that adds a charset or changes case is the same request.
+TEST_F(FilterTest, ARetryWithContentTypeParametersOrOtherCaseIsAReplay) {
+  ASSERT_EQ(Handle(Post("key-00000001")).status, 201);
+  for (std::string_view type : {"application/json; charset=utf-8", "Application/JSON"}) {
+    SCOPED_TRACE(type);
+    http::Request retry = Post("key-00000001");
+    retry.headers.Set("Content-Type", type);
+    const http::Response r = Handle(retry);
+    EXPECT_EQ(r.status, 201) << TypeOf(r);
+    EXPECT_EQ(HeaderOf(r, "Idempotent-Replayed"), "true");
+  }
+  EXPECT_EQ(op_.Executed(), 1);
+}
+
+// A 422 is about the record that holds the key: it tells until when that record keeps the key
+// (its expiry, not the time of the refused request plus the retention).
 TEST_F(FilterTest, TheSameKeyWithADifferentBodyIs422) {
   ASSERT_EQ(Handle(Post("key-00000001")).status, 201);
+  clock_.Advance(Millis(60000));
   http::RequestContext context = Context();
   const http::Response r =
       Filter().Handle(Post("key-00000001", R"({"amount":"2.00"})"), kAlice, context);
 
   EXPECT_EQ(r.status, 422);
   EXPECT_EQ(TypeOf(r), "urn:idem:problem:idempotency-key-reused");
+  EXPECT_EQ(HeaderOf(r, "Idempotency-Key-Expires"), ExpiresFor(t0_));
   EXPECT_EQ(HeaderOf(r, "Idempotent-Replayed"), "<absent>");
   EXPECT_EQ(op_.Executed(), 1);
   EXPECT_EQ(context.outcome, "mismatch");
+  EXPECT_EQ(Requests("mismatch"), 1);
   // The same key of another principal is another record: no mismatch.
   EXPECT_EQ(Handle(Post("key-00000001", R"({"amount":"2.00"})"), kBob).status, 201);
+}
+
+// While the first request runs, a different request with its key is decided in the claim
+// transaction, and answers the same.
+TEST_F(FilterTest, TheSameKeyWithADifferentBodyWhileTheFirstRunsIs422) {
+  StartBlocked(Post("key-00000001"));
+  clock_.Advance(Millis(2000));
+  const http::Response r = Handle(Post("key-00000001", R"({"amount":"2.00"})"));
+
+  EXPECT_EQ(r.status, 422);
+  EXPECT_EQ(TypeOf(r), "urn:idem:problem:idempotency-key-reused");
+  EXPECT_EQ(HeaderOf(r, "Idempotency-Key-Expires"), ExpiresFor(t0_));
+  EXPECT_EQ(HeaderOf(r, "Location"), "<absent>");
+  EXPECT_EQ(HeaderOf(r, "Retry-After"), "<absent>") << "a retry would not help";
+  EXPECT_EQ(Release().status, 201);
+  EXPECT_EQ(op_.Executed(), 1);
+}
+
+// An execution's own 409 (e.g. payments' order-conflict and order-in-progress) is an answer about
+// its record: the filter stamps the record's expiry on it, and on its replay.
+TEST_F(FilterTest, AnExecutionsOwn409CarriesTheRecordsExpiry) {
+  op_.execute = [](int n, Ticket&) {
+    Execution e = Answer(409, n);
+    e.state = RecordState::kFailedFinal;
+    return e;
+  };
+  const http::Response first = Handle(Post("key-00000001"));
+  EXPECT_EQ(first.status, 409);
+  EXPECT_EQ(HeaderOf(first, "Idempotency-Key-Expires"), ExpiresFor(t0_));
+
+  clock_.Advance(Millis(60000));
+  const http::Response again = Handle(Post("key-00000001"));
+  EXPECT_EQ(again.status, 409);
+  EXPECT_EQ(HeaderOf(again, "Idempotent-Replayed"), "true");
+  EXPECT_EQ(HeaderOf(again, "Idempotency-Key-Expires"), ExpiresFor(t0_));
+
+  // Retryable: the next attempt executes again and answers with the same record's expiry.
+  op_.execute = [](int n, Ticket&) {
+    Execution e = Answer(409, n);
+    e.state = RecordState::kFailedRetryable;
+    return e;
+  };
+  ASSERT_EQ(Handle(Post("key-00000002")).status, 409);
+  clock_.Advance(Millis(60000));
+  const http::Response retried = Handle(Post("key-00000002"));
+  EXPECT_EQ(retried.status, 409);
+  EXPECT_EQ(HeaderOf(retried, "Idempotent-Replayed"), "<absent>");
+  EXPECT_EQ(HeaderOf(retried, "Idempotency-Key-Expires"), ExpiresFor(t0_ + Millis(60000)));
+  EXPECT_EQ(op_.Executed(), 3);
 }
 
 TEST_F(FilterTest, ADuplicateWhileTheFirstRunsIs409WithRetryAfterAndLocation) {

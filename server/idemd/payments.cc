@@ -3,8 +3,11 @@
 
 #include <boost/json.hpp>
 #include <chrono>
+#include <cstdio>
 
+#include "include/idem/canonical.h"
 #include "include/idem/failpoint.h"
+#include "include/idem/fingerprint.h"
 #include "server/http/problem.h"
 #include "server/idemd/routes.h"
 
@@ -198,10 +201,9 @@ Payments::ParseResult Payments::Parse(const std::string& body) const {
 }
 
 std::optional<http::Response> Payments::Validate(const http::Request& request, const Principal&) {
-  const std::string type =
-      http::ToLower(request.headers.Get("content-type").value_or(std::string_view()));
-  const std::string media = type.substr(0, type.find(';'));
-  if (media != "application/json") {
+  // The media type as the fingerprint sees it (parameters and case do not count).
+  if (MediaTypeOf(request.headers.Get("content-type").value_or(std::string_view())) !=
+      "application/json") {
     return http::Problem(http::ProblemKind::kUnsupportedMediaType,
                          "send the body as application/json");
   }
@@ -294,6 +296,60 @@ Execution Payments::Succeeded(Payment payment, const Charge& charge) {
   return e;
 }
 
+Execution Payments::Declined(const Ticket& ticket, const Payment& payment) {
+  Execution e;
+  e.response =
+      http::Problem(http::ProblemKind::kPaymentDeclined, "the payment provider declined the charge",
+                    {.key_expires = ticket.record.expires_at});
+  const int64_t now = ToUnixMillis(clock_.Now());
+  e.business = [id = payment.id, now](StoreTxn& txn, const Record&) -> Status {
+    IDEM_RETURN_IF_ERROR(txn.Exec(
+        "UPDATE payments SET status = 'declined', updated_at = ? WHERE id = ?", {now, id}));
+    return Ok();
+  };
+  return e;
+}
+
+Execution Payments::FromFoundCharge(const Ticket& ticket, Payment payment, const Charge& charge) {
+  const auto charged = CanonicalDecimal(charge.amount);
+  const auto owed =
+      CanonicalDecimal(FormatAmount(payment.amount_minor, MinorDigits(payment.currency)));
+  const bool ours = charge.reference == payment.id && charge.currency == payment.currency &&
+                    charged && owed && *charged == *owed;
+  Execution e;
+  if (!ours) {
+    // The provider holds a charge under this payment's reference that is not the charge this
+    // payment asked for. It must never count as success, and charging again could take money a
+    // second time. Nor is it made final: a final answer would be replayed for the key's whole
+    // retention while nobody looks at it again. So the record stays PROCESSING at charge_sent,
+    // the payment stays pending (its merchant order blocked), every retry and every reconciler
+    // pass looks again and answers this 500 without charging, and the log says so, until an
+    // operator settles it (docs/idemd.md).
+    const std::string line =
+        json::serialize(json::object{{"level", "error"},
+                                     {"msg", "provider charge does not match its payment"},
+                                     {"payment", payment.id},
+                                     {"charge", charge.id}}) +
+        "\n";
+    std::fwrite(line.data(), 1, line.size(), stderr);
+    e.response =
+        http::Problem(http::ProblemKind::kInternal,
+                      "the payment provider reports a charge for this payment that does "
+                      "not match it; the payment was not completed and is held for review");
+    e.outcome_unknown = true;
+    return e;
+  }
+  if (charge.status == "succeeded") return Succeeded(std::move(payment), charge);
+  if (charge.status == "declined" || charge.status == "failed") return Declined(ticket, payment);
+  // Not settled yet (e.g. pending): as unknown as a timeout; look again later.
+  e.response = http::Problem(http::ProblemKind::kProviderTimeout,
+                             "the payment provider has not settled an earlier attempt yet; retry "
+                             "with the same key to learn the outcome",
+                             {.key_expires = ticket.record.expires_at});
+  e.outcome_unknown = true;
+  return e;
+}
+
 Execution Payments::ChargeOnce(Ticket& ticket, Payment payment, Engine& engine) {
   Execution e;
   const std::string amount = FormatAmount(payment.amount_minor, MinorDigits(payment.currency));
@@ -314,7 +370,7 @@ Execution Payments::ChargeOnce(Ticket& ticket, Payment payment, Engine& engine) 
       e.outcome_unknown = true;
       return e;
     }
-    if (*found) return Succeeded(std::move(payment), **found);
+    if (*found) return FromFoundCharge(ticket, std::move(payment), **found);
   }
   if (auto advanced = engine.Advance(ticket, "charge_sent"); !advanced) {
     e.response = http::ProblemFor(advanced.error());
@@ -334,18 +390,7 @@ Execution Payments::ChargeOnce(Ticket& ticket, Payment payment, Engine& engine) 
     return e;
   }
   if (charged && !charged->declined) return Succeeded(std::move(payment), charged->charge);
-  if (charged && charged->declined) {
-    e.response = http::Problem(http::ProblemKind::kPaymentDeclined,
-                               "the payment provider declined the charge",
-                               {.key_expires = ticket.record.expires_at});
-    const int64_t now = ToUnixMillis(clock_.Now());
-    e.business = [id = payment.id, now](StoreTxn& txn, const Record&) -> Status {
-      IDEM_RETURN_IF_ERROR(txn.Exec(
-          "UPDATE payments SET status = 'declined', updated_at = ? WHERE id = ?", {now, id}));
-      return Ok();
-    };
-    return e;
-  }
+  if (charged && charged->declined) return Declined(ticket, payment);
   if (charged.error().code == Errc::kUnavailable) {
     e.response = http::Problem(http::ProblemKind::kProviderUnavailable,
                                "the payment provider is unavailable; nothing was charged",
@@ -428,7 +473,7 @@ Execution Payments::Reconcile(Ticket& ticket, Engine&) {
     e.outcome_unknown = true;
     return e;
   }
-  if (*found) return Succeeded(std::move(payment), **found);
+  if (*found) return FromFoundCharge(ticket, std::move(payment), **found);
   // The provider has no charge: release the key for a retry, which charges.
   e.response = NothingCharged(ticket);
   e.state = RecordState::kFailedRetryable;

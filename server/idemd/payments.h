@@ -68,6 +68,12 @@ class Payments final : public Operation {
   http::Response Created(const Payment& p, int status) const;
   Execution ChargeOnce(Ticket& ticket, Payment payment, Engine& engine);
   Execution Succeeded(Payment payment, const Charge& charge);
+  // The final 402, with the payment row marked declined in the completion's transaction.
+  Execution Declined(const Ticket& ticket, const Payment& payment);
+  // What a charge that the provider found by the payment's reference settles: success only for
+  // this payment's succeeded charge, the final 402 for its declined one, an unresolved outcome
+  // for anything else.
+  Execution FromFoundCharge(const Ticket& ticket, Payment payment, const Charge& charge);
 
   Store& store_;
   Provider& provider_;

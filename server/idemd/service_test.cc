@@ -35,13 +35,19 @@ std::string Sha256Hex(std::string_view s) {
 }
 
 // A provider that charges every first request for a reference and answers repeats and lookups
-// with that charge. Thread-safe.
+// with that charge. A test may make the next charge time out before it is made (the request left,
+// nobody knows the outcome) and plant the charge a lookup then finds. Thread-safe.
 class FakeProvider final : public Provider {
  public:
   Result<ChargeResult> CreateCharge(const std::string& reference, const std::string& amount,
                                     const std::string& currency) override {
     std::lock_guard lock(mu_);
     ++calls_;
+    references_.push_back(reference);
+    if (time_out_next_) {
+      time_out_next_ = false;
+      return MakeError(Errc::kDeadlineExceeded, "provider did not answer in time");
+    }
     auto it = charges_.find(reference);
     if (it == charges_.end()) {
       const Charge charge{"ch_" + std::to_string(charges_.size() + 1), reference, amount, currency,
@@ -57,6 +63,20 @@ class FakeProvider final : public Provider {
     return std::optional<Charge>(it->second);
   }
 
+  void TimeOutNextCharge() {
+    std::lock_guard lock(mu_);
+    time_out_next_ = true;
+  }
+  // What lookups of `reference` find from now on.
+  void Plant(const std::string& reference, const Charge& charge) {
+    std::lock_guard lock(mu_);
+    charges_[reference] = charge;
+  }
+  // The reference of every CreateCharge call, in order.
+  std::vector<std::string> References() {
+    std::lock_guard lock(mu_);
+    return references_;
+  }
   int Calls() {
     std::lock_guard lock(mu_);
     return calls_;
@@ -69,6 +89,8 @@ class FakeProvider final : public Provider {
  private:
   std::mutex mu_;
   int calls_ = 0;
+  bool time_out_next_ = false;
+  std::vector<std::string> references_;
   std::map<std::string, Charge> charges_;  // by reference
 };
 
@@ -132,6 +154,33 @@ class ServiceTest : public testing::EngineFixture {
     auto rows = store_->Query("SELECT count(*) FROM idem_records");
     EXPECT_TRUE(rows.has_value());
     return rows ? std::get<int64_t>(rows->at(0).at(0)) : -1;
+  }
+
+  // Pays `order` under `key` while the provider times out after the request left: 504, the
+  // record stays PROCESSING at charge_sent. Returns the payment id (the charge's reference).
+  std::string TimedOutPayment(std::string_view key, std::string_view order) {
+    provider_.TimeOutNextCharge();
+    const http::Response r = Handle(Pay(key, "alice-key", order));
+    EXPECT_EQ(r.status, 504) << r.body;
+    EXPECT_EQ(TypeOf(r), "urn:idem:problem:provider-timeout");
+    return provider_.References().empty() ? std::string() : provider_.References().back();
+  }
+  // The record of alice's `key`, as GET /v1/operations/{key} would show it.
+  std::optional<Record> RecordOf(std::string_view key) {
+    auto found = engine_->Lookup({"acme", "alice"}, filter_->policy().route, key);
+    EXPECT_TRUE(found.has_value());
+    return found && *found ? std::optional<Record>((*found)->record) : std::nullopt;
+  }
+  // The payment row's status and provider charge id ("" when NULL).
+  std::pair<std::string, std::string> PaymentRow(const std::string& id) {
+    auto rows = store_->Query("SELECT status, provider_charge_id FROM payments WHERE id = ?", {id});
+    EXPECT_TRUE(rows.has_value() && rows->size() == 1u);
+    if (!rows || rows->size() != 1u) return {};
+    const std::string* charge = std::get_if<std::string>(&rows->at(0).at(1));
+    return {std::get<std::string>(rows->at(0).at(0)), charge ? *charge : std::string()};
+  }
+  static std::string Expires(Timestamp created) {
+    return http::HttpDate(ToUnixMillis(created + kRetention));
   }
 
   FakeProvider provider_;
@@ -316,6 +365,202 @@ TEST_F(ServiceTest, APaymentRunsThroughTheFilterAndItsRetryIsReplayed) {
   EXPECT_EQ(operation.status, 200);
   EXPECT_EQ(json::parse(operation.body).at("state").as_string(), "SUCCEEDED");
   EXPECT_EQ(json::parse(operation.body).at("response"), body);
+}
+
+// Validation and the fingerprint read Content-Type alike: its media type, whatever the
+// parameters, case or white space around them.
+TEST_F(ServiceTest, ContentTypeIsJudgedByItsMediaTypeOnly) {
+  const http::Response first = Handle(Pay("key-00000001"));
+  ASSERT_EQ(first.status, 201) << first.body;
+  for (std::string_view type : {"application/json; charset=utf-8",
+                                "Application/JSON ; charset=UTF-8", "APPLICATION/JSON"}) {
+    SCOPED_TRACE(type);
+    http::Request retry = Pay("key-00000001");
+    retry.headers.Set("Content-Type", type);
+    const http::Response r = Handle(retry);
+    EXPECT_EQ(r.status, 201) << r.body;
+    EXPECT_EQ(r.body, first.body);
+    EXPECT_EQ(HeaderOf(r, "Idempotent-Replayed"), "true");
+  }
+  for (std::string_view type : {"text/plain", "application/jsonx", ""}) {
+    SCOPED_TRACE(type);
+    http::Request other = Pay("key-00000002");
+    other.headers.Set("Content-Type", type);
+    const http::Response r = Handle(other);
+    EXPECT_EQ(r.status, 415);
+    EXPECT_EQ(TypeOf(r), "urn:idem:problem:unsupported-media-type");
+  }
+  EXPECT_EQ(provider_.Calls(), 1);
+}
+
+// A resumed payment whose charge may have left looks the charge up by reference. What it finds
+// counts only if it is this payment's charge: the same reference, amount and currency. Anything
+// else is never a success, never charged again and never final: the record stays PROCESSING at
+// charge_sent (every retry and the reconciler look again) and the answer is a 500.
+TEST_F(ServiceTest, AResumedPaymentCountsAFoundChargeOnlyIfItIsThePaymentsCharge) {
+  struct Case {
+    std::string name;
+    std::string amount, currency, reference;  // reference "" means the payment's own
+  };
+  const std::vector<Case> cases = {
+      {"another amount", "99.00", "CNY", ""},
+      {"a larger amount", "1000.00", "CNY", ""},
+      {"another currency", "100.00", "USD", ""},
+      {"not a number", "100.00 CNY", "CNY", ""},
+      {"another reference", "100.00", "CNY", "pay_someone_else"},
+  };
+  int n = 0;
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    const std::string key = "mismatch-000" + std::to_string(++n);
+    const std::string order = "ORD-M" + std::to_string(n);
+    const std::string id = TimedOutPayment(key, order);
+    provider_.Plant(
+        id, Charge{"ch_planted_" + std::to_string(n), c.reference.empty() ? id : c.reference,
+                   c.amount, c.currency, "succeeded"});
+    const int calls = provider_.Calls();
+
+    for (int attempt = 0; attempt < 2; ++attempt) {
+      const http::Response r = Handle(Pay(key, "alice-key", order));
+      EXPECT_EQ(r.status, 500) << r.body;
+      EXPECT_EQ(TypeOf(r), "urn:idem:problem:internal");
+      EXPECT_EQ(HeaderOf(r, "Idempotency-Key-Expires"), Expires(t0_));
+      EXPECT_EQ(HeaderOf(r, "Idempotent-Replayed"), "<absent>");
+      EXPECT_EQ(r.body.find("succeeded"), std::string::npos) << r.body;
+    }
+    EXPECT_EQ(provider_.Calls(), calls) << "nothing is charged again";
+    const std::optional<Record> record = RecordOf(key);
+    ASSERT_TRUE(record.has_value());
+    EXPECT_EQ(record->state, RecordState::kProcessing) << "unresolved, not final";
+    EXPECT_EQ(record->recovery_point, "charge_sent");
+    EXPECT_EQ(PaymentRow(id), (std::pair<std::string, std::string>{"pending", ""}));
+    const http::Response payment = Handle(Req("GET", "/v1/payments/" + id));
+    EXPECT_EQ(json::parse(payment.body).at("status").as_string(), "pending");
+  }
+}
+
+TEST_F(ServiceTest, AResumedPaymentWhoseFoundChargeWasDeclinedIsTheFinal402) {
+  int n = 0;
+  for (std::string status : {"declined", "failed"}) {
+    SCOPED_TRACE(status);
+    const std::string key = "declined-000" + std::to_string(++n);
+    const std::string order = "ORD-D" + std::to_string(n);
+    const std::string id = TimedOutPayment(key, order);
+    provider_.Plant(id, Charge{"ch_declined", id, "100.00", "CNY", status});
+    const int calls = provider_.Calls();
+
+    const http::Response r = Handle(Pay(key, "alice-key", order));
+    EXPECT_EQ(r.status, 402) << r.body;
+    EXPECT_EQ(TypeOf(r), "urn:idem:problem:payment-declined");
+    EXPECT_EQ(HeaderOf(r, "Idempotency-Key-Expires"), Expires(t0_));
+    EXPECT_EQ(RecordOf(key)->state, RecordState::kFailedFinal);
+    EXPECT_EQ(PaymentRow(id), (std::pair<std::string, std::string>{"declined", ""}));
+
+    const http::Response again = Handle(Pay(key, "alice-key", order));
+    EXPECT_EQ(again.status, 402);
+    EXPECT_EQ(again.body, r.body);
+    EXPECT_EQ(HeaderOf(again, "Idempotent-Replayed"), "true");
+    EXPECT_EQ(HeaderOf(again, "Idempotency-Key-Expires"), Expires(t0_));
+    EXPECT_EQ(provider_.Calls(), calls) << "a declined payment is not charged again";
+  }
+}
+
+// A charge the provider has not settled (neither succeeded nor declined) leaves the outcome
+// unknown: 504 as for a timeout, the record unresolved, nothing charged again.
+TEST_F(ServiceTest, AResumedPaymentWhoseFoundChargeIsUnsettledStaysUnresolved) {
+  const std::string id = TimedOutPayment("pending-0001", "ORD-P1");
+  provider_.Plant(id, Charge{"ch_pending", id, "100.00", "CNY", "pending"});
+  const int calls = provider_.Calls();
+
+  const http::Response r = Handle(Pay("pending-0001", "alice-key", "ORD-P1"));
+  EXPECT_EQ(r.status, 504) << r.body;
+  EXPECT_EQ(TypeOf(r), "urn:idem:problem:provider-timeout");
+  EXPECT_EQ(HeaderOf(r, "Idempotency-Key-Expires"), Expires(t0_));
+  EXPECT_EQ(provider_.Calls(), calls);
+  EXPECT_EQ(RecordOf("pending-0001")->state, RecordState::kProcessing);
+  EXPECT_EQ(PaymentRow(id), (std::pair<std::string, std::string>{"pending", ""}));
+
+  // Once it succeeds, the next attempt completes the payment with it.
+  provider_.Plant(id, Charge{"ch_pending", id, "100.00", "CNY", "succeeded"});
+  const http::Response done = Handle(Pay("pending-0001", "alice-key", "ORD-P1"));
+  EXPECT_EQ(done.status, 201) << done.body;
+  EXPECT_EQ(PaymentRow(id), (std::pair<std::string, std::string>{"succeeded", "ch_pending"}));
+  EXPECT_EQ(provider_.Calls(), calls);
+}
+
+// The same amount written another way is the same amount.
+TEST_F(ServiceTest, AResumedPaymentCompletesWithAMatchingFoundCharge) {
+  const std::string id = TimedOutPayment("match-0001", "ORD-A1");
+  provider_.Plant(id, Charge{"ch_found", id, "100", "CNY", "succeeded"});
+  const int calls = provider_.Calls();
+
+  const http::Response r = Handle(Pay("match-0001", "alice-key", "ORD-A1"));
+  EXPECT_EQ(r.status, 201) << r.body;
+  EXPECT_EQ(json::parse(r.body).at("provider_charge_id").as_string(), "ch_found");
+  EXPECT_EQ(json::parse(r.body).at("amount").as_string(), "100.00");
+  EXPECT_EQ(PaymentRow(id), (std::pair<std::string, std::string>{"succeeded", "ch_found"}));
+  EXPECT_EQ(RecordOf("match-0001")->state, RecordState::kSucceeded);
+  EXPECT_EQ(provider_.Calls(), calls);
+}
+
+// The reconciler judges a found charge as a resumed request does.
+TEST_F(ServiceTest, TheReconcilerCountsAFoundChargeOnlyIfItIsThePaymentsCharge) {
+  const std::string mismatched = TimedOutPayment("reconcile-1", "ORD-R1");
+  provider_.Plant(mismatched, Charge{"ch_wrong", mismatched, "100.00", "USD", "succeeded"});
+  const std::string declined = TimedOutPayment("reconcile-2", "ORD-R2");
+  provider_.Plant(declined, Charge{"ch_declined", declined, "100.00", "CNY", "declined"});
+  const int calls = provider_.Calls();
+
+  EXPECT_EQ(filter_->ReconcileOnce(10, {}), 1) << "only the declined charge resolves";
+  EXPECT_EQ(RecordOf("reconcile-1")->state, RecordState::kProcessing);
+  EXPECT_EQ(RecordOf("reconcile-1")->recovery_point, "charge_sent");
+  EXPECT_EQ(PaymentRow(mismatched), (std::pair<std::string, std::string>{"pending", ""}));
+  EXPECT_EQ(RecordOf("reconcile-2")->state, RecordState::kFailedFinal);
+  EXPECT_EQ(PaymentRow(declined), (std::pair<std::string, std::string>{"declined", ""}));
+
+  const http::Response replay = Handle(Pay("reconcile-2", "alice-key", "ORD-R2"));
+  EXPECT_EQ(replay.status, 402) << replay.body;
+  EXPECT_EQ(TypeOf(replay), "urn:idem:problem:payment-declined");
+  EXPECT_EQ(HeaderOf(replay, "Idempotent-Replayed"), "true");
+
+  // A later pass looks again and still does not complete the mismatched payment.
+  clock_.Advance(Millis(1));
+  EXPECT_EQ(filter_->ReconcileOnce(10, {}), 0);
+  EXPECT_EQ(RecordOf("reconcile-1")->state, RecordState::kProcessing);
+  EXPECT_EQ(PaymentRow(mismatched), (std::pair<std::string, std::string>{"pending", ""}));
+  EXPECT_EQ(provider_.Calls(), calls) << "the reconciler never charges";
+}
+
+// Payments' own 409s are answers of an execution about its record: each carries that record's
+// expiry, the first answer and its replay alike.
+TEST_F(ServiceTest, OrderConflictsCarryTheirRecordsExpiry) {
+  // The order is being paid under another key (its outcome unknown): order-in-progress.
+  (void)TimedOutPayment("first-0001", "ORD-C1");
+  clock_.Advance(Millis(1000));
+  const Timestamp second = clock_.Now();
+  const http::Response running = Handle(Pay("second-0001", "alice-key", "ORD-C1"));
+  EXPECT_EQ(running.status, 409) << running.body;
+  EXPECT_EQ(TypeOf(running), "urn:idem:problem:order-in-progress");
+  EXPECT_EQ(HeaderOf(running, "Idempotency-Key-Expires"), Expires(second));
+  EXPECT_EQ(HeaderOf(running, "Retry-After"), "1");
+
+  // The order is paid; another key asks for another amount: order-conflict, final.
+  ASSERT_EQ(Handle(Pay("paid-0001", "alice-key", "ORD-C2")).status, 201);
+  clock_.Advance(Millis(1000));
+  const Timestamp third = clock_.Now();
+  http::Request other = Pay("conflict-0001", "alice-key", "ORD-C2");
+  other.body = R"({"merchant_order_no":"ORD-C2","amount":"5.00","currency":"CNY"})";
+  const http::Response conflict = Handle(other);
+  EXPECT_EQ(conflict.status, 409) << conflict.body;
+  EXPECT_EQ(TypeOf(conflict), "urn:idem:problem:order-conflict");
+  EXPECT_EQ(HeaderOf(conflict, "Idempotency-Key-Expires"), Expires(third));
+
+  clock_.Advance(Millis(1000));
+  const http::Response replay = Handle(other);
+  EXPECT_EQ(replay.status, 409);
+  EXPECT_EQ(replay.body, conflict.body);
+  EXPECT_EQ(HeaderOf(replay, "Idempotent-Replayed"), "true");
+  EXPECT_EQ(HeaderOf(replay, "Idempotency-Key-Expires"), Expires(third));
 }
 
 TEST_F(ServiceTest, AnotherTenantsPaymentAndOperationAre404) {

@@ -158,14 +158,10 @@ class DocBuilder {
   bool on_array_begin(boost::json::error_code& ec) { return Open(Kind::kArray, ec); }
   bool on_object_begin(boost::json::error_code& ec) { return Open(Kind::kObject, ec); }
   bool on_array_end(std::size_t, boost::json::error_code&) {
-    stack_.pop_back();
+    Close();
     return true;
   }
-  bool on_object_end(std::size_t, boost::json::error_code& ec) {
-    const int32_t obj = stack_.back();
-    stack_.pop_back();
-    return SortMembers(obj, ec);
-  }
+  bool on_object_end(std::size_t, boost::json::error_code& ec) { return SortMembers(Close(), ec); }
   bool on_string_part(boost::json::string_view s, std::size_t, boost::json::error_code&) {
     Part(s);
     return true;
@@ -232,13 +228,13 @@ class DocBuilder {
     const auto index = static_cast<int32_t>(doc_.nodes.size());
     Node node;
     node.kind = kind;
-    if (stack_.empty()) {
+    if (open_.empty()) {
       root = index;
       doc_.nodes.push_back(node);
       return index;
     }
-    const int32_t parent_index = stack_.back();
-    std::size_t& count = counts_.back();
+    const int32_t parent_index = open_.back().node;
+    std::size_t& count = open_.back().entries;
     if (++count > max_container_) {
       Refuse("an array or object has more than " + std::to_string(max_container_) + " entries", ec);
       return -1;
@@ -260,14 +256,19 @@ class DocBuilder {
   bool Open(Kind kind, boost::json::error_code& ec) {
     const int32_t index = Place(kind, ec);
     if (index < 0) return false;
-    stack_.push_back(index);
-    counts_.push_back(0);
+    open_.push_back(OpenContainer{index, 0});
     return true;
+  }
+  // Ends the innermost open container, and with it its count: the entries that follow count
+  // against the container around it. Returns the closed container's node.
+  int32_t Close() {
+    const int32_t index = open_.back().node;
+    open_.pop_back();
+    return index;
   }
 
   // Relinks an object's members in canonical order; refuses duplicate names.
   bool SortMembers(int32_t obj, boost::json::error_code& ec) {
-    counts_.pop_back();
     members_.clear();
     for (int32_t c = doc_.nodes[static_cast<std::size_t>(obj)].first; c >= 0;
          c = doc_.nodes[static_cast<std::size_t>(c)].next) {
@@ -303,8 +304,12 @@ class DocBuilder {
 
   Doc& doc_;
   std::size_t max_container_;
-  std::vector<int32_t> stack_;
-  std::vector<std::size_t> counts_;
+  // The containers being parsed, innermost last, each with the entries placed in it so far.
+  struct OpenContainer {
+    int32_t node;
+    std::size_t entries;
+  };
+  std::vector<OpenContainer> open_;
   std::vector<int32_t> members_;
   std::string number_;
   Slice pending_key_;

@@ -215,6 +215,49 @@ TEST(Canonicalize, ContainerLimitAtAndPastTheEdge) {
   EXPECT_EQ(CanonError(R"({"a":1,"b":2,"c":3,"d":4})", rules), Errc::kInvalidArgument);
 }
 
+// Each container's entries count against that container, also after a nested container closed:
+// the members that follow a nested array belong to the object around it.
+TEST(Canonicalize, ContainerLimitCountsMembersAfterANestedArrayAgainstTheirObject) {
+  CanonicalRules rules;
+  rules.max_container_size = 3;
+  // At the limit: three members, the first a full array.
+  EXPECT_TRUE(Canonicalize(R"({"a":[1,2,3],"b":1,"c":2})", rules).has_value());
+  EXPECT_TRUE(Canonicalize(R"({"a":[],"b":1,"c":2})", rules).has_value());
+  EXPECT_TRUE(Canonicalize(R"({"x":{"a":[1,2,3],"b":1,"c":2},"y":1,"z":2})", rules).has_value());
+  // One past: four members.
+  EXPECT_EQ(CanonError(R"({"a":[1,2,3],"b":1,"c":2,"d":3})", rules), Errc::kInvalidArgument);
+  EXPECT_EQ(CanonError(R"({"a":[],"b":1,"c":2,"d":3})", rules), Errc::kInvalidArgument);
+  // A closed array inside a closed object: the outer object's members still count for it.
+  EXPECT_TRUE(Canonicalize(R"({"x":{"p":1,"q":2,"a":[]},"y":1,"z":2})", rules).has_value());
+  EXPECT_EQ(CanonError(R"({"m":1,"n":2,"x":{"a":[]},"y":1})", rules), Errc::kInvalidArgument);
+}
+
+TEST(Canonicalize, ContainerLimitCountsElementsAfterANestedContainerAgainstTheirArray) {
+  CanonicalRules rules;
+  rules.max_container_size = 3;
+  // At the limit: three elements, the first a full array or object.
+  EXPECT_TRUE(Canonicalize("[[1,2,3],2,3]", rules).has_value());
+  EXPECT_TRUE(Canonicalize("[[],2,3]", rules).has_value());
+  EXPECT_TRUE(Canonicalize(R"([{"a":1,"b":2,"c":3},2,3])", rules).has_value());
+  EXPECT_TRUE(Canonicalize(R"([{},2,3])", rules).has_value());
+  // One past: four elements.
+  EXPECT_EQ(CanonError("[[1,2,3],2,3,4]", rules), Errc::kInvalidArgument);
+  EXPECT_EQ(CanonError("[[],2,3,4]", rules), Errc::kInvalidArgument);
+  EXPECT_EQ(CanonError(R"([{"a":1,"b":2,"c":3},2,3,4])", rules), Errc::kInvalidArgument);
+  EXPECT_EQ(CanonError(R"([{},2,3,4])", rules), Errc::kInvalidArgument);
+  // The default limit: `n` elements, the first a nested array.
+  const auto elements = [](std::string_view first, std::size_t n) {
+    std::string json = "[" + std::string(first);
+    for (std::size_t i = 1; i < n; ++i) json += ",0";
+    return json + "]";
+  };
+  EXPECT_TRUE(Canonicalize(elements("[1,2,3]", limits::kJsonMaxContainerSize), CanonicalRules{})
+                  .has_value());
+  auto past = Canonicalize(elements("[]", limits::kJsonMaxContainerSize + 1), CanonicalRules{});
+  ASSERT_FALSE(past.has_value()) << "4097 elements accepted";
+  EXPECT_EQ(past.error().code, Errc::kInvalidArgument);
+}
+
 TEST(Canonicalize, IsIdempotent) {
   const CanonicalRules rules = PaymentRules();
   const std::string once = Canon(

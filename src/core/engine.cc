@@ -69,10 +69,22 @@ Status VerifySameRequest(const RoutePolicy& policy, const Request& request,
   return Ok();
 }
 
+// VerifySameRequest against `record`; on a mismatch, reports the record's expiry to the caller
+// of Engine::Start.
+Status VerifyRecord(const RoutePolicy& policy, const Request& request,
+                    const CanonicalRequest& current, const Fingerprinter& fingerprinter,
+                    const Record& record, Timestamp* mismatch_expires) {
+  Status same = VerifySameRequest(policy, request, current, fingerprinter, record.fingerprint);
+  if (!same && same.error().code == Errc::kFingerprintMismatch && mismatch_expires != nullptr) {
+    *mismatch_expires = record.expires_at;
+  }
+  return same;
+}
+
 }  // namespace
 
 Result<Decision> Engine::Start(const RoutePolicy& policy, const Request& request,
-                               const TxnHook& on_claim) {
+                               const TxnHook& on_claim, Timestamp* mismatch_expires) {
   if (!request.key_header) {
     return MakeError(Errc::kInvalidArgument, "the Idempotency-Key header is required");
   }
@@ -88,7 +100,7 @@ Result<Decision> Engine::Start(const RoutePolicy& policy, const Request& request
   IDEM_ASSIGN_OR_RETURN(std::optional<Record> seen, store_.Read(hash));
   if (seen && IsReplayable(seen->state) && seen->expires_at > clock_.Now()) {
     IDEM_RETURN_IF_ERROR(
-        VerifySameRequest(policy, request, canonical, fingerprinter_, seen->fingerprint));
+        VerifyRecord(policy, request, canonical, fingerprinter_, *seen, mismatch_expires));
     decision.record = std::move(*seen);
     return Replay(hash, std::move(decision));
   }
@@ -124,7 +136,8 @@ Result<Decision> Engine::Start(const RoutePolicy& policy, const Request& request
       }
     }
   }
-  auto decided = ClaimInTxn(policy, request, spec, canonical, std::move(decision), on_claim);
+  auto decided =
+      ClaimInTxn(policy, request, spec, canonical, std::move(decision), on_claim, mismatch_expires);
   // An execution keeps the marker this request placed; every other outcome removes it (and only
   // it: a marker held by another request stays), so later requests get through.
   if (decided && decided->kind == Decision::Kind::kExecute) {
@@ -141,7 +154,8 @@ void Engine::ReleaseMarker(const ScopeHash& scope, const std::optional<MarkerTok
 
 Result<Decision> Engine::ClaimInTxn(const RoutePolicy& policy, const Request& request,
                                     const ClaimSpec& spec, const CanonicalRequest& canonical,
-                                    Decision decision, const TxnHook& on_claim) {
+                                    Decision decision, const TxnHook& on_claim,
+                                    Timestamp* mismatch_expires) {
   IDEM_ASSIGN_OR_RETURN(std::unique_ptr<StoreTxn> txn, store_.Begin());
   IDEM_ASSIGN_OR_RETURN(ClaimResult claim, txn->Claim(spec));
   Record record = std::move(claim.record);
@@ -154,7 +168,7 @@ Result<Decision> Engine::ClaimInTxn(const RoutePolicy& policy, const Request& re
       IDEM_ASSIGN_OR_RETURN(record, txn->Reclaim(spec, record.lease.fence));
     } else {
       IDEM_RETURN_IF_ERROR(
-          VerifySameRequest(policy, request, canonical, fingerprinter_, record.fingerprint));
+          VerifyRecord(policy, request, canonical, fingerprinter_, record, mismatch_expires));
       if (IsReplayable(record.state)) {
         decision.record = std::move(record);
         return Replay(spec.scope, std::move(decision));

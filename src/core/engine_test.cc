@@ -135,6 +135,76 @@ TEST_F(EngineTest, SameKeyWithADifferentRequestIsAMismatch) {
             Decision::Kind::kExecute);
 }
 
+// Start reports the expiry of the record that holds the key with every mismatch (decided on the
+// snapshot read or in the claim transaction), and touches the out-parameter on nothing else.
+TEST_F(EngineTest, AMismatchReportsTheExpiryOfTheRecordThatHoldsTheKey) {
+  const Timestamp untouched = FromUnixMillis(42);
+  Timestamp expires = untouched;
+  auto start = [&](const Request& r) { return engine_->Start(policy_, r, {}, &expires); };
+
+  // A new operation, and a duplicate while it runs: no mismatch, untouched.
+  auto first = start(Req("expires-01"));
+  ASSERT_TRUE(first.has_value());
+  EXPECT_EQ(first->key_expires, clock_.Now() + kRetention);
+  ASSERT_EQ(start(Req("expires-01"))->kind, Decision::Kind::kInProgress);
+  EXPECT_EQ(expires, untouched);
+
+  // Mismatch while running (the claim transaction decides).
+  clock_.Advance(Millis(3000));
+  auto running = start(Req("expires-01", R"({"amount":"2"})"));
+  ASSERT_FALSE(running.has_value());
+  EXPECT_EQ(running.error().code, Errc::kFingerprintMismatch);
+  EXPECT_EQ(expires, first->key_expires) << "the record's expiry, not now + retention";
+
+  // Mismatch once finished (the snapshot read decides).
+  ASSERT_TRUE(engine_->Finish(first->ticket, RecordState::kSucceeded, Created("p")).has_value());
+  clock_.Advance(Millis(3000));
+  expires = untouched;
+  auto finished = start(Req("expires-01", R"({"amount":"3"})"));
+  ASSERT_FALSE(finished.has_value());
+  EXPECT_EQ(finished.error().code, Errc::kFingerprintMismatch);
+  EXPECT_EQ(expires, first->key_expires);
+
+  // Replays and other errors leave it alone.
+  expires = untouched;
+  ASSERT_EQ(start(Req("expires-01"))->kind, Decision::Kind::kReplay);
+  EXPECT_EQ(start(Req("short")).error().code, Errc::kInvalidArgument);
+  EXPECT_EQ(start(Req("expires-02", R"({"amount":)")).error().code, Errc::kInvalidArgument);
+  EXPECT_EQ(expires, untouched);
+  // And a caller that passes nothing still gets the error.
+  EXPECT_EQ(StartError(Req("expires-01", R"({"amount":"4"})")), Errc::kFingerprintMismatch);
+}
+
+// Only the media type of Content-Type is part of the fingerprint: parameters, case and the white
+// space around them do not change what the request means.
+TEST_F(EngineTest, ContentTypeParametersAndCaseDoNotChangeTheFingerprint) {
+  const std::vector<std::string_view> same_media_type = {
+      "application/json; charset=utf-8", "Application/JSON", " APPLICATION/json ;charset=UTF-8",
+      "application/json\t;\tq=1"};
+  auto with_type = [&](std::string_view key, std::string_view content_type) {
+    Request r = Req(key);
+    r.content_type = content_type;
+    return r;
+  };
+  // While the first runs (decided in the claim transaction): the same request, in progress.
+  Decision running = MustStart(Req("ctype-0001"));
+  for (std::string_view type : same_media_type) {
+    SCOPED_TRACE(type);
+    EXPECT_EQ(MustStart(with_type("ctype-0001", type)).kind, Decision::Kind::kInProgress);
+  }
+  // Once it finished (decided on the snapshot read): a replay.
+  ASSERT_TRUE(engine_->Finish(running.ticket, RecordState::kSucceeded, Created("p")).has_value());
+  for (std::string_view type : same_media_type) {
+    SCOPED_TRACE(type);
+    EXPECT_EQ(MustStart(with_type("ctype-0001", type)).kind, Decision::Kind::kReplay);
+  }
+  // Another media type is another request.
+  EXPECT_EQ(StartError(with_type("ctype-0001", "text/plain; charset=utf-8")),
+            Errc::kFingerprintMismatch);
+  EXPECT_EQ(StartError(with_type("ctype-0001", "application/json-seq")),
+            Errc::kFingerprintMismatch);
+}
+
 TEST_F(EngineTest, BadInputLeavesNoRecord) {
   Request missing = Req("unused-key");
   missing.key_header.reset();
@@ -438,7 +508,11 @@ TEST_F(EngineTest, OnlyTheRequestThatPlacedAMarkerRemovesIt) {
   auto duplicate = engine.Start(policy_, Req("marker-0001"));
   ASSERT_TRUE(duplicate.has_value());
   EXPECT_EQ(duplicate->kind, Decision::Kind::kInProgress);
-  EXPECT_FALSE(engine.Start(policy_, Req("marker-0001", R"({"amount":"2"})")).has_value());
+  Timestamp expires{};
+  auto mismatch = engine.Start(policy_, Req("marker-0001", R"({"amount":"2"})"), {}, &expires);
+  ASSERT_FALSE(mismatch.has_value());
+  EXPECT_EQ(mismatch.error().code, Errc::kFingerprintMismatch);
+  EXPECT_EQ(expires, executor->key_expires);
   EXPECT_TRUE(markers.Has(scope)) << "someone else removed the executor's marker";
   ASSERT_TRUE(engine.Finish(executor->ticket, RecordState::kSucceeded, Created("p")).has_value());
   EXPECT_FALSE(markers.Has(scope)) << "the executor's finish removes its marker";

@@ -123,13 +123,25 @@ class HmacFingerprinter final : public Fingerprinter {
 
 }  // namespace
 
+std::string MediaTypeOf(std::string_view content_type) {
+  std::string_view media = content_type.substr(0, content_type.find(';'));
+  auto space = [](char c) { return c == ' ' || c == '\t'; };  // HTTP's optional white space
+  while (!media.empty() && space(media.front())) media.remove_prefix(1);
+  while (!media.empty() && space(media.back())) media.remove_suffix(1);
+  std::string lower(media);
+  for (char& c : lower) {
+    if (c >= 'A' && c <= 'Z') c = static_cast<char>(c - 'A' + 'a');
+  }
+  return lower;
+}
+
 Result<CanonicalRequest> MakeCanonicalRequest(const RequestFacts& facts,
                                               const CanonicalRules& rules) {
   IDEM_ASSIGN_OR_RETURN(std::string body, Canonicalize(facts.body, rules));
   return CanonicalRequest{rules.version,
                           std::string(facts.method),
                           std::string(facts.route),
-                          std::string(facts.content_type),
+                          MediaTypeOf(facts.content_type),
                           std::string(facts.api_version),
                           std::move(body),
                           std::string(facts.user)};

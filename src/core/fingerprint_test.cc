@@ -52,6 +52,30 @@ TEST(Fingerprint, EveryFieldMatters) {
   EXPECT_NE(base, fp->Sign(versioned).mac);
 }
 
+TEST(MediaTypeOf, KeepsOnlyTheMediaTypeLowerCased) {
+  EXPECT_EQ(MediaTypeOf("application/json"), "application/json");
+  EXPECT_EQ(MediaTypeOf("application/json; charset=utf-8"), "application/json");
+  EXPECT_EQ(MediaTypeOf("Application/JSON;charset=UTF-8"), "application/json");
+  EXPECT_EQ(MediaTypeOf(" \tapplication/json \t; a=1; b=2"), "application/json");
+  EXPECT_EQ(MediaTypeOf("text/plain"), "text/plain");
+  EXPECT_EQ(MediaTypeOf(""), "");
+  EXPECT_EQ(MediaTypeOf("; charset=utf-8"), "");
+}
+
+TEST(Fingerprint, OnlyTheMediaTypeOfTheContentTypeCounts) {
+  auto fp = Make(1);
+  const std::string body = R"({"amount":"1"})";
+  auto sign = [&](std::string_view content_type) {
+    RequestFacts facts{"POST", "payments.create", content_type, "v1", body, "alice"};
+    return fp->Sign(*MakeCanonicalRequest(facts, CanonicalRules{})).mac;
+  };
+  const auto base = sign("application/json");
+  EXPECT_EQ(base, sign("application/json; charset=utf-8"));
+  EXPECT_EQ(base, sign("APPLICATION/Json ;charset=utf-8"));
+  EXPECT_NE(base, sign("application/jsonx"));
+  EXPECT_NE(base, sign("text/json; charset=utf-8"));
+}
+
 TEST(Fingerprint, FieldBoundariesCannotShift) {
   auto fp = Make(1);
   CanonicalRequest a = Request(), b = Request();
