@@ -224,6 +224,7 @@ constexpr SteadyTime kNoDeadline = SteadyTime::max();
 // Waits until `fd` is ready for `events`, or has an error for libpq to report; false once
 // `deadline` has passed.
 bool WaitFor(int fd, short events, SteadyTime deadline) {
+  if (fd < 0) return true;  // no socket: libpq reports why
   for (;;) {
     int timeout_ms = -1;
     if (deadline != kNoDeadline) {
@@ -286,6 +287,7 @@ class Connection final : public SqlRunner {
   // Statements without parameters or results (BEGIN, COMMIT, DDL scripts).
   Status Script(const std::string& sql) { return ScriptBy(sql, Deadline()); }
   Status ScriptBy(const std::string& sql, SteadyTime deadline) {
+    if (broken_) return Dropped();
     if (PQsendQuery(conn_, sql.c_str()) == 0) return Fail(nullptr, "exec");
     IDEM_ASSIGN_OR_RETURN(PgResult res, Await(deadline, "exec"));
     const ExecStatusType status = PQresultStatus(res.get());
@@ -313,6 +315,7 @@ class Connection final : public SqlRunner {
 
   Result<std::vector<SqlRow>> RunBy(std::string_view sql, const std::vector<SqlValue>& params,
                                     int* changed, bool prepare, SteadyTime deadline) {
+    if (broken_) return Dropped();
     std::vector<std::string> text(params.size());
     std::vector<const char*> values(params.size(), nullptr);
     std::vector<int> lengths(params.size(), 0), formats(params.size(), 0);
@@ -399,6 +402,12 @@ class Connection final : public SqlRunner {
     }
     if (kept == nullptr) return Fail(nullptr, what);
     return kept;
+  }
+
+  // A connection that failed or was given up earlier (a statement may still be in flight) sends
+  // nothing more; the pool replaces it.
+  static Error Dropped() {
+    return MakeError(Errc::kUnavailable, "postgres: the connection failed earlier");
   }
 
   Error GiveUp(const char* what, SteadyTime start) {
