@@ -633,5 +633,12 @@ TEST_P(StoreContractTest, RecoveryPointsAndResourceIdsAreBounded) {
   EXPECT_EQ(stored->state, RecordState::kProcessing);
 }
 
+// A readiness probe on a healthy store answers, also while a write transaction is open.
+TEST_P(StoreContractTest, PingAnswersOnAHealthyStore) {
+  EXPECT_TRUE(store_->Ping(Millis(1000)));
+  auto txn = MustBegin(*store_);
+  EXPECT_TRUE(store_->Ping(Millis(1000)));
+}
+
 }  // namespace
 }  // namespace idem::testing

@@ -175,6 +175,18 @@ class Store {
 
   virtual const StoreCapabilities& capabilities() const = 0;
 
+  // Whether the store can be reached and answers now, decided within about `timeout` whatever
+  // the database does (a readiness probe; no record is read, no pooled connection is waited for
+  // where the backend can avoid it). Errors: kUnavailable when the database cannot be reached or
+  // does not answer in time. This default runs Query("SELECT 1"), bounded only by the backend's
+  // own waits; a backend whose database can stall overrides it.
+  virtual Status Ping(Millis timeout) {
+    (void)timeout;
+    auto rows = Query("SELECT 1");
+    if (!rows) return MakeError(Errc::kUnavailable, rows.error().message);
+    return Ok();
+  }
+
   // Starts a write transaction. Errors: kUnavailable if no connection or write lock could be had
   // within the configured waits.
   virtual Result<std::unique_ptr<StoreTxn>> Begin() = 0;
@@ -213,6 +225,7 @@ class StoreWrapper : public Store {
     return target_.SubscribeFinished(std::move(on_finished));
   }
   const StoreCapabilities& capabilities() const override { return target_.capabilities(); }
+  Status Ping(Millis timeout) override { return target_.Ping(timeout); }
   Result<std::unique_ptr<StoreTxn>> Begin() override { return target_.Begin(); }
   Result<std::optional<Record>> Read(const ScopeHash& scope) override {
     return target_.Read(scope);

@@ -66,6 +66,14 @@ Status ReadMillis(const toml::table& t, std::string_view section, std::string_vi
   return Ok();
 }
 
+Status ReadSeconds(const toml::table& t, std::string_view section, std::string_view key,
+                   std::chrono::seconds& out, const std::string& origin) {
+  int64_t s = out.count();
+  IDEM_RETURN_IF_ERROR(Read(t, section, key, s, origin));
+  out = std::chrono::seconds(s);
+  return Ok();
+}
+
 Result<std::vector<Secret>> ReadSecretArray(const toml::table& t, const char* name,
                                             const std::string& origin) {
   std::vector<Secret> out;
@@ -158,6 +166,16 @@ Result<Config> LoadConfig(const std::string& path, const std::vector<std::string
   IDEM_RETURN_IF_ERROR(Read(t, "store", "url", c.store_url, o));
   IDEM_RETURN_IF_ERROR(Read(t, "store", "pool_size", c.store_pool_size, o));
   IDEM_RETURN_IF_ERROR(Read(t, "store", "prepared_statements", c.store_prepared_statements, o));
+  PostgresTimeouts& timeouts = c.store_timeouts;
+  IDEM_RETURN_IF_ERROR(ReadMillis(t, "store", "connect_timeout_ms", timeouts.connect, o));
+  IDEM_RETURN_IF_ERROR(ReadMillis(t, "store", "statement_timeout_ms", timeouts.statement, o));
+  IDEM_RETURN_IF_ERROR(ReadMillis(t, "store", "lock_timeout_ms", timeouts.lock, o));
+  IDEM_RETURN_IF_ERROR(
+      ReadMillis(t, "store", "idle_in_transaction_timeout_ms", timeouts.idle_in_transaction, o));
+  IDEM_RETURN_IF_ERROR(ReadSeconds(t, "store", "keepalives_idle_s", timeouts.keepalives_idle, o));
+  IDEM_RETURN_IF_ERROR(
+      ReadSeconds(t, "store", "keepalives_interval_s", timeouts.keepalives_interval, o));
+  IDEM_RETURN_IF_ERROR(Read(t, "store", "keepalives_count", timeouts.keepalives_count, o));
   IDEM_RETURN_IF_ERROR(Read(t, "redis", "url", c.redis_url, o));
   IDEM_RETURN_IF_ERROR(Read(t, "provider", "url", c.provider_url, o));
   IDEM_RETURN_IF_ERROR(ReadMillis(t, "provider", "timeout_ms", c.provider_timeout, o));
@@ -237,6 +255,9 @@ Result<Config> LoadConfig(const std::string& path, const std::vector<std::string
   }
   if (c.max_processing < 1 || c.max_retained < 1) {
     return Bad(o, "idempotency quotas max_processing and max_retained must be at least 1");
+  }
+  if (auto bounds = ValidatePostgresTimeouts(c.store_timeouts); !bounds) {
+    return Bad(o, "[store] " + bounds.error().message);
   }
   if (c.lease <= c.provider_timeout) {
     // Allowed (tests provoke takeovers this way), but every slow provider call then loses its

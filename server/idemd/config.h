@@ -10,6 +10,7 @@
 #include "include/idem/limits.h"
 #include "include/idem/result.h"
 #include "include/idem/secret.h"
+#include "include/idem/store/postgres.h"
 #include "server/http/server.h"
 
 namespace idem::idemd {
@@ -33,6 +34,8 @@ struct Config {
   int store_pool_size = 4;
   // PostgreSQL: server-side prepared statements (off behind PgBouncer transaction pooling).
   bool store_prepared_statements = true;
+  // PostgreSQL: connect, statement, lock and idle-in-transaction timeouts and TCP keepalives.
+  PostgresTimeouts store_timeouts;
   std::string redis_url;  // optional: the replay cache and in-flight markers
   std::string provider_url = "http://127.0.0.1:8090";
   Millis provider_timeout{5000};

@@ -38,6 +38,13 @@ listen = "127.0.0.1:7000"
 worker_threads = 3
 [store]
 url = "sqlite://a.db"
+connect_timeout_ms = 2000
+statement_timeout_ms = 4000
+lock_timeout_ms = 1000
+idle_in_transaction_timeout_ms = 6000
+keepalives_idle_s = 15
+keepalives_interval_s = 5
+keepalives_count = 4
 [provider]
 url = "http://127.0.0.1:9000"
 timeout_ms = 1500
@@ -62,6 +69,13 @@ user = "alice"
   EXPECT_EQ(c->lease, Millis(20000));
   EXPECT_EQ(c->retention, Millis(24LL * 3600 * 1000));
   EXPECT_EQ(c->max_processing, 7);
+  EXPECT_EQ(c->store_timeouts.connect, Millis(2000));
+  EXPECT_EQ(c->store_timeouts.statement, Millis(4000));
+  EXPECT_EQ(c->store_timeouts.lock, Millis(1000));
+  EXPECT_EQ(c->store_timeouts.idle_in_transaction, Millis(6000));
+  EXPECT_EQ(c->store_timeouts.keepalives_idle, std::chrono::seconds(15));
+  EXPECT_EQ(c->store_timeouts.keepalives_interval, std::chrono::seconds(5));
+  EXPECT_EQ(c->store_timeouts.keepalives_count, 4);
   ASSERT_EQ(c->principals.size(), 1u);
   EXPECT_EQ(c->principals[0].api_key_sha256,
             "86f71c9cb79152ae8c4aff86cd48dbfc35eee594762141f8f00ece58705547e5");
@@ -75,6 +89,14 @@ TEST_F(ConfigTest, DefaultsWhenKeysAreAbsent) {
   EXPECT_EQ(c->store_url, "sqlite://data/idem.db");
   EXPECT_EQ(c->retention, Millis(7LL * 24 * 3600 * 1000));
   EXPECT_EQ(c->server.max_body_bytes, 64u * 1024);
+  // docs/config.md states these.
+  EXPECT_EQ(c->store_timeouts.connect, Millis(5000));
+  EXPECT_EQ(c->store_timeouts.statement, Millis(10000));
+  EXPECT_EQ(c->store_timeouts.lock, Millis(5000));
+  EXPECT_EQ(c->store_timeouts.idle_in_transaction, Millis(10000));
+  EXPECT_EQ(c->store_timeouts.keepalives_idle, std::chrono::seconds(30));
+  EXPECT_EQ(c->store_timeouts.keepalives_interval, std::chrono::seconds(10));
+  EXPECT_EQ(c->store_timeouts.keepalives_count, 3);
 }
 
 TEST_F(ConfigTest, GeneratesDevelopmentSecretsOnceAndPrivately) {
@@ -154,6 +176,18 @@ TEST_F(ConfigTest, LimitsHoldAtTheirValueAndOnePast) {
       {"[idempotency]\nmax_retained = 1\n", "[idempotency]\nmax_retained = 0\n", "quotas"},
       {"[idempotency]\nlease_ms = 59999\nretention_ms = 60000\n",
        "[idempotency]\nlease_ms = 60000\nretention_ms = 60000\n", "lease"},
+      {"[store]\nconnect_timeout_ms = 1\n", "[store]\nconnect_timeout_ms = 0\n", "connect"},
+      {"[store]\nstatement_timeout_ms = 3600000\n", "[store]\nstatement_timeout_ms = 3600001\n",
+       "statement"},
+      {"[store]\nlock_timeout_ms = 10000\n", "[store]\nlock_timeout_ms = 10001\n", "lock"},
+      {"[store]\nidle_in_transaction_timeout_ms = 1\n",
+       "[store]\nidle_in_transaction_timeout_ms = 0\n", "idle_in_transaction"},
+      {"[store]\nkeepalives_idle_s = 32767\n", "[store]\nkeepalives_idle_s = 32768\n",
+       "keepalives_idle"},
+      {"[store]\nkeepalives_interval_s = 1\n", "[store]\nkeepalives_interval_s = 0\n",
+       "keepalives_interval"},
+      {"[store]\nkeepalives_count = 127\n", "[store]\nkeepalives_count = 128\n",
+       "keepalives_count"},
   };
   for (const Case& k : cases) {
     auto ok = LoadConfig(Write("ok.toml", Minimal(k.at_limit)), {});

@@ -60,8 +60,11 @@ http::Response Service::Handle(const http::Request& request, http::RequestContex
   if (path == "/readyz") {
     context.route = "readyz";
     if (request.method != "GET" && request.method != "HEAD") return MethodNotAllowed("GET, HEAD");
-    auto ping = store_.Query("SELECT 1");
-    if (!ping) return http::Problem(http::ProblemKind::kNotReady, "the store is unreachable");
+    if (auto ping = store_.Ping(kReadyTimeout); !ping) {
+      return http::Problem(
+          http::ProblemKind::kNotReady,
+          "the store did not answer within " + std::to_string(kReadyTimeout.count()) + " ms");
+    }
     return Json(200, R"({"status":"ready"})");
   }
   if (path == "/metrics") {

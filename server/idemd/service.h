@@ -12,6 +12,10 @@
 
 namespace idem::idemd {
 
+// How long /readyz waits for the store's answer (Store::Ping): a probe gets its answer within a
+// second whatever the database does, 503 not-ready when the database does not answer in time.
+inline constexpr Millis kReadyTimeout{800};
+
 // Thread-safe. Borrows everything.
 class Service final : public http::Handler {
  public:

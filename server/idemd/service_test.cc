@@ -94,17 +94,19 @@ class FakeProvider final : public Provider {
   std::map<std::string, Charge> charges_;  // by reference
 };
 
-// Forwards to a real store; while `reachable` is false, Query fails as it does when no database
-// connection can be had. (A SQLite file removed under an open store still answers "SELECT 1".)
+// Forwards to a real store; while `reachable` is false, Ping fails as it does when the database
+// does not answer in time. (A SQLite file removed under an open store still answers.) Records
+// the timeout of the last ping.
 class SwitchableStore final : public StoreWrapper {
  public:
   using StoreWrapper::StoreWrapper;
   std::atomic<bool> reachable{true};
+  std::atomic<int64_t> ping_timeout_ms{-1};
 
-  Result<std::vector<SqlRow>> Query(std::string_view sql,
-                                    const std::vector<SqlValue>& params) override {
-    if (!reachable) return MakeError(Errc::kUnavailable, "no database connection within 5000 ms");
-    return StoreWrapper::Query(sql, params);
+  Status Ping(Millis timeout) override {
+    ping_timeout_ms = timeout.count();
+    if (!reachable) return MakeError(Errc::kUnavailable, "no answer within 800 ms");
+    return StoreWrapper::Ping(timeout);
   }
 };
 
@@ -307,6 +309,15 @@ TEST_F(ServiceTest, ReadyzIs503NotReadyWhileTheStoreIsUnreachable) {
 
   switchable_->reachable = true;
   EXPECT_EQ(Handle(Req("GET", "/readyz", "")).status, 200);
+}
+
+// Readiness asks the store for an answer within less than a second, so that the probe gets its
+// answer within one whatever the database does (the PostgreSQL store keeps the bound:
+// postgres_store_itest.cc, and postgres_itest.cc end to end).
+TEST_F(ServiceTest, ReadyzBoundsTheStoresAnswerBelowOneSecond) {
+  ASSERT_EQ(Handle(Req("GET", "/readyz", "")).status, 200);
+  EXPECT_GT(switchable_->ping_timeout_ms, 0);
+  EXPECT_LT(switchable_->ping_timeout_ms, 1000);
 }
 
 TEST_F(ServiceTest, MetricsAnswersPrometheusText) {

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "include/idem/store.h"
+#include "include/idem/store/postgres.h"
 
 namespace idem::idemd {
 
@@ -14,6 +15,8 @@ struct StoreUrlOptions {
   int pool_size = 4;
   // PostgreSQL only: server-side prepared statements (off behind PgBouncer transaction pooling).
   bool prepared_statements = true;
+  // PostgreSQL only: the bounds on every call to the server.
+  PostgresTimeouts postgres_timeouts;
   // true: create the store if needed and apply libidem's and the application's migrations
   // (idemd). false: write nothing on open; the store must already have a current schema
   // (idemctl). See SqliteStoreOptions::apply_migrations.

@@ -31,6 +31,7 @@ void IdemdTest::WriteConfig(const std::string& config, const IdemdOptions& optio
       << "[store]\nurl = \""
       << (options.store_url.empty() ? "sqlite://" + dir_.File("idem.db") : options.store_url)
       << "\"\n"
+      << options.extra_store << "\n"
       << "[provider]\nurl = \"http://127.0.0.1:" << provider_url_.port
       << "\"\ntimeout_ms = " << options.provider_timeout_ms << "\n"
       << "[idempotency]\nlease_ms = " << options.lease_ms

@@ -31,6 +31,7 @@ class IdemdTest : public ::testing::Test {
     std::map<std::string, std::string> env{};  // e.g. IDEM_FAILPOINTS
     bool keep_config = false;                  // restart on the config file as it is now
     std::string store_url{};                   // default: a SQLite file in the test's directory
+    std::string extra_store{};                 // lines appended to [store]
     std::string redis_url{};                   // [redis] url, when set
   };
   // Starts (or restarts) idemd on this test's database.

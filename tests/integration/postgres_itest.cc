@@ -1,12 +1,16 @@
-// tests/integration/postgres_itest.cc — idemd on PostgreSQL: the protocol end to end, and
-// several idemd instances on one database while one of them is killed and restarted.
+// tests/integration/postgres_itest.cc — idemd on PostgreSQL: the protocol end to end, several
+// idemd instances on one database while one of them is killed and restarted, and what idemd
+// answers while its database stalls.
 #include <libpq-fe.h>
 
 #include <atomic>
 #include <mutex>
 #include <random>
+#include <sstream>
 #include <thread>
 
+#include "testing/http_answers.h"
+#include "testing/stall.h"
 #include "tests/integration/idemd_fixture.h"
 
 namespace idem::itest {
@@ -283,6 +287,63 @@ void ThreeInstances(PostgresIdemdTest& t, RedisMode mode) {
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
   }
   EXPECT_EQ(processing, "0");
+}
+
+// The server processes serving connections named `name`, when they run on this machine. Waits
+// (up to 2 s) for `expected` of them: a session that just closed goes away asynchronously.
+std::vector<pid_t> LocalBackends(const std::string& name, std::size_t expected) {
+  std::vector<pid_t> out;
+  for (int i = 0; i < 100; ++i) {
+    out.clear();
+    std::istringstream in(
+        Sql("SELECT string_agg(pid::text, ' ') FROM pg_stat_activity WHERE application_name = '" +
+            name + "'"));
+    for (pid_t pid; in >> pid;) out.push_back(pid);
+    if (out.size() == expected) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  std::erase_if(out, [](pid_t pid) { return !testing::IsLocalProcess(pid, "postgres"); });
+  return out;
+}
+
+// The database stops answering under a running idemd: every server process serving it is
+// stopped (SIGSTOP; only this test's, other tests share the server). /readyz says 503 not-ready
+// within about a second, a payment 503 with Retry-After within the statement bound; once the
+// database resumes, both serve again.
+TEST_F(PostgresIdemdTest, AStalledDatabaseIsNotReadyWithinASecondAndUnavailableWithinItsBound) {
+  using std::chrono::milliseconds;
+  using Clock = std::chrono::steady_clock;
+  constexpr milliseconds kStatementTimeout{1000};
+  constexpr milliseconds kSlack{1500};
+  StartIdemd({.store_url = store_url_ + "&application_name=" + schema_,
+              .extra_store = "statement_timeout_ms = 1000\nlock_timeout_ms = 500\n"});
+  ASSERT_EQ(Get("/readyz", "").status, 200);
+  ASSERT_EQ(Pay("pg-stall-key-1", Body("ORD-PGS1")).status, 201);
+  // The pool's four connections, the completion listener's and the readiness probe's.
+  const std::vector<pid_t> backends = LocalBackends(schema_, 6);
+  if (backends.empty()) GTEST_SKIP() << "the test server does not run on this machine";
+
+  testing::StoppedProcesses stopped(backends);
+  Clock::time_point start = Clock::now();
+  const http::Response ready = Get("/readyz", "");
+  const auto ready_took = std::chrono::duration_cast<milliseconds>(Clock::now() - start);
+  EXPECT_EQ(ready.status, 503) << "after " << ready_took.count() << " ms: " << ready.body;
+  EXPECT_EQ(testing::TypeOf(ready), "urn:idem:problem:not-ready");
+  EXPECT_EQ(testing::HeaderOf(ready, "Retry-After"), "1");
+  EXPECT_LT(ready_took, milliseconds(1000) + milliseconds(500));
+
+  start = Clock::now();
+  const http::Response pay = Pay("pg-stall-key-2", Body("ORD-PGS2"));
+  const auto pay_took = std::chrono::duration_cast<milliseconds>(Clock::now() - start);
+  EXPECT_EQ(pay.status, 503) << "after " << pay_took.count() << " ms: " << pay.body;
+  EXPECT_EQ(testing::TypeOf(pay), "urn:idem:problem:unavailable");
+  EXPECT_EQ(testing::HeaderOf(pay, "Retry-After"), "1");
+  EXPECT_LT(pay_took, kStatementTimeout + milliseconds(1000) + kSlack);
+
+  stopped.Continue();
+  EXPECT_EQ(Get("/readyz", "").status, 200);
+  EXPECT_EQ(Pay("pg-stall-key-2", Body("ORD-PGS2")).status, 201);
+  EXPECT_EQ(Get("/healthz", "").status, 200);
 }
 
 TEST_F(PostgresIdemdTest, ThreeInstancesSurviveAKilledInstance) {

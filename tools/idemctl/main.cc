@@ -137,6 +137,7 @@ Result<Opened> OpenFromConfig(const Args& a) {
   idemd::StoreUrlOptions options;
   options.pool_size = 1;
   options.prepared_statements = o.config.store_prepared_statements;
+  options.postgres_timeouts = o.config.store_timeouts;
   options.apply_migrations = false;
   IDEM_ASSIGN_OR_RETURN(o.store, idemd::OpenStoreUrl(o.config.store_url, options));
   return o;

@@ -1,16 +1,22 @@
-// src/store/postgres/postgres_store.cc — the PostgreSQL Store: libpq, a bounded pool that replaces
-// lost connections, optional per-connection prepared statements, typed binary results, migrations
-// under an advisory lock, SQLSTATE-aware errors. The SQL text and the record operations are the
-// shared ones of src/store/sql.h.
+// src/store/postgres/postgres_store.cc — the PostgreSQL Store: libpq in nonblocking mode with a
+// deadline on every call, a bounded pool that replaces lost connections, optional per-connection
+// prepared statements, typed binary results, migrations under an advisory lock, SQLSTATE-aware
+// errors, a readiness ping on a connection of its own. The SQL text and the record operations
+// are the shared ones of src/store/sql.h.
 #include <libpq-fe.h>
 #include <poll.h>
 
 #include <atomic>
+#include <cerrno>
 #include <cinttypes>
+#include <climits>
 #include <cmath>
 #include <cstring>
 #include <ctime>
+#include <functional>
 #include <map>
+#include <mutex>
+#include <optional>
 #include <thread>
 
 #include "include/idem/store/postgres.h"
@@ -201,18 +207,115 @@ Result<std::vector<SqlRow>> Rows(const PGresult* res) {
   return rows;
 }
 
+// ---- Deadlines ---------------------------------------------------------------------------------
+
+// How much longer than statement_timeout the client waits for an answer. The server's own cancel
+// (SQLSTATE 57014, the connection kept) normally comes first; silence past it means the server
+// or the network stopped.
+constexpr Millis kAnswerGrace{1000};
+
+// I/O deadlines are read from the real monotonic clock: poll() waits in real time, so an injected
+// clock could not drive them.
+SteadyTime Now() { return SystemMonotonicClock().Now(); }
+
+// Migrations wait without a deadline (keepalives still find a vanished peer).
+constexpr SteadyTime kNoDeadline = SteadyTime::max();
+
+// Waits until `fd` is ready for `events`, or has an error for libpq to report; false once
+// `deadline` has passed.
+bool WaitFor(int fd, short events, SteadyTime deadline) {
+  if (fd < 0) return true;  // no socket: libpq reports why
+  for (;;) {
+    int timeout_ms = -1;
+    if (deadline != kNoDeadline) {
+      const Millis left = std::chrono::ceil<Millis>(deadline - Now());
+      if (left.count() <= 0) return false;
+      timeout_ms = static_cast<int>(std::min<int64_t>(left.count(), INT_MAX));
+    }
+    pollfd p{fd, events, 0};
+    const int n = poll(&p, 1, timeout_ms);
+    if (n > 0 || (n < 0 && errno != EINTR)) return true;
+  }
+}
+
+std::string MillisText(Millis ms) { return std::to_string(ms.count()) + " ms"; }
+
+// What a connection is for: the server-side bounds of its session (0: none) and how long the
+// client waits for the answer to one call (nullopt: without end).
+struct Bounds {
+  Millis statement{0};
+  Millis lock{0};
+  Millis idle_in_transaction{0};
+  std::optional<Millis> answer;
+};
+
+// The pool's connections and the listener's.
+Bounds Bounded(const PostgresTimeouts& t) {
+  return Bounds{t.statement, t.lock, t.idle_in_transaction, t.statement + kAnswerGrace};
+}
+
 // ---- One connection --------------------------------------------------------------------------
 
+// A libpq connection in nonblocking mode: every call is sent, then its answer awaited with poll()
+// until a deadline, so nothing the server or the network does blocks a caller without end.
 class Connection final : public SqlRunner {
  public:
-  explicit Connection(PGconn* conn, bool prepared) : conn_(conn), prepared_(prepared) {}
+  Connection(PGconn* conn, bool prepared, std::optional<Millis> answer_timeout)
+      : conn_(conn), prepared_(prepared), answer_timeout_(answer_timeout) {}
   Connection(const Connection&) = delete;
+  // Nonblocking: closing never waits for the server.
   ~Connection() override { PQfinish(conn_); }
 
   bool Broken() const { return broken_ || PQstatus(conn_) != CONNECTION_OK; }
 
+  // Whether a call timed out since ClearTimedOut: the server cancelled it (statement or lock
+  // timeout), or the client stopped waiting for its answer. Not worth retrying at once.
+  bool TimedOut() const { return timed_out_; }
+  void ClearTimedOut() { timed_out_ = false; }
+
   Result<std::vector<SqlRow>> Run(std::string_view sql, const std::vector<SqlValue>& params,
                                   int* changed) override {
+    return RunBy(sql, params, changed, prepared_, Deadline());
+  }
+
+  // Runs `sql` (parameters bound, never prepared) by `deadline`.
+  Result<std::vector<SqlRow>> RunOnceBy(std::string_view sql, const std::vector<SqlValue>& params,
+                                        SteadyTime deadline) {
+    return RunBy(sql, params, nullptr, false, deadline);
+  }
+
+  // Statements without parameters or results (BEGIN, COMMIT, DDL scripts).
+  Status Script(const std::string& sql) { return ScriptBy(sql, Deadline()); }
+  Status ScriptBy(const std::string& sql, SteadyTime deadline) {
+    if (broken_) return Dropped();
+    if (PQsendQuery(conn_, sql.c_str()) == 0) return Fail(nullptr, "exec");
+    IDEM_ASSIGN_OR_RETURN(PgResult res, Await(deadline, "exec"));
+    const ExecStatusType status = PQresultStatus(res.get());
+    if (status != PGRES_COMMAND_OK && status != PGRES_TUPLES_OK) return Fail(res.get(), "exec");
+    return Ok();
+  }
+
+  // Waits up to `wait` for notifications and hands the payload of each to `on_notify`. Returns
+  // false once the connection failed.
+  bool ConsumeNotifications(Millis wait, const std::function<void(std::string_view)>& on_notify) {
+    WaitFor(PQsocket(conn_), POLLIN, Now() + wait);
+    if (PQconsumeInput(conn_) == 0) return false;
+    while (PGnotify* n = PQnotifies(conn_)) {
+      on_notify(n->extra != nullptr ? n->extra : "");
+      PQfreemem(n);
+    }
+    return PQstatus(conn_) == CONNECTION_OK;
+  }
+
+  // The SQLSTATE of the last failure ("" if none or the connection broke).
+  const std::string& LastSqlstate() const { return sqlstate_; }
+
+ private:
+  SteadyTime Deadline() const { return answer_timeout_ ? Now() + *answer_timeout_ : kNoDeadline; }
+
+  Result<std::vector<SqlRow>> RunBy(std::string_view sql, const std::vector<SqlValue>& params,
+                                    int* changed, bool prepare, SteadyTime deadline) {
+    if (broken_) return Dropped();
     std::vector<std::string> text(params.size());
     std::vector<const char*> values(params.size(), nullptr);
     std::vector<int> lengths(params.size(), 0), formats(params.size(), 0);
@@ -239,21 +342,27 @@ class Connection final : public SqlRunner {
       values[i] = text[i].c_str();
     }
     const int n = static_cast<int>(params.size());
-    PgResult res;
-    if (prepared_) {
-      auto it = statements_.find(std::string(sql));
+    const std::string statement(sql);
+    int sent = 0;
+    if (prepare) {
+      auto it = statements_.find(statement);
       if (it == statements_.end()) {
         const std::string name = "s" + std::to_string(statements_.size());
-        PgResult prep(PQprepare(conn_, name.c_str(), std::string(sql).c_str(), n, nullptr));
+        if (PQsendPrepare(conn_, name.c_str(), statement.c_str(), n, nullptr) == 0) {
+          return Fail(nullptr, "prepare");
+        }
+        IDEM_ASSIGN_OR_RETURN(PgResult prep, Await(deadline, "prepare"));
         if (PQresultStatus(prep.get()) != PGRES_COMMAND_OK) return Fail(prep.get(), "prepare");
-        it = statements_.emplace(std::string(sql), name).first;
+        it = statements_.emplace(statement, name).first;
       }
-      res.reset(PQexecPrepared(conn_, it->second.c_str(), n, values.data(), lengths.data(),
-                               formats.data(), 1));
+      sent = PQsendQueryPrepared(conn_, it->second.c_str(), n, values.data(), lengths.data(),
+                                 formats.data(), 1);
     } else {
-      res.reset(PQexecParams(conn_, std::string(sql).c_str(), n, nullptr, values.data(),
-                             lengths.data(), formats.data(), 1));
+      sent = PQsendQueryParams(conn_, statement.c_str(), n, nullptr, values.data(), lengths.data(),
+                               formats.data(), 1);
     }
+    if (sent == 0) return Fail(nullptr, "exec");
+    IDEM_ASSIGN_OR_RETURN(PgResult res, Await(deadline, "exec"));
     const ExecStatusType status = PQresultStatus(res.get());
     if (status != PGRES_TUPLES_OK && status != PGRES_COMMAND_OK) return Fail(res.get(), "exec");
     if (changed != nullptr) {
@@ -263,28 +372,69 @@ class Connection final : public SqlRunner {
     return Rows(res.get());
   }
 
-  // Statements without parameters or results (BEGIN, COMMIT, DDL scripts).
-  Status Script(const std::string& sql) {
-    PgResult res(PQexec(conn_, sql.c_str()));
-    const ExecStatusType status = PQresultStatus(res.get());
-    if (status != PGRES_COMMAND_OK && status != PGRES_TUPLES_OK) return Fail(res.get(), "exec");
-    return Ok();
+  static bool IsError(const PGresult* r) {
+    const ExecStatusType status = PQresultStatus(r);
+    return status == PGRES_FATAL_ERROR || status == PGRES_BAD_RESPONSE;
   }
 
-  // The SQLSTATE of the last failure ("" if none or the connection broke).
-  const std::string& LastSqlstate() const { return sqlstate_; }
+  // Sends what the last PQsend* queued and collects its answer by `deadline`: the first error of
+  // a script, else its last result. Past the deadline the connection is given up (closed when the
+  // pool drops it). No cancel request is sent: libpq's PQcancel waits without a bound for a
+  // server that does not answer, and the server's statement_timeout ends the statement anyway.
+  Result<PgResult> Await(SteadyTime deadline, const char* what) {
+    const SteadyTime start = Now();
+    for (;;) {
+      const int flushed = PQflush(conn_);
+      if (flushed == 0) break;
+      if (flushed < 0) return Fail(nullptr, what);
+      if (!WaitFor(PQsocket(conn_), POLLIN | POLLOUT, deadline)) return GiveUp(what, start);
+      if (PQconsumeInput(conn_) == 0) return Fail(nullptr, what);
+    }
+    PgResult kept;
+    for (;;) {
+      while (PQisBusy(conn_) != 0) {
+        if (!WaitFor(PQsocket(conn_), POLLIN, deadline)) return GiveUp(what, start);
+        if (PQconsumeInput(conn_) == 0) return Fail(nullptr, what);
+      }
+      PgResult next(PQgetResult(conn_));
+      if (next == nullptr) break;
+      if (kept == nullptr || !IsError(kept.get())) kept = std::move(next);
+    }
+    if (kept == nullptr) return Fail(nullptr, what);
+    return kept;
+  }
 
- private:
+  // A connection that failed or was given up earlier (a statement may still be in flight) sends
+  // nothing more; the pool replaces it.
+  static Error Dropped() {
+    return MakeError(Errc::kUnavailable, "postgres: the connection failed earlier");
+  }
+
+  Error GiveUp(const char* what, SteadyTime start) {
+    broken_ = true;
+    timed_out_ = true;
+    sqlstate_.clear();
+    return MakeError(Errc::kUnavailable,
+                     std::string("postgres ") + what + ": no answer within " +
+                         MillisText(std::chrono::duration_cast<Millis>(Now() - start)) +
+                         "; the connection is dropped");
+  }
+
   Error Fail(const PGresult* res, const char* what) {
     const char* state = res ? PQresultErrorField(res, PG_DIAG_SQLSTATE) : nullptr;
     sqlstate_ = state ? state : "";
-    std::string message = std::string("postgres ") + what + ": " + PQerrorMessage(conn_);
+    const char* detail = res != nullptr && *PQresultErrorMessage(res) != '\0'
+                             ? PQresultErrorMessage(res)
+                             : PQerrorMessage(conn_);
+    std::string message = std::string("postgres ") + what + ": " + detail;
     while (!message.empty() && message.back() == '\n') message.pop_back();
     if (PQstatus(conn_) != CONNECTION_OK || state == nullptr) {
       broken_ = true;
       return MakeError(Errc::kUnavailable, message);
     }
     if (sqlstate_ == "23505") return MakeError(Errc::kAlreadyExists, message);
+    // 57014: cancelled (statement_timeout); 55P03: lock_timeout.
+    if (sqlstate_ == "57014" || sqlstate_ == "55P03") timed_out_ = true;
     if (sqlstate_ == "40001" || sqlstate_ == "40P01" || sqlstate_ == "55P03" ||
         sqlstate_.rfind("08", 0) == 0 || sqlstate_.rfind("53", 0) == 0 ||
         sqlstate_.rfind("57", 0) == 0) {
@@ -297,7 +447,9 @@ class Connection final : public SqlRunner {
 
   PGconn* conn_;
   bool prepared_;
+  std::optional<Millis> answer_timeout_;
   bool broken_ = false;
+  bool timed_out_ = false;
   std::string sqlstate_;
   std::map<std::string, std::string> statements_;
 };
@@ -305,19 +457,56 @@ class Connection final : public SqlRunner {
 using Pool = store_internal::Pool<Connection>;
 using Lent = store_internal::Lent<Connection>;
 
-Result<std::unique_ptr<Connection>> Connect(const PostgresStoreOptions& options) {
-  PGconn* conn = PQconnectdb(options.conninfo.c_str());
-  if (PQstatus(conn) != CONNECTION_OK) {
-    std::string message = std::string("postgres connect: ") + PQerrorMessage(conn);
-    while (!message.empty() && message.back() == '\n') message.pop_back();
+// Connects to options.conninfo by `deadline` — TCP, TLS, authentication and the session's
+// settings — with TCP keepalives and in nonblocking mode, and sets `bounds` (and the search_path
+// of options.schema) on the session. Errors: kUnavailable.
+Result<std::unique_ptr<Connection>> Connect(const PostgresStoreOptions& options,
+                                            const Bounds& bounds, SteadyTime deadline) {
+  const PostgresTimeouts& t = options.timeouts;
+  const std::string idle = std::to_string(t.keepalives_idle.count());
+  const std::string interval = std::to_string(t.keepalives_interval.count());
+  const std::string count = std::to_string(t.keepalives_count);
+  // The conninfo comes first, so the keywords after it replace its own values.
+  const char* const keywords[] = {"dbname",           "keepalives",
+                                  "keepalives_idle",  "keepalives_interval",
+                                  "keepalives_count", nullptr};
+  const char* const values[] = {options.conninfo.c_str(), "1",           idle.c_str(),
+                                interval.c_str(),         count.c_str(), nullptr};
+  const SteadyTime start = Now();
+  PGconn* conn = PQconnectStartParams(keywords, values, /*expand_dbname=*/1);
+  if (conn == nullptr) return MakeError(Errc::kUnavailable, "postgres connect: out of memory");
+  auto fail = [&](std::string why) -> Error {
+    while (!why.empty() && why.back() == '\n') why.pop_back();
     PQfinish(conn);
-    return MakeError(Errc::kUnavailable, message);
+    return MakeError(Errc::kUnavailable, "postgres connect: " + why);
+  };
+  // As the libpq manual says: poll for writing first, then as PQconnectPoll asks.
+  PostgresPollingStatusType polling = PGRES_POLLING_WRITING;
+  while (polling != PGRES_POLLING_OK) {
+    if (polling == PGRES_POLLING_FAILED || PQstatus(conn) == CONNECTION_BAD) {
+      return fail(PQerrorMessage(conn));
+    }
+    if (!WaitFor(PQsocket(conn), polling == PGRES_POLLING_READING ? POLLIN : POLLOUT, deadline)) {
+      return fail("no connection within " +
+                  MillisText(std::chrono::duration_cast<Millis>(Now() - start)));
+    }
+    polling = PQconnectPoll(conn);
   }
-  auto c = std::make_unique<Connection>(conn, options.prepared_statements);
+  if (PQsetnonblocking(conn, 1) != 0) return fail(PQerrorMessage(conn));
+  auto c = std::make_unique<Connection>(conn, options.prepared_statements, bounds.answer);
+  // One round trip for every setting of the session.
+  std::string sql =
+      "SELECT set_config('statement_timeout', $1, false), set_config('lock_timeout', $2, false), "
+      "set_config('idle_in_transaction_session_timeout', $3, false)";
+  std::vector<SqlValue> params = {std::to_string(bounds.statement.count()),
+                                  std::to_string(bounds.lock.count()),
+                                  std::to_string(bounds.idle_in_transaction.count())};
   if (options.schema != "public") {
-    IDEM_RETURN_IF_ERROR(
-        c->Run("SELECT set_config('search_path', $1, false)", {options.schema}, nullptr));
+    sql += ", set_config('search_path', $4, false)";
+    params.emplace_back(options.schema);
   }
+  auto set = c->RunOnceBy(sql, params, deadline);
+  if (!set) return MakeError(Errc::kUnavailable, "postgres connect: " + set.error().message);
   return c;
 }
 
@@ -361,13 +550,17 @@ class PostgresSession final : public store_internal::LentSession<Connection> {
   }
 
   Status Commit() override { return CommitOnce(); }
+
+  // Whether BEGIN (or a later statement) timed out rather than finding the connection dead.
+  bool TimedOut() const { return conn_->TimedOut(); }
 };
 
-// LISTENs on its own connection (not the pool's) on a thread, reconnecting with back-off.
+// LISTENs on its own connection (not the pool's) on a thread, reconnecting with back-off. Its
+// connection has the pool's bounds and keepalives, so a vanished server is noticed and left.
 class FinishedListener final : public Subscription {
  public:
-  FinishedListener(std::string conninfo, std::function<void(const ScopeHash&)> on_finished)
-      : conninfo_(std::move(conninfo)),
+  FinishedListener(PostgresStoreOptions options, std::function<void(const ScopeHash&)> on_finished)
+      : options_(std::move(options)),
         on_finished_(std::move(on_finished)),
         thread_([this] { Run(); }) {}
   ~FinishedListener() override {
@@ -379,15 +572,11 @@ class FinishedListener final : public Subscription {
   void Run() {
     auto backoff = std::chrono::milliseconds(100);
     while (!stop_) {
-      PGconn* conn = PQconnectdb(conninfo_.c_str());
-      if (PQstatus(conn) == CONNECTION_OK) {
-        PgResult r(PQexec(conn, "LISTEN idem_finished"));
-        if (PQresultStatus(r.get()) == PGRES_COMMAND_OK) {
-          backoff = std::chrono::milliseconds(100);
-          Listen(conn);
-        }
+      auto conn = Connect(options_, Bounded(options_.timeouts), Now() + options_.timeouts.connect);
+      if (conn && (*conn)->Script("LISTEN idem_finished")) {
+        backoff = std::chrono::milliseconds(100);
+        Listen(**conn);
       }
-      PQfinish(conn);
       for (auto waited = std::chrono::milliseconds(0); waited < backoff && !stop_;
            waited += std::chrono::milliseconds(50)) {
         std::this_thread::sleep_for(std::chrono::milliseconds(50));
@@ -397,33 +586,26 @@ class FinishedListener final : public Subscription {
   }
 
   // Until stopped or the connection fails.
-  void Listen(PGconn* conn) {
-    while (!stop_) {
-      pollfd p{PQsocket(conn), POLLIN, 0};
-      if (poll(&p, 1, 200) < 0) return;
-      if (PQconsumeInput(conn) == 0) return;
-      while (PGnotify* n = PQnotifies(conn)) {
-        const std::string_view hex = n->extra != nullptr ? n->extra : "";
-        ScopeHash scope{};
-        if (hex.size() == 64) {
-          bool ok = true;
-          for (std::size_t i = 0; i < 32; ++i) {
-            auto nibble = [&](char c) -> int {
-              return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
-            };
-            const int hi = nibble(hex[2 * i]), lo = nibble(hex[2 * i + 1]);
-            ok &= hi >= 0 && lo >= 0;
-            scope[i] = static_cast<uint8_t>((hi << 4) | (lo & 0xf));
-          }
-          if (ok) on_finished_(scope);
-        }
-        PQfreemem(n);
+  void Listen(Connection& conn) {
+    auto on_notify = [&](std::string_view hex) {
+      if (hex.size() != 64) return;
+      ScopeHash scope{};
+      bool ok = true;
+      for (std::size_t i = 0; i < 32; ++i) {
+        auto nibble = [&](char c) -> int {
+          return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+        };
+        const int hi = nibble(hex[2 * i]), lo = nibble(hex[2 * i + 1]);
+        ok &= hi >= 0 && lo >= 0;
+        scope[i] = static_cast<uint8_t>((hi << 4) | (lo & 0xf));
       }
-      if (PQstatus(conn) != CONNECTION_OK) return;
+      if (ok) on_finished_(scope);
+    };
+    while (!stop_ && conn.ConsumeNotifications(std::chrono::milliseconds(200), on_notify)) {
     }
   }
 
-  std::string conninfo_;
+  PostgresStoreOptions options_;
   std::function<void(const ScopeHash&)> on_finished_;
   std::atomic<bool> stop_{false};
   std::thread thread_;
@@ -445,20 +627,49 @@ class PostgresStore final : public Store {
   Result<std::unique_ptr<Subscription>> SubscribeFinished(
       std::function<void(const ScopeHash&)> on_finished) override {
     return std::unique_ptr<Subscription>(
-        std::make_unique<FinishedListener>(options_.conninfo, std::move(on_finished)));
+        std::make_unique<FinishedListener>(options_, std::move(on_finished)));
+  }
+
+  // On a connection of its own, made when needed, so that readiness reflects the server rather
+  // than how busy the pool is; the connection's statement_timeout is the ping's timeout, and the
+  // whole ping — waiting for a concurrent one, connecting, SELECT 1 — has one deadline. A
+  // connection that missed it is dropped and made again by the next ping.
+  Status Ping(Millis timeout) override {
+    const SteadyTime deadline = Now() + timeout;
+    std::unique_lock lock(ping_mu_, std::defer_lock);
+    if (!lock.try_lock_until(deadline)) {
+      return MakeError(Errc::kUnavailable,
+                       "postgres ping: no answer within " + MillisText(timeout));
+    }
+    if (ping_ != nullptr && ping_->Broken()) ping_.reset();
+    if (ping_ == nullptr) {
+      auto conn = Connect(options_, Bounds{timeout, timeout, Millis(0), timeout}, deadline);
+      if (!conn) return std::move(conn).error();
+      ping_ = std::move(*conn);
+    }
+    Status pong = ping_->ScriptBy("SELECT 1", deadline);
+    if (!pong) {
+      if (ping_->Broken()) ping_.reset();
+      return MakeError(Errc::kUnavailable, "postgres ping: " + pong.error().message);
+    }
+    return Ok();
   }
 
   Result<std::unique_ptr<StoreTxn>> Begin() override {
     for (int attempt = 0;; ++attempt) {
       IDEM_ASSIGN_OR_RETURN(Lent conn, store_internal::Borrow(*pool_, options_.pool_wait));
+      conn->ClearTimedOut();
       auto session = std::make_unique<PostgresSession>(std::move(conn));
       Status begun = session->Begin("BEGIN");
       if (begun) {
         return std::unique_ptr<StoreTxn>(
             std::make_unique<SqlTxn>(std::move(session), Sql(), clock_, random_));
       }
-      // A connection that died while idle: nothing was sent, so try a fresh one.
-      if (attempt >= options_.max_retries) return std::move(begun).error();
+      // A connection that died while idle: nothing was sent, so try a fresh one. One that timed
+      // out met a stalled server, which another attempt would only wait for again.
+      if (attempt >= options_.max_retries || session->TimedOut()) {
+        return std::move(begun).error();
+      }
     }
   }
 
@@ -494,14 +705,17 @@ class PostgresStore final : public Store {
 
  private:
   // Runs a single-statement operation (autocommit), retrying serialisation failures, deadlocks
-  // and connections that were lost: these statements are idempotent reads or deletes.
+  // and connections that were lost: these statements are idempotent reads or deletes. Timeouts
+  // are not retried: the server is stalled or overloaded, and each attempt would wait again.
   template <typename F>
   auto Retrying(F&& op) -> decltype(op(std::declval<Connection&>())) {
     for (int attempt = 0;; ++attempt) {
       auto lent = store_internal::Borrow(*pool_, options_.pool_wait);
       if (!lent) return std::move(lent).error();
+      (*lent)->ClearTimedOut();
       auto result = op(**lent);
-      if (result || result.error().code != Errc::kUnavailable || attempt >= options_.max_retries) {
+      if (result || result.error().code != Errc::kUnavailable || (*lent)->TimedOut() ||
+          attempt >= options_.max_retries) {
         return result;
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(5 << attempt));
@@ -513,6 +727,8 @@ class PostgresStore final : public Store {
   Clock& clock_;
   Random& random_;
   StoreCapabilities caps_;
+  std::timed_mutex ping_mu_;
+  std::unique_ptr<Connection> ping_;  // guarded by ping_mu_
 };
 
 bool ValidSchemaName(const std::string& s) {
@@ -521,12 +737,14 @@ bool ValidSchemaName(const std::string& s) {
 }
 
 // Creates or checks the schema, on a connection of its own under a database-wide advisory lock,
-// so instances that start at once apply each migration once.
+// so instances that start at once apply each migration once. Migrating has no statement, lock or
+// answer bound: a long migration must not be cancelled, and instances wait for each other's.
 Status PrepareSchema(const PostgresStoreOptions& options, Clock& clock) {
   PostgresStoreOptions plain = options;
   plain.schema = "public";
   plain.prepared_statements = false;
-  IDEM_ASSIGN_OR_RETURN(auto conn, Connect(plain));
+  const Bounds bounds = options.apply_migrations ? Bounds{} : Bounded(options.timeouts);
+  IDEM_ASSIGN_OR_RETURN(auto conn, Connect(plain, bounds, Now() + options.timeouts.connect));
   if (!options.apply_migrations) {
     if (options.schema != "public") {
       IDEM_RETURN_IF_ERROR(
@@ -554,6 +772,35 @@ Status PrepareSchema(const PostgresStoreOptions& options, Clock& clock) {
 
 }  // namespace
 
+Status ValidatePostgresTimeouts(const PostgresTimeouts& t) {
+  constexpr Millis kLongest{3'600'000};
+  for (const auto& [name, value] : {std::pair{"connect", t.connect},
+                                    {"statement", t.statement},
+                                    {"lock", t.lock},
+                                    {"idle_in_transaction", t.idle_in_transaction}}) {
+    if (value < Millis(1) || value > kLongest) {
+      return MakeError(Errc::kInvalidArgument, std::string("postgres: the ") + name +
+                                                   " timeout must be 1.." +
+                                                   std::to_string(kLongest.count()) + " ms");
+    }
+  }
+  if (t.lock > t.statement) {
+    return MakeError(Errc::kInvalidArgument,
+                     "postgres: the lock timeout must not be longer than the statement timeout");
+  }
+  for (const auto& [name, value] : {std::pair{"keepalives_idle", t.keepalives_idle},
+                                    {"keepalives_interval", t.keepalives_interval}}) {
+    if (value.count() < 1 || value.count() > 32767) {
+      return MakeError(Errc::kInvalidArgument,
+                       std::string("postgres: ") + name + " must be 1..32767 s");
+    }
+  }
+  if (t.keepalives_count < 1 || t.keepalives_count > 127) {
+    return MakeError(Errc::kInvalidArgument, "postgres: keepalives_count must be 1..127");
+  }
+  return Ok();
+}
+
 Result<std::unique_ptr<Store>> OpenPostgresStore(const PostgresStoreOptions& options, Clock& clock,
                                                  Random& random) {
   if (options.pool_size < 1 || options.pool_size > 256) {
@@ -562,16 +809,19 @@ Result<std::unique_ptr<Store>> OpenPostgresStore(const PostgresStoreOptions& opt
   if (!ValidSchemaName(options.schema)) {
     return MakeError(Errc::kInvalidArgument, "postgres: schema must be 1..63 of a-z 0-9 _");
   }
+  IDEM_RETURN_IF_ERROR(ValidatePostgresTimeouts(options.timeouts));
   IDEM_RETURN_IF_ERROR(
       store_internal::CheckAppName("postgres", options.app_name, options.app_migrations));
   IDEM_RETURN_IF_ERROR(PrepareSchema(options, clock));
+  auto connect = [options]() {
+    return Connect(options, Bounded(options.timeouts), Now() + options.timeouts.connect);
+  };
   std::vector<std::unique_ptr<Connection>> conns;
   for (int i = 0; i < options.pool_size; ++i) {
-    IDEM_ASSIGN_OR_RETURN(auto conn, Connect(options));
+    IDEM_ASSIGN_OR_RETURN(auto conn, connect());
     conns.push_back(std::move(conn));
   }
-  auto pool = std::make_unique<Pool>("postgres", std::move(conns),
-                                     [options]() { return Connect(options); });
+  auto pool = std::make_unique<Pool>("postgres", std::move(conns), connect);
   return std::unique_ptr<Store>(
       std::make_unique<PostgresStore>(std::move(pool), options, clock, random));
 }

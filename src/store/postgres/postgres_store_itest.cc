@@ -1,17 +1,26 @@
 // src/store/postgres/postgres_store_itest.cc — the store contract suite on a real PostgreSQL
 // (started by scripts/with-services; its address in IDEM_TEST_PG_URL), plus what only this
-// backend has: migrations under an advisory lock from many processes at once, schemas, and lost
-// connections.
+// backend has: migrations under an advisory lock from many processes at once, schemas, lost
+// connections, and the bounds on every call: a row locked by a stuck transaction, a server
+// process stopped mid-run (SIGSTOP, only the backends serving the test's own store), a server
+// that accepts connections and never answers.
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <libpq-fe.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdlib>
+#include <functional>
 #include <random>
+#include <sstream>
+#include <thread>
 
 #include "include/idem/store/postgres.h"
 #include "testing/fakes.h"
+#include "testing/stall.h"
 #include "testing/store_contract.h"
 
 namespace idem::testing {
@@ -205,6 +214,64 @@ TEST(PostgresStore, RejectsBadOptionsAndUnreachableServers) {
   EXPECT_EQ(OpenPostgresStore(nowhere, clock, random).error().code, Errc::kUnavailable);
 }
 
+// `options` with its connections named `name` in pg_stat_activity, so a test can find the server
+// processes serving its own store (tests run in parallel on the same server).
+PostgresStoreOptions Named(PostgresStoreOptions options, const std::string& name) {
+  options.conninfo += (options.conninfo.find('?') == std::string::npos ? "?" : "&") +
+                      std::string("application_name=") + name;
+  return options;
+}
+
+// Each bound is accepted at its limit and refused one past it, before anything connects.
+TEST(PostgresStore, TimeoutsHoldAtTheirLimitsAndOnePast) {
+  using std::chrono::seconds;
+  struct Case {
+    std::function<void(PostgresTimeouts&)> at_limit;
+    std::function<void(PostgresTimeouts&)> past_limit;
+    std::string expect;
+  };
+  const std::vector<Case> cases = {
+      {[](auto& t) { t.connect = Millis(1); }, [](auto& t) { t.connect = Millis(0); }, "connect"},
+      {[](auto& t) { t.connect = Millis(3'600'000); },
+       [](auto& t) { t.connect = Millis(3'600'001); }, "connect"},
+      {[](auto& t) { t.statement = t.lock = Millis(1); }, [](auto& t) { t.statement = Millis(0); },
+       "statement"},
+      {[](auto& t) { t.statement = Millis(3'600'000); },
+       [](auto& t) { t.statement = Millis(3'600'001); }, "statement"},
+      {[](auto& t) { t.lock = t.statement; }, [](auto& t) { t.lock = t.statement + Millis(1); },
+       "lock"},
+      {[](auto& t) { t.lock = Millis(1); }, [](auto& t) { t.lock = Millis(0); }, "lock"},
+      {[](auto& t) { t.idle_in_transaction = Millis(1); },
+       [](auto& t) { t.idle_in_transaction = Millis(0); }, "idle_in_transaction"},
+      {[](auto& t) { t.keepalives_idle = seconds(32767); },
+       [](auto& t) { t.keepalives_idle = seconds(32768); }, "keepalives_idle"},
+      {[](auto& t) { t.keepalives_interval = seconds(1); },
+       [](auto& t) { t.keepalives_interval = seconds(0); }, "keepalives_interval"},
+      {[](auto& t) { t.keepalives_count = 127; }, [](auto& t) { t.keepalives_count = 128; },
+       "keepalives_count"},
+      {[](auto& t) { t.keepalives_count = 1; }, [](auto& t) { t.keepalives_count = 0; },
+       "keepalives_count"},
+  };
+  EXPECT_TRUE(ValidatePostgresTimeouts(PostgresTimeouts{}));
+  for (const Case& k : cases) {
+    PostgresTimeouts ok;
+    k.at_limit(ok);
+    EXPECT_TRUE(ValidatePostgresTimeouts(ok)) << k.expect;
+    PostgresTimeouts bad;
+    k.past_limit(bad);
+    const Status refused = ValidatePostgresTimeouts(bad);
+    ASSERT_FALSE(refused) << k.expect;
+    EXPECT_EQ(refused.error().code, Errc::kInvalidArgument);
+    EXPECT_NE(refused.error().message.find(k.expect), std::string::npos) << refused.error().message;
+  }
+  FakeClock clock;
+  SeededRandom random(1);
+  PostgresStoreOptions options;
+  options.conninfo = "postgresql://127.0.0.1:1/x";
+  options.timeouts.statement = Millis(0);
+  EXPECT_EQ(OpenPostgresStore(options, clock, random).error().code, Errc::kInvalidArgument);
+}
+
 // A server-side kill of every connection of the store: the pool replaces them, nothing is guessed.
 TEST(PostgresStore, LostConnectionsAreReplaced) {
   REQUIRE_POSTGRES();
@@ -212,9 +279,7 @@ TEST(PostgresStore, LostConnectionsAreReplaced) {
   FakeClock clock;
   SeededRandom random(2);
   // Only this store's connections are killed (tests run in parallel on the same server).
-  PostgresStoreOptions options = Options(schema, 2, true);
-  options.conninfo += (options.conninfo.find('?') == std::string::npos ? "?" : "&") +
-                      std::string("application_name=") + schema;
+  const PostgresStoreOptions options = Named(Options(schema, 2, true), schema);
   auto store = OpenPostgresStore(options, clock, random);
   ASSERT_TRUE(store.has_value()) << store.error().message;
   const ScopeHash scope = *Scope{"acme", "alice", "r", "lost-conn-key"}.Hash();
@@ -238,6 +303,314 @@ TEST(PostgresStore, LostConnectionsAreReplaced) {
   ASSERT_TRUE(claim.has_value()) << claim.error().message;
   EXPECT_TRUE(claim->claimed);
   EXPECT_TRUE((*txn)->Commit().has_value());
+}
+
+// ---- Bounds: nothing a database does blocks a caller without end -------------------------------
+
+using std::chrono::milliseconds;
+
+// Generous slack over a bound, for a loaded machine; a call that is not bounded blocks until the
+// test unblocks it after kGiveUp.
+constexpr milliseconds kSlack{1500};
+constexpr milliseconds kGiveUp{15000};
+
+// A session of its own on the test server, closed on destruction (which rolls back whatever it
+// holds, also when a test fails).
+class RawSession {
+ public:
+  RawSession() : conn_(PQconnectdb(ServerUrl().c_str())) {}
+  ~RawSession() { Close(); }
+  RawSession(const RawSession&) = delete;
+  RawSession& operator=(const RawSession&) = delete;
+
+  // Runs `sql`; the first column of its first row, or "" (errors fail the test).
+  std::string Exec(const std::string& sql) {
+    PGresult* r = PQexec(conn_, sql.c_str());
+    const ExecStatusType status = PQresultStatus(r);
+    EXPECT_TRUE(status == PGRES_COMMAND_OK || status == PGRES_TUPLES_OK)
+        << sql << ": " << PQerrorMessage(conn_);
+    std::string v = status == PGRES_TUPLES_OK && PQntuples(r) > 0 ? PQgetvalue(r, 0, 0) : "";
+    PQclear(r);
+    return v;
+  }
+  void Close() {
+    if (conn_ != nullptr) PQfinish(conn_);
+    conn_ = nullptr;
+  }
+
+ private:
+  PGconn* conn_;
+};
+
+// Every row of `table` locked by a transaction left open, as a stuck instance would leave it.
+std::unique_ptr<RawSession> LockRows(const std::string& schema, const std::string& table) {
+  auto holder = std::make_unique<RawSession>();
+  holder->Exec("BEGIN");
+  holder->Exec("SELECT count(*) FROM (SELECT 1 FROM " + schema + "." + table +
+               " FOR UPDATE) AS locked");
+  return holder;
+}
+
+// The server processes serving connections named `name`, when they run on this machine. Waits
+// (up to 2 s) for `expected` of them: the session that applied the migrations goes away
+// asynchronously, and a process on its way out is not one to stop.
+std::vector<pid_t> LocalBackends(const std::string& name, std::size_t expected) {
+  RawSession session;
+  std::vector<pid_t> out;
+  for (int i = 0; i < 100; ++i) {
+    const std::string pids = session.Exec(
+        "SELECT string_agg(pid::text, ' ') FROM pg_stat_activity WHERE application_name = '" +
+        name + "'");
+    out.clear();
+    std::istringstream in(pids);
+    for (pid_t pid; in >> pid;) out.push_back(pid);
+    if (out.size() == expected) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  std::erase_if(out, [](pid_t pid) { return !IsLocalProcess(pid, "postgres"); });
+  return out;
+}
+
+ClaimSpec Spec(const std::string& key) {
+  ClaimSpec spec;
+  spec.scope = *Scope{"acme", "alice", "r", key}.Hash();
+  spec.tenant = "acme";
+  spec.user = "alice";
+  spec.route = "r";
+  return spec;
+}
+
+int64_t BackendPid(Store& store) {
+  auto rows = store.Query("SELECT pg_backend_pid()");
+  return rows && rows->size() == 1 ? std::get<int64_t>(rows->at(0).at(0)) : -1;
+}
+
+template <typename T>
+std::string Describe(const Result<T>& r) {
+  return r ? "ok" : r.error().message;
+}
+
+// A row held by a transaction that never ends: the statement that needs it fails as retryable
+// once lock_timeout has passed; the connection stays usable and reads never wait for row locks.
+TEST(PostgresStore, ARowLockedByAStuckTransactionIsUnavailableWithinTheLockTimeout) {
+  REQUIRE_POSTGRES();
+  const std::string schema = FreshSchema();
+  FakeClock clock;
+  SeededRandom random(4);
+  PostgresStoreOptions options = Options(schema, 1, true);
+  options.timeouts.lock = milliseconds(500);
+  options.timeouts.statement = milliseconds(3000);
+  auto store = OpenPostgresStore(options, clock, random);
+  ASSERT_TRUE(store.has_value()) << store.error().message;
+  const ClaimSpec spec = Spec("locked-row-key");
+  Lease lease;
+  {
+    auto txn = (*store)->Begin();
+    ASSERT_TRUE(txn.has_value()) << txn.error().message;
+    auto claim = (*txn)->Claim(spec);
+    ASSERT_TRUE(claim.has_value() && claim->claimed);
+    lease = claim->record.lease;
+    ASSERT_TRUE((*txn)->Exec("INSERT INTO contract_business (k, v) VALUES (?, ?)",
+                             {std::string("k1"), std::string("v1")}));
+    ASSERT_TRUE((*txn)->Commit());
+  }
+  const int64_t backend = BackendPid(**store);
+
+  {
+    auto holder = LockRows(schema, "idem_records");
+    auto read = CallWithin(
+        kGiveUp, [&] { return (*store)->Read(spec.scope); }, [&] { holder->Close(); });
+    EXPECT_TRUE(read.value.has_value()) << Describe(read.value);
+    EXPECT_LT(read.elapsed, kSlack) << "a snapshot read waited for a row lock";
+
+    auto renew = CallWithin(
+        kGiveUp,
+        [&]() -> Status {
+          IDEM_ASSIGN_OR_RETURN(auto txn, (*store)->Begin());
+          IDEM_RETURN_IF_ERROR(txn->Renew(spec.scope, lease, milliseconds(30000)));
+          return Ok();
+        },
+        [&] { holder->Close(); });
+    EXPECT_FALSE(renew.overran) << "Renew blocked " << renew.elapsed.count()
+                                << " ms on the locked record, until the test released it";
+    ASSERT_FALSE(renew.value.has_value()) << "Renew succeeded on a locked record";
+    EXPECT_EQ(renew.value.error().code, Errc::kUnavailable) << renew.value.error().message;
+    EXPECT_GE(renew.elapsed, milliseconds(400)) << "it failed before lock_timeout";
+    EXPECT_LT(renew.elapsed, options.timeouts.lock + kSlack);
+  }
+  {
+    auto holder = LockRows(schema, "contract_business");
+    auto txn = (*store)->Begin();
+    ASSERT_TRUE(txn.has_value()) << txn.error().message;
+    auto update = CallWithin(
+        kGiveUp,
+        [&] {
+          return (*txn)->Exec("UPDATE contract_business SET v = ? WHERE k = ?",
+                              {std::string("v2"), std::string("k1")});
+        },
+        [&] { holder->Close(); });
+    EXPECT_FALSE(update.overran) << "Exec blocked " << update.elapsed.count()
+                                 << " ms on a locked business row, until the test released it";
+    ASSERT_FALSE(update.value.has_value()) << "Exec updated a locked row";
+    EXPECT_EQ(update.value.error().code, Errc::kUnavailable) << update.value.error().message;
+    EXPECT_LT(update.elapsed, options.timeouts.lock + kSlack);
+    // A failed Exec leaves its transaction usable.
+    auto get = (*txn)->Get(spec.scope);
+    EXPECT_TRUE(get.has_value() && get->has_value()) << Describe(get);
+  }
+  {
+    // The locks are gone: the same connection serves again.
+    auto txn = (*store)->Begin();
+    ASSERT_TRUE(txn.has_value()) << txn.error().message;
+    auto renewed = (*txn)->Renew(spec.scope, lease, milliseconds(30000));
+    EXPECT_TRUE(renewed.has_value()) << Describe(renewed);
+    EXPECT_TRUE((*txn)->Commit());
+  }
+  EXPECT_EQ(BackendPid(**store), backend) << "a lock timeout cost the connection";
+}
+
+// The backend serving the store's only connection stops (SIGSTOP) while idle: the next call sends
+// its statement and hears nothing. It fails as retryable once the client's answer deadline
+// (statement timeout + 1 s) has passed, and the pool serves again on a fresh connection.
+TEST(PostgresStore, AStoppedServerProcessIsUnavailableWithinTheStatementBound) {
+  REQUIRE_POSTGRES();
+  const std::string schema = FreshSchema();
+  FakeClock clock;
+  SeededRandom random(5);
+  PostgresStoreOptions options = Options(schema, 1, true);
+  options.timeouts.statement = milliseconds(1000);
+  options.timeouts.lock = milliseconds(500);
+  auto store = OpenPostgresStore(options, clock, random);
+  ASSERT_TRUE(store.has_value()) << store.error().message;
+  const ScopeHash scope = Spec("stopped-read-key").scope;
+  ASSERT_TRUE((*store)->Read(scope).has_value());
+  const pid_t backend = static_cast<pid_t>(BackendPid(**store));
+  if (!IsLocalProcess(backend, "postgres")) GTEST_SKIP() << "the test server is not local";
+
+  StoppedProcesses stopped({backend});
+  auto read = CallWithin(
+      kGiveUp, [&] { return (*store)->Read(scope); }, [&] { stopped.Continue(); });
+  EXPECT_FALSE(read.overran) << "Read blocked " << read.elapsed.count()
+                             << " ms on a stopped server process, until the test resumed it";
+  ASSERT_FALSE(read.value.has_value()) << "Read succeeded on a stopped server process";
+  EXPECT_EQ(read.value.error().code, Errc::kUnavailable) << read.value.error().message;
+  EXPECT_LT(read.elapsed, options.timeouts.statement + milliseconds(1000) + kSlack);
+
+  // The stalled connection was dropped; a fresh one serves while the old process is still stopped.
+  auto again = (*store)->Read(scope);
+  EXPECT_TRUE(again.has_value()) << Describe(again);
+}
+
+// A COMMIT that gets no answer may or may not have happened: kDeadlineExceeded (re-read), within
+// the same bound. Here it did happen: the server process reads the COMMIT once resumed.
+TEST(PostgresStore, ACommitToAStoppedServerProcessIsAnUnknownOutcomeWithinTheStatementBound) {
+  REQUIRE_POSTGRES();
+  FakeClock clock;
+  SeededRandom random(6);
+  PostgresStoreOptions options = Options(FreshSchema(), 1, true);
+  options.timeouts.statement = milliseconds(1000);
+  options.timeouts.lock = milliseconds(500);
+  auto store = OpenPostgresStore(options, clock, random);
+  ASSERT_TRUE(store.has_value()) << store.error().message;
+  const ClaimSpec spec = Spec("stopped-commit-key");
+  auto txn = (*store)->Begin();
+  ASSERT_TRUE(txn.has_value()) << txn.error().message;
+  ASSERT_TRUE((*txn)->Claim(spec).has_value());
+  auto pid = (*txn)->Exec("SELECT pg_backend_pid()");
+  ASSERT_TRUE(pid.has_value()) << pid.error().message;
+  const pid_t backend = static_cast<pid_t>(std::get<int64_t>(pid->at(0).at(0)));
+  if (!IsLocalProcess(backend, "postgres")) GTEST_SKIP() << "the test server is not local";
+
+  StoppedProcesses stopped({backend});
+  auto commit = CallWithin(
+      kGiveUp, [&] { return (*txn)->Commit(); }, [&] { stopped.Continue(); });
+  EXPECT_FALSE(commit.overran) << "Commit blocked " << commit.elapsed.count()
+                               << " ms on a stopped server process, until the test resumed it";
+  ASSERT_FALSE(commit.value.has_value()) << "Commit succeeded on a stopped server process";
+  EXPECT_EQ(commit.value.error().code, Errc::kDeadlineExceeded) << commit.value.error().message;
+  EXPECT_LT(commit.elapsed, options.timeouts.statement + milliseconds(1000) + kSlack);
+
+  stopped.Continue();
+  txn->reset();
+  bool committed = false;
+  for (int i = 0; i < 100 && !committed; ++i) {
+    auto read = (*store)->Read(spec.scope);
+    committed = read.has_value() && read->has_value();
+    if (!committed) std::this_thread::sleep_for(milliseconds(20));
+  }
+  EXPECT_TRUE(committed) << "the resumed server process did not commit what it had received";
+}
+
+// Readiness is decided within its timeout on a connection of its own, whatever the pool does.
+TEST(PostgresStore, PingAnswersWithinItsTimeoutWhileTheServerProcessIsStopped) {
+  REQUIRE_POSTGRES();
+  const std::string schema = FreshSchema();
+  FakeClock clock;
+  SeededRandom random(7);
+  PostgresStoreOptions options = Named(Options(schema, 1, true), schema);
+  auto store = OpenPostgresStore(options, clock, random);
+  ASSERT_TRUE(store.has_value()) << store.error().message;
+  ASSERT_TRUE((*store)->Ping(milliseconds(1000)));
+  // The pool's connection and the ping's own.
+  const std::vector<pid_t> backends = LocalBackends(schema, 2);
+  if (backends.empty()) GTEST_SKIP() << "the test server does not run on this machine";
+
+  StoppedProcesses stopped(backends);
+  auto ping = CallWithin(
+      kGiveUp, [&] { return (*store)->Ping(milliseconds(1000)); }, [&] { stopped.Continue(); });
+  EXPECT_FALSE(ping.overran) << "Ping blocked " << ping.elapsed.count()
+                             << " ms on a stopped server process, until the test resumed it";
+  ASSERT_FALSE(ping.value.has_value()) << "Ping succeeded on a stopped server process";
+  EXPECT_EQ(ping.value.error().code, Errc::kUnavailable) << ping.value.error().message;
+  EXPECT_LT(ping.elapsed, milliseconds(1000) + milliseconds(500));
+
+  stopped.Continue();
+  EXPECT_TRUE((*store)->Ping(milliseconds(1000))) << "a fresh connection answers again";
+}
+
+// A listening socket nobody accepts from: the kernel completes the TCP handshake, as for a
+// stopped postmaster, and nothing answers. Closed on destruction.
+class SilentServer {
+ public:
+  SilentServer() : fd_(socket(AF_INET, SOCK_STREAM, 0)) {
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof addr;
+    bind(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
+    listen(fd_, 16);
+    getsockname(fd_, reinterpret_cast<sockaddr*>(&addr), &len);
+    port_ = ntohs(addr.sin_port);
+  }
+  ~SilentServer() { Close(); }
+  SilentServer(const SilentServer&) = delete;
+  SilentServer& operator=(const SilentServer&) = delete;
+
+  uint16_t port() const { return port_; }
+  void Close() {
+    if (fd_ >= 0) close(fd_);
+    fd_ = -1;
+  }
+
+ private:
+  int fd_;
+  uint16_t port_ = 0;
+};
+
+TEST(PostgresStore, AServerThatNeverAnswersIsUnavailableWithinTheConnectTimeout) {
+  FakeClock clock;
+  SeededRandom random(8);
+  SilentServer silent;
+  PostgresStoreOptions options;
+  options.conninfo = "postgresql://postgres@127.0.0.1:" + std::to_string(silent.port()) + "/idem";
+  options.timeouts.connect = milliseconds(500);
+  auto open = CallWithin(
+      kGiveUp, [&] { return OpenPostgresStore(options, clock, random); }, [&] { silent.Close(); });
+  EXPECT_FALSE(open.overran) << "connecting blocked " << open.elapsed.count()
+                             << " ms on a server that never answers, until the test closed it";
+  ASSERT_FALSE(open.value.has_value());
+  EXPECT_EQ(open.value.error().code, Errc::kUnavailable) << open.value.error().message;
+  EXPECT_LT(open.elapsed, options.timeouts.connect + kSlack);
 }
 
 }  // namespace
