@@ -293,6 +293,58 @@ TEST_P(StoreContractTest, RenewExtendsTheLeaseOfItsOwnerOnly) {
   EXPECT_EQ(refused.error().code, Errc::kFenced);
 }
 
+TEST_P(StoreContractTest, AdvanceBeforeACallRequiresALeaseThatCoversTheCall) {
+  const ClaimSpec spec = Spec("key-cover");
+  Record rec = MustClaim(*store_, spec);
+  env_.clock.Advance(kLease - Millis(10000));  // 10 s of the lease left
+  {
+    // A call that needs the lease one millisecond longer than it lasts is refused, and the
+    // refusal is not a lost lease: the transaction stays usable and commits nothing.
+    auto txn = MustBegin(*store_);
+    auto refused = txn->AdvanceCovered(spec.scope, rec.lease, "charge_sent", Millis(10001));
+    ASSERT_FALSE(refused.has_value()) << "advanced under a lease that ends before the call";
+    EXPECT_EQ(refused.error().code, Errc::kConflict) << refused.error().message;
+    ASSERT_TRUE(txn->Commit().has_value());
+  }
+  auto unchanged = MustRead(*store_, spec.scope);
+  ASSERT_TRUE(unchanged.has_value());
+  EXPECT_EQ(unchanged->recovery_point, "");
+  EXPECT_EQ(unchanged->lease.until, rec.lease.until);
+  EXPECT_EQ(unchanged->lease.fence, rec.lease.fence);
+  EXPECT_EQ(unchanged->updated_at, rec.updated_at);
+  {
+    // A lease that ends exactly when the call would covers it.
+    auto txn = MustBegin(*store_);
+    auto at_limit = txn->AdvanceCovered(spec.scope, rec.lease, "charge_sent", Millis(10000));
+    EXPECT_TRUE(at_limit.has_value()) << at_limit.error().message;
+  }  // rolled back
+  {
+    // Renewed in the same transaction, the lease covers the call.
+    auto txn = MustBegin(*store_);
+    auto renewed = txn->Renew(spec.scope, rec.lease, kLease);
+    ASSERT_TRUE(renewed.has_value()) << renewed.error().message;
+    auto advanced = txn->AdvanceCovered(spec.scope, *renewed, "charge_sent", kLease);
+    ASSERT_TRUE(advanced.has_value()) << advanced.error().message;
+    ASSERT_TRUE(txn->Commit().has_value());
+  }
+  auto sent = MustRead(*store_, spec.scope);
+  EXPECT_EQ(sent->recovery_point, "charge_sent");
+  EXPECT_EQ(sent->lease.until, env_.clock.Now() + kLease);
+  EXPECT_EQ(sent->resource_id, "") << "only the recovery point moves";
+
+  // A lease lost to a takeover is fenced, however short the call.
+  env_.clock.Advance(kLease + Millis(1));
+  {
+    auto txn = MustBegin(*store_);
+    ASSERT_TRUE(txn->Reclaim(spec, rec.lease.fence).has_value());
+    ASSERT_TRUE(txn->Commit().has_value());
+  }
+  auto txn = MustBegin(*store_);
+  auto fenced = txn->AdvanceCovered(spec.scope, rec.lease, "charge_sent", Millis(0));
+  ASSERT_FALSE(fenced.has_value());
+  EXPECT_EQ(fenced.error().code, Errc::kFenced) << fenced.error().message;
+}
+
 TEST_P(StoreContractTest, FinishedRecordsCannotBeRenewedOrFinishedAgain) {
   const ClaimSpec spec = Spec("key-finished");
   Record rec = MustClaim(*store_, spec);
@@ -300,6 +352,8 @@ TEST_P(StoreContractTest, FinishedRecordsCannotBeRenewedOrFinishedAgain) {
   auto txn = MustBegin(*store_);
   EXPECT_EQ(txn->Renew(spec.scope, rec.lease, kLease).error().code, Errc::kFenced);
   EXPECT_EQ(txn->Finish(spec.scope, rec.lease, Succeeded()).error().code, Errc::kFenced);
+  EXPECT_EQ(txn->AdvanceCovered(spec.scope, rec.lease, "charge_sent", Millis(0)).error().code,
+            Errc::kFenced);
 }
 
 TEST_P(StoreContractTest, RetryableFailureMayBeClaimedAgainAtOnceFinalMayNot) {
@@ -602,6 +656,8 @@ TEST_P(StoreContractTest, RecordErrorsAreTheSameOnEveryBackend) {
   nobody.fence = 1;
   EXPECT_EQ(txn->Renew(spec.scope, nobody, kLease).error().code, Errc::kFenced);
   EXPECT_EQ(txn->Advance(spec.scope, nobody, "charge_sent", "").error().code, Errc::kFenced);
+  EXPECT_EQ(txn->AdvanceCovered(spec.scope, nobody, "charge_sent", Millis(0)).error().code,
+            Errc::kFenced);
   EXPECT_EQ(txn->Finish(spec.scope, nobody, Succeeded()).error().code, Errc::kFenced);
 }
 

@@ -127,6 +127,16 @@ class StoreTxn {
   virtual Status Advance(const ScopeHash& scope, const Lease& lease, std::string_view point,
                          std::string_view resource_id) = 0;
 
+  // Records `point` before an external call that cannot be called back (e.g. "charge_sent"),
+  // only while the lease covers the whole call: lease_until >= now + must_cover, where
+  // must_cover is the call's timeout plus a margin. The condition is part of the same fenced
+  // UPDATE; when it fails nothing is written. Errors: kConflict when `lease` still owns the
+  // PROCESSING record but ends too soon — the lease is not lost: Renew (in this transaction)
+  // and try again, or give up; either way do not call before this succeeds; kFenced as for
+  // Renew; kInvalidArgument as for Advance.
+  virtual Status AdvanceCovered(const ScopeHash& scope, const Lease& lease, std::string_view point,
+                                Millis must_cover) = 0;
+
   // Finishes the execution: PROCESSING → outcome.state with the sealed response.
   // Errors: kInvalidArgument for a recovery point over limits::kRecoveryPointMaxLength; kFenced
   // as for Renew; the caller must then drop the transaction, which rolls back its business writes.

@@ -76,7 +76,8 @@ class FakeOperation final : public Operation {
     if (!record.resource_id.empty()) return Ok();
     return txn.Advance(record.scope, record.lease, "claimed", "thing_" + std::to_string(n));
   }
-  Execution Execute(Ticket& ticket, const http::Request&, const Principal&, Engine&) override {
+  Execution Execute(Ticket& ticket, const http::Request&, const Principal&, Engine&,
+                    Heartbeat&) override {
     int n;
     {
       std::lock_guard lock(mu_);

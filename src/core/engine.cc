@@ -184,7 +184,7 @@ Result<Decision> Engine::ClaimInTxn(const RoutePolicy& policy, const Request& re
   IDEM_RETURN_IF_ERROR(IDEM_FAILPOINT("after_claim"));
   decision.kind = Decision::Kind::kExecute;
   decision.key_expires = record.expires_at;
-  decision.ticket = Ticket{spec.scope, record.lease, record, resumed, std::nullopt};
+  decision.ticket = Ticket{spec.scope, record.lease, record, resumed, std::nullopt, spec.lease_ttl};
   decision.record = std::move(record);
   return decision;
 }
@@ -254,9 +254,27 @@ Status Engine::Advance(const Ticket& ticket, std::string_view point, std::string
   return txn->Commit();
 }
 
-Status Engine::Renew(const RoutePolicy& policy, Ticket& ticket) {
+Status Engine::AdvanceBeforeCall(Ticket& ticket, std::string_view point, Millis must_cover) {
   IDEM_ASSIGN_OR_RETURN(std::unique_ptr<StoreTxn> txn, store_.Begin());
-  IDEM_ASSIGN_OR_RETURN(Lease renewed, txn->Renew(ticket.scope, ticket.lease, policy.lease));
+  // Renewed and advanced in one transaction: the covered advance checks the renewed lease, and a
+  // refusal rolls the renewal back with it.
+  IDEM_ASSIGN_OR_RETURN(Lease renewed, txn->Renew(ticket.scope, ticket.lease, ticket.lease_ttl));
+  IDEM_RETURN_IF_ERROR(txn->AdvanceCovered(ticket.scope, renewed, point, must_cover));
+  IDEM_RETURN_IF_ERROR(txn->Commit());
+  ticket.lease = renewed;
+  ticket.record.lease = renewed;
+  return Ok();
+}
+
+Status Engine::Renew(const RoutePolicy& policy, Ticket& ticket) {
+  return RenewFor(ticket, policy.lease);
+}
+
+Status Engine::Renew(Ticket& ticket) { return RenewFor(ticket, ticket.lease_ttl); }
+
+Status Engine::RenewFor(Ticket& ticket, Millis ttl) {
+  IDEM_ASSIGN_OR_RETURN(std::unique_ptr<StoreTxn> txn, store_.Begin());
+  IDEM_ASSIGN_OR_RETURN(Lease renewed, txn->Renew(ticket.scope, ticket.lease, ttl));
   IDEM_RETURN_IF_ERROR(txn->Commit());
   ticket.lease = renewed;
   ticket.record.lease = renewed;
@@ -282,7 +300,10 @@ Result<Ticket> Engine::TakeOver(const RoutePolicy& policy, const Record& stale) 
   IDEM_ASSIGN_OR_RETURN(std::unique_ptr<StoreTxn> txn, store_.Begin());
   IDEM_ASSIGN_OR_RETURN(Record record, txn->Reclaim(spec, stale.lease.fence));
   IDEM_RETURN_IF_ERROR(txn->Commit());
-  return Ticket{stale.scope, record.lease, record, /*resumed=*/true, /*marker=*/std::nullopt};
+  return Ticket{stale.scope,      record.lease,
+                record,
+                /*resumed=*/true, /*marker=*/std::nullopt,
+                policy.lease};
 }
 
 Status Engine::Finish(const Ticket& ticket, RecordState state, const StoredResponse& response,

@@ -295,6 +295,12 @@ RecordSql::RecordSql(const Dialect& d) : dialect(d) {
              "UPDATE idem_records SET recovery_point = ?, "
              "resource_id = CASE WHEN ? = '' THEN resource_id ELSE ? END, updated_at = ? "
              "WHERE scope_hash = ? AND owner_token = ? AND fence = ? AND state = 'PROCESSING'");
+  // The step before an external call: the lease must still run when the call's deadline (and
+  // the margin) has passed, so no takeover can happen while the call may be out.
+  advance_covered =
+      Render(d,
+             "UPDATE idem_records SET recovery_point = ?, updated_at = ? WHERE scope_hash = ? AND "
+             "owner_token = ? AND fence = ? AND state = 'PROCESSING' AND lease_until >= ?");
   finish =
       Render(d,
              "UPDATE idem_records SET state = ?, status_code = ?, response = ?, "
@@ -395,6 +401,27 @@ Status SqlTxn::Advance(const ScopeHash& scope, const Lease& lease, std::string_v
                                               BytesOf(scope), BytesOf(lease.owner), lease.fence}));
   if (changed == 0) return Fenced("advance");
   return Ok();
+}
+
+Status SqlTxn::AdvanceCovered(const ScopeHash& scope, const Lease& lease, std::string_view point,
+                              Millis must_cover) {
+  IDEM_RETURN_IF_ERROR(CheckProgress(point, {}));
+  const Timestamp now = clock_.Now();
+  const int64_t needed_ms = ToUnixMillis(now + must_cover);
+  IDEM_ASSIGN_OR_RETURN(int changed, Change(sql_.advance_covered,
+                                            {std::string(point), ToUnixMillis(now), BytesOf(scope),
+                                             BytesOf(lease.owner), lease.fence, needed_ms}));
+  if (changed == 1) return Ok();
+  // Nothing matched: a lost lease (stop) or a held one that ends too soon (renew, or give up).
+  IDEM_ASSIGN_OR_RETURN(std::optional<Record> current, Get(scope));
+  if (current && current->state == RecordState::kProcessing &&
+      current->lease.owner == lease.owner && current->lease.fence == lease.fence) {
+    return MakeError(Errc::kConflict, "advance: the lease ends at " +
+                                          std::to_string(ToUnixMillis(current->lease.until)) +
+                                          " ms, before the call it must cover would (" +
+                                          std::to_string(needed_ms) + " ms); renew first");
+  }
+  return Fenced("advance");
 }
 
 Status SqlTxn::Finish(const ScopeHash& scope, const Lease& lease, const Outcome& outcome) {
