@@ -202,10 +202,11 @@ TEST_P(StoreContractTest, ReclaimTakesOverOnlyAnExpiredLeaseAtTheSeenFence) {
   EXPECT_EQ(second.lease.fence, first.lease.fence + 1);
   EXPECT_NE(second.lease.owner, first.lease.owner);
   EXPECT_EQ(second.lease.until, env_.clock.Now() + kLease);
-  // Same operation: progress, resource and retention survive a takeover.
+  // Same operation: progress and resource survive a takeover, and it is kept a full retention
+  // from the takeover.
   EXPECT_EQ(second.recovery_point, "charge_sent");
   EXPECT_EQ(second.resource_id, "pay_123");
-  EXPECT_EQ(second.expires_at, first.expires_at);
+  EXPECT_EQ(ToUnixMillis(second.expires_at), ToUnixMillis(env_.clock.Now() + kRetention));
   EXPECT_EQ(second.created_at, first.created_at);
 
   // A second taker that saw the old fence loses, even once this lease expires too.
@@ -428,6 +429,70 @@ TEST_P(StoreContractTest, ExpiredProcessingRecordIsOnlyTakenOver) {
   EXPECT_EQ(taken->resource_id, "pay_x");
   EXPECT_EQ(taken->fingerprint.mac, spec.fingerprint.mac);
   EXPECT_EQ(taken->created_at, old.created_at);
+}
+
+// A resume (a retry after a retryable failure, or a takeover of an expired lease) continues the
+// operation, so the key is honoured for a full retention after it: a finished outcome must stay
+// replayable however late the resume came.
+TEST_P(StoreContractTest, AResumeExtendsRetentionToAtLeastAFullPeriodFromNow) {
+  const ClaimSpec retry = Spec("key-late-retry");
+  Record r1 = MustClaim(*store_, retry);
+  MustFinish(*store_, retry, r1.lease, Outcome{RecordState::kFailedRetryable, 503, "", ""});
+  const ClaimSpec takeover = Spec("key-late-takeover");
+  Record t1 = MustClaim(*store_, takeover);
+  env_.clock.Advance(kRetention - Millis(1000));  // a second before both expire
+  for (const auto& [spec, seen] : {std::pair{retry, r1}, std::pair{takeover, t1}}) {
+    auto txn = MustBegin(*store_);
+    auto resumed = txn->Reclaim(spec, seen.lease.fence);
+    ASSERT_TRUE(resumed.has_value()) << resumed.error().message;
+    EXPECT_EQ(ToUnixMillis(resumed->expires_at), ToUnixMillis(env_.clock.Now() + kRetention))
+        << "a resume a second before expiry left the key one second to live";
+    EXPECT_EQ(ToUnixMillis(resumed->created_at), ToUnixMillis(seen.created_at));
+    ASSERT_TRUE(txn->Commit().has_value());
+    EXPECT_EQ(ToUnixMillis(MustRead(*store_, spec.scope)->expires_at),
+              ToUnixMillis(env_.clock.Now() + kRetention));
+  }
+
+  // Extended, never shortened: a resume under a shorter retention keeps the longer expiry.
+  const ClaimSpec early = Spec("key-early-retry");
+  Record e1 = MustClaim(*store_, early);
+  MustFinish(*store_, early, e1.lease, Outcome{RecordState::kFailedRetryable, 503, "", ""});
+  ClaimSpec shorter = early;
+  shorter.retention = Millis(1000);
+  auto txn = MustBegin(*store_);
+  auto resumed = txn->Reclaim(shorter, e1.lease.fence);
+  ASSERT_TRUE(resumed.has_value()) << resumed.error().message;
+  EXPECT_EQ(ToUnixMillis(resumed->expires_at), ToUnixMillis(e1.expires_at));
+}
+
+TEST_P(StoreContractTest, AResumedThenFinishedRecordSurvivesASweepAtItsOldExpiry) {
+  const ClaimSpec spec = Spec("key-resumed-kept");
+  Record first = MustClaim(*store_, spec);
+  MustFinish(*store_, spec, first.lease, Outcome{RecordState::kFailedRetryable, 503, "", ""});
+  env_.clock.Advance(kRetention - Millis(1000));
+  Record resumed;
+  {
+    auto txn = MustBegin(*store_);
+    auto r = txn->Reclaim(spec, first.lease.fence);
+    ASSERT_TRUE(r.has_value()) << r.error().message;
+    resumed = *r;
+    ASSERT_TRUE(txn->Commit().has_value());
+  }
+  MustFinish(*store_, spec, resumed.lease, Succeeded("the answer"));
+
+  env_.clock.Advance(Millis(1000));  // the first attempt's expiry
+  auto swept = store_->Sweep(100);
+  ASSERT_TRUE(swept.has_value()) << swept.error().message;
+  EXPECT_EQ(*swept, 0) << "the sweeper deleted an answer the client may still ask for";
+  auto kept = MustRead(*store_, spec.scope);
+  ASSERT_TRUE(kept.has_value());
+  EXPECT_EQ(kept->state, RecordState::kSucceeded);
+  EXPECT_EQ(kept->response, "the answer");
+
+  // A full retention after the resume, it goes.
+  env_.clock.Advance(kRetention - Millis(1000));
+  EXPECT_EQ(*store_->Sweep(100), 1);
+  EXPECT_FALSE(MustRead(*store_, spec.scope).has_value());
 }
 
 TEST_P(StoreContractTest, CountsPerPrincipalAndStateAreBoundedByTheLimit) {

@@ -113,8 +113,11 @@ class StoreTxn {
   // a FAILED_RETRYABLE record (a retry: the same), or a finished record past its expiry (a new
   // operation: every column is rewritten from `spec`). A PROCESSING record past its expiry is
   // only ever taken over: its downstream call may have happened. The new holder gets a fresh owner
-  // token, fence + 1 and a lease of spec.lease_ttl. Errors: kConflict if the record moved on or its
-  // lease is still live; kNotFound if it is gone.
+  // token, fence + 1 and a lease of spec.lease_ttl. A takeover or a retry also extends the
+  // record's expiry to at least now + spec.retention (never shortening it), so its outcome is
+  // kept for a full retention however late the resume came. Errors: kConflict if the record
+  // moved on or its lease is still live; kNotFound if it is gone (a sweeper deleted it after the
+  // caller read it: claim again).
   virtual Result<Record> Reclaim(const ClaimSpec& spec, int64_t seen_fence) = 0;
 
   // Extends a live lease to now + ttl (a heartbeat; retention is not touched).

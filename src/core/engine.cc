@@ -20,6 +20,9 @@ Engine::Engine(Store& store, const Fingerprinter& fingerprinter, const Sealer& s
 
 namespace {
 
+// Claims made in one transaction when the record keeps vanishing under the sweeper.
+constexpr int kClaimAttempts = 3;
+
 // Runs caller code inside a transaction. A hook that throws is reported as kInternal, so no
 // exception crosses the engine and the transaction rolls back.
 Status RunHook(const TxnHook& hook, StoreTxn& txn, const Record& record) {
@@ -143,16 +146,21 @@ Result<Decision> Engine::ClaimInTxn(const RoutePolicy& policy, const Request& re
                                     const ClaimSpec& spec, const CanonicalRequest& canonical,
                                     Decision decision, const TxnHook& on_claim) {
   IDEM_ASSIGN_OR_RETURN(std::unique_ptr<StoreTxn> txn, store_.Begin());
-  IDEM_ASSIGN_OR_RETURN(ClaimResult claim, txn->Claim(spec));
-  Record record = std::move(claim.record);
+  Record record;
   bool resumed = false;
-  if (!claim.claimed) {
+  // A record read here can be gone by the reclaim: a sweeper on another connection deleted it
+  // as expired (PostgreSQL orders nothing between the two statements). Nothing is left to resume
+  // then, so the claim is made again, and a retry that races the sweeper executes or meets the
+  // request that claimed first — it never answers "not found".
+  for (int attempt = 1;; ++attempt) {
+    IDEM_ASSIGN_OR_RETURN(ClaimResult claim, txn->Claim(spec));
+    record = std::move(claim.record);
+    if (claim.claimed) break;
     const Timestamp now = clock_.Now();
-    if (record.expires_at <= now && record.state != RecordState::kProcessing) {
-      // Past retention: the old operation is forgotten and this is a new one. (An unresolved
-      // PROCESSING record is never forgotten; it is decided below like a live one.)
-      IDEM_ASSIGN_OR_RETURN(record, txn->Reclaim(spec, record.lease.fence));
-    } else {
+    // Past retention a finished operation is forgotten and this is a new one. (An unresolved
+    // PROCESSING record is never forgotten; it is decided below like a live one.)
+    const bool forgotten = record.expires_at <= now && record.state != RecordState::kProcessing;
+    if (!forgotten) {
       IDEM_RETURN_IF_ERROR(
           VerifySameRequest(policy, request, canonical, fingerprinter_, record.fingerprint));
       if (IsReplayable(record.state)) {
@@ -168,9 +176,17 @@ Result<Decision> Engine::ClaimInTxn(const RoutePolicy& policy, const Request& re
         decision.record = std::move(record);
         return decision;
       }
-      // A retry after a retryable failure, or a takeover of an expired lease.
-      IDEM_ASSIGN_OR_RETURN(record, txn->Reclaim(spec, record.lease.fence));
-      resumed = true;
+    }
+    // A new operation on a forgotten record; or a retry after a retryable failure, or a takeover
+    // of an expired lease.
+    Result<Record> reclaimed = txn->Reclaim(spec, record.lease.fence);
+    if (reclaimed) {
+      record = std::move(*reclaimed);
+      resumed = !forgotten;
+      break;
+    }
+    if (reclaimed.error().code != Errc::kNotFound || attempt == kClaimAttempts) {
+      return std::move(reclaimed).error();
     }
   }
   IDEM_RETURN_IF_ERROR(CheckQuota(policy, *txn, request.principal));

@@ -281,11 +281,15 @@ RecordSql::RecordSql(const Dialect& d) : dialect(d) {
              "resource_id = '', status_code = 0, response = NULL, owner_token = ?, fence = ?, "
              "lease_until = ?, created_at = ?, updated_at = ?, expires_at = ? "
              "WHERE scope_hash = ? AND fence = ? AND expires_at <= ? AND state <> 'PROCESSING'");
-  // A takeover of an expired lease, or a retry after a retryable failure: the same operation.
+  // A takeover of an expired lease, or a retry after a retryable failure: the same operation,
+  // kept for at least a full retention from now (never shortened), so an outcome reached after
+  // a late resume is replayable for as long as a fresh one.
   reclaim_resume =
       Render(d,
              "UPDATE idem_records SET state = 'PROCESSING', owner_token = ?, fence = ?, "
-             "lease_until = ?, updated_at = ? WHERE scope_hash = ? AND fence = ? AND "
+             "lease_until = ?, updated_at = ?, "
+             "expires_at = CASE WHEN expires_at < ? THEN ? ELSE expires_at END "
+             "WHERE scope_hash = ? AND fence = ? AND "
              "(state = 'FAILED_RETRYABLE' OR (state = 'PROCESSING' AND lease_until < ?))");
   renew = Render(d,
                  "UPDATE idem_records SET lease_until = ?, updated_at = ? WHERE scope_hash = ? "
@@ -366,10 +370,11 @@ Result<Record> SqlTxn::Reclaim(const ClaimSpec& spec, int64_t seen_fence) {
               BytesOf(r.lease.owner), r.lease.fence, ToUnixMillis(r.lease.until), now_ms, now_ms,
               ToUnixMillis(r.expires_at), BytesOf(spec.scope), seen_fence, now_ms}));
   if (changed == 0) {
+    const int64_t kept_until_ms = ToUnixMillis(r.expires_at);  // now + spec.retention
     IDEM_ASSIGN_OR_RETURN(
         changed, Change(sql_.reclaim_resume,
                         {BytesOf(r.lease.owner), r.lease.fence, ToUnixMillis(r.lease.until), now_ms,
-                         BytesOf(spec.scope), seen_fence, now_ms}));
+                         kept_until_ms, kept_until_ms, BytesOf(spec.scope), seen_fence, now_ms}));
   }
   IDEM_ASSIGN_OR_RETURN(std::optional<Record> current, Get(spec.scope));
   if (!current) return MakeError(Errc::kNotFound, "reclaim: record is gone");
