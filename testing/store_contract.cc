@@ -202,10 +202,11 @@ TEST_P(StoreContractTest, ReclaimTakesOverOnlyAnExpiredLeaseAtTheSeenFence) {
   EXPECT_EQ(second.lease.fence, first.lease.fence + 1);
   EXPECT_NE(second.lease.owner, first.lease.owner);
   EXPECT_EQ(second.lease.until, env_.clock.Now() + kLease);
-  // Same operation: progress, resource and retention survive a takeover.
+  // Same operation: progress and resource survive a takeover, and it is kept a full retention
+  // from the takeover.
   EXPECT_EQ(second.recovery_point, "charge_sent");
   EXPECT_EQ(second.resource_id, "pay_123");
-  EXPECT_EQ(second.expires_at, first.expires_at);
+  EXPECT_EQ(ToUnixMillis(second.expires_at), ToUnixMillis(env_.clock.Now() + kRetention));
   EXPECT_EQ(second.created_at, first.created_at);
 
   // A second taker that saw the old fence loses, even once this lease expires too.
@@ -293,6 +294,58 @@ TEST_P(StoreContractTest, RenewExtendsTheLeaseOfItsOwnerOnly) {
   EXPECT_EQ(refused.error().code, Errc::kFenced);
 }
 
+TEST_P(StoreContractTest, AdvanceBeforeACallRequiresALeaseThatCoversTheCall) {
+  const ClaimSpec spec = Spec("key-cover");
+  Record rec = MustClaim(*store_, spec);
+  env_.clock.Advance(kLease - Millis(10000));  // 10 s of the lease left
+  {
+    // A call that needs the lease one millisecond longer than it lasts is refused, and the
+    // refusal is not a lost lease: the transaction stays usable and commits nothing.
+    auto txn = MustBegin(*store_);
+    auto refused = txn->AdvanceCovered(spec.scope, rec.lease, "charge_sent", Millis(10001));
+    ASSERT_FALSE(refused.has_value()) << "advanced under a lease that ends before the call";
+    EXPECT_EQ(refused.error().code, Errc::kConflict) << refused.error().message;
+    ASSERT_TRUE(txn->Commit().has_value());
+  }
+  auto unchanged = MustRead(*store_, spec.scope);
+  ASSERT_TRUE(unchanged.has_value());
+  EXPECT_EQ(unchanged->recovery_point, "");
+  EXPECT_EQ(unchanged->lease.until, rec.lease.until);
+  EXPECT_EQ(unchanged->lease.fence, rec.lease.fence);
+  EXPECT_EQ(unchanged->updated_at, rec.updated_at);
+  {
+    // A lease that ends exactly when the call would covers it.
+    auto txn = MustBegin(*store_);
+    auto at_limit = txn->AdvanceCovered(spec.scope, rec.lease, "charge_sent", Millis(10000));
+    EXPECT_TRUE(at_limit.has_value()) << at_limit.error().message;
+  }  // rolled back
+  {
+    // Renewed in the same transaction, the lease covers the call.
+    auto txn = MustBegin(*store_);
+    auto renewed = txn->Renew(spec.scope, rec.lease, kLease);
+    ASSERT_TRUE(renewed.has_value()) << renewed.error().message;
+    auto advanced = txn->AdvanceCovered(spec.scope, *renewed, "charge_sent", kLease);
+    ASSERT_TRUE(advanced.has_value()) << advanced.error().message;
+    ASSERT_TRUE(txn->Commit().has_value());
+  }
+  auto sent = MustRead(*store_, spec.scope);
+  EXPECT_EQ(sent->recovery_point, "charge_sent");
+  EXPECT_EQ(sent->lease.until, env_.clock.Now() + kLease);
+  EXPECT_EQ(sent->resource_id, "") << "only the recovery point moves";
+
+  // A lease lost to a takeover is fenced, however short the call.
+  env_.clock.Advance(kLease + Millis(1));
+  {
+    auto txn = MustBegin(*store_);
+    ASSERT_TRUE(txn->Reclaim(spec, rec.lease.fence).has_value());
+    ASSERT_TRUE(txn->Commit().has_value());
+  }
+  auto txn = MustBegin(*store_);
+  auto fenced = txn->AdvanceCovered(spec.scope, rec.lease, "charge_sent", Millis(0));
+  ASSERT_FALSE(fenced.has_value());
+  EXPECT_EQ(fenced.error().code, Errc::kFenced) << fenced.error().message;
+}
+
 TEST_P(StoreContractTest, FinishedRecordsCannotBeRenewedOrFinishedAgain) {
   const ClaimSpec spec = Spec("key-finished");
   Record rec = MustClaim(*store_, spec);
@@ -300,6 +353,8 @@ TEST_P(StoreContractTest, FinishedRecordsCannotBeRenewedOrFinishedAgain) {
   auto txn = MustBegin(*store_);
   EXPECT_EQ(txn->Renew(spec.scope, rec.lease, kLease).error().code, Errc::kFenced);
   EXPECT_EQ(txn->Finish(spec.scope, rec.lease, Succeeded()).error().code, Errc::kFenced);
+  EXPECT_EQ(txn->AdvanceCovered(spec.scope, rec.lease, "charge_sent", Millis(0)).error().code,
+            Errc::kFenced);
 }
 
 TEST_P(StoreContractTest, RetryableFailureMayBeClaimedAgainAtOnceFinalMayNot) {
@@ -374,6 +429,70 @@ TEST_P(StoreContractTest, ExpiredProcessingRecordIsOnlyTakenOver) {
   EXPECT_EQ(taken->resource_id, "pay_x");
   EXPECT_EQ(taken->fingerprint.mac, spec.fingerprint.mac);
   EXPECT_EQ(taken->created_at, old.created_at);
+}
+
+// A resume (a retry after a retryable failure, or a takeover of an expired lease) continues the
+// operation, so the key is honoured for a full retention after it: a finished outcome must stay
+// replayable however late the resume came.
+TEST_P(StoreContractTest, AResumeExtendsRetentionToAtLeastAFullPeriodFromNow) {
+  const ClaimSpec retry = Spec("key-late-retry");
+  Record r1 = MustClaim(*store_, retry);
+  MustFinish(*store_, retry, r1.lease, Outcome{RecordState::kFailedRetryable, 503, "", ""});
+  const ClaimSpec takeover = Spec("key-late-takeover");
+  Record t1 = MustClaim(*store_, takeover);
+  env_.clock.Advance(kRetention - Millis(1000));  // a second before both expire
+  for (const auto& [spec, seen] : {std::pair{retry, r1}, std::pair{takeover, t1}}) {
+    auto txn = MustBegin(*store_);
+    auto resumed = txn->Reclaim(spec, seen.lease.fence);
+    ASSERT_TRUE(resumed.has_value()) << resumed.error().message;
+    EXPECT_EQ(ToUnixMillis(resumed->expires_at), ToUnixMillis(env_.clock.Now() + kRetention))
+        << "a resume a second before expiry left the key one second to live";
+    EXPECT_EQ(ToUnixMillis(resumed->created_at), ToUnixMillis(seen.created_at));
+    ASSERT_TRUE(txn->Commit().has_value());
+    EXPECT_EQ(ToUnixMillis(MustRead(*store_, spec.scope)->expires_at),
+              ToUnixMillis(env_.clock.Now() + kRetention));
+  }
+
+  // Extended, never shortened: a resume under a shorter retention keeps the longer expiry.
+  const ClaimSpec early = Spec("key-early-retry");
+  Record e1 = MustClaim(*store_, early);
+  MustFinish(*store_, early, e1.lease, Outcome{RecordState::kFailedRetryable, 503, "", ""});
+  ClaimSpec shorter = early;
+  shorter.retention = Millis(1000);
+  auto txn = MustBegin(*store_);
+  auto resumed = txn->Reclaim(shorter, e1.lease.fence);
+  ASSERT_TRUE(resumed.has_value()) << resumed.error().message;
+  EXPECT_EQ(ToUnixMillis(resumed->expires_at), ToUnixMillis(e1.expires_at));
+}
+
+TEST_P(StoreContractTest, AResumedThenFinishedRecordSurvivesASweepAtItsOldExpiry) {
+  const ClaimSpec spec = Spec("key-resumed-kept");
+  Record first = MustClaim(*store_, spec);
+  MustFinish(*store_, spec, first.lease, Outcome{RecordState::kFailedRetryable, 503, "", ""});
+  env_.clock.Advance(kRetention - Millis(1000));
+  Record resumed;
+  {
+    auto txn = MustBegin(*store_);
+    auto r = txn->Reclaim(spec, first.lease.fence);
+    ASSERT_TRUE(r.has_value()) << r.error().message;
+    resumed = *r;
+    ASSERT_TRUE(txn->Commit().has_value());
+  }
+  MustFinish(*store_, spec, resumed.lease, Succeeded("the answer"));
+
+  env_.clock.Advance(Millis(1000));  // the first attempt's expiry
+  auto swept = store_->Sweep(100);
+  ASSERT_TRUE(swept.has_value()) << swept.error().message;
+  EXPECT_EQ(*swept, 0) << "the sweeper deleted an answer the client may still ask for";
+  auto kept = MustRead(*store_, spec.scope);
+  ASSERT_TRUE(kept.has_value());
+  EXPECT_EQ(kept->state, RecordState::kSucceeded);
+  EXPECT_EQ(kept->response, "the answer");
+
+  // A full retention after the resume, it goes.
+  env_.clock.Advance(kRetention - Millis(1000));
+  EXPECT_EQ(*store_->Sweep(100), 1);
+  EXPECT_FALSE(MustRead(*store_, spec.scope).has_value());
 }
 
 TEST_P(StoreContractTest, CountsPerPrincipalAndStateAreBoundedByTheLimit) {
@@ -602,6 +721,8 @@ TEST_P(StoreContractTest, RecordErrorsAreTheSameOnEveryBackend) {
   nobody.fence = 1;
   EXPECT_EQ(txn->Renew(spec.scope, nobody, kLease).error().code, Errc::kFenced);
   EXPECT_EQ(txn->Advance(spec.scope, nobody, "charge_sent", "").error().code, Errc::kFenced);
+  EXPECT_EQ(txn->AdvanceCovered(spec.scope, nobody, "charge_sent", Millis(0)).error().code,
+            Errc::kFenced);
   EXPECT_EQ(txn->Finish(spec.scope, nobody, Succeeded()).error().code, Errc::kFenced);
 }
 

@@ -64,6 +64,9 @@ struct Ticket {
   // The in-flight marker this request placed, if any (never after TakeOver): Finish and Release
   // remove it with this token, and nothing else removes it.
   std::optional<MarkerToken> marker;
+  // How long each renewal extends the lease (AdvanceBeforeCall, Heartbeat): the route's lease
+  // when the ticket was issued. Set by the engine.
+  Millis lease_ttl{0};
 };
 
 struct Decision {
@@ -144,8 +147,24 @@ class Engine {
   Status Advance(const Ticket& ticket, std::string_view point, std::string_view resource_id = {},
                  const TxnHook& business = {});
 
-  // Extends the ticket's lease (heartbeat). Errors: kFenced.
+  // Step 6 before an external call that cannot be called back (e.g. "charge_sent" before the
+  // provider charge): in one transaction, renews the lease to now + ticket.lease_ttl and records
+  // `point`, only if the renewed lease covers the whole call — lease_until >= now + must_cover,
+  // checked inside the fenced UPDATE (StoreTxn::AdvanceCovered). `must_cover` is the call's
+  // timeout plus a margin for clock error and store latency. So no executor sends under a lease
+  // that could end, and be taken over, while its call is still out. On success ticket.lease is
+  // the renewed lease; on any error nothing was written and the caller must not call out.
+  // Errors: kFenced (the lease was lost to a takeover: stop); kConflict (the lease is still held
+  // but ticket.lease_ttl is shorter than must_cover, so no renewal can cover this call: give
+  // up, e.g. Release, and configure a longer lease); kInvalidArgument (point too long);
+  // kUnavailable (store).
+  Status AdvanceBeforeCall(Ticket& ticket, std::string_view point, Millis must_cover);
+
+  // Extends the ticket's lease to now + policy.lease. Errors: kFenced; kUnavailable.
   Status Renew(const RoutePolicy& policy, Ticket& ticket);
+  // Extends the ticket's lease to now + ticket.lease_ttl (what a Heartbeat does).
+  // Errors: kFenced; kUnavailable.
+  Status Renew(Ticket& ticket);
 
   // Gives the lease up now, leaving the record PROCESSING at its recovery point, so the next
   // attempt (or the reconciler) takes over at once: used when the outcome is unknown. Removes
@@ -171,6 +190,8 @@ class Engine {
   // Decrypts and decodes the stored answer of finished `record` with the requested `scope`.
   Result<StoredResponse> OpenAnswer(const ScopeHash& scope, const Record& record) const;
   Status CheckQuota(const RoutePolicy& policy, StoreTxn& txn, const Principal& who);
+  // Extends the ticket's lease to now + ttl in its own transaction.
+  Status RenewFor(Ticket& ticket, Millis ttl);
   Result<Decision> ClaimInTxn(const RoutePolicy& policy, const Request& request,
                               const ClaimSpec& spec, const CanonicalRequest& canonical,
                               Decision decision, const TxnHook& on_claim,

@@ -29,7 +29,10 @@ enum class Errc {
   // A conditional update on owner token and fence matched nothing: this executor lost its lease.
   // Nothing the transaction wrote was committed.
   kFenced,
-  // A conditional update saw state it did not expect (another takeover won, state moved on).
+  // A conditional update saw state it did not expect (another takeover won, state moved on), or
+  // a lease the caller still holds ends before the external call it must cover
+  // (StoreTxn::AdvanceCovered, Engine::AdvanceBeforeCall). Nothing was written; unlike kFenced
+  // the caller has not lost the record, but must not make the call.
   kConflict,
   // A per-principal quota is used up. Retryable later.
   kResourceExhausted,

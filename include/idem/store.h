@@ -113,8 +113,11 @@ class StoreTxn {
   // a FAILED_RETRYABLE record (a retry: the same), or a finished record past its expiry (a new
   // operation: every column is rewritten from `spec`). A PROCESSING record past its expiry is
   // only ever taken over: its downstream call may have happened. The new holder gets a fresh owner
-  // token, fence + 1 and a lease of spec.lease_ttl. Errors: kConflict if the record moved on or its
-  // lease is still live; kNotFound if it is gone.
+  // token, fence + 1 and a lease of spec.lease_ttl. A takeover or a retry also extends the
+  // record's expiry to at least now + spec.retention (never shortening it), so its outcome is
+  // kept for a full retention however late the resume came. Errors: kConflict if the record
+  // moved on or its lease is still live; kNotFound if it is gone (a sweeper deleted it after the
+  // caller read it: claim again).
   virtual Result<Record> Reclaim(const ClaimSpec& spec, int64_t seen_fence) = 0;
 
   // Extends a live lease to now + ttl (a heartbeat; retention is not touched).
@@ -126,6 +129,16 @@ class StoreTxn {
   // kResourceIdMaxLength; kFenced as for Renew.
   virtual Status Advance(const ScopeHash& scope, const Lease& lease, std::string_view point,
                          std::string_view resource_id) = 0;
+
+  // Records `point` before an external call that cannot be called back (e.g. "charge_sent"),
+  // only while the lease covers the whole call: lease_until >= now + must_cover, where
+  // must_cover is the call's timeout plus a margin. The condition is part of the same fenced
+  // UPDATE; when it fails nothing is written. Errors: kConflict when `lease` still owns the
+  // PROCESSING record but ends too soon — the lease is not lost: Renew (in this transaction)
+  // and try again, or give up; either way do not call before this succeeds; kFenced as for
+  // Renew; kInvalidArgument as for Advance.
+  virtual Status AdvanceCovered(const ScopeHash& scope, const Lease& lease, std::string_view point,
+                                Millis must_cover) = 0;
 
   // Finishes the execution: PROCESSING → outcome.state with the sealed response.
   // Errors: kInvalidArgument for a recovery point over limits::kRecoveryPointMaxLength; kFenced

@@ -4,7 +4,6 @@
 #include <sys/stat.h>
 #include <toml++/toml.h>
 
-#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -183,6 +182,7 @@ Result<Config> LoadConfig(const std::string& path, const std::vector<std::string
   IDEM_RETURN_IF_ERROR(Read(t, "secrets", "generate_if_missing", c.generate_secrets, o));
 
   IDEM_RETURN_IF_ERROR(ReadMillis(t, "idempotency", "lease_ms", c.lease, o));
+  IDEM_RETURN_IF_ERROR(ReadMillis(t, "idempotency", "lease_margin_ms", c.lease_margin, o));
   int64_t retention_hours = c.retention.count() / 3600000;
   IDEM_RETURN_IF_ERROR(Read(t, "idempotency", "retention_hours", retention_hours, o));
   c.retention = Millis(retention_hours * 3600000);
@@ -259,12 +259,14 @@ Result<Config> LoadConfig(const std::string& path, const std::vector<std::string
   if (auto bounds = ValidatePostgresTimeouts(c.store_timeouts); !bounds) {
     return Bad(o, "[store] " + bounds.error().message);
   }
-  if (c.lease <= c.provider_timeout) {
-    // Allowed (tests provoke takeovers this way), but every slow provider call then loses its
-    // lease: fencing keeps it correct, at the cost of extra provider lookups.
-    std::fprintf(stderr,
-                 "{\"level\":\"warn\",\"msg\":\"idempotency.lease_ms is not longer than "
-                 "provider.timeout_ms\"}\n");
+  if (c.lease <= c.provider_timeout + c.lease_margin) {
+    // A charge is sent only under a lease that outlasts the whole call; a shorter lease could be
+    // taken over while the charge is out, and with a provider that ignores keys, charge twice.
+    return Bad(o, "idempotency.lease_ms (" + std::to_string(c.lease.count()) +
+                      ") must be longer than provider.timeout_ms (" +
+                      std::to_string(c.provider_timeout.count()) +
+                      ") + idempotency.lease_margin_ms (" + std::to_string(c.lease_margin.count()) +
+                      "): a charge is sent only under a lease that covers the whole call");
   }
 
   // Secrets: environment first, then the file (generated for development when asked to).

@@ -47,6 +47,8 @@ struct Config {
   Secrets secrets;
 
   Millis lease{limits::kDefaultLease};
+  // The lease must outlast provider_timeout by more than this (checked at load).
+  Millis lease_margin{limits::kDefaultLeaseMargin};
   Millis retention{limits::kDefaultRetention};
   int64_t max_processing = limits::kMaxProcessingPerPrincipal;
   int64_t max_retained = limits::kMaxRetainedPerPrincipal;

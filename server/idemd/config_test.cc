@@ -199,6 +199,35 @@ TEST_F(ConfigTest, LimitsHoldAtTheirValueAndOnePast) {
   }
 }
 
+// A charge is sent only under a lease that covers the provider's timeout plus the margin
+// (docs/design.md), so a lease that cannot is refused at start-up: at the boundary, and
+// accepted one millisecond past it.
+TEST_F(ConfigTest, TheLeaseMustOutlastTheProviderTimeoutPlusTheMargin) {
+  auto load = [&](int64_t lease_ms, const std::string& margin) {
+    return LoadConfig(Write("c.toml", Minimal("[provider]\ntimeout_ms = 5000\n[idempotency]\n"
+                                              "lease_ms = " +
+                                              std::to_string(lease_ms) + "\n" + margin)),
+                      {});
+  };
+  auto refused = load(7000, "lease_margin_ms = 2000\n");
+  ASSERT_FALSE(refused.has_value()) << "lease_ms = provider timeout + margin was accepted";
+  EXPECT_EQ(refused.error().code, Errc::kInvalidArgument);
+  EXPECT_NE(refused.error().message.find("lease_ms"), std::string::npos) << refused.error().message;
+  EXPECT_NE(refused.error().message.find("lease_margin_ms"), std::string::npos)
+      << refused.error().message;
+  auto accepted = load(7001, "lease_margin_ms = 2000\n");
+  ASSERT_TRUE(accepted.has_value()) << accepted.error().message;
+  EXPECT_EQ(accepted->lease_margin, Millis(2000));
+
+  // Without the key, the margin is the library's default.
+  const int64_t covered = 5000 + limits::kDefaultLeaseMargin.count();
+  EXPECT_FALSE(load(covered, "").has_value());
+  auto defaulted = load(covered + 1, "");
+  ASSERT_TRUE(defaulted.has_value()) << defaulted.error().message;
+  EXPECT_EQ(defaulted->lease_margin, limits::kDefaultLeaseMargin);
+  EXPECT_TRUE(load(5001, "lease_margin_ms = 0\n").has_value());
+}
+
 TEST_F(ConfigTest, SecretsMustBeLongEnough) {
   setenv("IDEM_SECRETS",
          ("hmac_current = 1\nseal_current = 1\n[[hmac]]\nid = 1\nkey = \"abcd\"\n[[seal]]\nid = 1\n"

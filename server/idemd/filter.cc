@@ -201,7 +201,13 @@ http::Response IdempotencyFilter::Handle(const http::Request& request, const Pri
 http::Response IdempotencyFilter::Run(Ticket ticket, const http::Request& request,
                                       const Principal& principal, const std::string& location,
                                       const std::function<void(const std::string&)>& notify) {
-  Execution execution = operation_.Execute(ticket, request, principal, engine_);
+  Execution execution;
+  {
+    // Renews the lease while the operation works; stopped before the lease is finished or
+    // released, so it never extends a lease given up.
+    Heartbeat heartbeat(engine_, ticket, monotonic_);
+    execution = operation_.Execute(ticket, request, principal, engine_, heartbeat);
+  }
   http::Response response = Finish(ticket, std::move(execution), location);
   if (notify) notify(ScopeKey(ticket.scope));
   return response;

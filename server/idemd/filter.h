@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "include/idem/engine.h"
+#include "include/idem/heartbeat.h"
 #include "server/http/message.h"
 #include "server/http/server.h"
 #include "server/idemd/metrics.h"
@@ -38,9 +39,10 @@ class Operation {
   // record.resource_id is set once).
   virtual Status OnClaim(StoreTxn& txn, const Record& record, const http::Request& request,
                          const Principal& principal) = 0;
-  // Executes (blocking). `ticket` may be advanced through `engine`.
+  // Executes (blocking). `ticket` may be advanced through `engine`. `heartbeat` keeps the
+  // ticket's lease meanwhile: check it before each external step and stop when it fails.
   virtual Execution Execute(Ticket& ticket, const http::Request& request,
-                            const Principal& principal, Engine& engine) = 0;
+                            const Principal& principal, Engine& engine, Heartbeat& heartbeat) = 0;
   // Resolves a stale record without its request (the reconciler): returns the execution to
   // finish with, or one with outcome_unknown to try again later.
   virtual Execution Reconcile(Ticket& ticket, Engine& engine) = 0;
@@ -66,7 +68,8 @@ struct FilterPolicy {
 };
 
 // Thread-safe. Borrows the engine, the clock, the metrics and the operation; talks to records only
-// through the engine. `monotonic` times Prefer: wait deadlines and the latency metrics.
+// through the engine. `monotonic` times Prefer: wait deadlines, the latency metrics and the
+// heartbeat that renews each execution's lease.
 class IdempotencyFilter {
  public:
   IdempotencyFilter(Engine& engine, MonotonicClock& monotonic, Metrics& metrics,

@@ -76,7 +76,8 @@ class FakeOperation final : public Operation {
     if (!record.resource_id.empty()) return Ok();
     return txn.Advance(record.scope, record.lease, "claimed", "thing_" + std::to_string(n));
   }
-  Execution Execute(Ticket& ticket, const http::Request&, const Principal&, Engine&) override {
+  Execution Execute(Ticket& ticket, const http::Request&, const Principal&, Engine&,
+                    Heartbeat&) override {
     int n;
     {
       std::lock_guard lock(mu_);
@@ -442,7 +443,8 @@ TEST_F(FilterTest, AnExecutionsOwn409CarriesTheRecordsExpiry) {
   EXPECT_EQ(HeaderOf(again, "Idempotent-Replayed"), "true");
   EXPECT_EQ(HeaderOf(again, "Idempotency-Key-Expires"), ExpiresFor(t0_));
 
-  // Retryable: the next attempt executes again and answers with the same record's expiry.
+  // Retryable: the next attempt executes again and answers with its record's expiry, which the
+  // resume extended to a full retention from the retry.
   op_.execute = [](int n, Ticket&) {
     Execution e = Answer(409, n);
     e.state = RecordState::kFailedRetryable;
@@ -453,7 +455,7 @@ TEST_F(FilterTest, AnExecutionsOwn409CarriesTheRecordsExpiry) {
   const http::Response retried = Handle(Post("key-00000002"));
   EXPECT_EQ(retried.status, 409);
   EXPECT_EQ(HeaderOf(retried, "Idempotent-Replayed"), "<absent>");
-  EXPECT_EQ(HeaderOf(retried, "Idempotency-Key-Expires"), ExpiresFor(t0_ + Millis(60000)));
+  EXPECT_EQ(HeaderOf(retried, "Idempotency-Key-Expires"), ExpiresFor(t0_ + Millis(120000)));
   EXPECT_EQ(op_.Executed(), 3);
 }
 

@@ -122,7 +122,7 @@ int Run(int argc, char** argv) {
   keys.min_length = config->key_min_length;
   keys.max_length = config->key_max_length;
   Payments payments(**store, **provider, SystemClock(), SystemMonotonicClock(), SystemRandom(),
-                    metrics, config->currencies);
+                    metrics, config->currencies, config->provider_timeout + config->lease_margin);
   IdempotencyFilter filter(
       engine, SystemMonotonicClock(), metrics,
       PaymentsPolicy(keys, config->lease, config->retention, config->max_processing,

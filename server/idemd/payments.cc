@@ -122,14 +122,16 @@ std::string FormatAmount(int64_t minor, int digits) {
 }
 
 Payments::Payments(Store& store, Provider& provider, Clock& clock, MonotonicClock& monotonic,
-                   Random& random, Metrics& metrics, std::vector<std::string> currencies)
+                   Random& random, Metrics& metrics, std::vector<std::string> currencies,
+                   Millis charge_cover)
     : store_(store),
       provider_(provider),
       clock_(clock),
       monotonic_(monotonic),
       random_(random),
       metrics_(metrics),
-      currencies_(std::move(currencies)) {}
+      currencies_(std::move(currencies)),
+      charge_cover_(charge_cover) {}
 
 Payments::ParseResult Payments::Parse(const std::string& body) const {
   boost::system::error_code ec;
@@ -350,7 +352,8 @@ Execution Payments::FromFoundCharge(const Ticket& ticket, Payment payment, const
   return e;
 }
 
-Execution Payments::ChargeOnce(Ticket& ticket, Payment payment, Engine& engine) {
+Execution Payments::ChargeOnce(Ticket& ticket, Payment payment, Engine& engine,
+                               Heartbeat& heartbeat) {
   Execution e;
   const std::string amount = FormatAmount(payment.amount_minor, MinorDigits(payment.currency));
   auto timed = [&](auto&& call) {
@@ -359,8 +362,17 @@ Execution Payments::ChargeOnce(Ticket& ticket, Payment payment, Engine& engine) 
     metrics_.ObserveProvider(monotonic_.SecondsSince(started));
     return result;
   };
+  // Before each call to the provider the lease must still be held: after a failed renewal it
+  // may have run out, or belong to another executor already. Stop; the next attempt resolves it.
+  auto lease_lost = [&](const Error& error) {
+    Execution stopped;
+    stopped.response = http::ProblemFor(error);
+    stopped.outcome_unknown = true;
+    return stopped;
+  };
   // A resumed execution whose charge may have left asks the provider first (step 6).
   if (ticket.resumed && ticket.record.recovery_point == "charge_sent") {
+    if (auto held = heartbeat.Check(); !held) return lease_lost(held.error());
     auto found = timed([&] { return provider_.FindCharge(payment.id); });
     if (!found) {
       e.response = http::Problem(http::ProblemKind::kProviderUnavailable,
@@ -372,7 +384,9 @@ Execution Payments::ChargeOnce(Ticket& ticket, Payment payment, Engine& engine) 
     }
     if (*found) return FromFoundCharge(ticket, std::move(payment), **found);
   }
-  if (auto advanced = engine.Advance(ticket, "charge_sent"); !advanced) {
+  if (auto held = heartbeat.Check(); !held) return lease_lost(held.error());
+  // The charge cannot be called back: it is sent only under a lease that outlasts the call.
+  if (auto advanced = engine.AdvanceBeforeCall(ticket, "charge_sent", charge_cover_); !advanced) {
     e.response = http::ProblemFor(advanced.error());
     e.outcome_unknown = true;
     return e;
@@ -407,7 +421,7 @@ Execution Payments::ChargeOnce(Ticket& ticket, Payment payment, Engine& engine) 
 }
 
 Execution Payments::Execute(Ticket& ticket, const http::Request& request,
-                            const Principal& principal, Engine& engine) {
+                            const Principal& principal, Engine& engine, Heartbeat& heartbeat) {
   Execution e;
   auto loaded = Load(ticket.record.resource_id, principal.tenant);
   if (!loaded || !*loaded) {
@@ -446,7 +460,7 @@ Execution Payments::Execute(Ticket& ticket, const http::Request& request,
     e.response = Created(payment, 201);
     return e;
   }
-  return ChargeOnce(ticket, std::move(payment), engine);
+  return ChargeOnce(ticket, std::move(payment), engine, heartbeat);
 }
 
 Execution Payments::Reconcile(Ticket& ticket, Engine&) {

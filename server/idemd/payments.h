@@ -22,18 +22,20 @@ const std::vector<Migration>& PaymentsMigrations();
 FilterPolicy PaymentsPolicy(const KeyPolicy& keys, Millis lease, Millis retention,
                             int64_t max_processing, int64_t max_retained, Millis wait_max);
 
-// Thread-safe. Borrows everything.
+// Thread-safe. Borrows everything. `charge_cover` is how long the lease must still run when a
+// charge is sent: the provider's timeout plus the lease margin (Engine::AdvanceBeforeCall).
 class Payments final : public Operation {
  public:
   Payments(Store& store, Provider& provider, Clock& clock, MonotonicClock& monotonic,
-           Random& random, Metrics& metrics, std::vector<std::string> currencies);
+           Random& random, Metrics& metrics, std::vector<std::string> currencies,
+           Millis charge_cover);
 
   std::optional<http::Response> Validate(const http::Request& request,
                                          const Principal& principal) override;
   Status OnClaim(StoreTxn& txn, const Record& record, const http::Request& request,
                  const Principal& principal) override;
   Execution Execute(Ticket& ticket, const http::Request& request, const Principal& principal,
-                    Engine& engine) override;
+                    Engine& engine, Heartbeat& heartbeat) override;
   Execution Reconcile(Ticket& ticket, Engine& engine) override;
 
   // GET /v1/payments/{id}: 200, or 404 (also for another tenant's payment).
@@ -66,7 +68,7 @@ class Payments final : public Operation {
   Result<std::optional<Payment>> Load(std::string_view id, std::string_view tenant);
   std::string Body(const Payment& p) const;
   http::Response Created(const Payment& p, int status) const;
-  Execution ChargeOnce(Ticket& ticket, Payment payment, Engine& engine);
+  Execution ChargeOnce(Ticket& ticket, Payment payment, Engine& engine, Heartbeat& heartbeat);
   Execution Succeeded(Payment payment, const Charge& charge);
   // The final 402, with the payment row marked declined in the completion's transaction.
   Execution Declined(const Ticket& ticket, const Payment& payment);
@@ -82,6 +84,7 @@ class Payments final : public Operation {
   Random& random_;
   Metrics& metrics_;
   std::vector<std::string> currencies_;
+  Millis charge_cover_;
 };
 
 // Minor-unit digits of a currency (0 for JPY and KRW, 2 otherwise).

@@ -11,6 +11,7 @@
 #include <map>
 #include <mutex>
 
+#include "include/idem/failpoint.h"
 #include "include/idem/store/sqlite.h"
 #include "server/http/problem.h"
 #include "testing/engine_fixture.h"
@@ -23,6 +24,7 @@ namespace {
 namespace json = boost::json;
 
 constexpr Millis kLease{10000};
+constexpr Millis kChargeCover{7000};  // a provider timeout of 5 s and the default margin
 constexpr Millis kRetention{24LL * 3600 * 1000};
 
 using testing::HeaderOf;
@@ -36,9 +38,14 @@ std::string Sha256Hex(std::string_view s) {
 
 // A provider that charges every first request for a reference and answers repeats and lookups
 // with that charge. A test may make the next charge time out before it is made (the request left,
-// nobody knows the outcome) and plant the charge a lookup then finds. Thread-safe.
+// nobody knows the outcome) and plant the charge a lookup then finds. While `create_error` is
+// set, charges fail with it and charge nothing; `on_find` runs at the start of every lookup. Those
+// two are set while no request runs; the rest is thread-safe.
 class FakeProvider final : public Provider {
  public:
+  std::optional<Error> create_error;
+  std::function<void()> on_find;
+
   Result<ChargeResult> CreateCharge(const std::string& reference, const std::string& amount,
                                     const std::string& currency) override {
     std::lock_guard lock(mu_);
@@ -48,6 +55,7 @@ class FakeProvider final : public Provider {
       time_out_next_ = false;
       return MakeError(Errc::kDeadlineExceeded, "provider did not answer in time");
     }
+    if (create_error) return *create_error;
     auto it = charges_.find(reference);
     if (it == charges_.end()) {
       const Charge charge{"ch_" + std::to_string(charges_.size() + 1), reference, amount, currency,
@@ -57,6 +65,7 @@ class FakeProvider final : public Provider {
     return ChargeResult{false, it->second};
   }
   Result<std::optional<Charge>> FindCharge(const std::string& reference) override {
+    if (on_find) on_find();
     std::lock_guard lock(mu_);
     auto it = charges_.find(reference);
     if (it == charges_.end()) return std::optional<Charge>();
@@ -113,8 +122,9 @@ class SwitchableStore final : public StoreWrapper {
 class ServiceTest : public testing::EngineFixture {
  protected:
   ServiceTest() : EngineFixture("payments", PaymentsMigrations(), 11) {
-    payments_ = std::make_unique<Payments>(*store_, provider_, clock_, monotonic_, random_,
-                                           metrics_, std::vector<std::string>{"CNY", "USD"});
+    payments_ =
+        std::make_unique<Payments>(*store_, provider_, clock_, monotonic_, random_, metrics_,
+                                   std::vector<std::string>{"CNY", "USD"}, kChargeCover);
     filter_ = std::make_unique<IdempotencyFilter>(
         *engine_, monotonic_, metrics_,
         PaymentsPolicy(KeyPolicy{}, kLease, kRetention, 100, 1000, Millis(10000)), *payments_);
@@ -599,6 +609,37 @@ TEST_F(ServiceTest, AnotherTenantsPaymentAndOperationAre404) {
     EXPECT_EQ(op.status, 404) << other;
     EXPECT_EQ(TypeOf(op), "urn:idem:problem:not-found");
   }
+}
+
+// A resumed payment looks its charge up first; before the charge that follows, payments asks the
+// heartbeat, and a renewal that failed meanwhile stops the execution without charging.
+TEST_F(ServiceTest, AFailedRenewalDuringTheLookupStopsTheCharge) {
+#if defined(IDEM_NO_FAILPOINTS)
+  GTEST_SKIP() << "failpoints are compiled out";
+#endif
+  provider_.create_error = MakeError(Errc::kDeadlineExceeded, "no answer in time");
+  const http::Response timed_out = Handle(Pay("key-00000009"));
+  ASSERT_EQ(timed_out.status, 504) << timed_out.body;
+  provider_.create_error.reset();
+
+  // The retry resumes at charge_sent; while it looks the charge up, a renewal falls due and
+  // fails.
+  provider_.on_find = [this] {
+    ASSERT_TRUE(ArmFailpoints("heartbeat=error").has_value());
+    monotonic_.Advance(kLease / 3);
+  };
+  const http::Response stopped = Handle(Pay("key-00000009"));
+  ClearFailpoints();
+  provider_.on_find = nullptr;
+  EXPECT_EQ(stopped.status, 503) << stopped.body;
+  EXPECT_EQ(provider_.Calls(), 1) << "charged although the lease could no longer be renewed";
+  EXPECT_TRUE(provider_.Charges().empty());
+
+  // With renewals working again, the next retry charges, once.
+  const http::Response paid = Handle(Pay("key-00000009"));
+  ASSERT_EQ(paid.status, 201) << paid.body;
+  EXPECT_EQ(provider_.Calls(), 2);
+  EXPECT_EQ(provider_.Charges().size(), 1u);
 }
 
 }  // namespace

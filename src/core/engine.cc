@@ -20,6 +20,9 @@ Engine::Engine(Store& store, const Fingerprinter& fingerprinter, const Sealer& s
 
 namespace {
 
+// Claims made in one transaction when the record keeps vanishing under the sweeper.
+constexpr int kClaimAttempts = 3;
+
 // Runs caller code inside a transaction. A hook that throws is reported as kInternal, so no
 // exception crosses the engine and the transaction rolls back.
 Status RunHook(const TxnHook& hook, StoreTxn& txn, const Record& record) {
@@ -157,16 +160,21 @@ Result<Decision> Engine::ClaimInTxn(const RoutePolicy& policy, const Request& re
                                     Decision decision, const TxnHook& on_claim,
                                     Timestamp* mismatch_expires) {
   IDEM_ASSIGN_OR_RETURN(std::unique_ptr<StoreTxn> txn, store_.Begin());
-  IDEM_ASSIGN_OR_RETURN(ClaimResult claim, txn->Claim(spec));
-  Record record = std::move(claim.record);
+  Record record;
   bool resumed = false;
-  if (!claim.claimed) {
+  // A record read here can be gone by the reclaim: a sweeper on another connection deleted it
+  // as expired (PostgreSQL orders nothing between the two statements). Nothing is left to resume
+  // then, so the claim is made again, and a retry that races the sweeper executes or meets the
+  // request that claimed first — it never answers "not found".
+  for (int attempt = 1;; ++attempt) {
+    IDEM_ASSIGN_OR_RETURN(ClaimResult claim, txn->Claim(spec));
+    record = std::move(claim.record);
+    if (claim.claimed) break;
     const Timestamp now = clock_.Now();
-    if (record.expires_at <= now && record.state != RecordState::kProcessing) {
-      // Past retention: the old operation is forgotten and this is a new one. (An unresolved
-      // PROCESSING record is never forgotten; it is decided below like a live one.)
-      IDEM_ASSIGN_OR_RETURN(record, txn->Reclaim(spec, record.lease.fence));
-    } else {
+    // Past retention a finished operation is forgotten and this is a new one. (An unresolved
+    // PROCESSING record is never forgotten; it is decided below like a live one.)
+    const bool forgotten = record.expires_at <= now && record.state != RecordState::kProcessing;
+    if (!forgotten) {
       IDEM_RETURN_IF_ERROR(
           VerifyRecord(policy, request, canonical, fingerprinter_, record, mismatch_expires));
       if (IsReplayable(record.state)) {
@@ -182,9 +190,17 @@ Result<Decision> Engine::ClaimInTxn(const RoutePolicy& policy, const Request& re
         decision.record = std::move(record);
         return decision;
       }
-      // A retry after a retryable failure, or a takeover of an expired lease.
-      IDEM_ASSIGN_OR_RETURN(record, txn->Reclaim(spec, record.lease.fence));
-      resumed = true;
+    }
+    // A new operation on a forgotten record; or a retry after a retryable failure, or a takeover
+    // of an expired lease.
+    Result<Record> reclaimed = txn->Reclaim(spec, record.lease.fence);
+    if (reclaimed) {
+      record = std::move(*reclaimed);
+      resumed = !forgotten;
+      break;
+    }
+    if (reclaimed.error().code != Errc::kNotFound || attempt == kClaimAttempts) {
+      return std::move(reclaimed).error();
     }
   }
   IDEM_RETURN_IF_ERROR(CheckQuota(policy, *txn, request.principal));
@@ -198,7 +214,7 @@ Result<Decision> Engine::ClaimInTxn(const RoutePolicy& policy, const Request& re
   IDEM_RETURN_IF_ERROR(IDEM_FAILPOINT("after_claim"));
   decision.kind = Decision::Kind::kExecute;
   decision.key_expires = record.expires_at;
-  decision.ticket = Ticket{spec.scope, record.lease, record, resumed, std::nullopt};
+  decision.ticket = Ticket{spec.scope, record.lease, record, resumed, std::nullopt, spec.lease_ttl};
   decision.record = std::move(record);
   return decision;
 }
@@ -268,9 +284,27 @@ Status Engine::Advance(const Ticket& ticket, std::string_view point, std::string
   return txn->Commit();
 }
 
-Status Engine::Renew(const RoutePolicy& policy, Ticket& ticket) {
+Status Engine::AdvanceBeforeCall(Ticket& ticket, std::string_view point, Millis must_cover) {
   IDEM_ASSIGN_OR_RETURN(std::unique_ptr<StoreTxn> txn, store_.Begin());
-  IDEM_ASSIGN_OR_RETURN(Lease renewed, txn->Renew(ticket.scope, ticket.lease, policy.lease));
+  // Renewed and advanced in one transaction: the covered advance checks the renewed lease, and a
+  // refusal rolls the renewal back with it.
+  IDEM_ASSIGN_OR_RETURN(Lease renewed, txn->Renew(ticket.scope, ticket.lease, ticket.lease_ttl));
+  IDEM_RETURN_IF_ERROR(txn->AdvanceCovered(ticket.scope, renewed, point, must_cover));
+  IDEM_RETURN_IF_ERROR(txn->Commit());
+  ticket.lease = renewed;
+  ticket.record.lease = renewed;
+  return Ok();
+}
+
+Status Engine::Renew(const RoutePolicy& policy, Ticket& ticket) {
+  return RenewFor(ticket, policy.lease);
+}
+
+Status Engine::Renew(Ticket& ticket) { return RenewFor(ticket, ticket.lease_ttl); }
+
+Status Engine::RenewFor(Ticket& ticket, Millis ttl) {
+  IDEM_ASSIGN_OR_RETURN(std::unique_ptr<StoreTxn> txn, store_.Begin());
+  IDEM_ASSIGN_OR_RETURN(Lease renewed, txn->Renew(ticket.scope, ticket.lease, ttl));
   IDEM_RETURN_IF_ERROR(txn->Commit());
   ticket.lease = renewed;
   ticket.record.lease = renewed;
@@ -296,7 +330,10 @@ Result<Ticket> Engine::TakeOver(const RoutePolicy& policy, const Record& stale) 
   IDEM_ASSIGN_OR_RETURN(std::unique_ptr<StoreTxn> txn, store_.Begin());
   IDEM_ASSIGN_OR_RETURN(Record record, txn->Reclaim(spec, stale.lease.fence));
   IDEM_RETURN_IF_ERROR(txn->Commit());
-  return Ticket{stale.scope, record.lease, record, /*resumed=*/true, /*marker=*/std::nullopt};
+  return Ticket{stale.scope,      record.lease,
+                record,
+                /*resumed=*/true, /*marker=*/std::nullopt,
+                policy.lease};
 }
 
 Status Engine::Finish(const Ticket& ticket, RecordState state, const StoredResponse& response,

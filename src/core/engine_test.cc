@@ -10,6 +10,8 @@
 #include <stdexcept>
 #include <thread>
 
+#include "include/idem/failpoint.h"
+#include "include/idem/heartbeat.h"
 #include "include/idem/store/sqlite.h"
 #include "testing/engine_fixture.h"
 #include "testing/fakes.h"
@@ -578,6 +580,208 @@ TEST_F(EngineTest, AStoredAnswerOpensOnlyUnderTheRequestedScope) {
   ASSERT_FALSE(moved.has_value());
   EXPECT_EQ(moved.error().code, Errc::kDataLoss);
   EXPECT_EQ(StartError(Req("scope-y-0001")), Errc::kDataLoss);
+}
+
+// Waits, in real time and bounded, until `done()` holds: for what a heartbeat's own thread does.
+template <typename Predicate>
+bool Eventually(Predicate done) {
+  for (int i = 0; i < 5000 && !done(); ++i) std::this_thread::sleep_for(Millis(1));
+  return done();
+}
+
+// A store whose transactions can be made to fail as they do when the database is unreachable.
+class FlakyStore final : public StoreWrapper {
+ public:
+  using StoreWrapper::StoreWrapper;
+  std::atomic<bool> down{false};
+  Result<std::unique_ptr<StoreTxn>> Begin() override {
+    if (down) return MakeError(Errc::kUnavailable, "no database connection within 5000 ms");
+    return StoreWrapper::Begin();
+  }
+};
+
+TEST_F(EngineTest, AdvanceBeforeCallRenewsTheLeaseAndNeedsItToCoverTheCall) {
+  Decision d = MustStart(Req("cover-key-001"), InsertPending("pay_c1"));
+  EXPECT_EQ(d.ticket.lease_ttl, kLease);
+  clock_.Advance(kLease - Millis(1000));  // one second of the claim's lease left
+  // The step renews first, so a call as long as the whole lease is covered...
+  ASSERT_TRUE(engine_->AdvanceBeforeCall(d.ticket, "charge_sent", kLease).has_value());
+  EXPECT_EQ(ToUnixMillis(d.ticket.lease.until), ToUnixMillis(clock_.Now() + kLease));
+  EXPECT_EQ(ToUnixMillis(RecordOf("cover-key-001")->lease.until),
+            ToUnixMillis(clock_.Now() + kLease));
+  EXPECT_EQ(RecordOf("cover-key-001")->recovery_point, "charge_sent");
+  // ...and one a millisecond longer never is: a distinct error, nothing written, lease kept.
+  clock_.Advance(Millis(2000));
+  const Timestamp held_until = d.ticket.lease.until;
+  auto refused = engine_->AdvanceBeforeCall(d.ticket, "second_call", kLease + Millis(1));
+  ASSERT_FALSE(refused.has_value()) << "advanced under a lease that cannot cover the call";
+  EXPECT_EQ(refused.error().code, Errc::kConflict) << refused.error().message;
+  EXPECT_EQ(RecordOf("cover-key-001")->recovery_point, "charge_sent");
+  EXPECT_EQ(ToUnixMillis(RecordOf("cover-key-001")->lease.until), ToUnixMillis(held_until));
+  EXPECT_EQ(ToUnixMillis(d.ticket.lease.until), ToUnixMillis(held_until));
+  ASSERT_TRUE(engine_->Finish(d.ticket, RecordState::kSucceeded, Created("pay_c1")).has_value());
+  EXPECT_EQ(engine_->AdvanceBeforeCall(d.ticket, "charge_sent", Millis(0)).error().code,
+            Errc::kFenced);
+}
+
+TEST_F(EngineTest, AHeartbeatKeepsALongExecutionsLeaseAlive) {
+  Decision d = MustStart(Req("beat-key-001"), InsertPending("pay_b1"));
+  ASSERT_TRUE(engine_->AdvanceBeforeCall(d.ticket, "charge_sent", kLease / 2).has_value());
+  Heartbeat heartbeat(*engine_, d.ticket, monotonic_, {.poll = Millis(1)});
+  // The executor is blocked in its call; twice the lease passes, a third of it at a time, and
+  // the heartbeat's thread renews on its own.
+  for (int beat = 1; beat <= 6; ++beat) {
+    clock_.Advance(kLease / 3);
+    monotonic_.Advance(kLease / 3);
+    ASSERT_TRUE(Eventually([&] { return heartbeat.Renewals() == beat; }))
+        << "beat " << beat << ": " << heartbeat.Renewals() << " renewals";
+    EXPECT_EQ(ToUnixMillis(RecordOf("beat-key-001")->lease.until),
+              ToUnixMillis(clock_.Now() + kLease));
+  }
+  EXPECT_TRUE(heartbeat.Check().has_value());
+  // Nobody took the record over, and the executor may take its next step with its own ticket.
+  EXPECT_EQ(MustStart(Req("beat-key-001")).kind, Decision::Kind::kInProgress);
+  EXPECT_TRUE(engine_->AdvanceBeforeCall(d.ticket, "charge_sent", kLease / 2).has_value());
+}
+
+TEST_F(EngineTest, AFencedRenewalStopsTheExecutorBeforeItsNextCall) {
+  Decision d = MustStart(Req("beat-key-002"), InsertPending("pay_b2"));
+  Heartbeat heartbeat(*engine_, d.ticket, monotonic_, {.poll = Millis(1)});
+  // The executor's process stalls, heartbeat included: the lease runs out and is taken over.
+  clock_.Advance(kLease + Millis(1));
+  Decision taker = MustStart(Req("beat-key-002"));
+  ASSERT_EQ(taker.kind, Decision::Kind::kExecute);
+  ASSERT_TRUE(taker.ticket.resumed);
+  // It wakes up: the renewal due now is fenced, and the check before the next call says so.
+  monotonic_.Advance(kLease / 3);
+  auto verdict = heartbeat.Check();
+  ASSERT_FALSE(verdict.has_value()) << "a taken-over executor was told to go on";
+  EXPECT_EQ(verdict.error().code, Errc::kFenced) << verdict.error().message;
+  EXPECT_EQ(heartbeat.Renewals(), 0);
+  EXPECT_EQ(RecordOf("beat-key-002")->lease.owner, taker.ticket.lease.owner);
+  EXPECT_EQ(ToUnixMillis(RecordOf("beat-key-002")->lease.until),
+            ToUnixMillis(taker.ticket.lease.until))
+      << "the taker's lease stands";
+}
+
+TEST_F(EngineTest, AHeartbeatThatCannotReachTheStoreStopsForGood) {
+  FlakyStore flaky(*store_);
+  Engine engine(flaky, *fingerprinter_, *sealer_, clock_);
+  auto started = engine.Start(policy_, Req("beat-key-003"), InsertPending("pay_b3"));
+  ASSERT_TRUE(started.has_value()) << started.error().message;
+  Heartbeat heartbeat(engine, started->ticket, monotonic_, {.poll = Millis(1)});
+  clock_.Advance(kLease / 3);
+  monotonic_.Advance(kLease / 3);
+  ASSERT_TRUE(heartbeat.Check().has_value());
+  EXPECT_EQ(heartbeat.Renewals(), 1);
+  const Timestamp renewed_until = RecordOf("beat-key-003")->lease.until;
+
+  flaky.down = true;
+  clock_.Advance(kLease / 3);
+  monotonic_.Advance(kLease / 3);
+  auto verdict = heartbeat.Check();
+  ASSERT_FALSE(verdict.has_value())
+      << "the executor was told to go on under a lease nobody renewed";
+  EXPECT_EQ(verdict.error().code, Errc::kUnavailable) << verdict.error().message;
+  // The store comes back; the heartbeat does not: the lease may have run out in between.
+  flaky.down = false;
+  clock_.Advance(kLease / 3);
+  monotonic_.Advance(kLease / 3);
+  EXPECT_EQ(heartbeat.Check().error().code, Errc::kUnavailable);
+  EXPECT_EQ(heartbeat.Renewals(), 1);
+  EXPECT_EQ(ToUnixMillis(RecordOf("beat-key-003")->lease.until), ToUnixMillis(renewed_until));
+}
+
+TEST_F(EngineTest, TheHeartbeatFailpointFailsARenewal) {
+  Decision d = MustStart(Req("beat-key-004"));
+  Heartbeat heartbeat(*engine_, d.ticket, monotonic_, {.poll = Millis(1)});
+  ASSERT_TRUE(ArmFailpoints("heartbeat=error").has_value());
+  monotonic_.Advance(kLease / 3);
+  auto verdict = heartbeat.Check();
+  ClearFailpoints();
+#if defined(IDEM_NO_FAILPOINTS)
+  EXPECT_TRUE(verdict.has_value());
+#else
+  ASSERT_FALSE(verdict.has_value());
+  EXPECT_EQ(verdict.error().code, Errc::kUnavailable);
+#endif
+}
+
+// A transaction that forwards to a real one, except that the record is deleted just before the
+// first Reclaim: what a sweeper on another connection does when its delete commits between the
+// claim's read of an expiring record and the reclaim (PostgreSQL; SQLite's write lock orders
+// them).
+class SweptBeforeReclaimTxn final : public StoreTxn {
+ public:
+  explicit SweptBeforeReclaimTxn(std::unique_ptr<StoreTxn> inner) : inner_(std::move(inner)) {}
+
+  Result<ClaimResult> Claim(const ClaimSpec& spec) override { return inner_->Claim(spec); }
+  Result<Record> Reclaim(const ClaimSpec& spec, int64_t seen_fence) override {
+    if (!swept_) {
+      swept_ = true;
+      IDEM_RETURN_IF_ERROR(inner_->Exec("DELETE FROM idem_records WHERE scope_hash = ?",
+                                        {Blob{std::string(spec.scope.begin(), spec.scope.end())}}));
+    }
+    return inner_->Reclaim(spec, seen_fence);
+  }
+  Result<Lease> Renew(const ScopeHash& scope, const Lease& lease, Millis ttl) override {
+    return inner_->Renew(scope, lease, ttl);
+  }
+  Status Advance(const ScopeHash& scope, const Lease& lease, std::string_view point,
+                 std::string_view resource_id) override {
+    return inner_->Advance(scope, lease, point, resource_id);
+  }
+  Status AdvanceCovered(const ScopeHash& scope, const Lease& lease, std::string_view point,
+                        Millis must_cover) override {
+    return inner_->AdvanceCovered(scope, lease, point, must_cover);
+  }
+  Status Finish(const ScopeHash& scope, const Lease& lease, const Outcome& outcome) override {
+    return inner_->Finish(scope, lease, outcome);
+  }
+  Result<std::optional<Record>> Get(const ScopeHash& scope) override { return inner_->Get(scope); }
+  Result<int64_t> Count(std::string_view tenant, std::string_view user,
+                        std::optional<RecordState> state, int64_t limit) override {
+    return inner_->Count(tenant, user, state, limit);
+  }
+  Result<std::vector<SqlRow>> Exec(std::string_view sql,
+                                   const std::vector<SqlValue>& params) override {
+    return inner_->Exec(sql, params);
+  }
+  Status Commit() override { return inner_->Commit(); }
+
+ private:
+  std::unique_ptr<StoreTxn> inner_;
+  bool swept_ = false;
+};
+
+class SweptBeforeReclaimStore final : public StoreWrapper {
+ public:
+  using StoreWrapper::StoreWrapper;
+  Result<std::unique_ptr<StoreTxn>> Begin() override {
+    IDEM_ASSIGN_OR_RETURN(std::unique_ptr<StoreTxn> txn, StoreWrapper::Begin());
+    return std::unique_ptr<StoreTxn>(std::make_unique<SweptBeforeReclaimTxn>(std::move(txn)));
+  }
+};
+
+TEST_F(EngineTest, ARetryThatRacesTheSweeperExecutesAndIsNeverNotFound) {
+  for (const Millis before_expiry : {Millis(1), Millis(0)}) {
+    // A retryable failure at its last moment (a resume) and at its expiry (a new operation).
+    const std::string key = "swept-key-" + std::to_string(before_expiry.count());
+    Decision d = MustStart(Req(key));
+    ASSERT_TRUE(
+        engine_->Finish(d.ticket, RecordState::kFailedRetryable, {503, {}, "busy"}).has_value());
+    clock_.Advance(kRetention - before_expiry);
+    SweptBeforeReclaimStore swept(*store_);
+    Engine engine(swept, *fingerprinter_, *sealer_, clock_);
+    auto retry = engine.Start(policy_, Req(key));
+    ASSERT_TRUE(retry.has_value()) << "the retry failed with " << ErrcName(retry.error().code)
+                                   << ": " << retry.error().message;
+    EXPECT_EQ(retry->kind, Decision::Kind::kExecute);
+    EXPECT_EQ(ToUnixMillis(retry->key_expires), ToUnixMillis(clock_.Now() + kRetention));
+    ASSERT_TRUE(RecordOf(key).has_value());
+    EXPECT_EQ(RecordOf(key)->state, RecordState::kProcessing);
+    clock_.Advance(before_expiry - kRetention);
+  }
 }
 
 }  // namespace

@@ -281,11 +281,15 @@ RecordSql::RecordSql(const Dialect& d) : dialect(d) {
              "resource_id = '', status_code = 0, response = NULL, owner_token = ?, fence = ?, "
              "lease_until = ?, created_at = ?, updated_at = ?, expires_at = ? "
              "WHERE scope_hash = ? AND fence = ? AND expires_at <= ? AND state <> 'PROCESSING'");
-  // A takeover of an expired lease, or a retry after a retryable failure: the same operation.
+  // A takeover of an expired lease, or a retry after a retryable failure: the same operation,
+  // kept for at least a full retention from now (never shortened), so an outcome reached after
+  // a late resume is replayable for as long as a fresh one.
   reclaim_resume =
       Render(d,
              "UPDATE idem_records SET state = 'PROCESSING', owner_token = ?, fence = ?, "
-             "lease_until = ?, updated_at = ? WHERE scope_hash = ? AND fence = ? AND "
+             "lease_until = ?, updated_at = ?, "
+             "expires_at = CASE WHEN expires_at < ? THEN ? ELSE expires_at END "
+             "WHERE scope_hash = ? AND fence = ? AND "
              "(state = 'FAILED_RETRYABLE' OR (state = 'PROCESSING' AND lease_until < ?))");
   renew = Render(d,
                  "UPDATE idem_records SET lease_until = ?, updated_at = ? WHERE scope_hash = ? "
@@ -295,6 +299,12 @@ RecordSql::RecordSql(const Dialect& d) : dialect(d) {
              "UPDATE idem_records SET recovery_point = ?, "
              "resource_id = CASE WHEN ? = '' THEN resource_id ELSE ? END, updated_at = ? "
              "WHERE scope_hash = ? AND owner_token = ? AND fence = ? AND state = 'PROCESSING'");
+  // The step before an external call: the lease must still run when the call's deadline (and
+  // the margin) has passed, so no takeover can happen while the call may be out.
+  advance_covered =
+      Render(d,
+             "UPDATE idem_records SET recovery_point = ?, updated_at = ? WHERE scope_hash = ? AND "
+             "owner_token = ? AND fence = ? AND state = 'PROCESSING' AND lease_until >= ?");
   finish =
       Render(d,
              "UPDATE idem_records SET state = ?, status_code = ?, response = ?, "
@@ -360,10 +370,11 @@ Result<Record> SqlTxn::Reclaim(const ClaimSpec& spec, int64_t seen_fence) {
               BytesOf(r.lease.owner), r.lease.fence, ToUnixMillis(r.lease.until), now_ms, now_ms,
               ToUnixMillis(r.expires_at), BytesOf(spec.scope), seen_fence, now_ms}));
   if (changed == 0) {
+    const int64_t kept_until_ms = ToUnixMillis(r.expires_at);  // now + spec.retention
     IDEM_ASSIGN_OR_RETURN(
         changed, Change(sql_.reclaim_resume,
                         {BytesOf(r.lease.owner), r.lease.fence, ToUnixMillis(r.lease.until), now_ms,
-                         BytesOf(spec.scope), seen_fence, now_ms}));
+                         kept_until_ms, kept_until_ms, BytesOf(spec.scope), seen_fence, now_ms}));
   }
   IDEM_ASSIGN_OR_RETURN(std::optional<Record> current, Get(spec.scope));
   if (!current) return MakeError(Errc::kNotFound, "reclaim: record is gone");
@@ -395,6 +406,27 @@ Status SqlTxn::Advance(const ScopeHash& scope, const Lease& lease, std::string_v
                                               BytesOf(scope), BytesOf(lease.owner), lease.fence}));
   if (changed == 0) return Fenced("advance");
   return Ok();
+}
+
+Status SqlTxn::AdvanceCovered(const ScopeHash& scope, const Lease& lease, std::string_view point,
+                              Millis must_cover) {
+  IDEM_RETURN_IF_ERROR(CheckProgress(point, {}));
+  const Timestamp now = clock_.Now();
+  const int64_t needed_ms = ToUnixMillis(now + must_cover);
+  IDEM_ASSIGN_OR_RETURN(int changed, Change(sql_.advance_covered,
+                                            {std::string(point), ToUnixMillis(now), BytesOf(scope),
+                                             BytesOf(lease.owner), lease.fence, needed_ms}));
+  if (changed == 1) return Ok();
+  // Nothing matched: a lost lease (stop) or a held one that ends too soon (renew, or give up).
+  IDEM_ASSIGN_OR_RETURN(std::optional<Record> current, Get(scope));
+  if (current && current->state == RecordState::kProcessing &&
+      current->lease.owner == lease.owner && current->lease.fence == lease.fence) {
+    return MakeError(Errc::kConflict, "advance: the lease ends at " +
+                                          std::to_string(ToUnixMillis(current->lease.until)) +
+                                          " ms, before the call it must cover would (" +
+                                          std::to_string(needed_ms) + " ms); renew first");
+  }
+  return Fenced("advance");
 }
 
 Status SqlTxn::Finish(const ScopeHash& scope, const Lease& lease, const Outcome& outcome) {

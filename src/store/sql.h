@@ -63,6 +63,7 @@ struct RecordSql {
   std::string reclaim_resume;
   std::string renew;
   std::string advance;
+  std::string advance_covered;
   std::string finish;
   std::string count_any;
   std::string count_state;
@@ -154,6 +155,8 @@ class SqlTxn final : public StoreTxn {
   Result<Lease> Renew(const ScopeHash& scope, const Lease& lease, Millis ttl) override;
   Status Advance(const ScopeHash& scope, const Lease& lease, std::string_view point,
                  std::string_view resource_id) override;
+  Status AdvanceCovered(const ScopeHash& scope, const Lease& lease, std::string_view point,
+                        Millis must_cover) override;
   Status Finish(const ScopeHash& scope, const Lease& lease, const Outcome& outcome) override;
   Result<std::optional<Record>> Get(const ScopeHash& scope) override;
   Result<int64_t> Count(std::string_view tenant, std::string_view user,

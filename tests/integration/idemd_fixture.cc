@@ -35,6 +35,7 @@ void IdemdTest::WriteConfig(const std::string& config, const IdemdOptions& optio
       << "[provider]\nurl = \"http://127.0.0.1:" << provider_url_.port
       << "\"\ntimeout_ms = " << options.provider_timeout_ms << "\n"
       << "[idempotency]\nlease_ms = " << options.lease_ms
+      << "\nlease_margin_ms = " << options.lease_margin_ms
       << "\nreconcile_interval_ms = " << options.reconcile_interval_ms << "\n"
       << options.extra_idempotency << "\n"
       << (options.redis_url.empty() ? "" : "[redis]\nurl = \"" + options.redis_url + "\"\n")

@@ -27,7 +27,8 @@ class IdemdTest : public ::testing::Test {
     std::string extra_idempotency{};  // lines appended to [idempotency], e.g. "max_retained = 3"
     int lease_ms = 3000;
     int provider_timeout_ms = 1000;
-    int reconcile_interval_ms = 600000;        // effectively off unless a test wants it
+    int lease_margin_ms = 500;           // idemd refuses lease_ms <= provider_timeout_ms + this
+    int reconcile_interval_ms = 600000;  // effectively off unless a test wants it
     std::map<std::string, std::string> env{};  // e.g. IDEM_FAILPOINTS
     bool keep_config = false;                  // restart on the config file as it is now
     std::string store_url{};                   // default: a SQLite file in the test's directory

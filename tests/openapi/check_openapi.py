@@ -174,7 +174,7 @@ def main():
             f.write(f'[server]\nlisten = "127.0.0.1:0"\nmax_body_bytes = 65536\n'
                     f'[store]\nurl = "sqlite://{workdir}/idem.db"\n'
                     f'[provider]\nurl = "http://127.0.0.1:{provider_port}"\ntimeout_ms = 1000\n'
-                    f'[idempotency]\nlease_ms = 3000\nmax_retained = 4\n' + PRINCIPALS)
+                    f'[idempotency]\nlease_ms = 4000\nmax_retained = 4\n' + PRINCIPALS)
         env = dict(os.environ, IDEM_SECRETS=SECRETS)
         idemd, port = start([args.idemd, "--config", config], env, workdir, "idemd listening on ")
         processes.append(idemd)

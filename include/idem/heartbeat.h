@@ -1,0 +1,76 @@
+// include/idem/heartbeat.h — keeps an executing ticket's lease alive while its executor works.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <mutex>
+#include <thread>
+
+#include "include/idem/clock.h"
+#include "include/idem/engine.h"
+#include "include/idem/result.h"
+
+namespace idem {
+
+struct HeartbeatOptions {
+  // Time between renewals by the heartbeat's clock. Zero, or anything longer, means
+  // ticket.lease_ttl / 3, so a lease survives two lost beats.
+  Millis interval{0};
+  // The longest the heartbeat's thread sleeps (in real time) before it looks at its clock
+  // again. With the real monotonic clock the thread wakes when a renewal is due anyway; this
+  // bounds how late it notices a test's fake clock moving.
+  Millis poll{1000};
+};
+
+// Renews one ticket's lease every interval, on a thread of its own, from construction until
+// destruction, so an execution whose external calls take long keeps its lease and no other
+// executor takes it over. The first failed renewal — kFenced (another executor took over) or any
+// store error (the lease may run out unseen) — stops it for good: Check() reports that error from
+// then on, and the executor must stop before its next external step.
+//
+// It renews its own copy of the ticket, so the executor keeps using its ticket meanwhile (the
+// store fences on owner token and fence, which a renewal does not change). Destroy it before
+// Engine::Finish or Engine::Release: a renewal after a Release would extend a lease given up.
+//
+// Thread-safe. Borrows `engine` and `clock`, which must outlive it.
+class Heartbeat {
+ public:
+  Heartbeat(Engine& engine, const Ticket& ticket, MonotonicClock& clock,
+            HeartbeatOptions options = {});
+  // Stops the thread; returns after a renewal in progress has ended.
+  ~Heartbeat();
+  Heartbeat(const Heartbeat&) = delete;
+  Heartbeat& operator=(const Heartbeat&) = delete;
+
+  // Call before each external step. Makes a renewal that is due by the clock but not yet made
+  // (on the caller's thread), then returns Ok while every renewal has succeeded, or the error of
+  // the first that failed: kFenced (the lease belongs to another executor), kUnavailable or
+  // another store error (the lease may have run out), or a failpoint's error ("heartbeat").
+  Status Check();
+
+  // Renewals that succeeded so far.
+  int64_t Renewals() const;
+
+ private:
+  // Renews if a renewal is due and none has failed; serialised between the thread and Check.
+  void RenewIfDue();
+  void Run();
+
+  Engine& engine_;
+  MonotonicClock& clock_;
+  const Millis interval_;
+  const Millis poll_;
+
+  std::mutex renew_mu_;  // held across one renewal; taken before mu_
+  Ticket ticket_;        // the heartbeat's copy; guarded by renew_mu_
+
+  mutable std::mutex mu_;
+  std::condition_variable wake_;
+  SteadyTime due_;        // guarded by mu_
+  Status status_;         // guarded by mu_
+  int64_t renewals_ = 0;  // guarded by mu_
+  bool stop_ = false;     // guarded by mu_
+  std::thread thread_;    // last: starts once everything above is set
+};
+
+}  // namespace idem
