@@ -11,6 +11,7 @@
 #include <cinttypes>
 #include <climits>
 #include <cmath>
+#include <condition_variable>
 #include <cstring>
 #include <ctime>
 #include <functional>
@@ -636,11 +637,27 @@ class PostgresStore final : public Store {
   // connection that missed it is dropped and made again by the next ping.
   Status Ping(Millis timeout) override {
     const SteadyTime deadline = Now() + timeout;
-    std::unique_lock lock(ping_mu_, std::defer_lock);
-    if (!lock.try_lock_until(deadline)) {
-      return MakeError(Errc::kUnavailable,
-                       "postgres ping: no answer within " + MillisText(timeout));
+    // One ping at a time on the ping connection; a concurrent one waits until the deadline. (A
+    // flag under a condition variable rather than std::timed_mutex, whose timed lock
+    // ThreadSanitizer cannot follow.)
+    {
+      std::unique_lock lock(ping_mu_);
+      if (!ping_cv_.wait_until(lock, deadline, [&] { return !pinging_; })) {
+        return MakeError(Errc::kUnavailable,
+                         "postgres ping: no answer within " + MillisText(timeout));
+      }
+      pinging_ = true;
     }
+    struct Done {
+      PostgresStore* store;
+      ~Done() {
+        {
+          std::lock_guard lock(store->ping_mu_);
+          store->pinging_ = false;
+        }
+        store->ping_cv_.notify_one();
+      }
+    } done{this};
     if (ping_ != nullptr && ping_->Broken()) ping_.reset();
     if (ping_ == nullptr) {
       auto conn = Connect(options_, Bounds{timeout, timeout, Millis(0), timeout}, deadline);
@@ -727,8 +744,10 @@ class PostgresStore final : public Store {
   Clock& clock_;
   Random& random_;
   StoreCapabilities caps_;
-  std::timed_mutex ping_mu_;
-  std::unique_ptr<Connection> ping_;  // guarded by ping_mu_
+  std::mutex ping_mu_;
+  std::condition_variable ping_cv_;
+  bool pinging_ = false;              // guarded by ping_mu_
+  std::unique_ptr<Connection> ping_;  // used only by the one ping that set pinging_
 };
 
 bool ValidSchemaName(const std::string& s) {
