@@ -554,16 +554,56 @@ TEST_P(StoreContractTest, ListStaleFindsExpiredLeasesOfItsRouteOnly) {
   MustFinish(*store_, done, MustClaim(*store_, done).lease, Succeeded());
   env_.clock.Advance(kLease + Millis(1));
   MustClaim(*store_, live);
-  auto found = store_->ListStale("payments.create", 1);
+  auto found = store_->ListStale("payments.create", {"charge_sent"}, 1);
   ASSERT_TRUE(found.has_value()) << found.error().message;
   ASSERT_EQ(found->size(), 1u);
   EXPECT_EQ(found->at(0).scope, stale.scope);
   EXPECT_EQ(found->at(0).state, RecordState::kProcessing);
-  auto others = store_->ListStale("orders.create", 10);
+  auto others = store_->ListStale("orders.create", {}, 10);
   ASSERT_TRUE(others.has_value()) << others.error().message;
   ASSERT_EQ(others->size(), 1u);
   EXPECT_EQ(others->at(0).scope, other.scope);
-  EXPECT_EQ(store_->ListStale("payments.create", 0)->size(), 0u);
+  EXPECT_EQ(store_->ListStale("payments.create", {"charge_sent"}, 0)->size(), 0u);
+}
+
+// A retryable failure after the send proves nothing about the downstream: such records are
+// listed for the reconciler once their lease (which covered the call) has run out, like expired
+// PROCESSING ones. A retryable failure before the send, or one whose lease still runs, is not.
+TEST_P(StoreContractTest, ListStaleFindsRetryableFailuresPastTheSendOnly) {
+  auto fail_at = [&](const ClaimSpec& spec, const std::string& point) {
+    const Record claimed = MustClaim(*store_, spec);
+    auto txn = MustBegin(*store_);
+    ASSERT_TRUE(txn->Advance(spec.scope, claimed.lease, point, "pay_" + point).has_value());
+    ASSERT_TRUE(txn->Finish(spec.scope, claimed.lease,
+                            Outcome{RecordState::kFailedRetryable, 503, "sealed", ""})
+                    .has_value());
+    ASSERT_TRUE(txn->Commit().has_value());
+  };
+  const ClaimSpec sent = Spec("failed-after-send");
+  const ClaimSpec before = Spec("failed-before-send");
+  const ClaimSpec fresh = Spec("failed-after-send-live");
+  fail_at(sent, "charge_sent");
+  fail_at(before, "claimed");
+  env_.clock.Advance(kLease + Millis(1));
+  fail_at(fresh, "charge_sent");
+
+  auto found = store_->ListStale("payments.create", {"charge_sent"}, 10);
+  ASSERT_TRUE(found.has_value()) << found.error().message;
+  ASSERT_EQ(found->size(), 1u) << "only the retryable failure past the send whose lease ended";
+  EXPECT_EQ(found->at(0).scope, sent.scope);
+  EXPECT_EQ(found->at(0).state, RecordState::kFailedRetryable);
+  EXPECT_EQ(found->at(0).recovery_point, "charge_sent");
+
+  // A route that declares no point past a send leaves its retryable failures to the client.
+  auto undeclared = store_->ListStale("payments.create", {}, 10);
+  ASSERT_TRUE(undeclared.has_value()) << undeclared.error().message;
+  EXPECT_TRUE(undeclared->empty());
+  auto too_many = store_->ListStale("payments.create", {"a", "b", "c", "d", "e"}, 10);
+  ASSERT_FALSE(too_many.has_value());
+  EXPECT_EQ(too_many.error().code, Errc::kInvalidArgument);
+  auto empty_point = store_->ListStale("payments.create", {""}, 10);
+  ASSERT_FALSE(empty_point.has_value());
+  EXPECT_EQ(empty_point.error().code, Errc::kInvalidArgument);
 }
 
 TEST_P(StoreContractTest, QueryReadsCommittedBusinessRowsAndRefusesWrites) {

@@ -38,6 +38,14 @@ struct RoutePolicy {
   int64_t max_retained = limits::kMaxRetainedPerPrincipal;
   // The Retry-After suggested to a duplicate that meets a running execution, at most.
   Millis retry_after{limits::kDefaultRetryAfter};
+  // The recovery points past a call that cannot be called back: the points this route gives
+  // AdvanceBeforeCall (e.g. "charge_sent"). A retryable failure at one of them proves nothing
+  // about that call (a 5xx, or a transport error after the request left, may come after the
+  // downstream acted), so ListStale hands such records to the reconciler once their lease, which
+  // covered the call, has run out; it resolves them like an expired PROCESSING record, by asking
+  // the downstream. A retryable failure at any other point is left to the client's retry. At
+  // most limits::kMaxSentPoints, none empty.
+  std::vector<std::string> sent_points;
 };
 
 // Who is asking: from authentication, never from the request.
@@ -61,6 +69,12 @@ struct Ticket {
   Lease lease;
   Record record;         // the record right after the claim (recovery point, resource id)
   bool resumed = false;  // true after a takeover or a retry: a downstream call may have happened
+  // The state the record was resumed from: PROCESSING (a takeover of an expired or released
+  // lease) or FAILED_RETRYABLE (a retry, or the reconciler settling a retryable failure past the
+  // send, whose lease covered the call and has ended). PROCESSING when not resumed. A takeover
+  // that raced the owner's own finish may report PROCESSING for a record that had just failed
+  // retryably, never the other way round.
+  RecordState resumed_from = RecordState::kProcessing;
   // The in-flight marker this request placed, if any (never after TakeOver): Finish and Release
   // remove it with this token, and nothing else removes it.
   std::optional<MarkerToken> marker;
@@ -137,10 +151,12 @@ class Engine {
   // Errors: kUnavailable, kDataLoss as above.
   Result<std::optional<FoundRecord>> Lookup(const ScopeHash& scope);
 
-  // Up to `limit` PROCESSING records of `route` whose lease has expired, oldest lease first
-  // (executions that crashed or stalled), for TakeOver. Errors: kUnavailable (store); kDataLoss (a
-  // record failed to decode).
-  Result<std::vector<Record>> ListStale(std::string_view route, int limit);
+  // Up to `limit` records of `policy.route` for the reconciler's TakeOver, oldest lease first:
+  // PROCESSING records whose lease has expired (executions that crashed, stalled or released
+  // with an unknown outcome) and FAILED_RETRYABLE records at one of policy.sent_points whose
+  // lease has expired (Store::ListStale). Errors: kInvalidArgument (policy.sent_points too many,
+  // or an empty one); kUnavailable (store); kDataLoss (a record failed to decode).
+  Result<std::vector<Record>> ListStale(const RoutePolicy& policy, int limit);
 
   // Step 6: records progress before a side effect (e.g. "charge_sent"), in its own transaction
   // with optional business writes. Errors: kFenced if the lease was lost.
@@ -171,16 +187,21 @@ class Engine {
   // the ticket's in-flight marker. Errors: kFenced.
   Status Release(Ticket& ticket);
 
-  // Takes over a stale PROCESSING record found by ListStale (the reconciler's claim).
+  // Takes over a record found by ListStale (the reconciler's claim): an expired PROCESSING one,
+  // or a retryable failure past the send. The ticket is resumed, resumed_from the listed state.
   // Errors: kConflict if someone else took it first; kUnavailable.
   Result<Ticket> TakeOver(const RoutePolicy& policy, const Record& stale);
 
   // Step 7: finishes the operation with `state` and `response` (sealed before it is stored), in
-  // one transaction with `business`, then removes the ticket's in-flight marker. Errors: kFenced
-  // (lost the lease; nothing was written, the business writes included), kTooLarge (response
-  // over the cap), kUnavailable.
+  // one transaction with `business`, then removes the ticket's in-flight marker. A finished
+  // record's recovery point becomes "done"; a FAILED_RETRYABLE one keeps its point unless
+  // `recovery_point` names the point the next attempt resumes from (e.g. one before the send,
+  // once a lookup proved the call had no effect, so the reconciler stops listing it).
+  // Errors: kFenced (lost the lease; nothing was written, the business writes included),
+  // kTooLarge (response over the cap), kInvalidArgument (recovery_point given with a final
+  // state, or too long), kUnavailable.
   Status Finish(const Ticket& ticket, RecordState state, const StoredResponse& response,
-                const TxnHook& business = {});
+                const TxnHook& business = {}, std::string_view recovery_point = {});
 
  private:
   Result<Decision> DecideExisting(const RoutePolicy& policy, const Request& request,

@@ -34,6 +34,8 @@ inline constexpr std::size_t kRouteMaxLength = 128;
 // Recovery point and resource id lengths.
 inline constexpr std::size_t kRecoveryPointMaxLength = 64;
 inline constexpr std::size_t kResourceIdMaxLength = 128;
+// Recovery points of one route past a call that cannot be called back (RoutePolicy::sent_points).
+inline constexpr std::size_t kMaxSentPoints = 4;
 
 // Quotas per principal.
 inline constexpr int64_t kMaxProcessingPerPrincipal = 100;

@@ -213,10 +213,16 @@ class Store {
   virtual Result<std::vector<SqlRow>> Query(std::string_view sql,
                                             const std::vector<SqlValue>& params = {}) = 0;
 
-  // Up to `limit` PROCESSING records of `route` whose lease has expired, oldest lease first:
-  // executions that crashed or stalled, for the reconciler to resolve. Per route, so the stale
-  // records of one route never crowd out another's.
-  virtual Result<std::vector<Record>> ListStale(std::string_view route, int limit) = 0;
+  // Up to `limit` records of `route` that the reconciler must resolve, oldest lease first: those
+  // PROCESSING whose lease has expired (executions that crashed, stalled or gave up with an
+  // unknown outcome), and those FAILED_RETRYABLE at one of `sent_points` whose lease has expired
+  // (a retryable failure after a call that cannot be called back, which proves nothing about that
+  // call: RoutePolicy::sent_points). Per route, so the stale records of one route never crowd out
+  // another's. Errors: kInvalidArgument for more than limits::kMaxSentPoints points, or an empty
+  // one; kUnavailable; kDataLoss (a record failed to decode).
+  virtual Result<std::vector<Record>> ListStale(std::string_view route,
+                                                const std::vector<std::string>& sent_points,
+                                                int limit) = 0;
 
   // Deletes up to `batch` finished records (not PROCESSING) whose expiry has passed, oldest
   // first, and returns how many it deleted. PROCESSING records are left to the reconciler, which
@@ -247,8 +253,10 @@ class StoreWrapper : public Store {
                                     const std::vector<SqlValue>& params = {}) override {
     return target_.Query(sql, params);
   }
-  Result<std::vector<Record>> ListStale(std::string_view route, int limit) override {
-    return target_.ListStale(route, limit);
+  Result<std::vector<Record>> ListStale(std::string_view route,
+                                        const std::vector<std::string>& sent_points,
+                                        int limit) override {
+    return target_.ListStale(route, sent_points, limit);
   }
   Result<int> Sweep(int batch) override { return target_.Sweep(batch); }
 

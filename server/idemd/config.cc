@@ -178,6 +178,8 @@ Result<Config> LoadConfig(const std::string& path, const std::vector<std::string
   IDEM_RETURN_IF_ERROR(Read(t, "redis", "url", c.redis_url, o));
   IDEM_RETURN_IF_ERROR(Read(t, "provider", "url", c.provider_url, o));
   IDEM_RETURN_IF_ERROR(ReadMillis(t, "provider", "timeout_ms", c.provider_timeout, o));
+  IDEM_RETURN_IF_ERROR(
+      Read(t, "provider", "5xx_means_nothing_charged", c.provider_5xx_means_nothing_charged, o));
   IDEM_RETURN_IF_ERROR(Read(t, "secrets", "file", c.secrets_file, o));
   IDEM_RETURN_IF_ERROR(Read(t, "secrets", "generate_if_missing", c.generate_secrets, o));
 

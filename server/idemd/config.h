@@ -39,6 +39,10 @@ struct Config {
   std::string redis_url;  // optional: the replay cache and in-flight markers
   std::string provider_url = "http://127.0.0.1:8090";
   Millis provider_timeout{5000};
+  // The provider's declared semantics: a 5xx answer to a charge means nothing was charged. Off
+  // (the default), a 5xx after the request left proves nothing and the charge is looked up
+  // before the order can be paid again (docs/idemd.md, "Ambiguous failures").
+  bool provider_5xx_means_nothing_charged = false;
 
   // Where secrets come from: the IDEM_SECRETS environment variable (TOML text) wins; else this
   // file; a development config may ask for the file to be generated when missing.

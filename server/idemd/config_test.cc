@@ -48,6 +48,7 @@ keepalives_count = 4
 [provider]
 url = "http://127.0.0.1:9000"
 timeout_ms = 1500
+5xx_means_nothing_charged = true
 [idempotency]
 lease_ms = 20000
 retention_hours = 24
@@ -66,6 +67,7 @@ user = "alice"
   EXPECT_EQ(c->store_url, "sqlite:///tmp/b.db");
   EXPECT_EQ(c->provider_url, "http://10.0.0.1:1");
   EXPECT_EQ(c->provider_timeout, Millis(1500));
+  EXPECT_TRUE(c->provider_5xx_means_nothing_charged);
   EXPECT_EQ(c->lease, Millis(20000));
   EXPECT_EQ(c->retention, Millis(24LL * 3600 * 1000));
   EXPECT_EQ(c->max_processing, 7);
@@ -89,6 +91,7 @@ TEST_F(ConfigTest, DefaultsWhenKeysAreAbsent) {
   EXPECT_EQ(c->store_url, "sqlite://data/idem.db");
   EXPECT_EQ(c->retention, Millis(7LL * 24 * 3600 * 1000));
   EXPECT_EQ(c->server.max_body_bytes, 64u * 1024);
+  EXPECT_FALSE(c->provider_5xx_means_nothing_charged) << "the conservative reading by default";
   // docs/config.md states these.
   EXPECT_EQ(c->store_timeouts.connect, Millis(5000));
   EXPECT_EQ(c->store_timeouts.statement, Millis(10000));

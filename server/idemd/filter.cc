@@ -230,7 +230,8 @@ http::Response IdempotencyFilter::Finish(Ticket& ticket, Execution execution,
   }
   stored.body = execution.response.body;
   const SteadyTime started = monotonic_.Now();
-  Status finished = engine_.Finish(ticket, state, stored, execution.business);
+  Status finished =
+      engine_.Finish(ticket, state, stored, execution.business, execution.recovery_point);
   metrics_.ObserveStore(monotonic_.SecondsSince(started));
   if (!finished) {
     if (finished.error().code == Errc::kFenced) {
@@ -291,7 +292,7 @@ http::Response IdempotencyFilter::GetOperation(std::string_view key, const Princ
 
 int IdempotencyFilter::ReconcileOnce(int limit,
                                      const std::function<void(const std::string&)>& notify) {
-  auto stale = engine_.ListStale(policy_.route.route, limit);
+  auto stale = engine_.ListStale(policy_.route, limit);
   if (!stale) return 0;
   int resolved = 0;
   for (const Record& record : *stale) {

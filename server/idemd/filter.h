@@ -22,6 +22,9 @@ struct Execution {
   TxnHook business;
   // Overrides the policy's classification of response.status.
   std::optional<RecordState> state;
+  // For a retryable failure: the recovery point the next attempt resumes from (Engine::Finish);
+  // empty keeps the record's.
+  std::string recovery_point;
   // The downstream may have acted and nobody knows: the record stays PROCESSING at its recovery
   // point, the lease is released, and the next attempt or the reconciler resolves it.
   bool outcome_unknown = false;

@@ -752,7 +752,7 @@ TEST_F(FilterTest, AFencedExecutorWhoseWinnerStillRunsAnswers409WithLocation) {
   op_.execute = [&](int n, Ticket&) {
     if (n == 1) {
       clock_.Advance(kLease + Millis(1));
-      auto stale = engine_->ListStale(policy_.route.route, 10);
+      auto stale = engine_->ListStale(policy_.route, 10);
       EXPECT_TRUE(stale && stale->size() == 1u);
       if (stale && !stale->empty()) {
         EXPECT_TRUE(engine_->TakeOver(policy_.route, (*stale)[0]).has_value());

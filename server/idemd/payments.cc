@@ -18,6 +18,17 @@ namespace json = boost::json;
 
 constexpr int64_t kMaxMinorUnits = 1'000'000'000'000'000LL;  // 10^18: fits int64 with room
 
+// The recovery points of a payment's record. `claimed`: the payment row exists, nothing sent.
+// `charge_sent`: the charge may have left (the route's one point past the send). `abandoned`:
+// a lookup found no charge after the attempt's lease ended (or the provider declared its 5xx a
+// proof), the payment row is `abandoned` and no longer holds its merchant order; a retry of the
+// key takes the order back if it is still free. `existing`: the order belongs to another
+// payment, which this key answers from.
+constexpr std::string_view kClaimed = "claimed";
+constexpr std::string_view kChargeSent = "charge_sent";
+constexpr std::string_view kAbandoned = "abandoned";
+constexpr std::string_view kExisting = "existing";
+
 bool IsOrderNo(std::string_view s) {
   if (s.empty() || s.size() > 64) return false;
   return std::all_of(s.begin(), s.end(), [](char c) {
@@ -82,6 +93,31 @@ CREATE TABLE payments (
   UNIQUE (tenant, merchant_order_no)
 );
 )sql"},
+      // An abandoned attempt (no charge found after its lease ended) stops holding its merchant
+      // order: one live payment per order, any number of abandoned ones. The table is rebuilt,
+      // the one way to drop a UNIQUE constraint on SQLite too.
+      {2, R"sql(
+CREATE TABLE payments_v2 (
+  id                 TEXT PRIMARY KEY,
+  tenant             TEXT NOT NULL,
+  merchant_order_no  TEXT NOT NULL,
+  amount_minor       BIGINT NOT NULL CHECK (amount_minor > 0),
+  currency           TEXT NOT NULL,
+  status             TEXT NOT NULL
+                     CHECK (status IN ('pending', 'succeeded', 'declined', 'abandoned')),
+  provider_charge_id TEXT,
+  created_at         BIGINT NOT NULL,
+  updated_at         BIGINT NOT NULL
+);
+INSERT INTO payments_v2 (id, tenant, merchant_order_no, amount_minor, currency, status,
+                         provider_charge_id, created_at, updated_at)
+  SELECT id, tenant, merchant_order_no, amount_minor, currency, status, provider_charge_id,
+         created_at, updated_at FROM payments;
+DROP TABLE payments;
+ALTER TABLE payments_v2 RENAME TO payments;
+CREATE UNIQUE INDEX payments_live_order ON payments (tenant, merchant_order_no)
+  WHERE status <> 'abandoned';
+)sql"},
   };
   return kMigrations;
 }
@@ -99,6 +135,7 @@ FilterPolicy PaymentsPolicy(const KeyPolicy& keys, Millis lease, Millis retentio
   p.route.retention = retention;
   p.route.max_processing = max_processing;
   p.route.max_retained = max_retained;
+  p.route.sent_points = {std::string(kChargeSent)};
   p.failures.final_statuses = {400, 402, 409, 422};
   p.failures.retryable_statuses = {503};
   p.wait_max = wait_max;
@@ -123,7 +160,7 @@ std::string FormatAmount(int64_t minor, int digits) {
 
 Payments::Payments(Store& store, Provider& provider, Clock& clock, MonotonicClock& monotonic,
                    Random& random, Metrics& metrics, std::vector<std::string> currencies,
-                   Millis charge_cover)
+                   Millis charge_cover, bool provider_5xx_means_nothing_charged)
     : store_(store),
       provider_(provider),
       clock_(clock),
@@ -131,7 +168,8 @@ Payments::Payments(Store& store, Provider& provider, Clock& clock, MonotonicCloc
       random_(random),
       metrics_(metrics),
       currencies_(std::move(currencies)),
-      charge_cover_(charge_cover) {}
+      charge_cover_(charge_cover),
+      provider_5xx_means_nothing_charged_(provider_5xx_means_nothing_charged) {}
 
 Payments::ParseResult Payments::Parse(const std::string& body) const {
   boost::system::error_code ec;
@@ -223,29 +261,54 @@ std::optional<http::Response> Payments::Validate(const http::Request& request, c
 
 Status Payments::OnClaim(StoreTxn& txn, const Record& record, const http::Request& request,
                          const Principal& principal) {
-  if (!record.resource_id.empty()) return Ok();  // fixed by an earlier attempt
+  // A key that holds its order keeps it: ids are fixed once. A key whose attempt was abandoned,
+  // or that answers from another key's payment, decides again who holds the order.
+  const std::string_view point = record.recovery_point;
+  if (!record.resource_id.empty() && point != kAbandoned && point != kExisting) return Ok();
   const ParseResult parsed = Parse(request.body);
   const Parsed* p = std::get_if<Parsed>(&parsed);
   // Validate accepted this body before the claim; Parse gives the same answer every time.
   if (p == nullptr) return MakeError(Errc::kInvalidArgument, "the request body failed validation");
-  std::array<uint8_t, 12> id_bytes;
-  random_.Fill(id_bytes);
-  const std::string id = "pay_" + ToHex(id_bytes);
   const int64_t now = ToUnixMillis(clock_.Now());
-  IDEM_ASSIGN_OR_RETURN(
-      auto inserted,
-      txn.Exec(
-          "INSERT INTO payments (id, tenant, merchant_order_no, amount_minor, currency, "
-          "status, created_at, updated_at) VALUES (?, ?, ?, ?, ?, 'pending', ?, ?) "
-          "ON CONFLICT (tenant, merchant_order_no) DO NOTHING RETURNING id",
-          {id, principal.tenant, p->merchant_order_no, p->amount_minor, p->currency, now, now}));
-  if (!inserted.empty()) return txn.Advance(record.scope, record.lease, "claimed", id);
-  // The order exists under another key: this operation answers from that payment.
-  IDEM_ASSIGN_OR_RETURN(
-      auto existing, txn.Exec("SELECT id FROM payments WHERE tenant = ? AND merchant_order_no = ?",
-                              {principal.tenant, p->merchant_order_no}));
-  if (existing.empty()) return MakeError(Errc::kInternal, "payment conflict without a row");
-  return txn.Advance(record.scope, record.lease, "existing", Text(existing[0][0]));
+  // One live payment per order (the unique index payments_live_order). This key takes the order:
+  // a retry after its attempt was abandoned takes its own payment back; any other key inserts a
+  // new payment. If another payment holds the order, the key answers from that one. Between a
+  // refused write and the read of the holder, the holder can itself be abandoned: then the write
+  // is tried again.
+  std::string id = record.resource_id;
+  if (point != kAbandoned) {
+    std::array<uint8_t, 12> id_bytes;
+    random_.Fill(id_bytes);
+    id = "pay_" + ToHex(id_bytes);
+  }
+  constexpr int kAttempts = 3;
+  for (int attempt = 1; attempt <= kAttempts; ++attempt) {
+    if (point == kAbandoned) {
+      auto revived = txn.Exec(
+          "UPDATE payments SET status = 'pending', updated_at = ? "
+          "WHERE id = ? AND status = 'abandoned'",
+          {now, id});
+      if (revived) return Ok();  // resumes at `abandoned`: the charge is looked up first
+      if (revived.error().code != Errc::kAlreadyExists) return std::move(revived).error();
+    } else {
+      IDEM_ASSIGN_OR_RETURN(
+          auto inserted,
+          txn.Exec("INSERT INTO payments (id, tenant, merchant_order_no, amount_minor, currency, "
+                   "status, created_at, updated_at) VALUES (?, ?, ?, ?, ?, 'pending', ?, ?) "
+                   "ON CONFLICT (tenant, merchant_order_no) WHERE status <> 'abandoned' "
+                   "DO NOTHING RETURNING id",
+                   {id, principal.tenant, p->merchant_order_no, p->amount_minor, p->currency, now,
+                    now}));
+      if (!inserted.empty()) return txn.Advance(record.scope, record.lease, kClaimed, id);
+    }
+    IDEM_ASSIGN_OR_RETURN(auto holder, txn.Exec("SELECT id FROM payments WHERE tenant = ? AND "
+                                                "merchant_order_no = ? AND status <> 'abandoned'",
+                                                {principal.tenant, p->merchant_order_no}));
+    if (!holder.empty()) {
+      return txn.Advance(record.scope, record.lease, kExisting, Text(holder[0][0]));
+    }
+  }
+  return MakeError(Errc::kUnavailable, "the merchant order keeps changing hands; retry");
 }
 
 Result<std::optional<Payments::Payment>> Payments::Load(std::string_view id,
@@ -312,6 +375,22 @@ Execution Payments::Declined(const Ticket& ticket, const Payment& payment) {
   return e;
 }
 
+Execution Payments::Abandoned(const Payment& payment, http::Response response) {
+  Execution e;
+  e.response = std::move(response);
+  e.state = RecordState::kFailedRetryable;
+  e.recovery_point = std::string(kAbandoned);
+  const int64_t now = ToUnixMillis(clock_.Now());
+  e.business = [id = payment.id, now](StoreTxn& txn, const Record&) -> Status {
+    IDEM_RETURN_IF_ERROR(
+        txn.Exec("UPDATE payments SET status = 'abandoned', updated_at = ? WHERE id = ? AND "
+                 "status = 'pending'",
+                 {now, id}));
+    return Ok();
+  };
+  return e;
+}
+
 Execution Payments::FromFoundCharge(const Ticket& ticket, Payment payment, const Charge& charge) {
   const auto charged = CanonicalDecimal(charge.amount);
   const auto owed =
@@ -370,8 +449,10 @@ Execution Payments::ChargeOnce(Ticket& ticket, Payment payment, Engine& engine,
     stopped.outcome_unknown = true;
     return stopped;
   };
-  // A resumed execution whose charge may have left asks the provider first (step 6).
-  if (ticket.resumed && ticket.record.recovery_point == "charge_sent") {
+  // A resumed execution whose charge may have left asks the provider first (step 6); so does one
+  // whose attempt was abandoned, in case that charge landed after all.
+  if (ticket.resumed &&
+      (ticket.record.recovery_point == kChargeSent || ticket.record.recovery_point == kAbandoned)) {
     if (auto held = heartbeat.Check(); !held) return lease_lost(held.error());
     auto found = timed([&] { return provider_.FindCharge(payment.id); });
     if (!found) {
@@ -386,7 +467,7 @@ Execution Payments::ChargeOnce(Ticket& ticket, Payment payment, Engine& engine,
   }
   if (auto held = heartbeat.Check(); !held) return lease_lost(held.error());
   // The charge cannot be called back: it is sent only under a lease that outlasts the call.
-  if (auto advanced = engine.AdvanceBeforeCall(ticket, "charge_sent", charge_cover_); !advanced) {
+  if (auto advanced = engine.AdvanceBeforeCall(ticket, kChargeSent, charge_cover_); !advanced) {
     e.response = http::ProblemFor(advanced.error());
     e.outcome_unknown = true;
     return e;
@@ -406,8 +487,20 @@ Execution Payments::ChargeOnce(Ticket& ticket, Payment payment, Engine& engine,
   if (charged && !charged->declined) return Succeeded(std::move(payment), charged->charge);
   if (charged && charged->declined) return Declined(ticket, payment);
   if (charged.error().code == Errc::kUnavailable) {
+    if (provider_5xx_means_nothing_charged_) {
+      // The provider declares that a 5xx charged nothing: the attempt is over, and its order is
+      // released at once for any key; a retry of this key takes it back if it is still free.
+      return Abandoned(payment,
+                       http::Problem(http::ProblemKind::kProviderUnavailable,
+                                     "the payment provider is unavailable; nothing was charged",
+                                     {.key_expires = ticket.record.expires_at}));
+    }
+    // A 5xx (or a transport error) after the charge_sent step proves nothing: the provider may
+    // have charged. Retryable, at charge_sent: a retry looks the charge up first, and if nobody
+    // retries, the reconciler does once this lease has ended (RoutePolicy::sent_points).
     e.response = http::Problem(http::ProblemKind::kProviderUnavailable,
-                               "the payment provider is unavailable; nothing was charged",
+                               "the payment provider is unavailable; retry with the same key "
+                               "(an earlier attempt is looked up before anything is charged)",
                                {.key_expires = ticket.record.expires_at});
     e.state = RecordState::kFailedRetryable;
     return e;
@@ -431,7 +524,7 @@ Execution Payments::Execute(Ticket& ticket, const http::Request& request,
     return e;
   }
   Payment payment = std::move(**loaded);
-  if (ticket.record.recovery_point == "existing") {
+  if (ticket.record.recovery_point == kExisting) {
     const ParseResult result = Parse(request.body);
     const Parsed* parsed = std::get_if<Parsed>(&result);
     const bool same = parsed != nullptr && parsed->amount_minor == payment.amount_minor &&
@@ -440,7 +533,9 @@ Execution Payments::Execute(Ticket& ticket, const http::Request& request,
       e.response = Created(payment, 200);
       return e;
     }
-    if (same && payment.status == "pending") {
+    // Pending under another key, or abandoned by it since this claim: the next retry decides
+    // again who holds the order.
+    if (same && (payment.status == "pending" || payment.status == "abandoned")) {
       e.response = http::Problem(http::ProblemKind::kOrderInProgress,
                                  "this merchant_order_no is being paid under another "
                                  "Idempotency-Key; retry later",
@@ -477,10 +572,17 @@ Execution Payments::Reconcile(Ticket& ticket, Engine&) {
     return e;
   }
   Payment payment = std::move(**loaded);
-  if (ticket.record.recovery_point != "charge_sent") {
+  const std::string& point = ticket.record.recovery_point;
+  if (point == kExisting) {
+    // The payment is another key's, which settles it.
     e.response = NothingCharged(ticket);
     e.state = RecordState::kFailedRetryable;
     return e;
+  }
+  if (point != kChargeSent) {
+    // Nothing was sent since the payment was made or taken back (claimed, abandoned): release
+    // the order, so another key can pay it; a retry of this key takes it back.
+    return Abandoned(payment, NothingCharged(ticket));
   }
   auto found = provider_.FindCharge(payment.id);
   if (!found) {
@@ -488,7 +590,15 @@ Execution Payments::Reconcile(Ticket& ticket, Engine&) {
     return e;
   }
   if (*found) return FromFoundCharge(ticket, std::move(payment), **found);
-  // The provider has no charge: release the key for a retry, which charges.
+  if (ticket.resumed_from == RecordState::kFailedRetryable) {
+    // A retryable failure whose lease, which covered the send, has ended: the send is settled
+    // and the provider has no charge. The attempt is abandoned and the order released.
+    return Abandoned(payment, NothingCharged(ticket));
+  }
+  // An expired or released lease (a timeout, a crash): the send may be more recent than a lease
+  // ago, and the provider may still be executing it. Retryable, at charge_sent, under this
+  // takeover's lease: a retry looks the charge up first, and the next pass after this lease
+  // looks again and then releases the order.
   e.response = NothingCharged(ticket);
   e.state = RecordState::kFailedRetryable;
   return e;

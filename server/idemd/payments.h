@@ -24,11 +24,15 @@ FilterPolicy PaymentsPolicy(const KeyPolicy& keys, Millis lease, Millis retentio
 
 // Thread-safe. Borrows everything. `charge_cover` is how long the lease must still run when a
 // charge is sent: the provider's timeout plus the lease margin (Engine::AdvanceBeforeCall).
+// `provider_5xx_means_nothing_charged` is the provider's declared semantics ([provider]
+// 5xx_means_nothing_charged): when true, a charge that failed with kUnavailable abandons the
+// attempt at once (its order is released for any key); when false, such a failure proves
+// nothing, stays retryable at charge_sent, and the reconciler settles it by a lookup.
 class Payments final : public Operation {
  public:
   Payments(Store& store, Provider& provider, Clock& clock, MonotonicClock& monotonic,
            Random& random, Metrics& metrics, std::vector<std::string> currencies,
-           Millis charge_cover);
+           Millis charge_cover, bool provider_5xx_means_nothing_charged = false);
 
   std::optional<http::Response> Validate(const http::Request& request,
                                          const Principal& principal) override;
@@ -72,6 +76,11 @@ class Payments final : public Operation {
   Execution Succeeded(Payment payment, const Charge& charge);
   // The final 402, with the payment row marked declined in the completion's transaction.
   Execution Declined(const Ticket& ticket, const Payment& payment);
+  // A retryable failure that gives the attempt up: the payment row becomes `abandoned` (it no
+  // longer holds its merchant order) and the record resumes at `abandoned`, in the completion's
+  // transaction. Only for an attempt that charged nothing: before the send, after a declared
+  // 5xx, or after a lookup found nothing once the send was settled.
+  Execution Abandoned(const Payment& payment, http::Response response);
   // What a charge that the provider found by the payment's reference settles: success only for
   // this payment's succeeded charge, the final 402 for its declined one, an unresolved outcome
   // for anything else.
@@ -85,6 +94,7 @@ class Payments final : public Operation {
   Metrics& metrics_;
   std::vector<std::string> currencies_;
   Millis charge_cover_;
+  bool provider_5xx_means_nothing_charged_;
 };
 
 // Minor-unit digits of a currency (0 for JPY and KRW, 2 otherwise).

@@ -552,6 +552,130 @@ TEST_F(ServiceTest, TheReconcilerCountsAFoundChargeOnlyIfItIsThePaymentsCharge) 
   EXPECT_EQ(provider_.Calls(), calls) << "the reconciler never charges";
 }
 
+// A provider 5xx after the send proves nothing was charged only if the provider says so (it does
+// not, by default). The client gives that key up; the order must not stay blocked: once the
+// attempt's lease has run out, the reconciler looks the charge up, finds none, and releases the
+// order, so a new key for it pays, with one charge in total.
+TEST_F(ServiceTest, AnOrderAbandonedAfterAProvider5xxBecomesPayableAfterTheReconciler) {
+  provider_.create_error = MakeError(Errc::kUnavailable, "provider answered 503");
+  const http::Response failed = Handle(Pay("abandon-0001", "alice-key", "ORD-X1"));
+  ASSERT_EQ(failed.status, 503) << failed.body;
+  provider_.create_error.reset();
+  const std::string first_id = provider_.References().at(0);
+
+  // Until the reconciler settled the attempt, the order is held for it.
+  const http::Response held = Handle(Pay("abandon-0002", "alice-key", "ORD-X1"));
+  EXPECT_EQ(held.status, 409) << held.body;
+  EXPECT_EQ(TypeOf(held), "urn:idem:problem:order-in-progress");
+
+  clock_.Advance(kLease + Millis(1));
+  EXPECT_EQ(filter_->ReconcileOnce(10, {}), 1);
+  EXPECT_EQ(PaymentRow(first_id).first, "abandoned");
+  EXPECT_EQ(RecordOf("abandon-0001")->state, RecordState::kFailedRetryable);
+
+  const http::Response paid = Handle(Pay("abandon-0003", "alice-key", "ORD-X1"));
+  ASSERT_EQ(paid.status, 201) << paid.body;
+  EXPECT_NE(json::parse(paid.body).at("id").as_string(), first_id);
+  EXPECT_EQ(provider_.Charges().size(), 1u) << "exactly one charge for the order";
+  EXPECT_EQ(filter_->ReconcileOnce(10, {}), 0) << "a settled attempt is not looked at again";
+
+  // The first key, retried late, now answers from the order's payment and charges nothing.
+  const http::Response late = Handle(Pay("abandon-0001", "alice-key", "ORD-X1"));
+  EXPECT_EQ(late.status, 200) << late.body;
+  EXPECT_EQ(json::parse(late.body).at("id"), json::parse(paid.body).at("id"));
+  EXPECT_EQ(provider_.Charges().size(), 1u);
+}
+
+// A timeout leaves the send unsettled: the provider may still be executing it. The reconciler's
+// first pass finds nothing and only marks the attempt retryable under its own lease; the pass
+// after that lease looks again and then releases the order. Bound: lease + 2 reconcile intervals.
+TEST_F(ServiceTest, AnOrderAbandonedAfterATimeoutIsReleasedOneLeaseAfterTheFirstLookup) {
+  const std::string id = TimedOutPayment("timeout-0001", "ORD-X5");
+  EXPECT_EQ(filter_->ReconcileOnce(10, {}), 1);
+  EXPECT_EQ(RecordOf("timeout-0001")->state, RecordState::kFailedRetryable);
+  EXPECT_EQ(RecordOf("timeout-0001")->recovery_point, "charge_sent");
+  EXPECT_EQ(PaymentRow(id).first, "pending") << "released before the send was settled";
+  EXPECT_EQ(filter_->ReconcileOnce(10, {}), 0) << "looked at again within the lease";
+
+  clock_.Advance(kLease + Millis(1));
+  EXPECT_EQ(filter_->ReconcileOnce(10, {}), 1);
+  EXPECT_EQ(PaymentRow(id).first, "abandoned");
+  EXPECT_EQ(RecordOf("timeout-0001")->recovery_point, "abandoned");
+  const http::Response paid = Handle(Pay("timeout-0002", "alice-key", "ORD-X5"));
+  EXPECT_EQ(paid.status, 201) << paid.body;
+  EXPECT_EQ(provider_.Charges().size(), 1u);
+}
+
+// The provider did charge despite its 5xx: the reconciler finds the charge by reference and
+// settles the order as paid, so a new key for it gets the existing payment and nothing more is
+// charged.
+TEST_F(ServiceTest, AnOrderWhose5xxChargeHappenedIsSettledAsSucceededByTheReconciler) {
+  provider_.create_error = MakeError(Errc::kUnavailable, "provider answered 503");
+  const http::Response failed = Handle(Pay("charged-0001", "alice-key", "ORD-X2"));
+  ASSERT_EQ(failed.status, 503) << failed.body;
+  provider_.create_error.reset();
+  const std::string id = provider_.References().at(0);
+  provider_.Plant(id, Charge{"ch_despite_503", id, "100.00", "CNY", "succeeded"});
+  const int calls = provider_.Calls();
+
+  clock_.Advance(kLease + Millis(1));
+  EXPECT_EQ(filter_->ReconcileOnce(10, {}), 1);
+  EXPECT_EQ(PaymentRow(id), (std::pair<std::string, std::string>{"succeeded", "ch_despite_503"}));
+  EXPECT_EQ(RecordOf("charged-0001")->state, RecordState::kSucceeded);
+
+  const http::Response other = Handle(Pay("charged-0002", "alice-key", "ORD-X2"));
+  EXPECT_EQ(other.status, 200) << other.body;
+  EXPECT_EQ(json::parse(other.body).at("id").as_string(), id);
+  EXPECT_EQ(json::parse(other.body).at("provider_charge_id").as_string(), "ch_despite_503");
+  EXPECT_EQ(provider_.Calls(), calls) << "nothing charged after the 503";
+  EXPECT_EQ(provider_.Charges().size(), 1u);
+}
+
+// The key given up comes back after the reconciler released its order, and no other key paid
+// it meanwhile: the key executes again under its own payment, which it looks up first.
+TEST_F(ServiceTest, AKeyRetriedAfterItsOrderWasReleasedPaysItOnce) {
+  provider_.create_error = MakeError(Errc::kUnavailable, "provider answered 503");
+  ASSERT_EQ(Handle(Pay("revive-0001", "alice-key", "ORD-X3")).status, 503);
+  provider_.create_error.reset();
+  const std::string id = provider_.References().at(0);
+  clock_.Advance(kLease + Millis(1));
+  ASSERT_EQ(filter_->ReconcileOnce(10, {}), 1);
+
+  const http::Response paid = Handle(Pay("revive-0001", "alice-key", "ORD-X3"));
+  ASSERT_EQ(paid.status, 201) << paid.body;
+  EXPECT_EQ(json::parse(paid.body).at("id").as_string(), id);
+  EXPECT_EQ(PaymentRow(id).first, "succeeded");
+  EXPECT_EQ(provider_.Charges().size(), 1u);
+  const http::Response other = Handle(Pay("revive-0002", "alice-key", "ORD-X3"));
+  EXPECT_EQ(other.status, 200) << other.body;
+}
+
+// A provider that declares a 5xx a proof that nothing was charged: the order is released at
+// once, without waiting for the reconciler, and the failure stays retryable.
+TEST_F(ServiceTest, ADeclared5xxReleasesTheOrderAtOnce) {
+  Payments declared(*store_, provider_, clock_, monotonic_, random_, metrics_,
+                    std::vector<std::string>{"CNY"}, kChargeCover,
+                    /*provider_5xx_means_nothing_charged=*/true);
+  IdempotencyFilter filter(
+      *engine_, monotonic_, metrics_,
+      PaymentsPolicy(KeyPolicy{}, kLease, kRetention, 100, 1000, Millis(10000)), declared);
+  auto handle = [&](std::string_view key) {
+    http::RequestContext context;
+    context.spawn = [](std::function<void()> task) { task(); };
+    return filter.Handle(Pay(key, "alice-key", "ORD-X4"), {"acme", "alice"}, context);
+  };
+  provider_.create_error = MakeError(Errc::kUnavailable, "provider answered 503");
+  const http::Response failed = handle("declared-0001");
+  ASSERT_EQ(failed.status, 503) << failed.body;
+  provider_.create_error.reset();
+  EXPECT_EQ(PaymentRow(provider_.References().at(0)).first, "abandoned");
+  EXPECT_EQ(RecordOf("declared-0001")->state, RecordState::kFailedRetryable);
+
+  const http::Response paid = handle("declared-0002");
+  EXPECT_EQ(paid.status, 201) << paid.body;
+  EXPECT_EQ(provider_.Charges().size(), 1u);
+}
+
 // Payments' own 409s are answers of an execution about its record: each carries that record's
 // expiry, the first answer and its replay alike.
 TEST_F(ServiceTest, OrderConflictsCarryTheirRecordsExpiry) {

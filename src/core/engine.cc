@@ -162,6 +162,7 @@ Result<Decision> Engine::ClaimInTxn(const RoutePolicy& policy, const Request& re
   IDEM_ASSIGN_OR_RETURN(std::unique_ptr<StoreTxn> txn, store_.Begin());
   Record record;
   bool resumed = false;
+  RecordState resumed_from = RecordState::kProcessing;
   // A record read here can be gone by the reclaim: a sweeper on another connection deleted it
   // as expired (PostgreSQL orders nothing between the two statements). Nothing is left to resume
   // then, so the claim is made again, and a retry that races the sweeper executes or meets the
@@ -193,8 +194,10 @@ Result<Decision> Engine::ClaimInTxn(const RoutePolicy& policy, const Request& re
     }
     // A new operation on a forgotten record; or a retry after a retryable failure, or a takeover
     // of an expired lease.
+    const RecordState seen_state = record.state;
     Result<Record> reclaimed = txn->Reclaim(spec, record.lease.fence);
     if (reclaimed) {
+      resumed_from = forgotten ? RecordState::kProcessing : seen_state;
       record = std::move(*reclaimed);
       resumed = !forgotten;
       break;
@@ -214,7 +217,8 @@ Result<Decision> Engine::ClaimInTxn(const RoutePolicy& policy, const Request& re
   IDEM_RETURN_IF_ERROR(IDEM_FAILPOINT("after_claim"));
   decision.kind = Decision::Kind::kExecute;
   decision.key_expires = record.expires_at;
-  decision.ticket = Ticket{spec.scope, record.lease, record, resumed, std::nullopt, spec.lease_ttl};
+  decision.ticket =
+      Ticket{spec.scope, record.lease, record, resumed, resumed_from, std::nullopt, spec.lease_ttl};
   decision.record = std::move(record);
   return decision;
 }
@@ -272,8 +276,8 @@ Result<std::optional<FoundRecord>> Engine::Lookup(const ScopeHash& scope) {
   return std::optional<FoundRecord>(std::move(found));
 }
 
-Result<std::vector<Record>> Engine::ListStale(std::string_view route, int limit) {
-  return store_.ListStale(route, limit);
+Result<std::vector<Record>> Engine::ListStale(const RoutePolicy& policy, int limit) {
+  return store_.ListStale(policy.route, policy.sent_points, limit);
 }
 
 Status Engine::Advance(const Ticket& ticket, std::string_view point, std::string_view resource_id,
@@ -330,16 +334,20 @@ Result<Ticket> Engine::TakeOver(const RoutePolicy& policy, const Record& stale) 
   IDEM_ASSIGN_OR_RETURN(std::unique_ptr<StoreTxn> txn, store_.Begin());
   IDEM_ASSIGN_OR_RETURN(Record record, txn->Reclaim(spec, stale.lease.fence));
   IDEM_RETURN_IF_ERROR(txn->Commit());
-  return Ticket{stale.scope,      record.lease,
-                record,
-                /*resumed=*/true, /*marker=*/std::nullopt,
+  return Ticket{stale.scope,      record.lease, record,
+                /*resumed=*/true, stale.state,  /*marker=*/std::nullopt,
                 policy.lease};
 }
 
 Status Engine::Finish(const Ticket& ticket, RecordState state, const StoredResponse& response,
-                      const TxnHook& business) {
+                      const TxnHook& business, std::string_view recovery_point) {
   IDEM_CHECK(state != RecordState::kProcessing);
+  if (!recovery_point.empty() && state != RecordState::kFailedRetryable) {
+    return MakeError(Errc::kInvalidArgument,
+                     "finish: only a retryable failure names the point to resume from");
+  }
   Outcome outcome;
+  outcome.recovery_point = std::string(recovery_point);
   outcome.state = state;
   outcome.status_code = response.status;
   if (IsReplayable(state)) {

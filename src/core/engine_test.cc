@@ -420,7 +420,7 @@ TEST_F(EngineTest, ReleaseLetsTheNextAttemptTakeOverAtOnce) {
 TEST_F(EngineTest, TakeOverClaimsAStaleRecordOnce) {
   Decision d = MustStart(Req("key-00014"), InsertPending("pay_14"));
   clock_.Advance(kLease + Millis(1));
-  auto stale = engine_->ListStale(policy_.route, 10);
+  auto stale = engine_->ListStale(policy_, 10);
   ASSERT_TRUE(stale.has_value());
   ASSERT_EQ(stale->size(), 1u);
   auto ticket = engine_->TakeOver(policy_, stale->at(0));

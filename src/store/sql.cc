@@ -46,12 +46,14 @@ CREATE TABLE idem_records (
 CREATE INDEX idem_records_quota ON idem_records (tenant, user_id, state);
 CREATE INDEX idem_records_expiry ON idem_records (expires_at);
 )sql"},
-      // The reconciler's scan of one route's expired leases. PostgreSQL stores made before the
-      // schema had one text have an index on lease_until alone, which this replaces.
+      // The reconciler's scan of one route's expired leases: PROCESSING records, and retryable
+      // failures (those past a send are listed too; which points those are is the route's, so
+      // the point is a filter, not part of the index). PostgreSQL stores made before the schema
+      // had one text have an index on lease_until alone, which this replaces.
       {2, R"sql(
 DROP INDEX IF EXISTS idem_records_stale;
 CREATE INDEX idem_records_stale_by_route ON idem_records (route, lease_until)
-  WHERE state = 'PROCESSING';
+  WHERE state IN ('PROCESSING', 'FAILED_RETRYABLE');
 )sql"},
   };
   return kTemplate;
@@ -318,9 +320,17 @@ RecordSql::RecordSql(const Dialect& d) : dialect(d) {
   count_state = Render(d,
                        "SELECT count(*) FROM (SELECT 1 FROM idem_records WHERE tenant = ? AND "
                        "user_id = ? AND state = ? LIMIT ?) AS bounded");
-  list_stale = Render(d, "SELECT " + columns +
-                             " FROM idem_records WHERE state = 'PROCESSING' AND route = ? AND "
-                             "lease_until < ? ORDER BY lease_until LIMIT ?");
+  // The state term repeats the partial index's predicate word for word: SQLite uses a partial
+  // index only for a query with that very term. The sent points fill a fixed number of slots
+  // (unused ones repeat '', the point of a fresh claim, which is never past a send).
+  std::string sent_slots;
+  for (std::size_t i = 0; i < limits::kMaxSentPoints; ++i) sent_slots += i == 0 ? "?" : ", ?";
+  list_stale = Render(
+      d, "SELECT " + columns +
+             " FROM idem_records WHERE route = ? AND state IN ('PROCESSING', 'FAILED_RETRYABLE') "
+             "AND lease_until < ? AND (state = 'PROCESSING' OR (recovery_point <> '' AND "
+             "recovery_point IN (" +
+             sent_slots + "))) ORDER BY lease_until LIMIT ?");
   sweep = Render(d,
                  "DELETE FROM idem_records WHERE scope_hash IN (SELECT scope_hash FROM "
                  "idem_records WHERE expires_at <= ? AND state <> 'PROCESSING' ORDER BY "
@@ -484,10 +494,23 @@ Result<std::optional<Record>> GetRecord(SqlRunner& conn, const RecordSql& sql,
 }
 
 Result<std::vector<Record>> ListStaleRecords(SqlRunner& conn, const RecordSql& sql,
-                                             std::string_view route, Timestamp now, int limit) {
-  IDEM_ASSIGN_OR_RETURN(
-      auto rows,
-      conn.Run(sql.list_stale, {std::string(route), ToUnixMillis(now), int64_t{limit}}, nullptr));
+                                             std::string_view route,
+                                             const std::vector<std::string>& sent_points,
+                                             Timestamp now, int limit) {
+  if (sent_points.size() > limits::kMaxSentPoints) {
+    return MakeError(Errc::kInvalidArgument, "list stale: more than " +
+                                                 std::to_string(limits::kMaxSentPoints) +
+                                                 " recovery points past the send");
+  }
+  std::vector<SqlValue> params{std::string(route), ToUnixMillis(now)};
+  for (std::size_t i = 0; i < limits::kMaxSentPoints; ++i) {
+    if (i < sent_points.size() && sent_points[i].empty()) {
+      return MakeError(Errc::kInvalidArgument, "list stale: an empty recovery point is no send");
+    }
+    params.emplace_back(i < sent_points.size() ? sent_points[i] : std::string());
+  }
+  params.emplace_back(int64_t{limit});
+  IDEM_ASSIGN_OR_RETURN(auto rows, conn.Run(sql.list_stale, params, nullptr));
   return Records(rows);
 }
 

@@ -178,8 +178,12 @@ class SqlTxn final : public StoreTxn {
 // Store-level reads and deletes outside a write transaction, on any connection.
 Result<std::optional<Record>> GetRecord(SqlRunner& conn, const RecordSql& sql,
                                         const ScopeHash& scope);
+// Store::ListStale. Errors: kInvalidArgument for more than limits::kMaxSentPoints sent points, or
+// an empty one.
 Result<std::vector<Record>> ListStaleRecords(SqlRunner& conn, const RecordSql& sql,
-                                             std::string_view route, Timestamp now, int limit);
+                                             std::string_view route,
+                                             const std::vector<std::string>& sent_points,
+                                             Timestamp now, int limit);
 // One atomic statement: deletes up to `batch` expired finished records, returns how many.
 Result<int> SweepRecords(SqlRunner& conn, const RecordSql& sql, Timestamp now, int batch);
 

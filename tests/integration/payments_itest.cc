@@ -151,6 +151,38 @@ TEST_F(IdemdTest, Provider5xxIs503AndTheSameKeyExecutesAgain) {
   EXPECT_EQ(TotalCharges(), 1);
 }
 
+// A 5xx after the charge was sent proves nothing (the default provider semantics). The client
+// gives that key up; within lease_ms + reconcile_interval_ms the reconciler finds no charge and
+// releases the order, and a new key for it pays, once.
+TEST_F(IdemdTest, AnOrderAbandonedAfterAProvider5xxIsPayableAgainWithinTheBound) {
+  constexpr int kReconcileMs = 200;
+  StartIdemd({.reconcile_interval_ms = kReconcileMs});
+  Fault(R"({"fault":"error","times":1})");
+  ASSERT_EQ(Pay("order-0040-key-a", Body("ORD-0040")).status, 503);
+  const auto failed_at = std::chrono::steady_clock::now();
+  http::Response held = Pay("order-0040-key-b", Body("ORD-0040"));
+  EXPECT_EQ(held.status, 409) << held.body;
+  EXPECT_EQ(ProblemType(held), "urn:idem:problem:order-in-progress");
+
+  // lease_ms (3000) + one interval, and room for a slow machine.
+  const auto deadline = failed_at + std::chrono::milliseconds(3000 + kReconcileMs + 3000);
+  http::Response paid;
+  for (int attempt = 0; std::chrono::steady_clock::now() < deadline; ++attempt) {
+    paid = Pay("order-0040-key-c" + std::to_string(attempt), Body("ORD-0040"));
+    if (paid.status != 409) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  ASSERT_EQ(paid.status, 201) << paid.body;
+  EXPECT_EQ(TotalCharges(), 1);
+  auto op = ParseObject(Get("/v1/operations/order-0040-key-a").body);
+  EXPECT_EQ(Str(op, "state"), "FAILED_RETRYABLE");
+  EXPECT_EQ(Str(op, "recovery_point"), "abandoned");
+  // The first key, retried late, answers from the payment that holds the order.
+  http::Response late = Pay("order-0040-key-a", Body("ORD-0040"));
+  EXPECT_EQ(late.status, 200) << late.body;
+  EXPECT_EQ(TotalCharges(), 1);
+}
+
 TEST_F(IdemdTest, ProviderUnreachableIs503AndRetryable) {
   provider_->Signal(SIGKILL);
   provider_->Wait(std::chrono::seconds(5));

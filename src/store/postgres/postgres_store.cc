@@ -709,9 +709,11 @@ class PostgresStore final : public Store {
     });
   }
 
-  Result<std::vector<Record>> ListStale(std::string_view route, int limit) override {
+  Result<std::vector<Record>> ListStale(std::string_view route,
+                                        const std::vector<std::string>& sent_points,
+                                        int limit) override {
     return Retrying([&](Connection& c) {
-      return store_internal::ListStaleRecords(c, Sql(), route, clock_.Now(), limit);
+      return store_internal::ListStaleRecords(c, Sql(), route, sent_points, clock_.Now(), limit);
     });
   }
 

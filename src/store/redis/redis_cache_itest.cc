@@ -436,7 +436,7 @@ TEST_F(RedisCacheTest, OnlyTheExecutorReleasesItsMarker) {
   auto stalled = engine.Start(policy, request(stalled_key, R"({"a":1})"));
   ASSERT_TRUE(stalled.has_value() && stalled->kind == Decision::Kind::kExecute);
   env_.clock.Advance(policy.lease + Millis(1));
-  auto stale = engine.ListStale(policy.route, 10);
+  auto stale = engine.ListStale(policy, 10);
   ASSERT_TRUE(stale.has_value());
   ASSERT_EQ(stale->size(), 1u);
   auto takeover = engine.TakeOver(policy, stale->at(0));

@@ -265,9 +265,11 @@ class SqliteStore final : public Store {
     return conn->Step(stmt, params, nullptr);
   }
 
-  Result<std::vector<Record>> ListStale(std::string_view route, int limit) override {
+  Result<std::vector<Record>> ListStale(std::string_view route,
+                                        const std::vector<std::string>& sent_points,
+                                        int limit) override {
     IDEM_ASSIGN_OR_RETURN(PooledConnection conn, Lend(*readers_));
-    return store_internal::ListStaleRecords(*conn, Sql(), route, clock_.Now(), limit);
+    return store_internal::ListStaleRecords(*conn, Sql(), route, sent_points, clock_.Now(), limit);
   }
 
   Result<int> Sweep(int batch) override {
