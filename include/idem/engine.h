@@ -108,6 +108,9 @@ struct FoundRecord {
   // The stored answer, opened with the scope that was looked up: set when the record is finished
   // (SUCCEEDED or FAILED_FINAL) and not expired.
   std::optional<StoredResponse> response;
+  // Set when the record is PROCESSING under a live lease by the engine's clock (Start would answer
+  // kInProgress): how long the lease still lasts, 0 when it ends this millisecond.
+  std::optional<Millis> lease_left;
 };
 
 // Business writes that join a record transaction. Returning an error rolls the transaction back;

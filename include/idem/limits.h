@@ -55,6 +55,13 @@ inline constexpr std::chrono::milliseconds kDefaultLeaseMargin{2'000};
 // The longest a request may wait for a running duplicate (Prefer: wait, capped by configuration
 // at no more than this): a parked request holds a connection and memory.
 inline constexpr std::chrono::milliseconds kWaitMax{300'000};
+// Requests parked by Prefer: wait: at most this many per principal (so one principal's waiters
+// cannot fill the room meant for everyone's), and at most this many in all on one server. Parked
+// requests hold no thread, only a connection and memory; configuration may raise either up to
+// kParkedCeiling.
+inline constexpr int64_t kMaxWaitersPerPrincipal = 100;
+inline constexpr int64_t kMaxParked = 1024;
+inline constexpr int64_t kParkedCeiling = 100'000;
 
 // The sweeper deletes expired records in batches of this many, at most this many batches a
 // round, so it never holds the write lock for long.

@@ -2,9 +2,11 @@
 #include "server/http/server.h"
 
 #include <signal.h>
+#include <sys/socket.h>
 
 #include <atomic>
 #include <boost/asio.hpp>
+#include <boost/asio/experimental/awaitable_operators.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 #include <map>
@@ -105,11 +107,7 @@ class ServerImpl final : public Server {
   void Notify(const std::string& key) override {
     std::lock_guard lock(park_mu_);
     auto [begin, end] = parked_.equal_range(key);
-    for (auto it = begin; it != end; ++it) {
-      net::post(it->second.strand, [timer = it->second.timer] {
-        if (auto t = timer.lock()) t->cancel();
-      });
-    }
+    for (auto it = begin; it != end; ++it) Wake(it->second);
   }
 
   void Spawn(std::function<void()> task) override {
@@ -127,6 +125,12 @@ class ServerImpl final : public Server {
   void Drain() override {
     if (drained_.exchange(true)) return;
     draining_ = true;
+    // Parked requests decide once more now (an answer that arrived, else 503 shutting-down)
+    // instead of at their deadlines.
+    {
+      std::lock_guard lock(park_mu_);
+      for (auto& [key, parked] : parked_) Wake(parked);
+    }
     net::post(ioc_, [this] {
       boost::system::error_code ec;
       acceptor_.close(ec);
@@ -145,7 +149,7 @@ class ServerImpl final : public Server {
       }
     }
     const auto deadline = std::chrono::steady_clock::now() + options_.drain_timeout;
-    while (in_flight_ > 0 && std::chrono::steady_clock::now() < deadline) {
+    while (in_flight_ + parked_count_ > 0 && std::chrono::steady_clock::now() < deadline) {
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
     }
     ioc_.stop();
@@ -220,9 +224,15 @@ class ServerImpl final : public Server {
         response = Problem(ProblemKind::kOverloaded, "too many requests at once");
         context.outcome = "overloaded";
       } else {
+        // Counted among executing requests until it parks, then among parked ones.
         ++in_flight_;
-        response = co_await Run(*conn, request, context);
-        --in_flight_;
+        bool parked = false;
+        response = co_await Run(*conn, request, context, parked);
+        if (parked) {
+          --parked_count_;
+        } else {
+          --in_flight_;
+        }
       }
       if (context.delay.count() > 0) {
         net::steady_timer timer(conn->strand, context.delay);
@@ -253,10 +263,24 @@ class ServerImpl final : public Server {
     --open_connections_;
   }
 
-  // Calls the handler on a worker thread, parking between calls when it asks to.
-  net::awaitable<Response> Run(Connection& conn, const Request& request, RequestContext& context) {
+  // Calls the handler on a worker thread, parking between calls when it asks to. `parked` is set
+  // once the request has room to park: from then on it counts in parked_count_, not in_flight_.
+  net::awaitable<Response> Run(Connection& conn, const Request& request, RequestContext& context,
+                               bool& parked) {
+    using namespace net::experimental::awaitable_operators;
     context.spawn = [this](std::function<void()> task) { Spawn(std::move(task)); };
     context.notify = [this](const std::string& key) { Notify(key); };
+    context.reserve_park = [this, &parked] {
+      if (parked) return true;
+      if (draining_) return false;
+      int count = parked_count_.load();
+      do {
+        if (count >= options_.max_parked) return false;
+      } while (!parked_count_.compare_exchange_weak(count, count + 1));
+      parked = true;
+      --in_flight_;  // a parked request holds no worker: it leaves the admission count
+      return true;
+    };
     auto poll = std::chrono::milliseconds(50);
     while (true) {
       Response response = co_await net::co_spawn(
@@ -274,7 +298,14 @@ class ServerImpl final : public Server {
           net::use_awaitable);
       if (!context.park) co_return response;
       if (draining_) {
+        context.park.reset();
         co_return Problem(ProblemKind::kShuttingDown, "the server is stopping");
+      }
+      // A handler that parks without asking for room gets it now if there is any; else its
+      // own answer is sent.
+      if (!context.reserve_park()) {
+        context.park.reset();
+        co_return response;
       }
       // Wait for a notification, but poll too: a completion in another process, or one that
       // happened between the handler's decision and this registration, is found by the next call.
@@ -289,10 +320,28 @@ class ServerImpl final : public Server {
         std::lock_guard lock(park_mu_);
         registration = parked_.emplace(park.key, Parked{timer, conn.strand});
       }
-      co_await timer->async_wait(kTuple);
+      // Also watch the connection: a client that goes away ends its parked request now, giving
+      // back what it holds, rather than at its deadline.
+      auto woken = co_await (timer->async_wait(kTuple) ||
+                             conn.stream.socket().async_wait(tcp::socket::wait_read, kTuple));
+      bool closed = false;
+      if (woken.index() == 1 && !std::get<0>(std::get<1>(woken))) {
+        char byte;
+        const ssize_t n =
+            ::recv(conn.stream.socket().native_handle(), &byte, 1, MSG_PEEK | MSG_DONTWAIT);
+        closed = n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
+        // Otherwise the client sent its next request already (pipelining): it is read after this
+        // one's answer; until then only the timer wakes this request.
+        if (!closed) co_await timer->async_wait(kTuple);
+      }
       {
         std::lock_guard lock(park_mu_);
         parked_.erase(registration);
+      }
+      if (closed) {
+        context.drop = true;
+        context.outcome = "closed";
+        co_return Response{};
       }
     }
   }
@@ -311,6 +360,13 @@ class ServerImpl final : public Server {
     Strand strand;
   };
 
+  // Ends a parked request's wait now. Caller holds park_mu_.
+  static void Wake(const Parked& parked) {
+    net::post(parked.strand, [timer = parked.timer] {
+      if (auto t = timer.lock()) t->cancel();
+    });
+  }
+
   ServerOptions options_;
   Handler& handler_;
   AccessLog* log_;
@@ -321,7 +377,10 @@ class ServerImpl final : public Server {
   uint16_t port_ = 0;
   std::atomic<bool> draining_{false};
   std::atomic<bool> drained_{false};
+  // Requests admitted and not parked (and background tasks): held against worker_threads +
+  // max_queued. Parked requests count apart, against max_parked.
   std::atomic<int> in_flight_{0};
+  std::atomic<int> parked_count_{0};
   std::atomic<int> open_connections_{0};
   std::atomic<uint64_t> next_id_{1};
   std::mutex conn_mu_;
@@ -358,7 +417,7 @@ int WaitForStopSignal() {
 Result<std::unique_ptr<Server>> Server::Start(const ServerOptions& options, Handler& handler,
                                               AccessLog* log) {
   if (options.io_threads < 1 || options.worker_threads < 1 || options.max_queued < 0 ||
-      options.max_connections < 1) {
+      options.max_connections < 1 || options.max_parked < 0) {
     return MakeError(Errc::kInvalidArgument, "server: thread and queue sizes must be positive");
   }
   auto server = std::make_unique<ServerImpl>(options, handler, log);

@@ -28,6 +28,10 @@ struct ServerOptions {
   // worker_threads + max_queued at once are refused with 503.
   int worker_threads = 8;
   int max_queued = 1024;
+  // Requests parked at once (RequestContext::Park). A parked request holds no worker and does not
+  // count against worker_threads + max_queued; beyond this bound a handler is refused room to
+  // park (RequestContext::reserve_park) and answers at once instead.
+  int max_parked = static_cast<int>(limits::kMaxParked);
   int max_connections = 2048;
   std::size_t max_body_bytes = limits::kJsonMaxBytes;
   std::size_t max_header_bytes = 16 * 1024;
@@ -48,6 +52,16 @@ struct RequestContext {
     std::chrono::steady_clock::time_point deadline;
   };
   std::optional<Park> park;
+  // Room to park: true if this request may park, false when max_parked requests are parked
+  // already or the server is draining; then answer without waiting. Once given, the room is this
+  // request's until it ends, and asking again returns true. A handler that sets `park` without
+  // room is answered with the response it returned alongside. Unset when a test calls a handler
+  // directly: no server bound then.
+  std::function<bool()> reserve_park;
+  // Kept for the handler across the calls of one request and destroyed when the request ends,
+  // however it ends: answered, timed out, its connection closed while parked, or cut off by a
+  // drain (e.g. the request's place among its principal's waiters).
+  std::shared_ptr<void> hold;
   // Free for the handler across calls of one request (e.g. the end of a Prefer: wait).
   std::optional<std::chrono::steady_clock::time_point> wait_until;
   int attempt = 1;  // 1 on the first call of Handle for this request, 2 after a park, ...

@@ -37,7 +37,8 @@ using std::chrono::milliseconds;
 //   /throw, /throw-int  throws a std::exception, or an int
 //   /block              waits until Open() (at most 10 s), then 200
 //   /park?key=K&ms=D    parks on K until Release(K) ("released") or D ms after its first call
-//                       ("deadline"); each call is recorded
+//                       ("deadline"); each call is recorded; 409 "no room" when the server
+//                       refuses room to park; WaitEnded(K) once the request has ended
 class FakeHandler final : public Handler {
  public:
   Response Handle(const Request& request, RequestContext& context) override {
@@ -86,6 +87,11 @@ class FakeHandler final : public Handler {
     std::unique_lock lock(mu_);
     return changed_.wait_for(lock, std::chrono::seconds(5), [&] { return blocked_ >= blocked; });
   }
+  // Waits up to `timeout` for the end of the request parked on `key` (its hold destroyed).
+  bool WaitEnded(const std::string& key, std::chrono::milliseconds timeout) {
+    std::unique_lock lock(mu_);
+    return changed_.wait_for(lock, timeout, [&] { return ended_.contains(key); });
+  }
   bool WaitCalls(const std::string& key, std::size_t n) {
     std::unique_lock lock(mu_);
     return changed_.wait_for(lock, std::chrono::seconds(5),
@@ -116,9 +122,26 @@ class FakeHandler final : public Handler {
     changed_.notify_all();
     if (released_.contains(key)) return Text("released");
     if (now >= *context.wait_until) return Text("deadline");
+    if (context.reserve_park && !context.reserve_park()) return Response{409, {}, "no room"};
+    if (!context.hold) {
+      // Given back when the request ends, however it ends.
+      context.hold = std::make_shared<Ender>(this, key);
+    }
     context.park = RequestContext::Park{key, *context.wait_until};
     return {};
   }
+
+  // Records the end of the request parked on `key` when the request's context lets it go.
+  struct Ender {
+    Ender(FakeHandler* handler, std::string key) : handler_(handler), key_(std::move(key)) {}
+    ~Ender() {
+      std::lock_guard lock(handler_->mu_);
+      handler_->ended_.insert(key_);
+      handler_->changed_.notify_all();
+    }
+    FakeHandler* handler_;
+    std::string key_;
+  };
 
   std::mutex mu_;
   std::condition_variable changed_;
@@ -126,6 +149,7 @@ class FakeHandler final : public Handler {
   int blocked_ = 0;
   bool open_ = false;
   std::set<std::string> released_;
+  std::set<std::string> ended_;
   std::map<std::string, std::vector<Clock::time_point>> calls_;
 };
 
@@ -371,12 +395,12 @@ TEST_F(ServerTest, BeyondWorkersPlusQueueRequestsAre503Overloaded) {
   options_.worker_threads = 1;
   options_.max_queued = 1;
   Start();
-  // A parked request counts against the limit but holds no worker ...
-  auto parked = GetAsync("/park?key=q&ms=20000");
-  ASSERT_TRUE(handler_.WaitCalls("q", 1));
-  // ... so a second request is admitted (the limit is 1 + 1) and runs ...
+  // Two requests admitted (the limit is 1 + 1): one runs, one waits for the worker ...
   auto running = GetAsync("/block");
   ASSERT_TRUE(handler_.WaitBlocked(1));
+  auto queued = GetAsync("/block");
+  ASSERT_TRUE(handler_.WaitBlocked(1));
+  std::this_thread::sleep_for(milliseconds(300));  // the second is admitted and queued
   // ... and a third is refused without reaching the handler.
   auto refused = Get("/echo");
   ASSERT_TRUE(refused.has_value()) << refused.error().message;
@@ -387,9 +411,7 @@ TEST_F(ServerTest, BeyondWorkersPlusQueueRequestsAre503Overloaded) {
   EXPECT_EQ(handler_.Echoes(), 0);
 
   handler_.Open();
-  handler_.Release("q");
-  server_->Notify("q");
-  for (auto* pending : {&running, &parked}) {
+  for (auto* pending : {&running, &queued}) {
     ASSERT_EQ(pending->wait_for(std::chrono::seconds(5)), std::future_status::ready);
     auto answer = pending->get();
     ASSERT_TRUE(answer.has_value()) << answer.error().message;
@@ -399,6 +421,91 @@ TEST_F(ServerTest, BeyondWorkersPlusQueueRequestsAre503Overloaded) {
   auto later = Get("/echo");
   ASSERT_TRUE(later.has_value()) << later.error().message;
   EXPECT_EQ(later->status, 200);
+}
+
+// A parked request holds no worker, so it takes none of the room meant for executing requests:
+// with a limit of one executing request, two parked ones leave it free.
+TEST_F(ServerTest, ParkedRequestsDoNotCountAgainstWorkersPlusQueue) {
+  options_.worker_threads = 1;
+  options_.max_queued = 0;
+  Start();
+  auto first = GetAsync("/park?key=p1&ms=20000");
+  ASSERT_TRUE(handler_.WaitCalls("p1", 1));
+  auto second = GetAsync("/park?key=p2&ms=20000");
+  ASSERT_TRUE(handler_.WaitCalls("p2", 1)) << "a second waiter must park, not be refused";
+  auto running = GetAsync("/block");
+  ASSERT_TRUE(handler_.WaitBlocked(1)) << "an executing request must be admitted";
+  // The one executing request fills the limit.
+  auto refused = Get("/echo");
+  ASSERT_TRUE(refused.has_value()) << refused.error().message;
+  EXPECT_EQ(refused->status, 503);
+
+  handler_.Open();
+  for (const char* key : {"p1", "p2"}) {
+    handler_.Release(key);
+    server_->Notify(key);
+  }
+  for (auto* pending : {&first, &second, &running}) {
+    ASSERT_EQ(pending->wait_for(std::chrono::seconds(5)), std::future_status::ready);
+    auto answer = pending->get();
+    ASSERT_TRUE(answer.has_value()) << answer.error().message;
+    EXPECT_EQ(answer->status, 200);
+  }
+}
+
+// Parked requests have their own bound, max_parked: at the bound requests park; one past it the
+// handler is refused room and answers at once. Room comes back as parked requests end.
+TEST_F(ServerTest, AtMostMaxParkedRequestsParkBeyondThatTheHandlerAnswersAtOnce) {
+  options_.max_parked = 2;
+  Start();
+  auto a = GetAsync("/park?key=a&ms=20000");
+  ASSERT_TRUE(handler_.WaitCalls("a", 1));
+  auto b = GetAsync("/park?key=b&ms=20000");
+  ASSERT_TRUE(handler_.WaitCalls("b", 1));
+  auto c = GetAsync("/park?key=c&ms=20000");
+  ASSERT_EQ(c.wait_for(std::chrono::seconds(3)), std::future_status::ready)
+      << "one past max_parked must be answered at once";
+  auto refused = c.get();
+  ASSERT_TRUE(refused.has_value()) << refused.error().message;
+  EXPECT_EQ(refused->status, 409);
+  EXPECT_EQ(refused->body, "no room");
+
+  handler_.Release("a");
+  server_->Notify("a");
+  ASSERT_EQ(a.wait_for(std::chrono::seconds(5)), std::future_status::ready);
+  EXPECT_EQ(a.get()->body, "released");
+  auto d = GetAsync("/park?key=d&ms=20000");
+  ASSERT_TRUE(handler_.WaitCalls("d", 2)) << "room came back: d parks and polls";
+  for (const char* key : {"b", "d"}) {
+    handler_.Release(key);
+    server_->Notify(key);
+  }
+  for (auto* pending : {&b, &d}) {
+    ASSERT_EQ(pending->wait_for(std::chrono::seconds(5)), std::future_status::ready);
+    EXPECT_EQ(pending->get()->body, "released");
+  }
+}
+
+// A parked request whose client goes away ends at once (its hold is given back), not at its
+// deadline.
+TEST_F(ServerTest, AParkedRequestEndsWhenItsConnectionCloses) {
+  Start();
+  {
+    RawConnection c(server_->port());
+    ASSERT_TRUE(c.Send("GET /park?key=gone&ms=20000 HTTP/1.1\r\nHost: x\r\n\r\n"));
+    ASSERT_TRUE(handler_.WaitCalls("gone", 1));
+  }
+  EXPECT_TRUE(handler_.WaitEnded("gone", milliseconds(3000)))
+      << "a closed connection must end its parked request long before the 20 s deadline";
+  // A pipelined second request on a parked connection does not end the first.
+  RawConnection p(server_->port());
+  ASSERT_TRUE(
+      p.Send("GET /park?key=piped&ms=1000 HTTP/1.1\r\nHost: x\r\n\r\n"
+             "GET /echo HTTP/1.1\r\nHost: x\r\n\r\n"));
+  const std::string first = p.ReadResponse(milliseconds(5000));
+  EXPECT_EQ(StatusOf(first), 200) << first;
+  EXPECT_NE(first.find("deadline"), std::string::npos) << first;
+  EXPECT_EQ(StatusOf(p.ReadResponse(milliseconds(5000))), 200);
 }
 
 // --- handler failures -------------------------------------------------------------------------

@@ -158,6 +158,7 @@ Result<Config> LoadConfig(const std::string& path, const std::vector<std::string
   IDEM_RETURN_IF_ERROR(Read(t, "server", "worker_threads", c.server.worker_threads, o));
   IDEM_RETURN_IF_ERROR(Read(t, "server", "max_queued", c.server.max_queued, o));
   IDEM_RETURN_IF_ERROR(Read(t, "server", "max_connections", c.server.max_connections, o));
+  IDEM_RETURN_IF_ERROR(Read(t, "server", "max_parked", c.server.max_parked, o));
   IDEM_RETURN_IF_ERROR(Read(t, "server", "max_body_bytes", c.server.max_body_bytes, o));
   IDEM_RETURN_IF_ERROR(ReadMillis(t, "server", "read_timeout_ms", c.server.read_timeout, o));
   IDEM_RETURN_IF_ERROR(ReadMillis(t, "server", "drain_timeout_ms", c.server.drain_timeout, o));
@@ -192,6 +193,8 @@ Result<Config> LoadConfig(const std::string& path, const std::vector<std::string
   IDEM_RETURN_IF_ERROR(Read(t, "idempotency", "max_processing", c.max_processing, o));
   IDEM_RETURN_IF_ERROR(Read(t, "idempotency", "max_retained", c.max_retained, o));
   IDEM_RETURN_IF_ERROR(ReadMillis(t, "idempotency", "wait_max_ms", c.wait_max, o));
+  IDEM_RETURN_IF_ERROR(
+      Read(t, "idempotency", "max_waiters_per_principal", c.max_waiters_per_principal, o));
   IDEM_RETURN_IF_ERROR(Read(t, "idempotency", "key_min_length", c.key_min_length, o));
   IDEM_RETURN_IF_ERROR(Read(t, "idempotency", "key_max_length", c.key_max_length, o));
   IDEM_RETURN_IF_ERROR(ReadMillis(t, "idempotency", "sweep_interval_ms", c.sweep_interval, o));
@@ -254,6 +257,13 @@ Result<Config> LoadConfig(const std::string& path, const std::vector<std::string
   if (c.wait_max > limits::kWaitMax) {
     return Bad(
         o, "idempotency.wait_max_ms must be at most " + std::to_string(limits::kWaitMax.count()));
+  }
+  if (c.server.max_parked < 0 || c.server.max_parked > limits::kParkedCeiling) {
+    return Bad(o, "server.max_parked must be 0.." + std::to_string(limits::kParkedCeiling));
+  }
+  if (c.max_waiters_per_principal < 0 || c.max_waiters_per_principal > limits::kParkedCeiling) {
+    return Bad(o, "idempotency.max_waiters_per_principal must be 0.." +
+                      std::to_string(limits::kParkedCeiling));
   }
   if (c.max_processing < 1 || c.max_retained < 1) {
     return Bad(o, "idempotency quotas max_processing and max_retained must be at least 1");

@@ -57,6 +57,7 @@ struct Config {
   int64_t max_processing = limits::kMaxProcessingPerPrincipal;
   int64_t max_retained = limits::kMaxRetainedPerPrincipal;
   Millis wait_max{10000};
+  int64_t max_waiters_per_principal = limits::kMaxWaitersPerPrincipal;
   std::size_t key_min_length = limits::kKeyMinLength;
   std::size_t key_max_length = limits::kKeyMaxLength;
   std::vector<std::string> currencies = {"CNY", "USD", "EUR", "JPY"};

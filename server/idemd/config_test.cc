@@ -36,6 +36,7 @@ TEST_F(ConfigTest, ReadsTheFileAndFlagsOverrideIt) {
 [server]
 listen = "127.0.0.1:7000"
 worker_threads = 3
+max_parked = 300
 [store]
 url = "sqlite://a.db"
 connect_timeout_ms = 2000
@@ -53,6 +54,7 @@ timeout_ms = 1500
 lease_ms = 20000
 retention_hours = 24
 max_processing = 7
+max_waiters_per_principal = 5
 [[principals]]
 api_key_sha256 = "86F71C9CB79152AE8C4AFF86CD48DBFC35EEE594762141F8F00ECE58705547E5"
 tenant = "acme"
@@ -71,6 +73,8 @@ user = "alice"
   EXPECT_EQ(c->lease, Millis(20000));
   EXPECT_EQ(c->retention, Millis(24LL * 3600 * 1000));
   EXPECT_EQ(c->max_processing, 7);
+  EXPECT_EQ(c->max_waiters_per_principal, 5);
+  EXPECT_EQ(c->server.max_parked, 300);
   EXPECT_EQ(c->store_timeouts.connect, Millis(2000));
   EXPECT_EQ(c->store_timeouts.statement, Millis(4000));
   EXPECT_EQ(c->store_timeouts.lock, Millis(1000));
@@ -100,6 +104,8 @@ TEST_F(ConfigTest, DefaultsWhenKeysAreAbsent) {
   EXPECT_EQ(c->store_timeouts.keepalives_idle, std::chrono::seconds(30));
   EXPECT_EQ(c->store_timeouts.keepalives_interval, std::chrono::seconds(10));
   EXPECT_EQ(c->store_timeouts.keepalives_count, 3);
+  EXPECT_EQ(c->max_waiters_per_principal, 100);
+  EXPECT_EQ(c->server.max_parked, 1024);
 }
 
 TEST_F(ConfigTest, GeneratesDevelopmentSecretsOnceAndPrivately) {
@@ -165,6 +171,8 @@ TEST_F(ConfigTest, LimitsHoldAtTheirValueAndOnePast) {
   };
   const std::string max_body = std::to_string(limits::kJsonMaxBytes);
   const std::string wait_max = std::to_string(limits::kWaitMax.count());
+  const std::string parked = std::to_string(limits::kParkedCeiling);
+  const std::string parked_past = std::to_string(limits::kParkedCeiling + 1);
   const std::vector<Case> cases = {
       {"[idempotency]\nkey_max_length = 255\n", "[idempotency]\nkey_max_length = 256\n",
        "key lengths"},
@@ -176,6 +184,11 @@ TEST_F(ConfigTest, LimitsHoldAtTheirValueAndOnePast) {
        "[idempotency]\nwait_max_ms = " + std::to_string(limits::kWaitMax.count() + 1) + "\n",
        "wait_max_ms"},
       {"[idempotency]\nmax_processing = 1\n", "[idempotency]\nmax_processing = 0\n", "quotas"},
+      {"[idempotency]\nmax_waiters_per_principal = " + parked + "\n",
+       "[idempotency]\nmax_waiters_per_principal = " + parked_past + "\n",
+       "max_waiters_per_principal"},
+      {"[server]\nmax_parked = " + parked + "\n", "[server]\nmax_parked = " + parked_past + "\n",
+       "max_parked"},
       {"[idempotency]\nmax_retained = 1\n", "[idempotency]\nmax_retained = 0\n", "quotas"},
       {"[idempotency]\nlease_ms = 59999\nretention_ms = 60000\n",
        "[idempotency]\nlease_ms = 60000\nretention_ms = 60000\n", "lease"},

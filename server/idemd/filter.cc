@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <boost/json.hpp>
 #include <chrono>
+#include <mutex>
+#include <unordered_map>
 
 #include "server/http/problem.h"
 
@@ -57,7 +59,51 @@ int RetryAfterSeconds(Millis ms) {
   return static_cast<int>(std::max<int64_t>(1, (ms.count() + 999) / 1000));
 }
 
+// A principal as a map key: the length of the tenant keeps ("ab", "c") apart from ("a", "bc").
+std::string PrincipalKey(const Principal& who) {
+  return std::to_string(who.tenant.size()) + ":" + who.tenant + who.user;
+}
+
 }  // namespace
+
+// Thread-safe.
+class IdempotencyFilter::Waiters {
+ public:
+  // Counts one more waiter of `who` unless it has `max` already.
+  bool TryAdd(const std::string& who, int64_t max) {
+    std::lock_guard lock(mu_);
+    auto [it, inserted] = parked_.try_emplace(who, 0);
+    if (it->second >= max) {
+      if (inserted) parked_.erase(it);
+      return false;
+    }
+    ++it->second;
+    return true;
+  }
+  void Remove(const std::string& who) {
+    std::lock_guard lock(mu_);
+    auto it = parked_.find(who);
+    if (it != parked_.end() && --it->second <= 0) parked_.erase(it);
+  }
+
+ private:
+  std::mutex mu_;
+  std::unordered_map<std::string, int64_t> parked_;
+};
+
+// One waiter's place among its principal's: given back when the request's context lets it go.
+class IdempotencyFilter::WaiterPlace {
+ public:
+  WaiterPlace(std::shared_ptr<Waiters> waiters, std::string who)
+      : waiters_(std::move(waiters)), who_(std::move(who)) {}
+  ~WaiterPlace() { waiters_->Remove(who_); }
+  WaiterPlace(const WaiterPlace&) = delete;
+  WaiterPlace& operator=(const WaiterPlace&) = delete;
+
+ private:
+  std::shared_ptr<Waiters> waiters_;
+  std::string who_;
+};
 
 RecordState FailurePolicy::Classify(int status) const {
   if (status >= 200 && status < 300) return RecordState::kSucceeded;
@@ -77,7 +123,8 @@ IdempotencyFilter::IdempotencyFilter(Engine& engine, MonotonicClock& monotonic, 
       monotonic_(monotonic),
       metrics_(metrics),
       policy_(std::move(policy)),
-      operation_(operation) {}
+      operation_(operation),
+      waiters_(std::make_shared<Waiters>()) {}
 
 http::Response IdempotencyFilter::Accepted(std::string_view key, const std::string& location,
                                            Timestamp expires) const {
@@ -94,6 +141,47 @@ void IdempotencyFilter::AddExpires(http::Response& response, Timestamp expires) 
 }
 
 http::Response IdempotencyFilter::Handle(const http::Request& request, const Principal& principal,
+                                         http::RequestContext& context) {
+  http::Response response = Decide(request, principal, context);
+  if (!context.park) context.hold.reset();  // answered: no longer waiting
+  return response;
+}
+
+bool IdempotencyFilter::TryPark(const Principal& principal, http::RequestContext& context) {
+  if (context.hold) return true;  // parked before: its place and its room are its own
+  std::string who = PrincipalKey(principal);
+  if (!waiters_->TryAdd(who, policy_.max_waiters_per_principal)) return false;
+  auto place = std::make_shared<WaiterPlace>(waiters_, std::move(who));
+  if (context.reserve_park && !context.reserve_park()) return false;  // `place` given back
+  context.hold = std::move(place);
+  return true;
+}
+
+http::Response IdempotencyFilter::InProgress(const Running& running, bool respond_async,
+                                             std::optional<Millis> wait, const Principal& principal,
+                                             http::RequestContext& context) {
+  const SteadyTime now = monotonic_.Now();
+  if (wait && !context.wait_until) {
+    context.wait_until = now + std::min(*wait, policy_.wait_max);
+  }
+  if (context.wait_until && now < *context.wait_until && TryPark(principal, context)) {
+    context.park = http::RequestContext::Park{ScopeKey(running.scope), *context.wait_until};
+    return {};
+  }
+  context.outcome = "in_progress";
+  metrics_.CountRequest(policy_.route_label, "in_progress");
+  const std::string location = policy_.operations_prefix + running.key;
+  if (respond_async) return Accepted(running.key, location, running.key_expires);
+  http::Response response =
+      http::Problem(http::ProblemKind::kRequestInProgress,
+                    "a request with this Idempotency-Key is still being processed",
+                    {.retry_after_seconds = RetryAfterSeconds(running.retry_after),
+                     .key_expires = running.key_expires});
+  response.headers.Set("Location", location);
+  return response;
+}
+
+http::Response IdempotencyFilter::Decide(const http::Request& request, const Principal& principal,
                                          http::RequestContext& context) {
   context.route = policy_.route_label;
   auto count = [&](const char* outcome) {
@@ -120,6 +208,22 @@ http::Response IdempotencyFilter::Handle(const http::Request& request, const Pri
   const Preferences prefer = ParsePrefer(request.headers);
 
   const SteadyTime started = monotonic_.Now();
+  if (context.hold && context.attempt > 1 && engine_request.key_header) {
+    // A parked request polls with a snapshot read: while the operation it waits for still holds
+    // its lease, Start would only take the write lock (the claim transaction) to say so again.
+    // The first call verified this request against the record, which a PROCESSING record keeps.
+    auto found = engine_.Lookup(principal, policy_.route, *engine_request.key_header);
+    metrics_.ObserveStore(monotonic_.SecondsSince(started));
+    if (found && *found && (*found)->lease_left) {
+      const FoundRecord& running = **found;
+      return InProgress(
+          Running{running.key, running.record.scope,
+                  std::clamp(*running.lease_left, Millis(1), policy_.route.retry_after),
+                  running.record.expires_at},
+          prefer.respond_async, prefer.wait, principal, context);
+    }
+    // Finished, its lease ended, gone, or the read failed: Start decides.
+  }
   Timestamp mismatch_expires{};  // set by Start with kFingerprintMismatch
   auto decision = engine_.Start(
       policy_.route, engine_request,
@@ -157,26 +261,10 @@ http::Response IdempotencyFilter::Handle(const http::Request& request, const Pri
       AddExpires(response, decision->key_expires);
       return response;
     }
-    case Decision::Kind::kInProgress: {
-      const SteadyTime now = monotonic_.Now();
-      if (prefer.wait && !context.wait_until) {
-        context.wait_until = now + std::min(*prefer.wait, policy_.wait_max);
-      }
-      if (context.wait_until && now < *context.wait_until) {
-        context.park =
-            http::RequestContext::Park{ScopeKey(decision->record.scope), *context.wait_until};
-        return {};
-      }
-      count("in_progress");
-      if (prefer.respond_async) return Accepted(decision->key, location, decision->key_expires);
-      http::Response response =
-          http::Problem(http::ProblemKind::kRequestInProgress,
-                        "a request with this Idempotency-Key is still being processed",
-                        {.retry_after_seconds = RetryAfterSeconds(decision->retry_after),
-                         .key_expires = decision->key_expires});
-      response.headers.Set("Location", location);
-      return response;
-    }
+    case Decision::Kind::kInProgress:
+      return InProgress(Running{decision->key, decision->record.scope, decision->retry_after,
+                                decision->key_expires},
+                        prefer.respond_async, prefer.wait, principal, context);
     case Decision::Kind::kExecute:
       break;
   }

@@ -3,6 +3,7 @@
 // policy and reuses it unchanged.
 #pragma once
 
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -63,6 +64,9 @@ struct FilterPolicy {
   RoutePolicy route;
   FailurePolicy failures;
   Millis wait_max{10000};
+  // Requests one principal may have parked on Prefer: wait at once; beyond, a would-be waiter gets
+  // the answer it would get without Prefer: wait (409 + Retry-After) at once.
+  int64_t max_waiters_per_principal = limits::kMaxWaitersPerPrincipal;
   std::string route_label;        // for metrics and logs, e.g. "payments.create"
   std::string operations_prefix;  // Location of running operations, e.g. "/v1/operations/"
   std::string api_version = "v1";
@@ -78,6 +82,13 @@ class IdempotencyFilter {
   IdempotencyFilter(Engine& engine, MonotonicClock& monotonic, Metrics& metrics,
                     FilterPolicy policy, Operation& operation);
 
+  // Prefer: wait parks a duplicate of a running operation (context.park) when its principal has
+  // fewer than policy.max_waiters_per_principal parked and the server has room
+  // (context.reserve_park); otherwise it answers at once, as without Prefer: wait. A parked
+  // request keeps its place in context.hold until it ends. Called again after a park, it first
+  // checks with a snapshot read (Engine::Lookup) and goes to Engine::Start — whose claim
+  // transaction takes the write lock — only once the record is finished, its lease has ended,
+  // or it is gone.
   http::Response Handle(const http::Request& request, const Principal& principal,
                         http::RequestContext& context);
 
@@ -101,12 +112,33 @@ class IdempotencyFilter {
                           Timestamp expires) const;
   // The stored answer of a finished record, as a replay; nullopt if it is not finished.
   std::optional<http::Response> StoredAnswer(const ScopeHash& scope);
+  // Handle, but for context.hold, which Handle gives back once the request stops waiting.
+  http::Response Decide(const http::Request& request, const Principal& principal,
+                        http::RequestContext& context);
+  // A running operation `key` met by this request: parks it (Prefer: wait, with a place among its
+  // principal's waiters and room in the server) or answers 409 / 202.
+  struct Running {
+    std::string key;
+    ScopeHash scope{};
+    Millis retry_after{0};
+    Timestamp key_expires{};
+  };
+  http::Response InProgress(const Running& running, bool respond_async, std::optional<Millis> wait,
+                            const Principal& principal, http::RequestContext& context);
+  // Takes a place among `principal`'s waiters and room in the server, into context.hold; false
+  // when either is full. True at once when the request holds its place already.
+  bool TryPark(const Principal& principal, http::RequestContext& context);
 
   Engine& engine_;
   MonotonicClock& monotonic_;
   Metrics& metrics_;
   FilterPolicy policy_;
   Operation& operation_;
+  // Parked requests per principal; shared with each waiter's place, which may be given back
+  // after the filter is gone (a server destroying its parked requests as it stops).
+  class Waiters;
+  class WaiterPlace;
+  std::shared_ptr<Waiters> waiters_;
 };
 
 }  // namespace idem::idemd

@@ -8,6 +8,7 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <boost/json.hpp>
 #include <functional>
 #include <latch>
@@ -559,6 +560,182 @@ TEST_F(FilterTest, AParkedDuplicateGetsTheReplayOnceTheFirstFinishes) {
   EXPECT_EQ(r.body, first.body);
   EXPECT_EQ(HeaderOf(r, "Idempotent-Replayed"), "true");
   EXPECT_EQ(context.outcome, "replayed");
+  EXPECT_EQ(op_.Executed(), 1);
+}
+
+// Prefer: wait parks at most max_waiters_per_principal requests per principal: tested at the
+// limit and one past it. Each place is given back when its request ends: answered (a replay),
+// timed out (the 409), or ended by the server (its context destroyed: a connection closed while
+// parked, a drain). Another principal's waiters are counted apart.
+TEST_F(FilterTest, PreferWaitParksAtMostMaxWaitersPerPrincipalThenAnswers409AtOnce) {
+  policy_.max_waiters_per_principal = 3;
+  StartBlocked(Post("key-00000001"));
+  const http::Request waiting = Prefer(Post("key-00000001"), "wait=5");
+  auto park = [&](http::RequestContext& context, const Principal& who = kAlice) {
+    context = Context();
+    return Filter().Handle(waiting, who, context);
+  };
+
+  std::vector<http::RequestContext> parked(3);
+  for (http::RequestContext& context : parked) {
+    (void)park(context);
+    ASSERT_TRUE(context.park.has_value()) << "at the limit, a waiter parks";
+  }
+  // One past the limit: the answer without Prefer: wait, at once.
+  http::RequestContext over;
+  const http::Response r = park(over);
+  EXPECT_FALSE(over.park.has_value());
+  EXPECT_EQ(over.hold, nullptr);
+  EXPECT_EQ(r.status, 409);
+  EXPECT_EQ(TypeOf(r), "urn:idem:problem:request-in-progress");
+  EXPECT_EQ(HeaderOf(r, "Retry-After"), "5");
+  EXPECT_EQ(HeaderOf(r, "Location"), "/v1/operations/key-00000001");
+  EXPECT_EQ(HeaderOf(r, "Idempotency-Key-Expires"), ExpiresFor(t0_));
+  EXPECT_EQ(over.outcome, "in_progress");
+
+  // Bob's waiters are his own: a running operation of his, and he may park.
+  Request bob_first;
+  bob_first.principal = kBob;
+  bob_first.key_header = "key-00000002";
+  bob_first.method = "POST";
+  bob_first.content_type = "application/json";
+  bob_first.api_version = policy_.api_version;
+  bob_first.body = kBody;
+  auto bob_claim = engine_->Start(policy_.route, bob_first);
+  ASSERT_TRUE(bob_claim.has_value()) << bob_claim.error().message;
+  ASSERT_EQ(bob_claim->kind, Decision::Kind::kExecute);
+  http::RequestContext bob = Context();
+  (void)Filter().Handle(Prefer(Post("key-00000002"), "wait=5"), kBob, bob);
+  EXPECT_TRUE(bob.park.has_value()) << "another principal's waiters are counted apart";
+
+  // The server ends a parked request (its connection closed): its context goes, and its place.
+  parked[0] = http::RequestContext();
+  (void)park(parked[0]);
+  EXPECT_TRUE(parked[0].park.has_value()) << "a closed waiter's place is given back";
+  (void)park(over);
+  EXPECT_FALSE(over.park.has_value()) << "full again";
+
+  // A waiter whose wait ends gets the 409 and gives its place back.
+  monotonic_.Advance(milliseconds(5000));
+  parked[1].park.reset();
+  parked[1].attempt = 2;
+  EXPECT_EQ(Filter().Handle(waiting, kAlice, parked[1]).status, 409);
+  EXPECT_FALSE(parked[1].park.has_value());
+  EXPECT_EQ(parked[1].hold, nullptr);
+  (void)park(parked[1]);
+  EXPECT_TRUE(parked[1].park.has_value()) << "a timed-out waiter's place is given back";
+
+  // A waiter woken by the completion gets the replay and gives its place back.
+  ASSERT_EQ(Release().status, 201);
+  parked[2].park.reset();
+  parked[2].attempt = 2;
+  const http::Response replay = Filter().Handle(waiting, kAlice, parked[2]);
+  EXPECT_EQ(replay.status, 201);
+  EXPECT_EQ(HeaderOf(replay, "Idempotent-Replayed"), "true");
+  EXPECT_EQ(parked[2].hold, nullptr);
+}
+
+// The server's bound on parked requests in all (reserve_park) refuses room: the waiter answers
+// at once, as without Prefer: wait, and keeps no place among its principal's waiters.
+TEST_F(FilterTest, PreferWaitWithoutRoomInTheServerAnswers409AtOnce) {
+  policy_.max_waiters_per_principal = 1;
+  StartBlocked(Post("key-00000001"));
+  const http::Request waiting = Prefer(Post("key-00000001"), "wait=5");
+  http::RequestContext refused = Context();
+  refused.reserve_park = [] { return false; };
+  const http::Response r = Filter().Handle(waiting, kAlice, refused);
+  EXPECT_FALSE(refused.park.has_value());
+  EXPECT_EQ(r.status, 409);
+  EXPECT_EQ(HeaderOf(r, "Location"), "/v1/operations/key-00000001");
+  EXPECT_EQ(refused.outcome, "in_progress");
+  // Its principal's one place is still free.
+  http::RequestContext roomy = Context();
+  roomy.reserve_park = [] { return true; };
+  (void)Filter().Handle(waiting, kAlice, roomy);
+  EXPECT_TRUE(roomy.park.has_value());
+  EXPECT_EQ(Release().status, 201);
+}
+
+// Counts write transactions (Begin) and snapshot reads (Read) on the way to a store.
+class CountingStore final : public StoreWrapper {
+ public:
+  using StoreWrapper::StoreWrapper;
+  Result<std::unique_ptr<StoreTxn>> Begin() override {
+    ++begins;
+    return StoreWrapper::Begin();
+  }
+  Result<std::optional<Record>> Read(const ScopeHash& scope) override {
+    ++reads;
+    return StoreWrapper::Read(scope);
+  }
+  std::atomic<int> begins{0};
+  std::atomic<int> reads{0};
+};
+
+// A parked request polls with snapshot reads: while the first execution holds its lease, a poll
+// takes no write transaction (SQLite: BEGIN IMMEDIATE, the one write lock). Once the first has
+// finished, the replay comes from the read path too.
+TEST_F(FilterTest, AParkedRequestPollsWithReadsNeverTheWriteLock) {
+  StartBlocked(Post("key-00000001"));
+  CountingStore counting(*store_);
+  Engine engine(counting, *fingerprinter_, *sealer_, clock_);
+  IdempotencyFilter filter(engine, monotonic_, metrics_, policy_, op_);
+  const http::Request waiting = Prefer(Post("key-00000001"), "wait=10");
+  http::RequestContext context = Context();
+  (void)filter.Handle(waiting, kAlice, context);
+  ASSERT_TRUE(context.park.has_value());
+  const int begins_at_park = counting.begins;  // the first decision may try to claim
+
+  for (int attempt = 2; attempt <= 6; ++attempt) {
+    monotonic_.Advance(milliseconds(500));
+    clock_.Advance(Millis(500));
+    context.park.reset();
+    context.attempt = attempt;
+    (void)filter.Handle(waiting, kAlice, context);
+    ASSERT_TRUE(context.park.has_value()) << "still running: parks again";
+  }
+  EXPECT_EQ(counting.begins, begins_at_park) << "polls of a running record take no write lock";
+  EXPECT_GE(counting.reads, 5);
+
+  ASSERT_EQ(Release().status, 201);
+  context.park.reset();
+  context.attempt = 7;
+  const http::Response r = filter.Handle(waiting, kAlice, context);
+  EXPECT_EQ(r.status, 201);
+  EXPECT_EQ(HeaderOf(r, "Idempotent-Replayed"), "true");
+  EXPECT_EQ(counting.begins, begins_at_park) << "a finished record is replayed from a read";
+}
+
+// Once the first execution's lease has ended, a parked request's poll goes to the claim: it takes
+// the operation over and executes (the write transaction is taken only then).
+TEST_F(FilterTest, AParkedRequestWhoseFirstLostItsLeaseTakesOver) {
+  Request first;
+  first.principal = kAlice;
+  first.key_header = "key-00000001";
+  first.method = "POST";
+  first.content_type = "application/json";
+  first.api_version = policy_.api_version;
+  first.body = kBody;
+  auto claim = engine_->Start(policy_.route, first);  // never finished: a crashed executor
+  ASSERT_TRUE(claim.has_value()) << claim.error().message;
+  CountingStore counting(*store_);
+  Engine engine(counting, *fingerprinter_, *sealer_, clock_);
+  IdempotencyFilter filter(engine, monotonic_, metrics_, policy_, op_);
+  const http::Request waiting = Prefer(Post("key-00000001"), "wait=10");
+  http::RequestContext context = Context();
+  (void)filter.Handle(waiting, kAlice, context);
+  ASSERT_TRUE(context.park.has_value());
+  const int begins_at_park = counting.begins;
+
+  clock_.Advance(kLease + Millis(1));
+  monotonic_.Advance(milliseconds(1000));
+  context.park.reset();
+  context.attempt = 2;
+  const http::Response r = filter.Handle(waiting, kAlice, context);
+  EXPECT_FALSE(context.park.has_value());
+  EXPECT_EQ(r.status, 201);
+  EXPECT_EQ(context.outcome, "executed");
+  EXPECT_GT(counting.begins, begins_at_park);
   EXPECT_EQ(op_.Executed(), 1);
 }
 

@@ -124,11 +124,12 @@ int Run(int argc, char** argv) {
   Payments payments(**store, **provider, SystemClock(), SystemMonotonicClock(), SystemRandom(),
                     metrics, config->currencies, config->provider_timeout + config->lease_margin,
                     config->provider_5xx_means_nothing_charged);
-  IdempotencyFilter filter(
-      engine, SystemMonotonicClock(), metrics,
+  FilterPolicy payments_policy =
       PaymentsPolicy(keys, config->lease, config->retention, config->max_processing,
-                     config->max_retained, config->wait_max),
-      payments);
+                     config->max_retained, config->wait_max);
+  payments_policy.max_waiters_per_principal = config->max_waiters_per_principal;
+  IdempotencyFilter filter(engine, SystemMonotonicClock(), metrics, std::move(payments_policy),
+                           payments);
   Service service(config->principals, **store, metrics, filter, payments);
   JsonAccessLog log;
   auto server = http::Server::Start(config->server, service, &log);

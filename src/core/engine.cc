@@ -268,7 +268,11 @@ Result<std::optional<FoundRecord>> Engine::Lookup(const ScopeHash& scope) {
   IDEM_ASSIGN_OR_RETURN(std::optional<Record> record, store_.Read(scope));
   if (!record) return std::optional<FoundRecord>();
   FoundRecord found;
-  found.expired = record->expires_at <= clock_.Now();
+  const Timestamp now = clock_.Now();
+  found.expired = record->expires_at <= now;
+  if (record->state == RecordState::kProcessing && record->lease.until >= now) {
+    found.lease_left = std::chrono::duration_cast<Millis>(record->lease.until - now);
+  }
   if (IsReplayable(record->state) && !found.expired) {
     IDEM_ASSIGN_OR_RETURN(found.response, OpenAnswer(scope, *record));
   }

@@ -28,6 +28,7 @@ void IdemdTest::WriteConfig(const std::string& config, const IdemdOptions& optio
   std::ofstream out(config);
   out << "[server]\nlisten = \"127.0.0.1:0\"\nworker_threads = 16\nread_timeout_ms = 2000\n"
       << "drain_timeout_ms = 5000\n"
+      << options.extra_server << "\n"
       << "[store]\nurl = \""
       << (options.store_url.empty() ? "sqlite://" + dir_.File("idem.db") : options.store_url)
       << "\"\n"

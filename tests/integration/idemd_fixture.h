@@ -25,6 +25,7 @@ class IdemdTest : public ::testing::Test {
 
   struct IdemdOptions {
     std::string extra_idempotency{};  // lines appended to [idempotency], e.g. "max_retained = 3"
+    std::string extra_server{};       // lines appended to [server], e.g. "max_parked = 10"
     int lease_ms = 3000;
     int provider_timeout_ms = 1000;
     int lease_margin_ms = 500;           // idemd refuses lease_ms <= provider_timeout_ms + this
