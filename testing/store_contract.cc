@@ -801,5 +801,31 @@ TEST_P(StoreContractTest, PingAnswersOnAHealthyStore) {
   EXPECT_TRUE(store_->Ping(Millis(1000)));
 }
 
+// The time of the last send is what a settle window counts from: set by the covered advance
+// only, kept by renewals (which move updated_at), cleared by a fresh claim.
+TEST_P(StoreContractTest, TheCoveredAdvanceRecordsWhenTheRequestLeft) {
+  const ClaimSpec spec = Spec("key-sent-at");
+  Record rec = MustClaim(*store_, spec);
+  EXPECT_EQ(rec.sent_at, Timestamp{});
+  env_.clock.Advance(Millis(10));
+  const Timestamp sent = env_.clock.Now();
+  {
+    auto txn = MustBegin(*store_);
+    auto advanced = txn->AdvanceCovered(spec.scope, rec.lease, "charge_sent", Millis(1000));
+    ASSERT_TRUE(advanced.has_value()) << advanced.error().message;
+    ASSERT_TRUE(txn->Commit().has_value());
+  }
+  env_.clock.Advance(Millis(10));
+  {
+    auto txn = MustBegin(*store_);
+    ASSERT_TRUE(txn->Renew(spec.scope, rec.lease, kLease).has_value());
+    ASSERT_TRUE(txn->Commit().has_value());
+  }
+  auto stored = MustRead(*store_, spec.scope);
+  ASSERT_TRUE(stored.has_value());
+  EXPECT_EQ(stored->sent_at, sent) << "a renewal must not move the time of the send";
+  EXPECT_EQ(stored->updated_at, env_.clock.Now());
+}
+
 }  // namespace
 }  // namespace idem::testing

@@ -62,6 +62,10 @@ struct Record {
   Timestamp created_at{};
   Timestamp updated_at{};
   Timestamp expires_at{};
+  // When the record last advanced to a point before an external call
+  // (StoreTxn::AdvanceCovered): the last moment a request may have left. Zero before any. Unlike
+  // updated_at, no renewal, release or takeover moves it: an unknown outcome settles from here.
+  Timestamp sent_at{};
 };
 
 // The answer replayed for a finished record: status, the headers that matter, the exact body.

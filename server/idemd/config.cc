@@ -181,6 +181,9 @@ Result<Config> LoadConfig(const std::string& path, const std::vector<std::string
   IDEM_RETURN_IF_ERROR(ReadMillis(t, "provider", "timeout_ms", c.provider_timeout, o));
   IDEM_RETURN_IF_ERROR(
       Read(t, "provider", "5xx_means_nothing_charged", c.provider_5xx_means_nothing_charged, o));
+  IDEM_RETURN_IF_ERROR(
+      Read(t, "provider", "deduplicates_by_key", c.provider_deduplicates_by_key, o));
+  IDEM_RETURN_IF_ERROR(ReadMillis(t, "provider", "settle_ms", c.provider_settle, o));
   IDEM_RETURN_IF_ERROR(Read(t, "secrets", "file", c.secrets_file, o));
   IDEM_RETURN_IF_ERROR(Read(t, "secrets", "generate_if_missing", c.generate_secrets, o));
 
@@ -279,6 +282,13 @@ Result<Config> LoadConfig(const std::string& path, const std::vector<std::string
                       std::to_string(c.provider_timeout.count()) +
                       ") + idempotency.lease_margin_ms (" + std::to_string(c.lease_margin.count()) +
                       "): a charge is sent only under a lease that covers the whole call");
+  }
+  if (!c.provider_deduplicates_by_key && c.provider_settle <= c.provider_timeout) {
+    // Counted from the send: a shorter window ends while the call may still be out.
+    return Bad(o, "provider.settle_ms (" + std::to_string(c.provider_settle.count()) +
+                      ") must be longer than provider.timeout_ms (" +
+                      std::to_string(c.provider_timeout.count()) +
+                      ") unless provider.deduplicates_by_key is true");
   }
 
   // Secrets: environment first, then the file (generated for development when asked to).

@@ -43,6 +43,14 @@ struct Config {
   // (the default), a 5xx after the request left proves nothing and the charge is looked up
   // before the order can be paid again (docs/idemd.md, "Ambiguous failures").
   bool provider_5xx_means_nothing_charged = false;
+  // The provider's declared semantics: a repeated charge with the same reference (its
+  // idempotency key) charges at most once. On, a charge whose outcome is unknown is sent again at
+  // once; off (the default), only after settle_ms.
+  bool provider_deduplicates_by_key = false;
+  // After an unknown outcome nothing is sent again until this long after the last send and a
+  // lookup still finds nothing: it must exceed timeout_ms plus how long the provider may still
+  // execute a request after its caller timed out (checked against timeout_ms at load).
+  Millis provider_settle{30000};
 
   // Where secrets come from: the IDEM_SECRETS environment variable (TOML text) wins; else this
   // file; a development config may ask for the file to be generated when missing.

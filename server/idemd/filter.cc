@@ -303,6 +303,17 @@ http::Response IdempotencyFilter::Run(Ticket ticket, const http::Request& reques
 
 http::Response IdempotencyFilter::Finish(Ticket& ticket, Execution execution,
                                          const std::string& location) {
+  if (execution.settling_for) {
+    (void)engine_.Release(ticket);
+    http::Response response = http::Problem(
+        http::ProblemKind::kRequestInProgress,
+        "an earlier attempt with this Idempotency-Key may still be executed by the provider; "
+        "retry later to learn its outcome",
+        {.retry_after_seconds = RetryAfterSeconds(*execution.settling_for),
+         .key_expires = ticket.record.expires_at});
+    if (!location.empty()) response.headers.Set("Location", location);
+    return response;
+  }
   if (execution.outcome_unknown) {
     // Nobody knows whether the downstream acted: keep the record PROCESSING, free the lease.
     (void)engine_.Release(ticket);

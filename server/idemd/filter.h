@@ -29,6 +29,11 @@ struct Execution {
   // The downstream may have acted and nobody knows: the record stays PROCESSING at its recovery
   // point, the lease is released, and the next attempt or the reconciler resolves it.
   bool outcome_unknown = false;
+  // An earlier send's outcome is not settled yet, and nothing may be sent until it is: as with
+  // outcome_unknown the record stays PROCESSING and the lease is released, but the answer is the
+  // in-progress one (409 request-in-progress with this Retry-After, Location and
+  // Idempotency-Key-Expires), not `response`.
+  std::optional<Millis> settling_for;
 };
 
 // The work behind an idempotent route. Implementations are thread-safe.

@@ -160,7 +160,8 @@ std::string FormatAmount(int64_t minor, int digits) {
 
 Payments::Payments(Store& store, Provider& provider, Clock& clock, MonotonicClock& monotonic,
                    Random& random, Metrics& metrics, std::vector<std::string> currencies,
-                   Millis charge_cover, bool provider_5xx_means_nothing_charged)
+                   Millis charge_cover, bool provider_5xx_means_nothing_charged,
+                   bool provider_deduplicates_by_key, Millis settle)
     : store_(store),
       provider_(provider),
       clock_(clock),
@@ -169,7 +170,9 @@ Payments::Payments(Store& store, Provider& provider, Clock& clock, MonotonicCloc
       metrics_(metrics),
       currencies_(std::move(currencies)),
       charge_cover_(charge_cover),
-      provider_5xx_means_nothing_charged_(provider_5xx_means_nothing_charged) {}
+      provider_5xx_means_nothing_charged_(provider_5xx_means_nothing_charged),
+      provider_deduplicates_by_key_(provider_deduplicates_by_key),
+      settle_(settle) {}
 
 Payments::ParseResult Payments::Parse(const std::string& body) const {
   boost::system::error_code ec;
@@ -431,6 +434,23 @@ Execution Payments::FromFoundCharge(const Ticket& ticket, Payment payment, const
   return e;
 }
 
+std::optional<Millis> Payments::Unsettled(const Record& record) const {
+  if (provider_deduplicates_by_key_) return std::nullopt;
+  // A record advanced before sent_at existed has only updated_at, which is no earlier.
+  const Timestamp sent = record.sent_at != Timestamp{} ? record.sent_at : record.updated_at;
+  const Timestamp settled = sent + settle_;
+  const Timestamp now = clock_.Now();
+  if (now >= settled) return std::nullopt;
+  return std::chrono::duration_cast<Millis>(settled - now);
+}
+
+Execution Payments::Settling(Millis left) {
+  Execution e;
+  e.settling_for = left;
+  e.outcome_unknown = true;
+  return e;
+}
+
 Execution Payments::ChargeOnce(Ticket& ticket, Payment payment, Engine& engine,
                                Heartbeat& heartbeat) {
   Execution e;
@@ -464,6 +484,14 @@ Execution Payments::ChargeOnce(Ticket& ticket, Payment payment, Engine& engine,
       return e;
     }
     if (*found) return FromFoundCharge(ticket, std::move(payment), **found);
+    // After an unknown outcome (the record was left PROCESSING: a timeout, a lost connection, a
+    // crash), nothing found proves nothing while the provider may still execute the last send
+    // (one that ignores keys would then charge twice): nothing is sent until the send has
+    // settled. A send the provider answered with a 5xx (FAILED_RETRYABLE) is retried at once.
+    if (ticket.record.recovery_point == kChargeSent &&
+        ticket.resumed_from == RecordState::kProcessing) {
+      if (auto left = Unsettled(ticket.record)) return Settling(*left);
+    }
   }
   if (auto held = heartbeat.Check(); !held) return lease_lost(held.error());
   // The charge cannot be called back: it is sent only under a lease that outlasts the call.
@@ -590,6 +618,12 @@ Execution Payments::Reconcile(Ticket& ticket, Engine&) {
     return e;
   }
   if (*found) return FromFoundCharge(ticket, std::move(payment), **found);
+  // Within the settle window nothing found proves nothing: the record stays PROCESSING at
+  // charge_sent, and the next pass after this takeover's lease looks again.
+  if (ticket.resumed_from == RecordState::kProcessing && Unsettled(ticket.record)) {
+    e.outcome_unknown = true;
+    return e;
+  }
   if (ticket.resumed_from == RecordState::kFailedRetryable) {
     // A retryable failure whose lease, which covered the send, has ended: the send is settled
     // and the provider has no charge. The attempt is abandoned and the order released.

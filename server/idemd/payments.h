@@ -28,11 +28,18 @@ FilterPolicy PaymentsPolicy(const KeyPolicy& keys, Millis lease, Millis retentio
 // 5xx_means_nothing_charged): when true, a charge that failed with kUnavailable abandons the
 // attempt at once (its order is released for any key); when false, such a failure proves
 // nothing, stays retryable at charge_sent, and the reconciler settles it by a lookup.
+// `provider_deduplicates_by_key` ([provider] deduplicates_by_key) declares that a repeated charge
+// with the same reference charges at most once: a charge whose outcome is unknown may be sent
+// again at once. Otherwise an unknown outcome is sent again only once `settle` ([provider]
+// settle_ms) has passed since the last send (Record::sent_at) and a lookup by reference still
+// finds nothing; until then a retry gets the in-progress answer and the record stays PROCESSING
+// for the reconciler. Zero settles at once.
 class Payments final : public Operation {
  public:
   Payments(Store& store, Provider& provider, Clock& clock, MonotonicClock& monotonic,
            Random& random, Metrics& metrics, std::vector<std::string> currencies,
-           Millis charge_cover, bool provider_5xx_means_nothing_charged = false);
+           Millis charge_cover, bool provider_5xx_means_nothing_charged = false,
+           bool provider_deduplicates_by_key = false, Millis settle = Millis(0));
 
   std::optional<http::Response> Validate(const http::Request& request,
                                          const Principal& principal) override;
@@ -73,6 +80,11 @@ class Payments final : public Operation {
   std::string Body(const Payment& p) const;
   http::Response Created(const Payment& p, int status) const;
   Execution ChargeOnce(Ticket& ticket, Payment payment, Engine& engine, Heartbeat& heartbeat);
+  // How long until the last send of `record` has settled (Record::sent_at + settle), or nothing
+  // when it has, or when the provider deduplicates by key.
+  std::optional<Millis> Unsettled(const Record& record) const;
+  // The in-progress answer while a send settles: the record stays PROCESSING, nothing is sent.
+  static Execution Settling(Millis left);
   Execution Succeeded(Payment payment, const Charge& charge);
   // The final 402, with the payment row marked declined in the completion's transaction.
   Execution Declined(const Ticket& ticket, const Payment& payment);
@@ -95,6 +107,8 @@ class Payments final : public Operation {
   std::vector<std::string> currencies_;
   Millis charge_cover_;
   bool provider_5xx_means_nothing_charged_;
+  bool provider_deduplicates_by_key_;
+  Millis settle_;
 };
 
 // Minor-unit digits of a currency (0 for JPY and KRW, 2 otherwise).

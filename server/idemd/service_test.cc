@@ -121,10 +121,15 @@ class SwitchableStore final : public StoreWrapper {
 
 class ServiceTest : public testing::EngineFixture {
  protected:
-  ServiceTest() : EngineFixture("payments", PaymentsMigrations(), 11) {
-    payments_ =
-        std::make_unique<Payments>(*store_, provider_, clock_, monotonic_, random_, metrics_,
-                                   std::vector<std::string>{"CNY", "USD"}, kChargeCover);
+  ServiceTest() : EngineFixture("payments", PaymentsMigrations(), 11) { Build(false, Millis(0)); }
+
+  // (Re)builds Payments, the filter and the service with the provider's declared semantics.
+  void Build(bool deduplicates_by_key, Millis settle) {
+    service_.reset();
+    filter_.reset();
+    payments_ = std::make_unique<Payments>(*store_, provider_, clock_, monotonic_, random_,
+                                           metrics_, std::vector<std::string>{"CNY", "USD"},
+                                           kChargeCover, false, deduplicates_by_key, settle);
     filter_ = std::make_unique<IdempotencyFilter>(
         *engine_, monotonic_, metrics_,
         PaymentsPolicy(KeyPolicy{}, kLease, kRetention, 100, 1000, Millis(10000)), *payments_);
@@ -763,6 +768,65 @@ TEST_F(ServiceTest, AFailedRenewalDuringTheLookupStopsTheCharge) {
   const http::Response paid = Handle(Pay("key-00000009"));
   ASSERT_EQ(paid.status, 201) << paid.body;
   EXPECT_EQ(provider_.Calls(), 2);
+  EXPECT_EQ(provider_.Charges().size(), 1u);
+}
+
+// A provider that ignores keys may still execute a charge after the caller timed out: a retry's
+// lookup that finds nothing proves nothing until the settle window has passed since the send. Until
+// then the retry is answered in progress and nothing is charged again; the reconciler keeps the
+// record PROCESSING too. After the window, with nothing found, the payment is charged once.
+TEST_F(ServiceTest, AnUnknownOutcomeIsNotSentAgainBeforeTheSettleWindow) {
+  Build(false, Millis(3000));
+  const std::string id = TimedOutPayment("settle-0001", "ORD-S1");
+  ASSERT_EQ(provider_.Calls(), 1);
+
+  clock_.Advance(Millis(1000));
+  const http::Response early = Handle(Pay("settle-0001", "alice-key", "ORD-S1"));
+  EXPECT_EQ(early.status, 409) << early.body;
+  EXPECT_EQ(TypeOf(early), "urn:idem:problem:request-in-progress");
+  EXPECT_EQ(HeaderOf(early, "Retry-After"), "2") << "the rest of the settle window";
+  EXPECT_EQ(HeaderOf(early, "Location"), "/v1/operations/settle-0001");
+  EXPECT_FALSE(HeaderOf(early, "Idempotency-Key-Expires").empty());
+  EXPECT_EQ(provider_.Calls(), 1) << "charged again before the send was settled";
+  EXPECT_EQ(RecordOf("settle-0001")->state, RecordState::kProcessing);
+  EXPECT_EQ(RecordOf("settle-0001")->recovery_point, "charge_sent");
+
+  clock_.Advance(Millis(1));  // the released lease has ended: the reconciler looks
+  EXPECT_EQ(filter_->ReconcileOnce(10, {}), 0) << "nothing settled within the window";
+  EXPECT_EQ(RecordOf("settle-0001")->state, RecordState::kProcessing);
+  EXPECT_EQ(PaymentRow(id).first, "pending");
+  EXPECT_EQ(provider_.Calls(), 1);
+
+  clock_.Advance(Millis(2000));
+  const http::Response paid = Handle(Pay("settle-0001", "alice-key", "ORD-S1"));
+  EXPECT_EQ(paid.status, 201) << paid.body;
+  EXPECT_EQ(provider_.Calls(), 2);
+  EXPECT_EQ(provider_.Charges().size(), 1u);
+  EXPECT_EQ(PaymentRow(id).first, "succeeded");
+}
+
+// The charge lands within the settle window: a retry finds it and nothing is charged again.
+TEST_F(ServiceTest, AChargeThatLandsWithinTheSettleWindowIsFoundNotRepeated) {
+  Build(false, Millis(3000));
+  const std::string id = TimedOutPayment("settle-0002", "ORD-S2");
+  clock_.Advance(Millis(1000));
+  EXPECT_EQ(Handle(Pay("settle-0002", "alice-key", "ORD-S2")).status, 409);
+  provider_.Plant(id, Charge{"ch_late", id, "100.00", "CNY", "succeeded"});
+  clock_.Advance(Millis(1000));
+  const http::Response paid = Handle(Pay("settle-0002", "alice-key", "ORD-S2"));
+  EXPECT_EQ(paid.status, 201) << paid.body;
+  EXPECT_EQ(provider_.Calls(), 1);
+  EXPECT_EQ(PaymentRow(id), std::make_pair(std::string("succeeded"), std::string("ch_late")));
+}
+
+// A provider declared to deduplicate by key charges a repeated reference at most once: the
+// charge is sent again at once, with the same reference.
+TEST_F(ServiceTest, AProviderThatDeduplicatesByKeyIsAskedAgainAtOnce) {
+  Build(true, Millis(3000));
+  const std::string id = TimedOutPayment("settle-0003", "ORD-S3");
+  const http::Response paid = Handle(Pay("settle-0003", "alice-key", "ORD-S3"));
+  EXPECT_EQ(paid.status, 201) << paid.body;
+  EXPECT_EQ(provider_.References(), (std::vector<std::string>{id, id}));
   EXPECT_EQ(provider_.Charges().size(), 1u);
 }
 

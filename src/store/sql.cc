@@ -14,7 +14,7 @@ constexpr std::string_view kComponent = "idem";
 constexpr std::string_view kRecordColumns =
     "scope_hash, tenant, user_id, route, request_hash, fp_version, secret_id, state, "
     "recovery_point, resource_id, status_code, response, owner_token, fence, lease_until, "
-    "created_at, updated_at, expires_at";
+    "created_at, updated_at, expires_at, sent_at";
 
 // libidem's schema, one entry per version, in a template: {int} and {bytes} are the dialect's
 // type names, {table_options} its options for the records table. Never edit an applied entry;
@@ -55,6 +55,10 @@ DROP INDEX IF EXISTS idem_records_stale;
 CREATE INDEX idem_records_stale_by_route ON idem_records (route, lease_until)
   WHERE state IN ('PROCESSING', 'FAILED_RETRYABLE');
 )sql"},
+      // When a request last left (Record::sent_at): updated_at moves with every renewal.
+      {3, R"sql(
+ALTER TABLE idem_records ADD COLUMN sent_at {int} NOT NULL DEFAULT 0;
+)sql"},
   };
   return kTemplate;
 }
@@ -89,7 +93,7 @@ Status CopyBytes(const SqlValue& v, std::array<uint8_t, N>* out, const char* col
 
 // Errors: kDataLoss for a row that is not a record.
 Result<Record> RecordFromRow(const SqlRow& row) {
-  if (row.size() != 18) return MakeError(Errc::kDataLoss, "record row has the wrong shape");
+  if (row.size() != 19) return MakeError(Errc::kDataLoss, "record row has the wrong shape");
   auto text = [&](std::size_t i) -> std::string {
     const std::string* s = std::get_if<std::string>(&row[i]);
     return s ? *s : std::string();
@@ -117,6 +121,7 @@ Result<Record> RecordFromRow(const SqlRow& row) {
   r.created_at = FromUnixMillis(integer(15));
   r.updated_at = FromUnixMillis(integer(16));
   r.expires_at = FromUnixMillis(integer(17));
+  r.sent_at = FromUnixMillis(integer(18));
   return r;
 }
 
@@ -273,7 +278,7 @@ RecordSql::RecordSql(const Dialect& d) : dialect(d) {
   get = Render(d, "SELECT " + columns + " FROM idem_records WHERE scope_hash = ?");
   claim = Render(d, "INSERT INTO idem_records (" + columns +
                         ") VALUES (?, ?, ?, ?, ?, ?, ?, 'PROCESSING', '', '', 0, NULL, ?, ?, ?, "
-                        "?, ?, ?) ON CONFLICT (scope_hash) DO NOTHING");
+                        "?, ?, ?, 0) ON CONFLICT (scope_hash) DO NOTHING");
   // An expired, finished record starts a new operation: all columns from the spec. An expired
   // PROCESSING record is still unresolved (a charge may have left) and is only taken over.
   reclaim_fresh =
@@ -281,7 +286,7 @@ RecordSql::RecordSql(const Dialect& d) : dialect(d) {
              "UPDATE idem_records SET tenant = ?, user_id = ?, route = ?, request_hash = ?, "
              "fp_version = ?, secret_id = ?, state = 'PROCESSING', recovery_point = '', "
              "resource_id = '', status_code = 0, response = NULL, owner_token = ?, fence = ?, "
-             "lease_until = ?, created_at = ?, updated_at = ?, expires_at = ? "
+             "lease_until = ?, created_at = ?, updated_at = ?, expires_at = ?, sent_at = 0 "
              "WHERE scope_hash = ? AND fence = ? AND expires_at <= ? AND state <> 'PROCESSING'");
   // A takeover of an expired lease, or a retry after a retryable failure: the same operation,
   // kept for at least a full retention from now (never shortened), so an outcome reached after
@@ -305,8 +310,9 @@ RecordSql::RecordSql(const Dialect& d) : dialect(d) {
   // the margin) has passed, so no takeover can happen while the call may be out.
   advance_covered =
       Render(d,
-             "UPDATE idem_records SET recovery_point = ?, updated_at = ? WHERE scope_hash = ? AND "
-             "owner_token = ? AND fence = ? AND state = 'PROCESSING' AND lease_until >= ?");
+             "UPDATE idem_records SET recovery_point = ?, updated_at = ?, sent_at = ? "
+             "WHERE scope_hash = ? AND owner_token = ? AND fence = ? AND state = 'PROCESSING' AND "
+             "lease_until >= ?");
   finish =
       Render(d,
              "UPDATE idem_records SET state = ?, status_code = ?, response = ?, "
@@ -423,9 +429,10 @@ Status SqlTxn::AdvanceCovered(const ScopeHash& scope, const Lease& lease, std::s
   IDEM_RETURN_IF_ERROR(CheckProgress(point, {}));
   const Timestamp now = clock_.Now();
   const int64_t needed_ms = ToUnixMillis(now + must_cover);
-  IDEM_ASSIGN_OR_RETURN(int changed, Change(sql_.advance_covered,
-                                            {std::string(point), ToUnixMillis(now), BytesOf(scope),
-                                             BytesOf(lease.owner), lease.fence, needed_ms}));
+  IDEM_ASSIGN_OR_RETURN(
+      int changed,
+      Change(sql_.advance_covered, {std::string(point), ToUnixMillis(now), ToUnixMillis(now),
+                                    BytesOf(scope), BytesOf(lease.owner), lease.fence, needed_ms}));
   if (changed == 1) return Ok();
   // Nothing matched: a lost lease (stop) or a held one that ends too soon (renew, or give up).
   IDEM_ASSIGN_OR_RETURN(std::optional<Record> current, Get(scope));

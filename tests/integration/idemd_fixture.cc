@@ -35,6 +35,8 @@ void IdemdTest::WriteConfig(const std::string& config, const IdemdOptions& optio
       << options.extra_store << "\n"
       << "[provider]\nurl = \"http://127.0.0.1:" << provider_url_.port
       << "\"\ntimeout_ms = " << options.provider_timeout_ms << "\n"
+      << "settle_ms = "
+      << (options.settle_ms > 0 ? options.settle_ms : options.provider_timeout_ms + 1000) << "\n"
       << "[idempotency]\nlease_ms = " << options.lease_ms
       << "\nlease_margin_ms = " << options.lease_margin_ms
       << "\nreconcile_interval_ms = " << options.reconcile_interval_ms << "\n"

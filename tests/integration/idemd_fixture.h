@@ -29,6 +29,7 @@ class IdemdTest : public ::testing::Test {
     int lease_ms = 3000;
     int provider_timeout_ms = 1000;
     int lease_margin_ms = 500;           // idemd refuses lease_ms <= provider_timeout_ms + this
+    int settle_ms = 0;                   // [provider] settle_ms; 0: provider_timeout_ms + 1000
     int reconcile_interval_ms = 600000;  // effectively off unless a test wants it
     std::map<std::string, std::string> env{};  // e.g. IDEM_FAILPOINTS
     bool keep_config = false;                  // restart on the config file as it is now

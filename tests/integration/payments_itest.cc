@@ -215,6 +215,32 @@ TEST_F(IdemdTest, ProviderTimeoutWithAProviderIgnoringKeys) {
   TimeoutThenRetry(*this, "order-0012-key", "ORD-0012");
 }
 
+// A provider that ignores keys executes the charge 2.5 s after it arrived, 1.5 s after idemd's
+// 1 s timeout, while the client retries every second. The settle window (4 s from the send)
+// outlasts the late charge: retries before it lands get 409, the one after finds it, and the
+// provider holds exactly one charge in the end.
+TEST_F(IdemdTest, AChargeLandingAfterTheTimeoutIsChargedOnceWhileTheClientRetries) {
+  StartIdemd({.lease_ms = 3000, .provider_timeout_ms = 1000, .settle_ms = 4000});
+  ProviderMode(true);
+  Fault(R"({"fault":"late","delay_ms":2500,"times":1})");
+  const http::Response first = Pay("order-0040-key", Body("ORD-0040"));
+  EXPECT_EQ(first.status, 504) << first.body;
+  EXPECT_EQ(TotalCharges(), 0) << "the charge has not landed yet";
+  http::Response again;
+  for (int i = 0; i < 8; ++i) {
+    std::this_thread::sleep_for(std::chrono::seconds(1));
+    again = Pay("order-0040-key", Body("ORD-0040"));
+    if (again.status != 409) break;
+    EXPECT_EQ(ProblemType(again), "urn:idem:problem:request-in-progress");
+    EXPECT_TRUE(again.headers.Get("retry-after").has_value());
+  }
+  ASSERT_EQ(again.status, 201) << again.body;
+  std::this_thread::sleep_for(std::chrono::milliseconds(2000));  // anything late has landed
+  auto body = ParseObject(again.body);
+  EXPECT_EQ(ChargesFor(Str(body, "id")), 1);
+  EXPECT_EQ(TotalCharges(), 1);
+}
+
 TEST_F(IdemdTest, ValidationFailureIs400WithFieldErrorsAndLeavesNoRecord) {
   http::Response r =
       Pay("order-0013-key",

@@ -2,11 +2,21 @@
 // the provider calls idemd makes (docs/idemd.md), its own idempotency keys, and an admin API to
 // inject faults.
 //
-//   POST /v1/charges               Idempotency-Key + {"amount","currency","reference"} → 201 | 402
-//   | 5xx GET  /v1/charges?reference=R   → 200 charge | 404 POST /admin/faults {"fault":
-//   "decline"|"error"|"hang"|"slow"|"succeed_then_timeout"|"none",
-//                                   "reference": R (optional; else global), "delay_ms": N, "times":
-//                                   N}
+//   POST /v1/charges               Idempotency-Key + {"amount","currency","reference"}
+//                                   → 201 | 402 | 5xx
+//   GET  /v1/charges?reference=R   → 200 charge | 404
+//   POST /admin/faults             {"fault": "decline"|"error"|"hang"|"slow"|
+//                                   "succeed_then_timeout"|"late"|"none",
+//                                   "reference": R (optional; else global), "delay_ms": N,
+//                                   "times": N}
+//
+// Faults: `decline` answers 402, `error` 503, both charging nothing. `hang` charges nothing and
+// drops the connection after delay_ms (default 60 s). `slow` charges at once and answers after
+// delay_ms. `succeed_then_timeout` charges at once and drops the connection after delay_ms.
+// `late` models a provider that executes a request after its caller gave up: the charge is
+// created delay_ms after the request arrived, whether or not the caller still waits (a closed
+// connection does not cancel it); a caller still waiting gets the answer then. Until then a
+// lookup by reference finds nothing.
 //   DELETE /admin/faults           clears every fault
 //   POST /admin/mode               {"ignore_idempotency_keys": true|false}
 //   GET  /admin/stats              {"total": N, "charges_by_reference": {R: N}}
@@ -15,10 +25,13 @@
 #include <signal.h>
 
 #include <boost/json.hpp>
+#include <condition_variable>
 #include <cstdio>
 #include <iostream>
 #include <map>
 #include <mutex>
+#include <stop_token>
+#include <thread>
 
 #include "include/idem/key.h"
 #include "server/http/server.h"
@@ -29,7 +42,7 @@ using namespace idem;
 namespace json = boost::json;
 
 struct Fault {
-  std::string kind;  // decline, error, hang, slow, succeed_then_timeout
+  std::string kind;  // decline, error, hang, slow, succeed_then_timeout, late
   Millis delay{0};
   int times = -1;  // -1: until cleared
 };
@@ -40,8 +53,15 @@ http::Response Json(int status, const json::value& v) {
   return r;
 }
 
+// Thread-safe: every member is guarded by mu_; late charges land on their own threads, joined
+// (and cut short) when the simulator is destroyed.
 class ProviderSim final : public http::Handler {
  public:
+  ~ProviderSim() override {
+    for (std::jthread& t : late_) t.request_stop();
+    late_cv_.notify_all();
+  }
+
   http::Response Handle(const http::Request& request, http::RequestContext& context) override {
     const std::string_view path = request.Path();
     context.route = std::string(path);
@@ -105,28 +125,55 @@ class ProviderSim final : public http::Handler {
     }
     if (fault && fault->kind == "slow") context.delay = fault->delay;
 
-    json::object charge;
-    auto existing = by_key_.find(key);
-    if (!ignore_keys_ && !key.empty() && existing != by_key_.end()) {
-      charge = charges_[existing->second];  // a repeat: the same charge
-    } else {
-      std::array<uint8_t, 8> id;
-      random_.Fill(id);
-      charge["id"] = "ch_" + ToHex(id);
-      charge["reference"] = reference;
-      charge["amount"] = amount;
-      charge["currency"] = currency;
-      charge["status"] = "succeeded";
-      charges_.push_back(charge);
-      if (!key.empty()) by_key_[key] = charges_.size() - 1;
-      ++count_by_reference_[reference];
+    if (fault && fault->kind == "late") {
+      // Answered at the landing time if the caller still waits; made then whatever it did.
+      const Millis delay = fault->delay;
+      context.delay = delay;
+      std::string id = NewChargeId();
+      json::object answer = NewCharge(id, reference, amount, currency);
+      late_.emplace_back([this, delay, key, id, reference, amount, currency](std::stop_token stop) {
+        std::unique_lock late_lock(mu_);
+        late_cv_.wait_for(late_lock, stop, delay, [] { return false; });
+        if (stop.stop_requested()) return;
+        (void)Charge(key, id, reference, amount, currency);
+      });
+      return Json(201, answer);
     }
+    json::object charge = Charge(key, NewChargeId(), reference, amount, currency);
     if (fault && fault->kind == "succeed_then_timeout") {
       context.delay = fault->delay.count() > 0 ? fault->delay : Millis(60000);
       context.drop = true;
       return {};
     }
     return Json(201, charge);
+  }
+
+  std::string NewChargeId() {
+    std::array<uint8_t, 8> id;
+    random_.Fill(id);
+    return "ch_" + ToHex(id);
+  }
+  static json::object NewCharge(const std::string& id, const std::string& reference,
+                                const std::string& amount, const std::string& currency) {
+    return json::object{{"id", id},
+                        {"reference", reference},
+                        {"amount", amount},
+                        {"currency", currency},
+                        {"status", "succeeded"}};
+  }
+  // Makes the charge `id` unless `key` was seen before and keys are honoured: then the earlier
+  // charge is the answer. Caller holds mu_.
+  json::object Charge(const std::string& key, const std::string& id, const std::string& reference,
+                      const std::string& amount, const std::string& currency) {
+    auto existing = by_key_.find(key);
+    if (!ignore_keys_ && !key.empty() && existing != by_key_.end()) {
+      return charges_[existing->second];  // a repeat: the same charge
+    }
+    json::object charge = NewCharge(id, reference, amount, currency);
+    charges_.push_back(charge);
+    if (!key.empty()) by_key_[key] = charges_.size() - 1;
+    ++count_by_reference_[reference];
+    return charge;
   }
 
   http::Response FindCharge(const http::Request& request) {
@@ -144,12 +191,12 @@ class ProviderSim final : public http::Handler {
     const json::object* o = ec ? nullptr : body.if_object();
     const json::value* kind = o ? o->if_contains("fault") : nullptr;
     static const std::vector<std::string> kKinds = {
-        "decline", "error", "hang", "slow", "succeed_then_timeout", "none"};
+        "decline", "error", "hang", "slow", "succeed_then_timeout", "late", "none"};
     if (kind == nullptr || !kind->is_string() ||
         std::find(kKinds.begin(), kKinds.end(), std::string(kind->as_string())) == kKinds.end()) {
       return Json(400, json::object{{"error",
                                      "fault must be one of decline, error, hang, slow, "
-                                     "succeed_then_timeout, none"}});
+                                     "succeed_then_timeout, late, none"}});
     }
     Fault f;
     f.kind = std::string(kind->as_string());
@@ -198,6 +245,8 @@ class ProviderSim final : public http::Handler {
   std::optional<Fault> global_;
   bool ignore_keys_ = false;
   Random& random_ = SystemRandom();
+  std::condition_variable_any late_cv_;  // never notified but at destruction: a stoppable sleep
+  std::vector<std::jthread> late_;       // one per late charge; never pruned (a test double)
 };
 
 class StderrLog final : public http::AccessLog {

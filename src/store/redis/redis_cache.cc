@@ -19,7 +19,7 @@ using redis_internal::Reply;
 using wire::PutBytes;
 using wire::PutInt;
 
-constexpr std::string_view kFormat = "r1";
+constexpr std::string_view kFormat = "r2";
 
 std::string EncodeRecord(const Record& r) {
   std::string out;
@@ -42,6 +42,7 @@ std::string EncodeRecord(const Record& r) {
   PutInt(out, ToUnixMillis(r.created_at));
   PutInt(out, ToUnixMillis(r.updated_at));
   PutInt(out, ToUnixMillis(r.expires_at));
+  PutInt(out, ToUnixMillis(r.sent_at));
   return out;
 }
 
@@ -49,13 +50,13 @@ std::optional<Record> DecodeRecord(std::string_view bytes) {
   wire::Reader in(bytes);
   Record r;
   std::string format;
-  int64_t rules, secret, state, status, fence, until, created, updated, expires;
+  int64_t rules, secret, state, status, fence, until, created, updated, expires, sent;
   if (!in.Bytes(&format) || format != kFormat || !in.Bytes(&r.scope) || !in.Bytes(&r.tenant) ||
       !in.Bytes(&r.user) || !in.Bytes(&r.route) || !in.Bytes(&r.fingerprint.mac) ||
       !in.Int(&rules) || !in.Int(&secret) || !in.Int(&state) || !in.Bytes(&r.recovery_point) ||
       !in.Bytes(&r.resource_id) || !in.Int(&status) || !in.Bytes(&r.response) ||
       !in.Bytes(&r.lease.owner) || !in.Int(&fence) || !in.Int(&until) || !in.Int(&created) ||
-      !in.Int(&updated) || !in.Int(&expires) || !in.Done()) {
+      !in.Int(&updated) || !in.Int(&expires) || !in.Int(&sent) || !in.Done()) {
     return std::nullopt;
   }
   if (state < 1 || state > 4) return std::nullopt;
@@ -68,6 +69,7 @@ std::optional<Record> DecodeRecord(std::string_view bytes) {
   r.created_at = FromUnixMillis(created);
   r.updated_at = FromUnixMillis(updated);
   r.expires_at = FromUnixMillis(expires);
+  r.sent_at = FromUnixMillis(sent);
   return r;
 }
 

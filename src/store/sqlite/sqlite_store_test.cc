@@ -55,7 +55,7 @@ TEST(SqliteStore, OpensInWalModeAndAppliesEachMigrationOnce) {
     auto store = OpenSqliteStore(Options(path, 2), env.clock, env.random);
     ASSERT_TRUE(store.has_value()) << store.error().message;
   }
-  EXPECT_EQ(QueryInt(path, "SELECT count(*) FROM idem_schema WHERE component = 'idem'"), 2);
+  EXPECT_EQ(QueryInt(path, "SELECT count(*) FROM idem_schema WHERE component = 'idem'"), 3);
   EXPECT_EQ(QueryInt(path, "SELECT count(*) FROM idem_schema WHERE component = 'contract'"), 2);
   sqlite3* db = nullptr;
   ASSERT_EQ(sqlite3_open(path.c_str(), &db), SQLITE_OK);
