@@ -250,12 +250,6 @@ std::string Numbered(std::string_view sql, int* count) {
   return out;
 }
 
-int CountPlaceholders(std::string_view sql) {
-  int n = 0;
-  (void)Numbered(sql, &n);
-  return n;
-}
-
 Status CheckParameterCount(std::string_view op, int expected, std::size_t got) {
   if (static_cast<std::size_t>(expected) == got) return Ok();
   return MakeError(Errc::kInvalidArgument, std::string(op) + ": statement takes " +

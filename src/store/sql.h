@@ -41,9 +41,6 @@ const Dialect& PostgresDialect();
 // receives the number of placeholders when non-null.
 std::string Numbered(std::string_view sql, int* count = nullptr);
 
-// The number of '?' placeholders in `sql` outside quoted text.
-int CountPlaceholders(std::string_view sql);
-
 // Errors: kInvalidArgument, worded the same on every backend, when a statement takes `expected`
 // parameters and `got` were given.
 Status CheckParameterCount(std::string_view op, int expected, std::size_t got);
