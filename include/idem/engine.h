@@ -102,13 +102,13 @@ struct Decision {
 struct FoundRecord {
   std::string key;  // the parsed key when looked up by key; empty when looked up by scope hash
   Record record;
-  // The record's expiry has passed by the engine's clock: the key is no longer recognised (the
+  // The record's expiry has passed by the store's clock: the key is no longer recognised (the
   // next request with it starts a new operation) and its answer is never given again.
   bool expired = false;
   // The stored answer, opened with the scope that was looked up: set when the record is finished
   // (SUCCEEDED or FAILED_FINAL) and not expired.
   std::optional<StoredResponse> response;
-  // Set when the record is PROCESSING under a live lease by the engine's clock (Start would answer
+  // Set when the record is PROCESSING under a live lease by the store's clock (Start would answer
   // kInProgress): how long the lease still lasts, 0 when it ends this millisecond.
   std::optional<Millis> lease_left;
 };

@@ -22,8 +22,10 @@ namespace idem {
 // What a marker says about the execution that placed it.
 struct InFlight {
   Fingerprint fingerprint;
-  Timestamp lease_until{};  // the execution's lease, by the engine's clock
-  Timestamp expires_at{};   // until when its key is recognised
+  Timestamp expires_at{};  // until when its key is recognised, as its placer reckoned it (a hint)
+  // Read back only (Placement::held): how long the marker still lives, by the marker backend's
+  // own clock, so no instance's clock, however skewed, decides whether it is live.
+  Millis lease_left{0};
 };
 
 // Proof of having placed one marker: an opaque value chosen by the implementation when it places

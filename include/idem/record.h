@@ -66,6 +66,11 @@ struct Record {
   // (StoreTxn::AdvanceCovered): the last moment a request may have left. Zero before any. Unlike
   // updated_at, no renewal, release or takeover moves it: an unknown outcome settles from here.
   Timestamp sent_at{};
+  // The store's clock when this copy was read: every time above is on the store's clock, and a
+  // decision about them (is the lease live, has the record expired, has the send settled)
+  // compares them with this, never with the reading instance's own clock, which may be skewed.
+  // Not a column: each read sets it (on PostgreSQL, the database's time of the statement).
+  Timestamp observed_at{};
 };
 
 // The answer replayed for a finished record: status, the headers that matter, the exact body.

@@ -439,7 +439,10 @@ std::optional<Millis> Payments::Unsettled(const Record& record) const {
   // A record advanced before sent_at existed has only updated_at, which is no earlier.
   const Timestamp sent = record.sent_at != Timestamp{} ? record.sent_at : record.updated_at;
   const Timestamp settled = sent + settle_;
-  const Timestamp now = clock_.Now();
+  // By the store's clock (the one that wrote sent_at) when the record was claimed, which is
+  // before the lookup that found nothing: a send counts as settled only if it had settled
+  // before that lookup was made.
+  const Timestamp now = record.observed_at;
   if (now >= settled) return std::nullopt;
   return std::chrono::duration_cast<Millis>(settled - now);
 }

@@ -34,7 +34,7 @@ Result<std::unique_ptr<Store>> OpenStoreUrl(const std::string& url,
     postgres.apply_migrations = options.apply_migrations;
     postgres.app_name = options.app_name;
     postgres.app_migrations = options.app_migrations;
-    return OpenPostgresStore(postgres, SystemClock(), SystemRandom());
+    return OpenPostgresStore(postgres, SystemRandom());
   }
   return MakeError(Errc::kInvalidArgument,
                    "store URL must start with sqlite:// or postgresql://, got '" + url + "'");

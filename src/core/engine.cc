@@ -101,7 +101,7 @@ Result<Decision> Engine::Start(const RoutePolicy& policy, const Request& request
   // A finished, unexpired record never changes again: answer it from a snapshot read, without
   // taking the write lock.
   IDEM_ASSIGN_OR_RETURN(std::optional<Record> seen, store_.Read(hash));
-  if (seen && IsReplayable(seen->state) && seen->expires_at > clock_.Now()) {
+  if (seen && IsReplayable(seen->state) && seen->expires_at > seen->observed_at) {
     IDEM_RETURN_IF_ERROR(
         VerifyRecord(policy, request, canonical, fingerprinter_, *seen, mismatch_expires));
     decision.record = std::move(*seen);
@@ -120,19 +120,16 @@ Result<Decision> Engine::Start(const RoutePolicy& policy, const Request& request
   // fingerprint, live marker → a retryable "in progress". Anything else goes to the database.
   Placement placed;
   if (markers_ != nullptr) {
-    const Timestamp now = clock_.Now();
-    placed = markers_->Place(
-        hash, InFlight{spec.fingerprint, now + policy.lease, now + policy.retention}, policy.lease);
+    placed = markers_->Place(hash, InFlight{spec.fingerprint, clock_.Now() + policy.retention},
+                             policy.lease);
     if (const std::optional<InFlight>& other = placed.held) {
       const bool same_request =
           other->fingerprint.secret_id == spec.fingerprint.secret_id &&
           other->fingerprint.rules_version == spec.fingerprint.rules_version &&
           CRYPTO_memcmp(other->fingerprint.mac.data(), spec.fingerprint.mac.data(), 32) == 0;
-      if (same_request && other->lease_until > now) {
+      if (same_request && other->lease_left > Millis(0)) {
         decision.kind = Decision::Kind::kInProgress;
-        decision.retry_after =
-            std::clamp(std::chrono::duration_cast<Millis>(other->lease_until - now), Millis(1),
-                       policy.retry_after);
+        decision.retry_after = std::clamp(other->lease_left, Millis(1), policy.retry_after);
         decision.key_expires = other->expires_at;
         decision.record.scope = hash;
         return decision;
@@ -171,7 +168,8 @@ Result<Decision> Engine::ClaimInTxn(const RoutePolicy& policy, const Request& re
     IDEM_ASSIGN_OR_RETURN(ClaimResult claim, txn->Claim(spec));
     record = std::move(claim.record);
     if (claim.claimed) break;
-    const Timestamp now = clock_.Now();
+    // By the store's clock, as the reclaim's own conditions are.
+    const Timestamp now = record.observed_at;
     // Past retention a finished operation is forgotten and this is a new one. (An unresolved
     // PROCESSING record is never forgotten; it is decided below like a live one.)
     const bool forgotten = record.expires_at <= now && record.state != RecordState::kProcessing;
@@ -268,7 +266,7 @@ Result<std::optional<FoundRecord>> Engine::Lookup(const ScopeHash& scope) {
   IDEM_ASSIGN_OR_RETURN(std::optional<Record> record, store_.Read(scope));
   if (!record) return std::optional<FoundRecord>();
   FoundRecord found;
-  const Timestamp now = clock_.Now();
+  const Timestamp now = record->observed_at;
   found.expired = record->expires_at <= now;
   if (record->state == RecordState::kProcessing && record->lease.until >= now) {
     found.lease_left = std::chrono::duration_cast<Millis>(record->lease.until - now);

@@ -77,8 +77,11 @@ std::string RenderSchema(const Dialect& d, std::string text) {
   return ReplaceAll(std::move(text), "{table_options}", d.record_table_options);
 }
 
+// A statement for `d`: {now} becomes the dialect's time of the statement (one parameter at each
+// occurrence, bound by SqlTxn::Now), and '?' placeholders take the dialect's form.
 std::string Render(const Dialect& d, std::string_view sql) {
-  return d.numbered_placeholders ? Numbered(sql) : std::string(sql);
+  std::string text = ReplaceAll(std::string(sql), "{now}", d.now);
+  return d.numbered_placeholders ? Numbered(text) : text;
 }
 
 template <std::size_t N>
@@ -91,9 +94,10 @@ Status CopyBytes(const SqlValue& v, std::array<uint8_t, N>* out, const char* col
   return Ok();
 }
 
+// A record row is its columns followed by the store's time of the statement that read it.
 // Errors: kDataLoss for a row that is not a record.
 Result<Record> RecordFromRow(const SqlRow& row) {
-  if (row.size() != 19) return MakeError(Errc::kDataLoss, "record row has the wrong shape");
+  if (row.size() != 20) return MakeError(Errc::kDataLoss, "record row has the wrong shape");
   auto text = [&](std::size_t i) -> std::string {
     const std::string* s = std::get_if<std::string>(&row[i]);
     return s ? *s : std::string();
@@ -122,24 +126,7 @@ Result<Record> RecordFromRow(const SqlRow& row) {
   r.updated_at = FromUnixMillis(integer(16));
   r.expires_at = FromUnixMillis(integer(17));
   r.sent_at = FromUnixMillis(integer(18));
-  return r;
-}
-
-// A fresh PROCESSING record for `spec` at `now` with `fence` and a new owner token.
-Record NewRecord(const ClaimSpec& spec, Timestamp now, int64_t fence, Random& random) {
-  Record r;
-  r.scope = spec.scope;
-  r.tenant = spec.tenant;
-  r.user = spec.user;
-  r.route = spec.route;
-  r.fingerprint = spec.fingerprint;
-  r.state = RecordState::kProcessing;
-  random.Fill(r.lease.owner);
-  r.lease.fence = fence;
-  r.lease.until = now + spec.lease_ttl;
-  r.created_at = now;
-  r.updated_at = now;
-  r.expires_at = now + spec.retention;
+  r.observed_at = FromUnixMillis(integer(19));
   return r;
 }
 
@@ -216,7 +203,8 @@ Status Migrate(SqlRunner& conn, const RecordSql& sql,
 
 const Dialect& SqliteDialect() {
   // INTEGER is SQLite's 64-bit integer; WITHOUT ROWID keys the table on scope_hash itself.
-  static const Dialect kDialect{"sqlite", "INTEGER", "BLOB", " WITHOUT ROWID", false, "", ""};
+  // The store's time is the caller's clock: a SQLite file is used from one machine.
+  static const Dialect kDialect{"sqlite", "INTEGER", "BLOB", " WITHOUT ROWID", false, "", "", "?"};
   return kDialect;
 }
 
@@ -224,7 +212,10 @@ const Dialect& PostgresDialect() {
   static const Dialect kDialect{
       "postgres", "BIGINT", "BYTEA", "", true, " FOR UPDATE SKIP LOCKED",
       // Delivered to listeners when (and only if) the transaction commits.
-      " RETURNING pg_notify('idem_finished', encode(scope_hash, 'hex'))"};
+      " RETURNING pg_notify('idem_finished', encode(scope_hash, 'hex'))",
+      // The database's clock when the statement arrived, shared by every instance; a bound
+      // value replaces it only for a store opened with a clock of its own (tests).
+      "COALESCE(?::bigint, floor(extract(epoch FROM statement_timestamp()) * 1000)::bigint)"};
   return kDialect;
 }
 
@@ -269,10 +260,15 @@ RecordSql::RecordSql(const Dialect& d) : dialect(d) {
       Render(d, "SELECT coalesce(max(version), 0) FROM idem_schema WHERE component = ?");
   schema_insert =
       Render(d, "INSERT INTO idem_schema (component, version, applied_at) VALUES (?, ?, ?)");
-  get = Render(d, "SELECT " + columns + " FROM idem_records WHERE scope_hash = ?");
+  // Every time a statement writes or compares is {now}, the store's time of that statement, and
+  // every record a statement returns comes with it (Record::observed_at): instances whose own
+  // clocks disagree still decide a lease, an expiry or a settle window by one clock.
+  const std::string returning = " RETURNING " + columns + ", {now}";
+  get = Render(d, "SELECT " + columns + ", {now} FROM idem_records WHERE scope_hash = ?");
   claim = Render(d, "INSERT INTO idem_records (" + columns +
-                        ") VALUES (?, ?, ?, ?, ?, ?, ?, 'PROCESSING', '', '', 0, NULL, ?, ?, ?, "
-                        "?, ?, ?, 0) ON CONFLICT (scope_hash) DO NOTHING");
+                        ") VALUES (?, ?, ?, ?, ?, ?, ?, 'PROCESSING', '', '', 0, NULL, ?, ?, "
+                        "{now} + ?, {now}, {now}, {now} + ?, 0) ON CONFLICT (scope_hash) DO NOTHING" +
+                        returning);
   // An expired, finished record starts a new operation: all columns from the spec. An expired
   // PROCESSING record is still unresolved (a charge may have left) and is only taken over.
   reclaim_fresh =
@@ -280,37 +276,40 @@ RecordSql::RecordSql(const Dialect& d) : dialect(d) {
              "UPDATE idem_records SET tenant = ?, user_id = ?, route = ?, request_hash = ?, "
              "fp_version = ?, secret_id = ?, state = 'PROCESSING', recovery_point = '', "
              "resource_id = '', status_code = 0, response = NULL, owner_token = ?, fence = ?, "
-             "lease_until = ?, created_at = ?, updated_at = ?, expires_at = ?, sent_at = 0 "
-             "WHERE scope_hash = ? AND fence = ? AND expires_at <= ? AND state <> 'PROCESSING'");
+             "lease_until = {now} + ?, created_at = {now}, updated_at = {now}, "
+             "expires_at = {now} + ?, sent_at = 0 "
+             "WHERE scope_hash = ? AND fence = ? AND expires_at <= {now} AND "
+             "state <> 'PROCESSING'");
   // A takeover of an expired lease, or a retry after a retryable failure: the same operation,
   // kept for at least a full retention from now (never shortened), so an outcome reached after
   // a late resume is replayable for as long as a fresh one.
   reclaim_resume =
       Render(d,
              "UPDATE idem_records SET state = 'PROCESSING', owner_token = ?, fence = ?, "
-             "lease_until = ?, updated_at = ?, "
-             "expires_at = CASE WHEN expires_at < ? THEN ? ELSE expires_at END "
+             "lease_until = {now} + ?, updated_at = {now}, "
+             "expires_at = CASE WHEN expires_at < {now} + ? THEN {now} + ? ELSE expires_at END "
              "WHERE scope_hash = ? AND fence = ? AND "
-             "(state = 'FAILED_RETRYABLE' OR (state = 'PROCESSING' AND lease_until < ?))");
+             "(state = 'FAILED_RETRYABLE' OR (state = 'PROCESSING' AND lease_until < {now}))");
   renew = Render(d,
-                 "UPDATE idem_records SET lease_until = ?, updated_at = ? WHERE scope_hash = ? "
-                 "AND owner_token = ? AND fence = ? AND state = 'PROCESSING'");
+                 "UPDATE idem_records SET lease_until = {now} + ?, updated_at = {now} "
+                 "WHERE scope_hash = ? AND owner_token = ? AND fence = ? AND "
+                 "state = 'PROCESSING' RETURNING lease_until");
   advance =
       Render(d,
              "UPDATE idem_records SET recovery_point = ?, "
-             "resource_id = CASE WHEN ? = '' THEN resource_id ELSE ? END, updated_at = ? "
+             "resource_id = CASE WHEN ? = '' THEN resource_id ELSE ? END, updated_at = {now} "
              "WHERE scope_hash = ? AND owner_token = ? AND fence = ? AND state = 'PROCESSING'");
   // The step before an external call: the lease must still run when the call's deadline (and
   // the margin) has passed, so no takeover can happen while the call may be out.
   advance_covered =
       Render(d,
-             "UPDATE idem_records SET recovery_point = ?, updated_at = ?, sent_at = ? "
+             "UPDATE idem_records SET recovery_point = ?, updated_at = {now}, sent_at = {now} "
              "WHERE scope_hash = ? AND owner_token = ? AND fence = ? AND state = 'PROCESSING' AND "
-             "lease_until >= ?");
+             "lease_until >= {now} + ?");
   finish =
       Render(d,
              "UPDATE idem_records SET state = ?, status_code = ?, response = ?, "
-             "recovery_point = CASE WHEN ? = '' THEN recovery_point ELSE ? END, updated_at = ? "
+             "recovery_point = CASE WHEN ? = '' THEN recovery_point ELSE ? END, updated_at = {now} "
              "WHERE scope_hash = ? AND owner_token = ? AND fence = ? AND state = 'PROCESSING'" +
                  std::string(d.on_finish));
   // Bounded by LIMIT, so a quota check costs at most the quota's index entries.
@@ -327,22 +326,22 @@ RecordSql::RecordSql(const Dialect& d) : dialect(d) {
   for (std::size_t i = 0; i < limits::kMaxSentPoints; ++i) sent_slots += i == 0 ? "?" : ", ?";
   list_stale = Render(
       d, "SELECT " + columns +
-             " FROM idem_records WHERE route = ? AND state IN ('PROCESSING', 'FAILED_RETRYABLE') "
-             "AND lease_until < ? AND (state = 'PROCESSING' OR (recovery_point <> '' AND "
+             ", {now} FROM idem_records WHERE route = ? AND "
+             "state IN ('PROCESSING', 'FAILED_RETRYABLE') AND lease_until < {now} AND (state = 'PROCESSING' OR (recovery_point <> '' AND "
              "recovery_point IN (" +
              sent_slots + "))) ORDER BY lease_until LIMIT ?");
   sweep = Render(d,
                  "DELETE FROM idem_records WHERE scope_hash IN (SELECT scope_hash FROM "
-                 "idem_records WHERE expires_at <= ? AND state <> 'PROCESSING' ORDER BY "
+                 "idem_records WHERE expires_at <= {now} AND state <> 'PROCESSING' ORDER BY "
                  "expires_at LIMIT ?" +
                      std::string(d.sweep_lock) + ")");
 }
 
 // ---- SqlTxn ----------------------------------------------------------------------------------
 
-SqlTxn::SqlTxn(std::unique_ptr<TxnSession> session, const RecordSql& sql, Clock& clock,
+SqlTxn::SqlTxn(std::unique_ptr<TxnSession> session, const RecordSql& sql, StoreTime time,
                Random& random)
-    : session_(std::move(session)), sql_(sql), clock_(clock), random_(random) {}
+    : session_(std::move(session)), sql_(sql), time_(time), random_(random) {}
 
 Result<int> SqlTxn::Change(const std::string& sql, const std::vector<SqlValue>& params) {
   int changed = 0;
@@ -351,16 +350,21 @@ Result<int> SqlTxn::Change(const std::string& sql, const std::vector<SqlValue>& 
 }
 
 Result<ClaimResult> SqlTxn::Claim(const ClaimSpec& spec) {
-  const Timestamp now = clock_.Now();
-  Record r = NewRecord(spec, now, 1, random_);
+  OwnerToken owner;
+  random_.Fill(owner);
+  const SqlValue now = time_.Param();
   IDEM_ASSIGN_OR_RETURN(
-      int changed,
-      Change(sql_.claim, {BytesOf(spec.scope), spec.tenant, spec.user, spec.route,
-                          BytesOf(spec.fingerprint.mac), int64_t{spec.fingerprint.rules_version},
-                          int64_t{spec.fingerprint.secret_id}, BytesOf(r.lease.owner),
-                          r.lease.fence, ToUnixMillis(r.lease.until), ToUnixMillis(now),
-                          ToUnixMillis(now), ToUnixMillis(r.expires_at)}));
-  if (changed == 1) return ClaimResult{true, std::move(r)};
+      auto rows,
+      session_->Run(sql_.claim,
+                    {BytesOf(spec.scope), spec.tenant, spec.user, spec.route,
+                     BytesOf(spec.fingerprint.mac), int64_t{spec.fingerprint.rules_version},
+                     int64_t{spec.fingerprint.secret_id}, BytesOf(owner), int64_t{1}, now,
+                     spec.lease_ttl.count(), now, now, now, spec.retention.count(), now},
+                    nullptr));
+  if (!rows.empty()) {
+    IDEM_ASSIGN_OR_RETURN(Record r, RecordFromRow(rows[0]));
+    return ClaimResult{true, std::move(r)};
+  }
   // The conflicting insert has committed (the insert waited for it), so this read sees it,
   // unless a sweeper deleted it in between: worth another try.
   IDEM_ASSIGN_OR_RETURN(auto existing, Get(spec.scope));
@@ -369,22 +373,24 @@ Result<ClaimResult> SqlTxn::Claim(const ClaimSpec& spec) {
 }
 
 Result<Record> SqlTxn::Reclaim(const ClaimSpec& spec, int64_t seen_fence) {
-  const Timestamp now = clock_.Now();
-  const int64_t now_ms = ToUnixMillis(now);
-  Record r = NewRecord(spec, now, seen_fence + 1, random_);
+  OwnerToken owner;
+  random_.Fill(owner);
+  const int64_t fence = seen_fence + 1;
+  const SqlValue now = time_.Param();
   IDEM_ASSIGN_OR_RETURN(
       int changed,
       Change(sql_.reclaim_fresh,
              {spec.tenant, spec.user, spec.route, BytesOf(spec.fingerprint.mac),
               int64_t{spec.fingerprint.rules_version}, int64_t{spec.fingerprint.secret_id},
-              BytesOf(r.lease.owner), r.lease.fence, ToUnixMillis(r.lease.until), now_ms, now_ms,
-              ToUnixMillis(r.expires_at), BytesOf(spec.scope), seen_fence, now_ms}));
+              BytesOf(owner), fence, now, spec.lease_ttl.count(), now, now, now,
+              spec.retention.count(), BytesOf(spec.scope), seen_fence, now}));
   if (changed == 0) {
-    const int64_t kept_until_ms = ToUnixMillis(r.expires_at);  // now + spec.retention
+    // Kept for at least a full retention from now.
     IDEM_ASSIGN_OR_RETURN(
         changed, Change(sql_.reclaim_resume,
-                        {BytesOf(r.lease.owner), r.lease.fence, ToUnixMillis(r.lease.until), now_ms,
-                         kept_until_ms, kept_until_ms, BytesOf(spec.scope), seen_fence, now_ms}));
+                        {BytesOf(owner), fence, now, spec.lease_ttl.count(), now, now,
+                         spec.retention.count(), now, spec.retention.count(), BytesOf(spec.scope),
+                         seen_fence, now}));
   }
   IDEM_ASSIGN_OR_RETURN(std::optional<Record> current, Get(spec.scope));
   if (!current) return MakeError(Errc::kNotFound, "reclaim: record is gone");
@@ -397,13 +403,15 @@ Result<Record> SqlTxn::Reclaim(const ClaimSpec& spec, int64_t seen_fence) {
 }
 
 Result<Lease> SqlTxn::Renew(const ScopeHash& scope, const Lease& lease, Millis ttl) {
-  const Timestamp now = clock_.Now();
+  const SqlValue now = time_.Param();
+  IDEM_ASSIGN_OR_RETURN(auto rows, session_->Run(sql_.renew,
+                                                 {now, ttl.count(), now, BytesOf(scope),
+                                                  BytesOf(lease.owner), lease.fence},
+                                                 nullptr));
+  if (rows.empty()) return Fenced("renew");
+  IDEM_ASSIGN_OR_RETURN(int64_t until_ms, SingleInteger(rows, "renew"));
   Lease renewed = lease;
-  renewed.until = now + ttl;
-  IDEM_ASSIGN_OR_RETURN(int changed,
-                        Change(sql_.renew, {ToUnixMillis(renewed.until), ToUnixMillis(now),
-                                            BytesOf(scope), BytesOf(lease.owner), lease.fence}));
-  if (changed == 0) return Fenced("renew");
+  renewed.until = FromUnixMillis(until_ms);
   return renewed;
 }
 
@@ -412,7 +420,7 @@ Status SqlTxn::Advance(const ScopeHash& scope, const Lease& lease, std::string_v
   IDEM_RETURN_IF_ERROR(CheckProgress(point, resource_id));
   IDEM_ASSIGN_OR_RETURN(int changed,
                         Change(sql_.advance, {std::string(point), std::string(resource_id),
-                                              std::string(resource_id), ToUnixMillis(clock_.Now()),
+                                              std::string(resource_id), time_.Param(),
                                               BytesOf(scope), BytesOf(lease.owner), lease.fence}));
   if (changed == 0) return Fenced("advance");
   return Ok();
@@ -421,21 +429,22 @@ Status SqlTxn::Advance(const ScopeHash& scope, const Lease& lease, std::string_v
 Status SqlTxn::AdvanceCovered(const ScopeHash& scope, const Lease& lease, std::string_view point,
                               Millis must_cover) {
   IDEM_RETURN_IF_ERROR(CheckProgress(point, {}));
-  const Timestamp now = clock_.Now();
-  const int64_t needed_ms = ToUnixMillis(now + must_cover);
+  const SqlValue now = time_.Param();
   IDEM_ASSIGN_OR_RETURN(
-      int changed,
-      Change(sql_.advance_covered, {std::string(point), ToUnixMillis(now), ToUnixMillis(now),
-                                    BytesOf(scope), BytesOf(lease.owner), lease.fence, needed_ms}));
+      int changed, Change(sql_.advance_covered, {std::string(point), now, now, BytesOf(scope),
+                                                 BytesOf(lease.owner), lease.fence, now,
+                                                 must_cover.count()}));
   if (changed == 1) return Ok();
   // Nothing matched: a lost lease (stop) or a held one that ends too soon (renew, or give up).
   IDEM_ASSIGN_OR_RETURN(std::optional<Record> current, Get(scope));
   if (current && current->state == RecordState::kProcessing &&
       current->lease.owner == lease.owner && current->lease.fence == lease.fence) {
-    return MakeError(Errc::kConflict, "advance: the lease ends at " +
-                                          std::to_string(ToUnixMillis(current->lease.until)) +
+    const Millis left =
+        std::chrono::duration_cast<Millis>(current->lease.until - current->observed_at);
+    return MakeError(Errc::kConflict, "advance: the lease ends in " + std::to_string(left.count()) +
                                           " ms, before the call it must cover would (" +
-                                          std::to_string(needed_ms) + " ms); renew first");
+                                          std::to_string(must_cover.count()) +
+                                          " ms); renew first");
   }
   return Fenced("advance");
 }
@@ -450,13 +459,13 @@ Status SqlTxn::Finish(const ScopeHash& scope, const Lease& lease, const Outcome&
       Change(sql_.finish,
              {std::string(RecordStateName(outcome.state)), int64_t{outcome.status_code},
               std::move(response), outcome.recovery_point, outcome.recovery_point,
-              ToUnixMillis(clock_.Now()), BytesOf(scope), BytesOf(lease.owner), lease.fence}));
+              time_.Param(), BytesOf(scope), BytesOf(lease.owner), lease.fence}));
   if (changed == 0) return Fenced("finish");
   return Ok();
 }
 
 Result<std::optional<Record>> SqlTxn::Get(const ScopeHash& scope) {
-  return GetRecord(*session_, sql_, scope);
+  return GetRecord(*session_, sql_, time_, scope);
 }
 
 Result<int64_t> SqlTxn::Count(std::string_view tenant, std::string_view user,
@@ -486,9 +495,9 @@ Status SqlTxn::Commit() {
 
 // ---- Outside transactions --------------------------------------------------------------------
 
-Result<std::optional<Record>> GetRecord(SqlRunner& conn, const RecordSql& sql,
+Result<std::optional<Record>> GetRecord(SqlRunner& conn, const RecordSql& sql, StoreTime time,
                                         const ScopeHash& scope) {
-  IDEM_ASSIGN_OR_RETURN(auto rows, conn.Run(sql.get, {BytesOf(scope)}, nullptr));
+  IDEM_ASSIGN_OR_RETURN(auto rows, conn.Run(sql.get, {time.Param(), BytesOf(scope)}, nullptr));
   if (rows.empty()) return std::optional<Record>();
   IDEM_ASSIGN_OR_RETURN(Record r, RecordFromRow(rows[0]));
   return std::optional<Record>(std::move(r));
@@ -497,13 +506,14 @@ Result<std::optional<Record>> GetRecord(SqlRunner& conn, const RecordSql& sql,
 Result<std::vector<Record>> ListStaleRecords(SqlRunner& conn, const RecordSql& sql,
                                              std::string_view route,
                                              const std::vector<std::string>& sent_points,
-                                             Timestamp now, int limit) {
+                                             StoreTime time, int limit) {
   if (sent_points.size() > limits::kMaxSentPoints) {
     return MakeError(Errc::kInvalidArgument, "list stale: more than " +
                                                  std::to_string(limits::kMaxSentPoints) +
                                                  " recovery points past the send");
   }
-  std::vector<SqlValue> params{std::string(route), ToUnixMillis(now)};
+  const SqlValue now = time.Param();
+  std::vector<SqlValue> params{now, std::string(route), now};
   for (std::size_t i = 0; i < limits::kMaxSentPoints; ++i) {
     if (i < sent_points.size() && sent_points[i].empty()) {
       return MakeError(Errc::kInvalidArgument, "list stale: an empty recovery point is no send");
@@ -515,9 +525,9 @@ Result<std::vector<Record>> ListStaleRecords(SqlRunner& conn, const RecordSql& s
   return Records(rows);
 }
 
-Result<int> SweepRecords(SqlRunner& conn, const RecordSql& sql, Timestamp now, int batch) {
+Result<int> SweepRecords(SqlRunner& conn, const RecordSql& sql, StoreTime time, int batch) {
   int changed = 0;
-  IDEM_RETURN_IF_ERROR(conn.Run(sql.sweep, {ToUnixMillis(now), int64_t{batch}}, &changed));
+  IDEM_RETURN_IF_ERROR(conn.Run(sql.sweep, {time.Param(), int64_t{batch}}, &changed));
   return changed;
 }
 

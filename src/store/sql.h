@@ -32,6 +32,10 @@ struct Dialect {
   std::string_view sweep_lock;
   // Appended to the finish UPDATE (PostgreSQL: notify listeners when the transaction commits).
   std::string_view on_finish;
+  // The store's time of a statement in milliseconds, written where a statement says {now}. It
+  // holds one '?', which SqlTxn::Now binds (a null, or a caller's clock where the expression
+  // takes one).
+  std::string_view now;
 };
 
 const Dialect& SqliteDialect();
@@ -140,12 +144,30 @@ class LentSession : public TxnSession {
   bool open_ = false;
 };
 
+// What a statement's {now} parameters are bound to: the caller's clock, or null where the
+// dialect then reads the database's own (PostgreSQL's statement time).
+class StoreTime {
+ public:
+  static StoreTime Database() { return StoreTime(nullptr); }
+  static StoreTime Of(Clock& clock) { return StoreTime(&clock); }
+
+  // The value of every {now} of one statement.
+  SqlValue Param() const {
+    return clock_ != nullptr ? SqlValue{ToUnixMillis(clock_->Now())} : SqlValue{};
+  }
+
+ private:
+  explicit StoreTime(Clock* clock) : clock_(clock) {}
+  Clock* clock_;
+};
+
 // The StoreTxn of every SQL backend: record operations in the shared text over a session.
 // Used by one thread, like every StoreTxn.
 class SqlTxn final : public StoreTxn {
  public:
-  // Borrows `sql`, `clock` and `random`, which outlive the transaction.
-  SqlTxn(std::unique_ptr<TxnSession> session, const RecordSql& sql, Clock& clock, Random& random);
+  // Borrows `sql` and `random`, which outlive the transaction (and the clock `time` reads).
+  SqlTxn(std::unique_ptr<TxnSession> session, const RecordSql& sql, StoreTime time,
+         Random& random);
 
   Result<ClaimResult> Claim(const ClaimSpec& spec) override;
   Result<Record> Reclaim(const ClaimSpec& spec, int64_t seen_fence) override;
@@ -167,22 +189,22 @@ class SqlTxn final : public StoreTxn {
 
   std::unique_ptr<TxnSession> session_;
   const RecordSql& sql_;
-  Clock& clock_;
+  StoreTime time_;
   Random& random_;
   bool committed_ = false;
 };
 
 // Store-level reads and deletes outside a write transaction, on any connection.
-Result<std::optional<Record>> GetRecord(SqlRunner& conn, const RecordSql& sql,
+Result<std::optional<Record>> GetRecord(SqlRunner& conn, const RecordSql& sql, StoreTime time,
                                         const ScopeHash& scope);
 // Store::ListStale. Errors: kInvalidArgument for more than limits::kMaxSentPoints sent points, or
 // an empty one.
 Result<std::vector<Record>> ListStaleRecords(SqlRunner& conn, const RecordSql& sql,
                                              std::string_view route,
                                              const std::vector<std::string>& sent_points,
-                                             Timestamp now, int limit);
+                                             StoreTime time, int limit);
 // One atomic statement: deletes up to `batch` expired finished records, returns how many.
-Result<int> SweepRecords(SqlRunner& conn, const RecordSql& sql, Timestamp now, int batch);
+Result<int> SweepRecords(SqlRunner& conn, const RecordSql& sql, StoreTime time, int batch);
 
 // Creates the schema table if needed and applies the pending migrations of libidem and, when
 // `app_migrations` is not empty, of the application `app_name`, inside the caller's transaction.

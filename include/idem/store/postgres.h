@@ -71,7 +71,11 @@ struct PostgresStoreOptions : SchemaOptions {
 };
 
 // Connects, then applies pending migrations under a PostgreSQL advisory lock, so instances that
-// start at once apply each migration once. `clock` and `random` must outlive the store.
+// start at once apply each migration once. `random` must outlive the store.
+//
+// One clock: every time the store writes or compares (a lease's end, a takeover, an expiry, a
+// sweep, a send) is the database's clock at the statement, and every record it returns carries
+// that time (Record::observed_at), so instances whose clocks disagree decide alike.
 // Errors: kUnavailable if the server cannot be reached within options.timeouts.connect;
 // kInvalidArgument for bad options (ValidatePostgresTimeouts among them), a migration the server
 // rejects, or (apply_migrations false) a database without idem's schema; kDataLoss if the schema
@@ -82,6 +86,12 @@ struct PostgresStoreOptions : SchemaOptions {
 // connection is dropped in the second case — and is not retried; a COMMIT that gets no answer is
 // kDeadlineExceeded (it may have committed). Store::Ping answers within its timeout on a
 // connection of its own.
+Result<std::unique_ptr<Store>> OpenPostgresStore(const PostgresStoreOptions& options,
+                                                 Random& random);
+
+// As above, with the store's time read from `clock` instead of the database: for tests and
+// simulations that move time. Every instance on the database must then share that one clock.
+// `clock` must outlive the store.
 Result<std::unique_ptr<Store>> OpenPostgresStore(const PostgresStoreOptions& options, Clock& clock,
                                                  Random& random);
 

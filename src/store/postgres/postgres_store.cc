@@ -30,6 +30,7 @@ namespace {
 using store_internal::RecordSql;
 using store_internal::SqlRunner;
 using store_internal::SqlTxn;
+using store_internal::StoreTime;
 
 // pg_advisory_lock key for migrations: "idem" in ASCII.
 constexpr int64_t kMigrationLock = 0x6964656d;
@@ -614,9 +615,9 @@ class FinishedListener final : public Subscription {
 
 class PostgresStore final : public Store {
  public:
-  PostgresStore(std::unique_ptr<Pool> pool, PostgresStoreOptions options, Clock& clock,
+  PostgresStore(std::unique_ptr<Pool> pool, PostgresStoreOptions options, StoreTime time,
                 Random& random)
-      : pool_(std::move(pool)), options_(std::move(options)), clock_(clock), random_(random) {
+      : pool_(std::move(pool)), options_(std::move(options)), time_(time), random_(random) {
     caps_.name = "postgres";
     caps_.shared_across_processes = true;
     caps_.durable = true;
@@ -680,7 +681,7 @@ class PostgresStore final : public Store {
       Status begun = session->Begin("BEGIN");
       if (begun) {
         return std::unique_ptr<StoreTxn>(
-            std::make_unique<SqlTxn>(std::move(session), Sql(), clock_, random_));
+            std::make_unique<SqlTxn>(std::move(session), Sql(), time_, random_));
       }
       // A connection that died while idle: nothing was sent, so try a fresh one. One that timed
       // out met a stalled server, which another attempt would only wait for again.
@@ -691,7 +692,7 @@ class PostgresStore final : public Store {
   }
 
   Result<std::optional<Record>> Read(const ScopeHash& scope) override {
-    return Retrying([&](Connection& c) { return store_internal::GetRecord(c, Sql(), scope); });
+    return Retrying([&](Connection& c) { return store_internal::GetRecord(c, Sql(), time_, scope); });
   }
 
   Result<std::vector<SqlRow>> Query(std::string_view sql,
@@ -713,13 +714,13 @@ class PostgresStore final : public Store {
                                         const std::vector<std::string>& sent_points,
                                         int limit) override {
     return Retrying([&](Connection& c) {
-      return store_internal::ListStaleRecords(c, Sql(), route, sent_points, clock_.Now(), limit);
+      return store_internal::ListStaleRecords(c, Sql(), route, sent_points, time_, limit);
     });
   }
 
   Result<int> Sweep(int batch) override {
     return Retrying(
-        [&](Connection& c) { return store_internal::SweepRecords(c, Sql(), clock_.Now(), batch); });
+        [&](Connection& c) { return store_internal::SweepRecords(c, Sql(), time_, batch); });
   }
 
  private:
@@ -743,7 +744,7 @@ class PostgresStore final : public Store {
 
   std::unique_ptr<Pool> pool_;
   PostgresStoreOptions options_;
-  Clock& clock_;
+  StoreTime time_;
   Random& random_;
   StoreCapabilities caps_;
   std::mutex ping_mu_;
@@ -822,8 +823,10 @@ Status ValidatePostgresTimeouts(const PostgresTimeouts& t) {
   return Ok();
 }
 
-Result<std::unique_ptr<Store>> OpenPostgresStore(const PostgresStoreOptions& options, Clock& clock,
-                                                 Random& random) {
+namespace {
+
+Result<std::unique_ptr<Store>> Open(const PostgresStoreOptions& options, StoreTime time,
+                                    Clock& clock, Random& random) {
   if (options.pool_size < 1 || options.pool_size > 256) {
     return MakeError(Errc::kInvalidArgument, "postgres: pool_size must be 1..256");
   }
@@ -844,7 +847,21 @@ Result<std::unique_ptr<Store>> OpenPostgresStore(const PostgresStoreOptions& opt
   }
   auto pool = std::make_unique<Pool>("postgres", std::move(conns), connect);
   return std::unique_ptr<Store>(
-      std::make_unique<PostgresStore>(std::move(pool), options, clock, random));
+      std::make_unique<PostgresStore>(std::move(pool), options, time, random));
+}
+
+}  // namespace
+
+Result<std::unique_ptr<Store>> OpenPostgresStore(const PostgresStoreOptions& options,
+                                                 Random& random) {
+  // The wall clock only dates applied migrations; every lease, expiry and takeover is the
+  // database's.
+  return Open(options, StoreTime::Database(), SystemClock(), random);
+}
+
+Result<std::unique_ptr<Store>> OpenPostgresStore(const PostgresStoreOptions& options, Clock& clock,
+                                                 Random& random) {
+  return Open(options, StoreTime::Of(clock), clock, random);
 }
 
 }  // namespace idem

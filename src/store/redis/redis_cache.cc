@@ -75,23 +75,34 @@ std::optional<Record> DecodeRecord(std::string_view bytes) {
 
 // ---- In-process LRU -------------------------------------------------------------------------
 
+// Entries live until a deadline on the monotonic clock, set from the store's own reckoning of
+// how long the record has left (expires_at - observed_at): no wall clock decides.
 class Lru {
  public:
   explicit Lru(std::size_t capacity) : capacity_(capacity) {}
-  std::optional<Record> Get(const ScopeHash& scope) {
+  // The entry of `scope` alive at `now`, its observed_at moved on by the time it has spent here.
+  std::optional<Record> Get(const ScopeHash& scope, SteadyTime now) {
     if (capacity_ == 0) return std::nullopt;
     std::lock_guard lock(mu_);
     auto it = index_.find(Key(scope));
     if (it == index_.end()) return std::nullopt;
+    const Entry& entry = it->second->second;
+    if (entry.deadline <= now) {
+      order_.erase(it->second);
+      index_.erase(it);
+      return std::nullopt;
+    }
     order_.splice(order_.begin(), order_, it->second);
-    return it->second->second;
+    Record r = entry.record;
+    r.observed_at = r.expires_at - std::chrono::duration_cast<Millis>(entry.deadline - now);
+    return r;
   }
-  void Put(const ScopeHash& scope, const Record& record) {
+  void Put(const ScopeHash& scope, const Record& record, SteadyTime deadline) {
     if (capacity_ == 0) return;
     std::lock_guard lock(mu_);
     const std::string key = Key(scope);
     if (auto it = index_.find(key); it != index_.end()) order_.erase(it->second);
-    order_.emplace_front(key, record);
+    order_.emplace_front(key, Entry{record, deadline});
     index_[key] = order_.begin();
     while (order_.size() > capacity_) {
       index_.erase(order_.back().first);
@@ -100,16 +111,25 @@ class Lru {
   }
 
  private:
+  struct Entry {
+    Record record;
+    SteadyTime deadline;
+  };
   static std::string Key(const ScopeHash& s) {
     return std::string(reinterpret_cast<const char*>(s.data()), s.size());
   }
   std::size_t capacity_;
   std::mutex mu_;
-  std::list<std::pair<std::string, Record>> order_;
-  std::unordered_map<std::string, std::list<std::pair<std::string, Record>>::iterator> index_;
+  std::list<std::pair<std::string, Entry>> order_;
+  std::unordered_map<std::string, std::list<std::pair<std::string, Entry>>::iterator> index_;
 };
 
 // ---- The decorator --------------------------------------------------------------------------
+
+// The cache entry of KEYS[1] and how many milliseconds it still lives by Redis's clock, or nil.
+constexpr std::string_view kReadScript =
+    "local v = redis.call('GET', KEYS[1]) if not v then return nil end "
+    "return {v, redis.call('PTTL', KEYS[1])}";
 
 // Owns the store it wraps; only Read differs, everything else is forwarded.
 class RedisCachedStore final : public StoreWrapper {
@@ -127,27 +147,39 @@ class RedisCachedStore final : public StoreWrapper {
   const StoreCapabilities& capabilities() const override { return caps_; }
 
   // Every cache path answers only with a record of the scope asked for: an entry of another
-  // scope is a miss, counted as a fallback, and the database answers.
+  // scope is a miss, counted as a fallback, and the database answers. An entry lives for what
+  // the store said the record had left when it was read (set as its TTL in Redis and as its
+  // deadline in the LRU) and comes back with observed_at moved on by the time it has spent in
+  // the cache. This instance's clock can only shorten that: a clock running behind keeps no
+  // entry alive past its expiry; one running ahead only costs database reads.
   Result<std::optional<Record>> Read(const ScopeHash& scope) override {
-    const Timestamp now = clock_.Now();
-    if (auto hit = lru_.Get(scope); hit && OfScope(*hit, scope) && Usable(*hit, now)) return hit;
+    const Timestamp local = clock_.Now();
+    if (auto hit = lru_.Get(scope, client_->Now());
+        hit && OfScope(*hit, scope) && Usable(*hit, local)) {
+      return hit;
+    }
     const std::string key = client_->options().key_prefix + ToHex(scope);
-    if (auto cached = FromRedis(key); cached && OfScope(*cached, scope) && Usable(*cached, now)) {
-      lru_.Put(scope, *cached);
+    if (auto cached = FromRedis(key); cached && OfScope(*cached, scope) && Usable(*cached, local)) {
+      lru_.Put(scope, *cached, client_->Now() + Left(*cached));
       return cached;
     }
     IDEM_ASSIGN_OR_RETURN(std::optional<Record> record, inner_->Read(scope));
-    if (record && record->scope == scope && Usable(*record, now)) {
-      lru_.Put(scope, *record);
-      ToRedis(key, *record, now);
+    if (record && record->scope == scope && Usable(*record, local)) {
+      const Millis left = Left(*record);
+      lru_.Put(scope, *record, client_->Now() + left);
+      ToRedis(key, *record, left);
     }
     return record;
   }
 
  private:
-  // The rule: only finished records, only before their expiry by the store's clock.
-  static bool Usable(const Record& r, Timestamp now) {
-    return IsReplayable(r.state) && r.expires_at > now;
+  // The rule: only finished records, only before their expiry by the store's clock, and by the
+  // local one.
+  static bool Usable(const Record& r, Timestamp local) {
+    return IsReplayable(r.state) && r.expires_at > r.observed_at && r.expires_at > local;
+  }
+  static Millis Left(const Record& r) {
+    return std::chrono::duration_cast<Millis>(r.expires_at - r.observed_at);
   }
 
   // Whether a cache entry is the record of `scope`; counts a fallback when it is not.
@@ -158,16 +190,25 @@ class RedisCachedStore final : public StoreWrapper {
   }
 
   std::optional<Record> FromRedis(const std::string& key) {
-    Reply reply = client_->Command({"GET", key});
-    if (!reply || reply->type != REDIS_REPLY_STRING) return std::nullopt;  // a failure or a miss
-    return DecodeRecord(std::string_view(reply->str, reply->len));
+    Reply reply = client_->Command({"EVAL", kReadScript, "1", key});
+    // A failure or a miss.
+    if (!reply || reply->type != REDIS_REPLY_ARRAY || reply->elements != 2) return std::nullopt;
+    const redisReply* value = reply->element[0];
+    const redisReply* left = reply->element[1];
+    // An entry without a TTL (-1) was not written by a cache: it says nothing.
+    if (value->type != REDIS_REPLY_STRING || left->type != REDIS_REPLY_INTEGER ||
+        left->integer <= 0) {
+      return std::nullopt;
+    }
+    std::optional<Record> r = DecodeRecord(std::string_view(value->str, value->len));
+    if (r) r->observed_at = r->expires_at - Millis(left->integer);
+    return r;
   }
 
-  void ToRedis(const std::string& key, const Record& r, Timestamp now) {
-    const int64_t ttl_ms = ToUnixMillis(r.expires_at) - ToUnixMillis(now);
-    if (ttl_ms <= 0 || client_->Resting()) return;
+  void ToRedis(const std::string& key, const Record& r, Millis left) {
+    if (left.count() <= 0 || client_->Resting()) return;
     const std::string value = EncodeRecord(r);
-    const std::string ttl = std::to_string(ttl_ms);
+    const std::string ttl = std::to_string(left.count());
     (void)client_->Command({"SET", key, value, "PX", ttl});
   }
 

@@ -104,13 +104,13 @@ class RedisCacheTest : public ::testing::Test {
   }
 
   // A finished record for `key`, written through the database.
-  ClaimSpec Finished(const std::string& key) {
+  ClaimSpec Finished(const std::string& key, Millis retention = Millis(60000)) {
     ClaimSpec spec;
     spec.scope = *Scope{"acme", "alice", "r", key}.Hash();
     spec.tenant = "acme";
     spec.user = "alice";
     spec.route = "r";
-    spec.retention = Millis(60000);
+    spec.retention = retention;
     auto txn = std::move(*raw_->Begin());
     Record r = txn->Claim(spec)->record;
     EXPECT_TRUE(txn->Finish(spec.scope, r.lease, {RecordState::kSucceeded, 201, "sealed", "done"})
@@ -149,7 +149,9 @@ class RawRedis {
     Reply r = Run({"EXISTS", key});
     return r != nullptr && r->type == REDIS_REPLY_INTEGER && r->integer == 1;
   }
-  void Set(const std::string& key, const std::string& value) { Run({"SET", key, value}); }
+  void Set(const std::string& key, const std::string& value, Millis ttl) {
+    Run({"SET", key, value, "PX", std::to_string(ttl.count())});
+  }
   std::optional<std::string> Get(const std::string& key) {
     Reply r = Run({"GET", key});
     if (r == nullptr || r->type != REDIS_REPLY_STRING) return std::nullopt;
@@ -200,11 +202,16 @@ TEST_F(RedisCacheTest, WarmReplaysAreServedFromTheLruAndFromRedis) {
 
 TEST_F(RedisCacheTest, ACachedRecordIsNeverUsedPastItsExpiry) {
   REQUIRE_SERVICE("IDEM_TEST_REDIS_URL");
-  Open(CacheOptions(Fresh("idem:test:")));
-  const ClaimSpec spec = Finished("expiry-key-0001");
+  const std::string prefix = Fresh("idem:test:");
+  Open(CacheOptions(prefix));
+  const Millis retention(400);
+  const ClaimSpec spec = Finished("expiry-key-0001", retention);
   ASSERT_TRUE((*cached_->Read(spec.scope)).has_value());
-  // Past the expiry the key starts a new operation in the database...
-  env_.clock.Advance(Millis(60000));
+  // An entry lives for what the store said the record had left, in real time, measured by
+  // Redis and the monotonic clock: past the expiry the key starts a new operation in the
+  // database...
+  std::this_thread::sleep_for(retention + Millis(100));
+  env_.clock.Advance(retention);
   ClaimSpec next = spec;
   next.fingerprint.mac.fill(7);
   {
@@ -213,11 +220,75 @@ TEST_F(RedisCacheTest, ACachedRecordIsNeverUsedPastItsExpiry) {
     ASSERT_TRUE(txn->Reclaim(next, old.lease.fence).has_value());
     ASSERT_TRUE(txn->Commit().has_value());
   }
-  // ...and the cache, which still holds the old finished record, must not answer for it.
+  // ...and neither the LRU nor Redis, which held the old finished record, answers for it.
   auto read = cached_->Read(spec.scope);
   ASSERT_TRUE(read.has_value() && read->has_value());
   EXPECT_EQ((*read)->state, RecordState::kProcessing);
   EXPECT_EQ((*read)->fingerprint.mac, next.fingerprint.mac);
+  RedisCacheOptions no_lru = CacheOptions(prefix);
+  no_lru.lru_entries = 0;
+  SqliteStoreOptions o;
+  o.path = env_.dir.File("idem.db");
+  auto other = std::move(*WrapWithRedisCache(
+      std::move(*OpenSqliteStore(o, env_.clock, env_.random)), no_lru, env_.clock));
+  read = other->Read(spec.scope);
+  ASSERT_TRUE(read.has_value() && read->has_value());
+  EXPECT_EQ((*read)->state, RecordState::kProcessing) << "Redis kept the entry past its expiry";
+}
+
+// A cached record comes back with the store's time moved on by the time it spent in the cache
+// (Record::observed_at), the time the engine judges its expiry by: whatever an instance's wall
+// clock says, a cache hit is live exactly as long as the store said it had left.
+TEST_F(RedisCacheTest, ACacheHitCarriesTheStoresTimeMovedOn) {
+  REQUIRE_SERVICE("IDEM_TEST_REDIS_URL");
+  const std::string prefix = Fresh("idem:test:");
+  Open(CacheOptions(prefix));
+  const ClaimSpec spec = Finished("observed-key-0001");
+  auto first = cached_->Read(spec.scope);
+  ASSERT_TRUE(first.has_value() && first->has_value());
+  EXPECT_EQ((*first)->observed_at, env_.clock.Now()) << "a miss is the store's own read";
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  auto from_lru = cached_->Read(spec.scope);
+  ASSERT_TRUE(from_lru.has_value() && from_lru->has_value());
+  RedisCacheOptions no_lru = CacheOptions(prefix);
+  no_lru.lru_entries = 0;
+  SqliteStoreOptions o;
+  o.path = env_.dir.File("idem.db");
+  auto other = std::move(*WrapWithRedisCache(
+      std::move(*OpenSqliteStore(o, env_.clock, env_.random)), no_lru, env_.clock));
+  auto from_redis = other->Read(spec.scope);
+  ASSERT_TRUE(from_redis.has_value() && from_redis->has_value());
+  for (const Record* r : {&**from_lru, &**from_redis}) {
+    const Millis moved = std::chrono::duration_cast<Millis>(r->observed_at - (*first)->observed_at);
+    EXPECT_GE(moved, Millis(250)) << "the time in the cache was not counted";
+    EXPECT_LT(moved, Millis(30000));
+    EXPECT_GT(r->expires_at, r->observed_at);
+  }
+}
+
+// An instance whose clock runs an hour behind the store's keeps no entry alive past its expiry:
+// neither its LRU nor the Redis entry it wrote outlives what the store said the record had left.
+TEST_F(RedisCacheTest, AClockRunningBehindKeepsNoEntryAlive) {
+  REQUIRE_SERVICE("IDEM_TEST_REDIS_URL");
+  const std::string prefix = Fresh("idem:test:");
+  Open(CacheOptions(prefix));
+  FakeClock behind(env_.clock.Now() - Millis(3'600'000));
+  SqliteStoreOptions o;
+  o.path = env_.dir.File("idem.db");
+  auto skewed = std::move(*WrapWithRedisCache(
+      std::move(*OpenSqliteStore(o, env_.clock, env_.random)), CacheOptions(prefix), behind));
+  RedisCacheOptions no_lru = CacheOptions(prefix);
+  no_lru.lru_entries = 0;
+  auto reader = std::move(*WrapWithRedisCache(
+      std::move(*OpenSqliteStore(o, env_.clock, env_.random)), no_lru, behind));
+  const Millis retention(400);
+  const ClaimSpec spec = Finished("skew-key-0001", retention);
+  ASSERT_TRUE((*skewed->Read(spec.scope)).has_value());  // cached by the skewed instance
+  std::this_thread::sleep_for(retention + Millis(100));
+  env_.clock.Advance(retention);
+  DeleteFromDatabase(spec.scope);  // the sweeper's work, by the store's clock
+  EXPECT_FALSE((*skewed->Read(spec.scope)).has_value()) << "the LRU served an expired record";
+  EXPECT_FALSE((*reader->Read(spec.scope)).has_value()) << "Redis served an expired record";
 }
 
 TEST_F(RedisCacheTest, UnfinishedRecordsAreNotCached) {
@@ -254,7 +325,7 @@ TEST_F(RedisCacheTest, ACachedRecordAnswersOnlyForItsOwnScope) {
   const std::optional<std::string> entry = redis.Get(prefix + ToHex(x.scope));
   ASSERT_TRUE(entry.has_value());
   const ScopeHash y = *Scope{"acme", "alice", "r", "scope-y-key-1"}.Hash();
-  redis.Set(prefix + ToHex(y), *entry);
+  redis.Set(prefix + ToHex(y), *entry, Millis(60000));
 
   for (bool lru : {true, false}) {
     RedisCacheOptions fresh = options;  // another process: nothing in its LRU yet
@@ -302,7 +373,6 @@ TEST_F(RedisCacheTest, MarkersArePlacedReleasedByTheirOwnerAndExpire) {
   InFlight mine;
   mine.fingerprint.mac.fill(3);
   mine.fingerprint.secret_id = 9;
-  mine.lease_until = env_.clock.Now() + Millis(30000);
   mine.expires_at = env_.clock.Now() + Millis(60000);
   Placement first = markers_->Place(scope, mine, Millis(30000));
   ASSERT_TRUE(first.token.has_value()) << "first places it";
@@ -312,7 +382,8 @@ TEST_F(RedisCacheTest, MarkersArePlacedReleasedByTheirOwnerAndExpire) {
   ASSERT_TRUE(second.held.has_value()) << "a second sees the holder";
   EXPECT_EQ(second.held->fingerprint.mac, mine.fingerprint.mac);
   EXPECT_EQ(second.held->fingerprint.secret_id, 9u);
-  EXPECT_EQ(second.held->lease_until, mine.lease_until);
+  EXPECT_GT(second.held->lease_left, Millis(25000)) << "by Redis's clock";
+  EXPECT_LE(second.held->lease_left, Millis(30000));
   EXPECT_EQ(second.held->expires_at, mine.expires_at);
 
   // Only the holder's token removes it; an identical marker placed again has another token.

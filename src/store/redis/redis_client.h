@@ -67,6 +67,9 @@ class RedisClient {
 
   const RedisCacheOptions& options() const { return options_; }
 
+  // The client's monotonic clock (RedisCacheOptions::monotonic).
+  SteadyTime Now() const { return monotonic_.Now(); }
+
  private:
   void Fallback();
   int64_t NowMs() const;

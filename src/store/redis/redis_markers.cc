@@ -1,5 +1,6 @@
 // src/store/redis/redis_markers.cc — in-flight markers in Redis: SET NX PX to place one, and an
 // owner-checked compare-and-delete (a Lua script) to release it.
+#include <algorithm>
 #include <array>
 
 #include "include/idem/inflight.h"
@@ -12,13 +13,18 @@ namespace {
 using wire::PutBytes;
 using wire::PutInt;
 
-constexpr std::string_view kFormat = "m2";
+constexpr std::string_view kFormat = "m3";
 
 // Deletes KEYS[1] only if it still holds ARGV[1], the exact value its placer wrote: atomic in
 // Redis, so a marker placed by someone else in between is never deleted.
 constexpr std::string_view kReleaseScript =
     "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end "
     "return 0";
+
+// The marker of KEYS[1] and how many milliseconds it still lives by Redis's clock, or nil.
+constexpr std::string_view kReadScript =
+    "local v = redis.call('GET', KEYS[1]) if not v then return nil end "
+    "return {v, redis.call('PTTL', KEYS[1])}";
 
 // A marker's value: what it says, and 16 random bytes that make every placement's value unique.
 // The value is the placer's token.
@@ -29,7 +35,6 @@ std::string EncodeMarker(const InFlight& m, const std::array<uint8_t, 16>& nonce
   PutBytes(out, m.fingerprint.mac);
   PutInt(out, m.fingerprint.rules_version);
   PutInt(out, m.fingerprint.secret_id);
-  PutInt(out, ToUnixMillis(m.lease_until));
   PutInt(out, ToUnixMillis(m.expires_at));
   return out;
 }
@@ -39,15 +44,14 @@ std::optional<InFlight> DecodeMarker(std::string_view bytes) {
   InFlight m;
   std::string format;
   std::array<uint8_t, 16> nonce;
-  int64_t rules, secret, lease, expires;
+  int64_t rules, secret, expires;
   if (!in.Bytes(&format) || format != kFormat || !in.Bytes(&nonce) ||
-      !in.Bytes(&m.fingerprint.mac) || !in.Int(&rules) || !in.Int(&secret) || !in.Int(&lease) ||
-      !in.Int(&expires) || !in.Done()) {
+      !in.Bytes(&m.fingerprint.mac) || !in.Int(&rules) || !in.Int(&secret) || !in.Int(&expires) ||
+      !in.Done()) {
     return std::nullopt;
   }
   m.fingerprint.rules_version = static_cast<uint32_t>(rules);
   m.fingerprint.secret_id = static_cast<uint32_t>(secret);
-  m.lease_until = FromUnixMillis(lease);
   m.expires_at = FromUnixMillis(expires);
   return m;
 }
@@ -69,10 +73,17 @@ class RedisInFlightMarkers final : public InFlightMarkers {
     Reply set = client_->Command({"SET", key, value, "NX", "PX", ttl_ms});
     if (!set) return {};
     if (set->type == REDIS_REPLY_STATUS) return Placement{std::move(value), std::nullopt};  // OK
-    Reply held = client_->Command({"GET", key});
-    if (!held || held->type != REDIS_REPLY_STRING) return {};  // a failure, or expired in between
+    Reply held = client_->Command({"EVAL", kReadScript, "1", key});
+    // A failure, or expired in between.
+    if (!held || held->type != REDIS_REPLY_ARRAY || held->elements != 2) return {};
+    const redisReply* marker_value = held->element[0];
+    const redisReply* left = held->element[1];
+    if (marker_value->type != REDIS_REPLY_STRING || left->type != REDIS_REPLY_INTEGER) return {};
     // A marker this build cannot read (another version's) tells nothing: go to the database.
-    return Placement{std::nullopt, DecodeMarker(std::string_view(held->str, held->len))};
+    std::optional<InFlight> marker =
+        DecodeMarker(std::string_view(marker_value->str, marker_value->len));
+    if (marker) marker->lease_left = Millis(std::max<long long>(left->integer, 0));
+    return Placement{std::nullopt, std::move(marker)};
   }
 
   void Release(const ScopeHash& scope, const MarkerToken& token) override {

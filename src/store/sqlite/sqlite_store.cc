@@ -46,6 +46,7 @@ Error SqliteError(sqlite3* db, int rc, std::string_view what) {
 using store_internal::RecordSql;
 using store_internal::SqlRunner;
 using store_internal::SqlTxn;
+using store_internal::StoreTime;
 
 const RecordSql& Sql() {
   static const RecordSql kSql(store_internal::SqliteDialect());
@@ -247,12 +248,12 @@ class SqliteStore final : public Store {
     auto session = std::make_unique<SqliteSession>(std::move(conn));
     IDEM_RETURN_IF_ERROR(session->Begin("BEGIN IMMEDIATE"));
     return std::unique_ptr<StoreTxn>(
-        std::make_unique<SqlTxn>(std::move(session), Sql(), clock_, random_));
+        std::make_unique<SqlTxn>(std::move(session), Sql(), StoreTime::Of(clock_), random_));
   }
 
   Result<std::optional<Record>> Read(const ScopeHash& scope) override {
     IDEM_ASSIGN_OR_RETURN(PooledConnection conn, Lend(*readers_));
-    return store_internal::GetRecord(*conn, Sql(), scope);
+    return store_internal::GetRecord(*conn, Sql(), StoreTime::Of(clock_), scope);
   }
 
   Result<std::vector<SqlRow>> Query(std::string_view sql,
@@ -269,13 +270,14 @@ class SqliteStore final : public Store {
                                         const std::vector<std::string>& sent_points,
                                         int limit) override {
     IDEM_ASSIGN_OR_RETURN(PooledConnection conn, Lend(*readers_));
-    return store_internal::ListStaleRecords(*conn, Sql(), route, sent_points, clock_.Now(), limit);
+    return store_internal::ListStaleRecords(*conn, Sql(), route, sent_points,
+                                           StoreTime::Of(clock_), limit);
   }
 
   Result<int> Sweep(int batch) override {
     // One DELETE in autocommit: atomic on its own, on the writer connection like every write.
     IDEM_ASSIGN_OR_RETURN(PooledConnection conn, Lend(*writer_));
-    return store_internal::SweepRecords(*conn, Sql(), clock_.Now(), batch);
+    return store_internal::SweepRecords(*conn, Sql(), StoreTime::Of(clock_), batch);
   }
 
  private:
