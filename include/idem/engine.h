@@ -170,9 +170,9 @@ class Engine {
   // provider charge): in one transaction, renews the lease to now + ticket.lease_ttl and records
   // `point`, only if the renewed lease covers the whole call — lease_until >= now + must_cover,
   // checked inside the fenced UPDATE (StoreTxn::AdvanceCovered). `must_cover` is the call's
-  // timeout plus a margin for clock error and store latency. So no executor sends under a lease
-  // that could end, and be taken over, while its call is still out. On success ticket.lease is
-  // the renewed lease; on any error nothing was written and the caller must not call out.
+  // timeout plus a margin for store latency and the time to the send. So no executor sends under a
+  // lease that could end, and be taken over, while its call is still out. On success ticket.lease
+  // is the renewed lease; on any error nothing was written and the caller must not call out.
   // Errors: kFenced (the lease was lost to a takeover: stop); kConflict (the lease is still held
   // but ticket.lease_ttl is shorter than must_cover, so no renewal can cover this call: give
   // up, e.g. Release, and configure a longer lease); kInvalidArgument (point too long);

@@ -48,7 +48,7 @@ inline constexpr std::chrono::milliseconds kDefaultLease{30'000};
 inline constexpr std::chrono::milliseconds kDefaultRetention{7LL * 24 * 3600 * 1000};
 inline constexpr std::chrono::milliseconds kDefaultRetryAfter{1'000};
 // What a lease must cover beyond an external call's timeout before the call may be sent
-// (Engine::AdvanceBeforeCall): clock error between instances, store latency, and the time from
+// (Engine::AdvanceBeforeCall): store latency and the time from
 // the renewal to the send. A lease shorter than timeout + margin is refused by configuration.
 inline constexpr std::chrono::milliseconds kDefaultLeaseMargin{2'000};
 

@@ -265,10 +265,11 @@ RecordSql::RecordSql(const Dialect& d) : dialect(d) {
   // clocks disagree still decide a lease, an expiry or a settle window by one clock.
   const std::string returning = " RETURNING " + columns + ", {now}";
   get = Render(d, "SELECT " + columns + ", {now} FROM idem_records WHERE scope_hash = ?");
-  claim = Render(d, "INSERT INTO idem_records (" + columns +
-                        ") VALUES (?, ?, ?, ?, ?, ?, ?, 'PROCESSING', '', '', 0, NULL, ?, ?, "
-                        "{now} + ?, {now}, {now}, {now} + ?, 0) ON CONFLICT (scope_hash) DO NOTHING" +
-                        returning);
+  claim =
+      Render(d, "INSERT INTO idem_records (" + columns +
+                    ") VALUES (?, ?, ?, ?, ?, ?, ?, 'PROCESSING', '', '', 0, NULL, ?, ?, "
+                    "{now} + ?, {now}, {now}, {now} + ?, 0) ON CONFLICT (scope_hash) DO NOTHING" +
+                    returning);
   // An expired, finished record starts a new operation: all columns from the spec. An expired
   // PROCESSING record is still unresolved (a charge may have left) and is only taken over.
   reclaim_fresh =
@@ -324,12 +325,12 @@ RecordSql::RecordSql(const Dialect& d) : dialect(d) {
   // (unused ones repeat '', the point of a fresh claim, which is never past a send).
   std::string sent_slots;
   for (std::size_t i = 0; i < limits::kMaxSentPoints; ++i) sent_slots += i == 0 ? "?" : ", ?";
-  list_stale = Render(
-      d, "SELECT " + columns +
-             ", {now} FROM idem_records WHERE route = ? AND "
-             "state IN ('PROCESSING', 'FAILED_RETRYABLE') AND lease_until < {now} AND (state = 'PROCESSING' OR (recovery_point <> '' AND "
-             "recovery_point IN (" +
-             sent_slots + "))) ORDER BY lease_until LIMIT ?");
+  list_stale = Render(d, "SELECT " + columns +
+                             ", {now} FROM idem_records WHERE route = ? AND "
+                             "state IN ('PROCESSING', 'FAILED_RETRYABLE') AND lease_until < {now} "
+                             "AND (state = 'PROCESSING' OR (recovery_point <> '' AND "
+                             "recovery_point IN (" +
+                             sent_slots + "))) ORDER BY lease_until LIMIT ?");
   sweep = Render(d,
                  "DELETE FROM idem_records WHERE scope_hash IN (SELECT scope_hash FROM "
                  "idem_records WHERE expires_at <= {now} AND state <> 'PROCESSING' ORDER BY "
@@ -386,11 +387,10 @@ Result<Record> SqlTxn::Reclaim(const ClaimSpec& spec, int64_t seen_fence) {
               spec.retention.count(), BytesOf(spec.scope), seen_fence, now}));
   if (changed == 0) {
     // Kept for at least a full retention from now.
-    IDEM_ASSIGN_OR_RETURN(
-        changed, Change(sql_.reclaim_resume,
-                        {BytesOf(owner), fence, now, spec.lease_ttl.count(), now, now,
-                         spec.retention.count(), now, spec.retention.count(), BytesOf(spec.scope),
-                         seen_fence, now}));
+    IDEM_ASSIGN_OR_RETURN(changed, Change(sql_.reclaim_resume,
+                                          {BytesOf(owner), fence, now, spec.lease_ttl.count(), now,
+                                           now, spec.retention.count(), now, spec.retention.count(),
+                                           BytesOf(spec.scope), seen_fence, now}));
   }
   IDEM_ASSIGN_OR_RETURN(std::optional<Record> current, Get(spec.scope));
   if (!current) return MakeError(Errc::kNotFound, "reclaim: record is gone");
@@ -418,10 +418,10 @@ Result<Lease> SqlTxn::Renew(const ScopeHash& scope, const Lease& lease, Millis t
 Status SqlTxn::Advance(const ScopeHash& scope, const Lease& lease, std::string_view point,
                        std::string_view resource_id) {
   IDEM_RETURN_IF_ERROR(CheckProgress(point, resource_id));
-  IDEM_ASSIGN_OR_RETURN(int changed,
-                        Change(sql_.advance, {std::string(point), std::string(resource_id),
-                                              std::string(resource_id), time_.Param(),
-                                              BytesOf(scope), BytesOf(lease.owner), lease.fence}));
+  IDEM_ASSIGN_OR_RETURN(
+      int changed,
+      Change(sql_.advance, {std::string(point), std::string(resource_id), std::string(resource_id),
+                            time_.Param(), BytesOf(scope), BytesOf(lease.owner), lease.fence}));
   if (changed == 0) return Fenced("advance");
   return Ok();
 }
@@ -431,9 +431,9 @@ Status SqlTxn::AdvanceCovered(const ScopeHash& scope, const Lease& lease, std::s
   IDEM_RETURN_IF_ERROR(CheckProgress(point, {}));
   const SqlValue now = time_.Param();
   IDEM_ASSIGN_OR_RETURN(
-      int changed, Change(sql_.advance_covered, {std::string(point), now, now, BytesOf(scope),
-                                                 BytesOf(lease.owner), lease.fence, now,
-                                                 must_cover.count()}));
+      int changed,
+      Change(sql_.advance_covered, {std::string(point), now, now, BytesOf(scope),
+                                    BytesOf(lease.owner), lease.fence, now, must_cover.count()}));
   if (changed == 1) return Ok();
   // Nothing matched: a lost lease (stop) or a held one that ends too soon (renew, or give up).
   IDEM_ASSIGN_OR_RETURN(std::optional<Record> current, Get(scope));
@@ -443,8 +443,7 @@ Status SqlTxn::AdvanceCovered(const ScopeHash& scope, const Lease& lease, std::s
         std::chrono::duration_cast<Millis>(current->lease.until - current->observed_at);
     return MakeError(Errc::kConflict, "advance: the lease ends in " + std::to_string(left.count()) +
                                           " ms, before the call it must cover would (" +
-                                          std::to_string(must_cover.count()) +
-                                          " ms); renew first");
+                                          std::to_string(must_cover.count()) + " ms); renew first");
   }
   return Fenced("advance");
 }
@@ -458,8 +457,8 @@ Status SqlTxn::Finish(const ScopeHash& scope, const Lease& lease, const Outcome&
       int changed,
       Change(sql_.finish,
              {std::string(RecordStateName(outcome.state)), int64_t{outcome.status_code},
-              std::move(response), outcome.recovery_point, outcome.recovery_point,
-              time_.Param(), BytesOf(scope), BytesOf(lease.owner), lease.fence}));
+              std::move(response), outcome.recovery_point, outcome.recovery_point, time_.Param(),
+              BytesOf(scope), BytesOf(lease.owner), lease.fence}));
   if (changed == 0) return Fenced("finish");
   return Ok();
 }

@@ -166,8 +166,7 @@ class StoreTime {
 class SqlTxn final : public StoreTxn {
  public:
   // Borrows `sql` and `random`, which outlive the transaction (and the clock `time` reads).
-  SqlTxn(std::unique_ptr<TxnSession> session, const RecordSql& sql, StoreTime time,
-         Random& random);
+  SqlTxn(std::unique_ptr<TxnSession> session, const RecordSql& sql, StoreTime time, Random& random);
 
   Result<ClaimResult> Claim(const ClaimSpec& spec) override;
   Result<Record> Reclaim(const ClaimSpec& spec, int64_t seen_fence) override;

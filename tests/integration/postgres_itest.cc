@@ -346,6 +346,122 @@ TEST_F(PostgresIdemdTest, AStalledDatabaseIsNotReadyWithinASecondAndUnavailableW
   EXPECT_EQ(Get("/healthz", "").status, 200);
 }
 
+// An idemd instance whose wall clock is `skew` off (libfaketime, preloaded into that process
+// only; its monotonic clock is left alone), on the fixture's database and provider.
+struct SkewedInstance {
+  std::optional<testing::ChildProcess> process;
+  http::Url url;
+};
+
+SkewedInstance StartSkewed(PostgresIdemdTest& t, const IdemdTest::IdemdOptions& options,
+                           const std::string& skew) {
+  SkewedInstance out;
+  const std::string config = t.dir_.File("idemd-skewed.toml");
+  t.WriteConfig(config, options);
+  auto p = testing::ChildProcess::Spawn(
+      {IDEMD_PATH, "--config", config},
+      {{"IDEM_SECRETS", t.secrets_toml_},
+       {"LD_PRELOAD", "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1"},
+       {"FAKETIME", skew},
+       {"FAKETIME_DONT_FAKE_MONOTONIC", "1"},
+       // Sanitizer builds: libfaketime comes before the sanitizer's runtime.
+       {"ASAN_OPTIONS", "verify_asan_link_order=0"}},
+      t.dir_.path().string(), t.dir_.File("idemd-skewed.log"));
+  EXPECT_TRUE(p.has_value());
+  if (!p) return out;
+  out.process.emplace(std::move(*p));
+  auto url = out.process->WaitForLine("idemd listening on ", std::chrono::seconds(10));
+  EXPECT_TRUE(url.has_value()) << "the skewed instance did not start";
+  if (url) out.url = *http::ParseHttpUrl(*url);
+  return out;
+}
+
+http::Response PayAt(const http::Url& url, const std::string& key, const std::string& body,
+                     const std::string& prefer = "") {
+  http::Request req{"POST", "/v1/payments", {}, body};
+  req.headers.Set("Authorization", std::string("Bearer ") + kAlice);
+  req.headers.Set("Content-Type", "application/json");
+  req.headers.Set("Idempotency-Key", key);
+  if (!prefer.empty()) req.headers.Set("Prefer", prefer);
+  auto r = http::Call(url, std::move(req));
+  EXPECT_TRUE(r.has_value());
+  return r ? std::move(*r) : http::Response{};
+}
+
+// One clock: two instances on one database, one of them with its wall clock far ahead or far
+// behind, and a provider that ignores idempotency keys. A payment is in flight at the provider
+// through one instance while its retries reach the other: they are told it is in progress (409)
+// or wait for its answer (Prefer: wait) — no instance takes a live lease over, whatever its
+// clock says, and every order is charged once. Concurrent duplicates sent to both at once get
+// one answer.
+class ClockSkewTest : public PostgresIdemdTest,
+                      public ::testing::WithParamInterface<const char*> {};
+
+TEST_P(ClockSkewTest, NoInstanceTakesALiveLeaseOverWhateverItsClockSays) {
+  const IdemdOptions options{.lease_ms = 6000,
+                             .provider_timeout_ms = 4000,
+                             .lease_margin_ms = 500,
+                             .store_url = store_url_};
+  StartIdemd(options);
+  SkewedInstance skewed = StartSkewed(*this, options, GetParam());
+  ASSERT_TRUE(skewed.process.has_value());
+  const std::vector<http::Url> instances{idemd_url_, skewed.url};
+  ProviderMode(/*ignore_keys=*/true);
+
+  for (int from = 0; from < 2; ++from) {
+    const http::Url& executor = instances[static_cast<std::size_t>(from)];
+    const http::Url& other = instances[static_cast<std::size_t>(1 - from)];
+    const std::string key = "skew-key-" + std::to_string(from);
+    const std::string body = Body("ORD-SKEW-" + std::to_string(from));
+    Fault(R"({"fault":"slow","delay_ms":2000,"times":1})");
+    http::Response first;
+    std::thread in_flight([&] { first = PayAt(executor, key, body); });
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    const http::Response retry = PayAt(other, key, body);
+    EXPECT_EQ(retry.status, 409) << "from " << from << ": " << retry.body;
+    EXPECT_EQ(testing::TypeOf(retry), "urn:idem:problem:request-in-progress");
+    const http::Response waited = PayAt(other, key, body, "wait=10");
+    in_flight.join();
+    ASSERT_EQ(first.status, 201) << "from " << from << ": " << first.body;
+    EXPECT_EQ(waited.status, 201) << "from " << from << ": " << waited.body;
+    EXPECT_EQ(waited.body, first.body);
+    EXPECT_EQ(ChargesFor(std::string(ParseObject(first.body)["id"].as_string())), 1)
+        << "from " << from << ": the retry charged again";
+  }
+
+  // The skew was real: the skewed instance dated its payment by its own wall clock.
+  const int64_t dated_normal = std::stoll(Sql("SELECT created_at FROM " + schema_ +
+                                              ".payments WHERE merchant_order_no = 'ORD-SKEW-0'"));
+  const int64_t dated_skewed = std::stoll(Sql("SELECT created_at FROM " + schema_ +
+                                              ".payments WHERE merchant_order_no = 'ORD-SKEW-1'"));
+  const int64_t apart_ms = dated_skewed - dated_normal;  // about 3 s of real time, plus the skew
+  EXPECT_GT(GetParam()[0] == '+' ? apart_ms : -apart_ms, 30'000) << "the clock was not skewed";
+
+  // Concurrent duplicates on both instances at once.
+  Fault(R"({"fault":"slow","delay_ms":300})");
+  for (int o = 0; o < 4; ++o) {
+    const std::string key = "skew-dup-key-" + std::to_string(o);
+    const std::string body = Body("ORD-SKEW-DUP-" + std::to_string(o));
+    std::vector<http::Response> answers(4);
+    std::vector<std::thread> copies;
+    for (std::size_t i = 0; i < answers.size(); ++i) {
+      copies.emplace_back([&, i] { answers[i] = PayAt(instances[i % 2], key, body, "wait=10"); });
+    }
+    for (auto& c : copies) c.join();
+    for (const http::Response& a : answers) {
+      EXPECT_EQ(a.status, 201) << "order " << o << ": " << a.body;
+      EXPECT_EQ(a.body, answers[0].body);
+    }
+  }
+  Fault(R"({"fault":"none"})");
+  EXPECT_EQ(TotalCharges(), 6) << "an order was charged more than once";
+}
+
+INSTANTIATE_TEST_SUITE_P(Skew, ClockSkewTest, ::testing::Values("+45s", "-45s"),
+                         [](const ::testing::TestParamInfo<const char*>& param) {
+                           return std::string(param.param[0] == '+' ? "Ahead" : "Behind") + "45s";
+                         });
+
 TEST_F(PostgresIdemdTest, ThreeInstancesSurviveAKilledInstance) {
   ThreeInstances(*this, RedisMode::kNone);
 }

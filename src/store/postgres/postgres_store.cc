@@ -692,7 +692,8 @@ class PostgresStore final : public Store {
   }
 
   Result<std::optional<Record>> Read(const ScopeHash& scope) override {
-    return Retrying([&](Connection& c) { return store_internal::GetRecord(c, Sql(), time_, scope); });
+    return Retrying(
+        [&](Connection& c) { return store_internal::GetRecord(c, Sql(), time_, scope); });
   }
 
   Result<std::vector<SqlRow>> Query(std::string_view sql,

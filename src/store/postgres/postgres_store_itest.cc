@@ -115,6 +115,82 @@ TEST(PostgresStore, ManyProcessesMigratingAtOnceApplyEachMigrationOnce) {
       static_cast<int64_t>(ContractMigrations().size()));
 }
 
+// A store opened without a clock runs on the database's: every lease, takeover, expiry and sweep
+// is decided by the server's time of the statement, and every record read carries that time
+// (observed_at). Two such stores — two instances — agree on a lease whatever their own clocks
+// say, because neither reads one.
+TEST(PostgresStore, LeasesAndExpiriesRunOnTheDatabasesClock) {
+  REQUIRE_POSTGRES();
+  const std::string schema = FreshSchema();
+  SeededRandom random_a(1), random_b(2);
+  auto a = std::move(*OpenPostgresStore(Options(schema, 2, true), random_a));
+  auto b = std::move(*OpenPostgresStore(Options(schema, 2, false), random_b));
+  auto db_now = [&] {
+    auto rows = a->Query("SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint");
+    EXPECT_TRUE(rows.has_value());
+    return FromUnixMillis(std::get<int64_t>((*rows)[0][0]));
+  };
+  ClaimSpec spec;
+  spec.scope = *Scope{"acme", "alice", "r", "db-clock-key-1"}.Hash();
+  spec.tenant = "acme";
+  spec.user = "alice";
+  spec.route = "r";
+  spec.lease_ttl = Millis(700);
+  spec.retention = Millis(1500);
+
+  const Timestamp before = db_now();
+  Record claimed;
+  {
+    auto txn = std::move(*a->Begin());
+    auto claim = txn->Claim(spec);
+    ASSERT_TRUE(claim.has_value() && claim->claimed);
+    claimed = claim->record;
+    ASSERT_TRUE(txn->Commit().has_value());
+  }
+  const Timestamp after = db_now();
+  EXPECT_GE(claimed.observed_at, before);
+  EXPECT_LE(claimed.observed_at, after);
+  EXPECT_EQ(claimed.created_at, claimed.observed_at) << "one time for the whole statement";
+  EXPECT_EQ(claimed.lease.until, claimed.observed_at + spec.lease_ttl);
+  EXPECT_EQ(claimed.expires_at, claimed.observed_at + spec.retention);
+
+  // The other instance sees the lease live and cannot take it over.
+  {
+    auto txn = std::move(*b->Begin());
+    auto claim = txn->Claim(spec);
+    ASSERT_TRUE(claim.has_value());
+    EXPECT_FALSE(claim->claimed);
+    EXPECT_GT(claim->record.lease.until, claim->record.observed_at);
+    auto taken = txn->Reclaim(spec, claim->record.lease.fence);
+    ASSERT_FALSE(taken.has_value());
+    EXPECT_EQ(taken.error().code, Errc::kConflict);
+  }
+  // Once the database's clock has passed the lease, it can.
+  std::this_thread::sleep_for(spec.lease_ttl + Millis(100));
+  Record taken;
+  {
+    auto txn = std::move(*b->Begin());
+    auto r = txn->Reclaim(spec, claimed.lease.fence);
+    ASSERT_TRUE(r.has_value()) << r.error().message;
+    taken = *r;
+    EXPECT_GT(taken.observed_at, claimed.lease.until);
+    auto renewed = txn->Renew(spec.scope, taken.lease, Millis(60000));
+    ASSERT_TRUE(renewed.has_value());
+    EXPECT_GE(renewed->until, taken.observed_at + Millis(60000));
+    EXPECT_LE(renewed->until, db_now() + Millis(60000));
+    ASSERT_TRUE(txn->Finish(spec.scope, *renewed, {RecordState::kSucceeded, 201, "sealed", ""})
+                    .has_value());
+    ASSERT_TRUE(txn->Commit().has_value());
+  }
+  auto read = a->Read(spec.scope);
+  ASSERT_TRUE(read.has_value() && read->has_value());
+  EXPECT_GT((*read)->expires_at, (*read)->observed_at) << "kept a retention from the takeover";
+  EXPECT_EQ(*a->Sweep(10), 0);
+  std::this_thread::sleep_for(std::chrono::milliseconds(
+      std::max<int64_t>(0, ToUnixMillis((*read)->expires_at) - ToUnixMillis(db_now())) + 100));
+  EXPECT_EQ(*a->Sweep(10), 1) << "expired by the database's clock";
+}
+
 // What only PostgreSQL has among the types SqlValue decodes, and a type it refuses.
 TEST(PostgresStore, DecodesItsOwnTypesAndRefusesUnknownOnes) {
   REQUIRE_POSTGRES();

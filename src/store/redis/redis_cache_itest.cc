@@ -279,8 +279,8 @@ TEST_F(RedisCacheTest, AClockRunningBehindKeepsNoEntryAlive) {
       std::move(*OpenSqliteStore(o, env_.clock, env_.random)), CacheOptions(prefix), behind));
   RedisCacheOptions no_lru = CacheOptions(prefix);
   no_lru.lru_entries = 0;
-  auto reader = std::move(*WrapWithRedisCache(
-      std::move(*OpenSqliteStore(o, env_.clock, env_.random)), no_lru, behind));
+  auto reader = std::move(
+      *WrapWithRedisCache(std::move(*OpenSqliteStore(o, env_.clock, env_.random)), no_lru, behind));
   const Millis retention(400);
   const ClaimSpec spec = Finished("skew-key-0001", retention);
   ASSERT_TRUE((*skewed->Read(spec.scope)).has_value());  // cached by the skewed instance

@@ -270,8 +270,8 @@ class SqliteStore final : public Store {
                                         const std::vector<std::string>& sent_points,
                                         int limit) override {
     IDEM_ASSIGN_OR_RETURN(PooledConnection conn, Lend(*readers_));
-    return store_internal::ListStaleRecords(*conn, Sql(), route, sent_points,
-                                           StoreTime::Of(clock_), limit);
+    return store_internal::ListStaleRecords(*conn, Sql(), route, sent_points, StoreTime::Of(clock_),
+                                            limit);
   }
 
   Result<int> Sweep(int batch) override {
