@@ -185,10 +185,13 @@ class Engine {
   // Errors: kFenced; kUnavailable.
   Status Renew(Ticket& ticket);
 
-  // Gives the lease up now, leaving the record PROCESSING at its recovery point, so the next
-  // attempt (or the reconciler) takes over at once: used when the outcome is unknown. Removes
-  // the ticket's in-flight marker. Errors: kFenced.
-  Status Release(Ticket& ticket);
+  // Gives the lease up, leaving the record PROCESSING at its recovery point: used when the
+  // outcome is unknown. By default the lease ends now, so the next attempt (or the reconciler)
+  // takes over at once; with `hold`, it ends `hold` from now, and until then every attempt is
+  // answered in progress (Start, Lookup's lease_left) while nobody works on it — for an
+  // operation that must not run again before then, such as a send whose outcome is still
+  // settling. Removes the ticket's in-flight marker. Errors: kFenced.
+  Status Release(Ticket& ticket, Millis hold = Millis(0));
 
   // Takes over a record found by ListStale (the reconciler's claim): an expired PROCESSING one,
   // or a retryable failure past the send. The ticket is resumed, resumed_from the listed state.

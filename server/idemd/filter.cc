@@ -279,16 +279,29 @@ http::Response IdempotencyFilter::Decide(const http::Request& request, const Pri
         });
     return Accepted(decision->key, location, decision->key_expires);
   }
-  count("executed");
+  std::optional<Millis> settling;
   http::Response response =
-      Run(std::move(decision->ticket), request, principal, location, context.notify);
+      Run(std::move(decision->ticket), request, principal, location, context.notify, &settling);
+  if (settling) {
+    // Nothing was sent: an earlier send is still settling, and the record is held until it
+    // has. A request that may wait parks like any duplicate of a running operation.
+    if (prefer.wait) {
+      return InProgress(
+          Running{decision->key, decision->record.scope, *settling, decision->key_expires},
+          /*respond_async=*/false, prefer.wait, principal, context);
+    }
+    count("in_progress");
+    return response;
+  }
+  count("executed");
   AddExpires(response, decision->key_expires);
   return response;
 }
 
 http::Response IdempotencyFilter::Run(Ticket ticket, const http::Request& request,
                                       const Principal& principal, const std::string& location,
-                                      const std::function<void(const std::string&)>& notify) {
+                                      const std::function<void(const std::string&)>& notify,
+                                      std::optional<Millis>* settling) {
   Execution execution;
   {
     // Renews the lease while the operation works; stopped before the lease is finished or
@@ -296,15 +309,20 @@ http::Response IdempotencyFilter::Run(Ticket ticket, const http::Request& reques
     Heartbeat heartbeat(engine_, ticket, monotonic_);
     execution = operation_.Execute(ticket, request, principal, engine_, heartbeat);
   }
-  http::Response response = Finish(ticket, std::move(execution), location);
+  http::Response response = Finish(ticket, std::move(execution), location, settling);
   if (notify) notify(ScopeKey(ticket.scope));
   return response;
 }
 
 http::Response IdempotencyFilter::Finish(Ticket& ticket, Execution execution,
-                                         const std::string& location) {
+                                         const std::string& location,
+                                         std::optional<Millis>* settling) {
   if (execution.settling_for) {
-    (void)engine_.Release(ticket);
+    // Held for a moment, not released: the attempts that arrive within it are answered in
+    // progress (and parked ones stay parked) without asking the provider again, so however many
+    // retry, the provider is asked about this send at most once per retry_after.
+    (void)engine_.Release(ticket, std::min(*execution.settling_for, policy_.route.retry_after));
+    if (settling != nullptr) *settling = execution.settling_for;
     http::Response response = http::Problem(
         http::ProblemKind::kRequestInProgress,
         "an earlier attempt with this Idempotency-Key may still be executed by the provider; "
@@ -400,7 +418,8 @@ int IdempotencyFilter::ReconcileOnce(int limit,
     metrics_.CountTakeover();
     Execution execution = operation_.Reconcile(*ticket, engine_);
     const bool unknown = execution.outcome_unknown;
-    (void)Finish(*ticket, std::move(execution), /*location=*/{});  // nobody waits for this answer
+    (void)Finish(*ticket, std::move(execution), /*location=*/{},
+                 /*settling=*/nullptr);  // nobody waits for this answer
     metrics_.CountReconciled(unknown ? "unknown" : "resolved");
     if (!unknown) ++resolved;
     if (notify) notify(ScopeKey(record.scope));

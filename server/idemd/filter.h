@@ -106,11 +106,15 @@ class IdempotencyFilter {
   const FilterPolicy& policy() const { return policy_; }
 
  private:
-  // `location`: the operation's URL, for answers that tell a client to come back.
+  // `location`: the operation's URL, for answers that tell a client to come back. When nothing
+  // was sent because an earlier send is still settling, sets *settling (if given) to how long
+  // it has left; the record is held that long.
   http::Response Run(Ticket ticket, const http::Request& request, const Principal& principal,
                      const std::string& location,
-                     const std::function<void(const std::string&)>& notify);
-  http::Response Finish(Ticket& ticket, Execution execution, const std::string& location);
+                     const std::function<void(const std::string&)>& notify,
+                     std::optional<Millis>* settling = nullptr);
+  http::Response Finish(Ticket& ticket, Execution execution, const std::string& location,
+                        std::optional<Millis>* settling);
   void AddExpires(http::Response& response, Timestamp expires) const;
   // 202 Accepted for an operation that runs on: its key, state and Location.
   http::Response Accepted(std::string_view key, const std::string& location,

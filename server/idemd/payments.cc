@@ -622,10 +622,9 @@ Execution Payments::Reconcile(Ticket& ticket, Engine&) {
   }
   if (*found) return FromFoundCharge(ticket, std::move(payment), **found);
   // Within the settle window nothing found proves nothing: the record stays PROCESSING at
-  // charge_sent, and the next pass after this takeover's lease looks again.
-  if (ticket.resumed_from == RecordState::kProcessing && Unsettled(ticket.record)) {
-    e.outcome_unknown = true;
-    return e;
+  // charge_sent, held until the send has settled, when the next pass looks again.
+  if (ticket.resumed_from == RecordState::kProcessing) {
+    if (auto left = Unsettled(ticket.record)) return Settling(*left);
   }
   if (ticket.resumed_from == RecordState::kFailedRetryable) {
     // A retryable failure whose lease, which covered the send, has ended: the send is settled

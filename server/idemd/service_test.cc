@@ -812,7 +812,13 @@ TEST_F(ServiceTest, AChargeThatLandsWithinTheSettleWindowIsFoundNotRepeated) {
   clock_.Advance(Millis(1000));
   EXPECT_EQ(Handle(Pay("settle-0002", "alice-key", "ORD-S2")).status, 409);
   provider_.Plant(id, Charge{"ch_late", id, "100.00", "CNY", "succeeded"});
+  // For a retry_after after a look that found nothing, the record is held: retries are told to
+  // come back without asking the provider again, however many there are.
   clock_.Advance(Millis(1000));
+  const http::Response held = Handle(Pay("settle-0002", "alice-key", "ORD-S2"));
+  EXPECT_EQ(held.status, 409) << held.body;
+  EXPECT_EQ(PaymentRow(id).first, "pending") << "the provider was asked within the hold";
+  clock_.Advance(Millis(1));
   const http::Response paid = Handle(Pay("settle-0002", "alice-key", "ORD-S2"));
   EXPECT_EQ(paid.status, 201) << paid.body;
   EXPECT_EQ(provider_.Calls(), 1);

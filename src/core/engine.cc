@@ -317,11 +317,12 @@ Status Engine::RenewFor(Ticket& ticket, Millis ttl) {
   return Ok();
 }
 
-Status Engine::Release(Ticket& ticket) {
+Status Engine::Release(Ticket& ticket, Millis hold) {
   IDEM_ASSIGN_OR_RETURN(std::unique_ptr<StoreTxn> txn, store_.Begin());
   // A lease is live while lease.until >= now, and a takeover needs lease_until < now: a released
   // lease ends one millisecond ago, so the next attempt may take over in this very millisecond.
-  IDEM_ASSIGN_OR_RETURN(Lease released, txn->Renew(ticket.scope, ticket.lease, Millis(-1)));
+  const Millis ends = hold > Millis(0) ? hold : Millis(-1);
+  IDEM_ASSIGN_OR_RETURN(Lease released, txn->Renew(ticket.scope, ticket.lease, ends));
   IDEM_RETURN_IF_ERROR(txn->Commit());
   ReleaseMarker(ticket.scope, ticket.marker);  // the next attempt must reach the database
   ticket.marker.reset();

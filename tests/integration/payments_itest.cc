@@ -241,6 +241,38 @@ TEST_F(IdemdTest, AChargeLandingAfterTheTimeoutIsChargedOnceWhileTheClientRetrie
   EXPECT_EQ(TotalCharges(), 1);
 }
 
+// While a send settles, a plain retry is told to come back when it has settled (409,
+// Retry-After), and a retry that may wait (Prefer: wait) parks through the window and gets the
+// charge that landed late: it is not turned away at once.
+TEST_F(IdemdTest, ARetryThatMayWaitParksThroughTheSettleWindow) {
+  StartIdemd({.lease_ms = 3000, .provider_timeout_ms = 1000, .settle_ms = 4000});
+  ProviderMode(true);
+  Fault(R"({"fault":"late","delay_ms":2500,"times":1})");
+  const http::Response first = Pay("order-0041-key", Body("ORD-0041"));
+  ASSERT_EQ(first.status, 504) << first.body;
+  const http::Response plain = Pay("order-0041-key", Body("ORD-0041"));
+  ASSERT_EQ(plain.status, 409) << plain.body;
+  EXPECT_EQ(ProblemType(plain), "urn:idem:problem:request-in-progress");
+  EXPECT_GE(std::stoi(std::string(plain.headers.Get("retry-after").value_or("0"))), 2)
+      << "the settle window has about 3 s left";
+  const auto started = std::chrono::steady_clock::now();
+  const http::Response waited =
+      Pay("order-0041-key", Body("ORD-0041"), kAlice, {{"Prefer", "wait=10"}});
+  const auto took = std::chrono::duration_cast<std::chrono::milliseconds>(
+      std::chrono::steady_clock::now() - started);
+  ASSERT_EQ(waited.status, 201) << waited.body;
+  EXPECT_GE(took, std::chrono::milliseconds(1500)) << "answered before the send had settled";
+  auto body = ParseObject(waited.body);
+  EXPECT_EQ(ChargesFor(Str(body, "id")), 1);
+  EXPECT_EQ(TotalCharges(), 1);
+  const http::Response metrics = Get("/metrics", "");
+  EXPECT_NE(
+      metrics.body.find("idem_requests_total{route=\"payments.create\",outcome=\"in_progress\"} 1"),
+      std::string::npos)
+      << "the settling retry was not counted in progress:\n"
+      << metrics.body;
+}
+
 TEST_F(IdemdTest, ValidationFailureIs400WithFieldErrorsAndLeavesNoRecord) {
   http::Response r =
       Pay("order-0013-key",
