@@ -1,6 +1,7 @@
 // server/http/message.cc — header lookups, query parsing, HTTP dates.
 #include "server/http/message.h"
 
+#include <chrono>
 #include <cstdio>
 #include <ctime>
 
@@ -89,6 +90,66 @@ std::string Rfc3339(int64_t unix_ms) {
   char millis[8];
   std::snprintf(millis, sizeof millis, ".%03dZ", static_cast<int>(unix_ms % 1000));
   return FormatUtc(unix_ms, "%Y-%m-%dT%H:%M:%S") + millis;
+}
+
+std::optional<int64_t> ParseRfc3339(std::string_view s) {
+  // The n-digit number at `at`, or -1.
+  auto number = [s](std::size_t at, std::size_t n) -> int {
+    if (at + n > s.size()) return -1;
+    int v = 0;
+    for (std::size_t i = at; i < at + n; ++i) {
+      if (s[i] < '0' || s[i] > '9') return -1;
+      v = v * 10 + (s[i] - '0');
+    }
+    return v;
+  };
+  auto is = [s](std::size_t at, char upper) {
+    return at < s.size() && (s[at] == upper || s[at] == upper - 'A' + 'a');
+  };
+  if (s.size() < 20 || s[4] != '-' || s[7] != '-' || !is(10, 'T') || s[13] != ':' || s[16] != ':') {
+    return std::nullopt;
+  }
+  const int year = number(0, 4), month = number(5, 2), day = number(8, 2);
+  const int hour = number(11, 2), minute = number(14, 2), second = number(17, 2);
+  const std::chrono::year_month_day date{std::chrono::year(year),
+                                         std::chrono::month(static_cast<unsigned>(month)),
+                                         std::chrono::day(static_cast<unsigned>(day))};
+  if (year < 0 || month < 0 || day < 0 || !date.ok() || hour < 0 || hour > 23 || minute < 0 ||
+      minute > 59 || second < 0 || second > 60) {
+    return std::nullopt;
+  }
+  std::size_t at = 19;
+  int64_t millis = 0;
+  bool finer = false;  // a nonzero digit below the millisecond
+  if (at < s.size() && s[at] == '.') {
+    int digits = 0;
+    for (++at; at < s.size() && s[at] >= '0' && s[at] <= '9'; ++at, ++digits) {
+      if (digits < 3) {
+        millis = millis * 10 + (s[at] - '0');
+      } else if (s[at] != '0') {
+        finer = true;
+      }
+    }
+    if (digits == 0) return std::nullopt;
+    for (; digits < 3; ++digits) millis *= 10;
+  }
+  int64_t offset_minutes = 0;
+  if (is(at, 'Z')) {
+    ++at;
+  } else if (at < s.size() && (s[at] == '+' || s[at] == '-')) {
+    const int hours = number(at + 1, 2), minutes = number(at + 4, 2);
+    if (hours < 0 || hours > 23 || minutes < 0 || minutes > 59 || s[at + 3] != ':') {
+      return std::nullopt;
+    }
+    offset_minutes = (s[at] == '-' ? -1 : 1) * (hours * 60 + minutes);
+    at += 6;
+  } else {
+    return std::nullopt;
+  }
+  if (at != s.size()) return std::nullopt;
+  const int64_t days = std::chrono::sys_days(date).time_since_epoch().count();
+  const int64_t seconds = days * 86400 + hour * 3600 + minute * 60 + second - offset_minutes * 60;
+  return seconds * 1000 + millis + (finer ? 1 : 0);
 }
 
 std::string HttpDate(int64_t unix_ms) { return FormatUtc(unix_ms, "%a, %d %b %Y %H:%M:%S GMT"); }

@@ -46,6 +46,11 @@ std::string ToLower(std::string_view s);
 
 // RFC 3339 UTC with milliseconds ("2026-11-30T06:00:00.123Z").
 std::string Rfc3339(int64_t unix_ms);
+// Unix milliseconds of an RFC 3339 date-time ("2026-11-30T06:00:00Z", "…:00.5+08:00"), or nullopt
+// if it is not one. A fraction finer than a millisecond rounds up: against times of millisecond
+// resolution, a rounded bound selects exactly what the precise one does, as a lower bound and as
+// an upper one.
+std::optional<int64_t> ParseRfc3339(std::string_view text);
 
 // An IMF-fixdate ("Sun, 06 Nov 1994 08:49:37 GMT") for Unix milliseconds, rounded down.
 std::string HttpDate(int64_t unix_ms);

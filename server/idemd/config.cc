@@ -203,6 +203,17 @@ Result<Config> LoadConfig(const std::string& path, const std::vector<std::string
   IDEM_RETURN_IF_ERROR(ReadMillis(t, "idempotency", "sweep_interval_ms", c.sweep_interval, o));
   IDEM_RETURN_IF_ERROR(
       ReadMillis(t, "idempotency", "reconcile_interval_ms", c.reconcile_interval, o));
+  IDEM_RETURN_IF_ERROR(ReadMillis(t, "reconciliation", "interval_ms", c.books_interval, o));
+  IDEM_RETURN_IF_ERROR(ReadMillis(t, "reconciliation", "window_ms", c.books_window, o));
+  IDEM_RETURN_IF_ERROR(ReadMillis(t, "reconciliation", "lag_ms", c.books_lag, o));
+  IDEM_RETURN_IF_ERROR(Read(t, "reconciliation", "refund_duplicates", c.refund_duplicates, o));
+  IDEM_RETURN_IF_ERROR(Read(t, "reconciliation", "refund_orphans", c.refund_orphans, o));
+  IDEM_RETURN_IF_ERROR(ReadMillis(t, "reconciliation", "orphan_grace_ms", c.orphan_grace, o));
+  IDEM_RETURN_IF_ERROR(ReadMillis(t, "reconciliation", "lease_ms", c.books_lease, o));
+  if (c.books_lease < Millis(100)) return Bad(o, "reconciliation.lease_ms must be at least 100");
+  if (c.books_interval.count() > 0 && c.books_window.count() == 0) {
+    return Bad(o, "reconciliation.window_ms must be positive when interval_ms is");
+  }
 
   if (const toml::array* currencies = t.at_path("payments.currencies").as_array()) {
     c.currencies.clear();

@@ -72,6 +72,16 @@ struct Config {
   Millis sweep_interval{60000};
   Millis reconcile_interval{5000};
 
+  // Reconciliation of the books ([reconciliation], docs/reconciliation.md): every `interval`
+  // (0: off), the charges the provider made in [now - lag - window, now - lag).
+  Millis books_interval{600'000};
+  Millis books_window{24 * 3'600'000};
+  Millis books_lag{600'000};
+  bool refund_duplicates = true;
+  bool refund_orphans = false;
+  Millis orphan_grace{24 * 3'600'000};
+  Millis books_lease{60'000};  // a crashed runner's window is taken over this long after it
+
   std::vector<PrincipalEntry> principals;
 };
 

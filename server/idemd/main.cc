@@ -19,6 +19,7 @@
 #include "server/idemd/metrics.h"
 #include "server/idemd/payments.h"
 #include "server/idemd/provider.h"
+#include "server/idemd/reconciliation.h"
 #include "server/idemd/service.h"
 #include "server/idemd/store_url.h"
 
@@ -154,6 +155,28 @@ int Run(int argc, char** argv) {
     Loop reconciler(config->reconcile_interval, [&] {
       filter.ReconcileOnce(100, [&](const std::string& key) { (*server)->Notify(key); });
     });
+    // The books: the provider's charges against the payments (docs/reconciliation.md).
+    Reconciliation books(**store, **provider, SystemClock(), SystemRandom(), &metrics,
+                         ReconcileOptions{.refund_duplicates = config->refund_duplicates,
+                                          .refund_orphans = config->refund_orphans,
+                                          .orphan_grace = config->orphan_grace,
+                                          .lease = config->books_lease,
+                                          .instance = InstanceName()});
+    std::optional<Loop> bookkeeper;
+    if (config->books_interval.count() > 0) {
+      bookkeeper.emplace(config->books_interval, [&] {
+        auto ran = books.RunPeriodic(config->books_window, config->books_lag);
+        if (!ran && ran.error().code == Errc::kConflict) return;  // another instance runs it
+        boost::json::object line =
+            ran ? ToJson(*ran) : boost::json::object{{"error", ran.error().message}};
+        // Missing and mismatched need a person; duplicates and orphans are handled or reported.
+        const bool alarming =
+            ran && (ran->by_class.count("missing") > 0 || ran->by_class.count("mismatched") > 0);
+        line["level"] = alarming ? "error" : !ran || !ran->findings.empty() ? "warn" : "info";
+        line["msg"] = "reconciliation";
+        std::fprintf(stderr, "%s\n", boost::json::serialize(line).c_str());
+      });
+    }
     const int sig = http::WaitForStopSignal();
     std::fprintf(stderr, "{\"msg\":\"draining\",\"signal\":%d}\n", sig);
     (*server)->Drain();

@@ -15,6 +15,16 @@ void Metrics::CountReconciled(const std::string& result) {
   ++reconciled_[result];
 }
 
+void Metrics::CountReconcileFinding(const std::string& finding_class) {
+  std::lock_guard lock(mu_);
+  ++findings_[finding_class];
+}
+
+void Metrics::CountCompensation(const std::string& outcome) {
+  std::lock_guard lock(mu_);
+  ++compensations_[outcome];
+}
+
 void Metrics::ObserveStore(double seconds) { store_.Observe(seconds); }
 void Metrics::ObserveProvider(double seconds) { provider_.Observe(seconds); }
 
@@ -56,6 +66,20 @@ std::string Metrics::Render() const {
     out += "# TYPE idem_reconciler_total counter\n";
     for (const auto& [result, n] : reconciled_) {
       out += "idem_reconciler_total{result=\"" + result + "\"} " + std::to_string(n) + "\n";
+    }
+    out +=
+        "# HELP idem_reconcile_findings_total Charges and payments the reconciliation of the "
+        "books found not to match, by class.\n";
+    out += "# TYPE idem_reconcile_findings_total counter\n";
+    for (const auto& [finding_class, n] : findings_) {
+      out += "idem_reconcile_findings_total{class=\"" + finding_class + "\"} " + std::to_string(n) +
+             "\n";
+    }
+    out += "# HELP idem_reconcile_refunds_total Refunds of extra charges, by outcome.\n";
+    out += "# TYPE idem_reconcile_refunds_total counter\n";
+    for (const auto& [outcome, n] : compensations_) {
+      out +=
+          "idem_reconcile_refunds_total{outcome=\"" + outcome + "\"} " + std::to_string(n) + "\n";
     }
   }
   store_.Render("idem_store_seconds", "Latency of store transactions.", out);

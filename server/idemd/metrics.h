@@ -24,6 +24,10 @@ class Metrics {
   // A completion announced by the store (another instance, or this one) woke parked requests.
   void CountStoreNotification() { ++store_notifications_; }
   void CountReconciled(const std::string& result);
+  // idem_reconcile_findings_total{class}: duplicate, orphan, missing, mismatched.
+  void CountReconcileFinding(const std::string& finding_class);
+  // idem_reconcile_refunds_total{outcome}: refunded, refused, unknown.
+  void CountCompensation(const std::string& outcome);
 
   std::string Render() const;
 
@@ -41,6 +45,10 @@ class Metrics {
   mutable std::mutex mu_;
   std::map<std::pair<std::string, std::string>, uint64_t> requests_;
   std::map<std::string, uint64_t> reconciled_;
+  std::map<std::string, uint64_t> findings_ = {
+      {"duplicate", 0}, {"missing", 0}, {"mismatched", 0}, {"orphan", 0}};
+  std::map<std::string, uint64_t> compensations_ = {
+      {"refunded", 0}, {"refused", 0}, {"unknown", 0}};
   Histogram store_;
   Histogram provider_;
   std::atomic<uint64_t> takeovers_{0};

@@ -37,8 +37,10 @@ bool IsOrderNo(std::string_view s) {
   });
 }
 
-// Exact decimal text (CanonicalDecimal output) → minor units, or an error message.
-std::optional<std::string> ToMinor(const std::string& canonical, int digits, int64_t* out) {
+// Exact decimal text (CanonicalDecimal output) → minor units, or an error message. Zero only
+// when `allow_zero`.
+std::optional<std::string> ToMinor(const std::string& canonical, int digits, int64_t* out,
+                                   bool allow_zero = false) {
   if (canonical.find('e') != std::string::npos) return "amount is out of range";
   if (!canonical.empty() && canonical[0] == '-') return "amount must be greater than 0";
   const std::size_t point = canonical.find('.');
@@ -52,7 +54,7 @@ std::optional<std::string> ToMinor(const std::string& canonical, int digits, int
   for (char c : whole + frac + std::string(static_cast<std::size_t>(digits) - frac.size(), '0')) {
     minor = minor * 10 + (c - '0');
   }
-  if (minor <= 0) return "amount must be greater than 0";
+  if (minor < 0 || (minor == 0 && !allow_zero)) return "amount must be greater than 0";
   if (minor >= kMaxMinorUnits) return "amount is out of range";
   *out = minor;
   return std::nullopt;
@@ -63,15 +65,6 @@ std::optional<std::string> ToMinor(const std::string& canonical, int digits, int
 http::Response NothingCharged(const Ticket& ticket) {
   return http::Problem(http::ProblemKind::kProviderUnavailable, "retry",
                        {.key_expires = ticket.record.expires_at});
-}
-
-std::string Text(const SqlValue& v) {
-  const std::string* s = std::get_if<std::string>(&v);
-  return s ? *s : std::string();
-}
-int64_t Integer(const SqlValue& v) {
-  const int64_t* n = std::get_if<int64_t>(&v);
-  return n ? *n : 0;
 }
 
 }  // namespace
@@ -118,6 +111,55 @@ ALTER TABLE payments_v2 RENAME TO payments;
 CREATE UNIQUE INDEX payments_live_order ON payments (tenant, merchant_order_no)
   WHERE status <> 'abandoned';
 )sql"},
+      // Reconciliation of the books (server/idemd/reconciliation.h): its runs, what it found,
+      // as it stands, and every change of a finding, append-only.
+      {3, R"sql(
+CREATE TABLE reconcile_runs (
+  id          TEXT PRIMARY KEY,
+  since_ms    BIGINT NOT NULL,
+  until_ms    BIGINT NOT NULL,
+  cursor      TEXT NOT NULL,
+  state       TEXT NOT NULL CHECK (state IN ('running', 'done')),
+  instance    TEXT NOT NULL,
+  charges     BIGINT NOT NULL,
+  started_at  BIGINT NOT NULL,
+  finished_at BIGINT NOT NULL
+);
+CREATE INDEX reconcile_runs_open ON reconcile_runs (state, since_ms, until_ms);
+CREATE TABLE reconcile_findings (
+  class           TEXT NOT NULL
+                  CHECK (class IN ('duplicate', 'orphan', 'missing', 'mismatched')),
+  charge_id       TEXT NOT NULL,
+  payment_id      TEXT NOT NULL,
+  amount          TEXT NOT NULL,
+  currency        TEXT NOT NULL,
+  detail          TEXT NOT NULL,
+  action          TEXT NOT NULL
+                  CHECK (action IN ('reported', 'refund_pending', 'refunded', 'refund_failed')),
+  refund_id       TEXT NOT NULL,
+  refunded_amount TEXT NOT NULL,
+  run_id          TEXT NOT NULL,
+  instance        TEXT NOT NULL,
+  found_at        BIGINT NOT NULL,
+  updated_at      BIGINT NOT NULL,
+  PRIMARY KEY (class, charge_id, payment_id)
+);
+CREATE INDEX reconcile_findings_payment ON reconcile_findings (payment_id);
+CREATE INDEX reconcile_findings_found ON reconcile_findings (found_at);
+CREATE TABLE reconcile_events (
+  at         BIGINT NOT NULL,
+  run_id     TEXT NOT NULL,
+  instance   TEXT NOT NULL,
+  class      TEXT NOT NULL,
+  charge_id  TEXT NOT NULL,
+  payment_id TEXT NOT NULL,
+  action     TEXT NOT NULL,
+  refund_id  TEXT NOT NULL,
+  amount     TEXT NOT NULL,
+  detail     TEXT NOT NULL
+);
+CREATE INDEX reconcile_events_at ON reconcile_events (at);
+)sql"},
   };
   return kMigrations;
 }
@@ -142,6 +184,13 @@ FilterPolicy PaymentsPolicy(const KeyPolicy& keys, Millis lease, Millis retentio
   p.route_label = kPaymentsCreateRoute;
   p.operations_prefix = "/v1/operations/";
   return p;
+}
+
+std::optional<int64_t> AmountInMinorUnits(std::string_view amount, std::string_view currency) {
+  auto canonical = CanonicalDecimal(amount);
+  int64_t minor = 0;
+  if (!canonical || ToMinor(*canonical, MinorDigits(currency), &minor, true)) return std::nullopt;
+  return minor;
 }
 
 int MinorDigits(std::string_view currency) {
@@ -398,8 +447,11 @@ Execution Payments::FromFoundCharge(const Ticket& ticket, Payment payment, const
   const auto charged = CanonicalDecimal(charge.amount);
   const auto owed =
       CanonicalDecimal(FormatAmount(payment.amount_minor, MinorDigits(payment.currency)));
+  // A charge refunded, even in part, is no longer proof that the payment was made.
+  const bool refunded = !charge.amount_refunded.empty() &&
+                        AmountInMinorUnits(charge.amount_refunded, charge.currency) != 0;
   const bool ours = charge.reference == payment.id && charge.currency == payment.currency &&
-                    charged && owed && *charged == *owed;
+                    charged && owed && *charged == *owed && !refunded;
   Execution e;
   if (!ours) {
     // The provider holds a charge under this payment's reference that is not the charge this
@@ -644,7 +696,25 @@ http::Response Payments::Get(std::string_view id, const Principal& principal) {
   auto loaded = Load(id, principal.tenant);
   if (!loaded) return http::ProblemFor(loaded.error());
   if (!*loaded) return http::Problem(http::ProblemKind::kNotFound, "no such payment");
-  http::Response r{200, {}, Body(**loaded)};
+  // Extra charges the reconciliation of the books refunded: shown only when there are some, so
+  // the body of a payment without any is the body its POST answered.
+  auto refunds = store_.Query(
+      "SELECT charge_id, refund_id, refunded_amount FROM reconcile_findings WHERE payment_id = ? "
+      "AND class = 'duplicate' AND action = 'refunded' ORDER BY found_at, charge_id",
+      {std::string(id)});
+  if (!refunds) return http::ProblemFor(refunds.error());
+  std::string body = Body(**loaded);
+  if (!refunds->empty()) {
+    json::value doc = json::parse(body);
+    json::array list;
+    for (const SqlRow& row : *refunds) {
+      list.push_back(json::object{
+          {"charge", Text(row[0])}, {"refund", Text(row[1])}, {"amount", Text(row[2])}});
+    }
+    doc.as_object()["refunded_duplicates"] = std::move(list);
+    body = json::serialize(doc);
+  }
+  http::Response r{200, {}, std::move(body)};
   r.headers.Set("Content-Type", "application/json");
   return r;
 }

@@ -111,9 +111,22 @@ class Payments final : public Operation {
   Millis settle_;
 };
 
+// A business column's text or integer; "" or 0 for NULL or another type.
+inline std::string Text(const SqlValue& v) {
+  const std::string* s = std::get_if<std::string>(&v);
+  return s ? *s : std::string();
+}
+inline int64_t Integer(const SqlValue& v) {
+  const int64_t* n = std::get_if<int64_t>(&v);
+  return n ? *n : 0;
+}
+
 // Minor-unit digits of a currency (0 for JPY and KRW, 2 otherwise).
 int MinorDigits(std::string_view currency);
 // "100.00" ← 10000 with 2 digits.
 std::string FormatAmount(int64_t minor, int digits);
+// "100.00" CNY → 10000, exactly; "0" → 0; nullopt for anything else (not a decimal, negative,
+// more decimal places than the currency has).
+std::optional<int64_t> AmountInMinorUnits(std::string_view amount, std::string_view currency);
 
 }  // namespace idem::idemd

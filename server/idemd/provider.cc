@@ -2,24 +2,50 @@
 #include "server/idemd/provider.h"
 
 #include <boost/json.hpp>
+#include <boost/url/encode.hpp>
+#include <boost/url/rfc/unreserved_chars.hpp>
 
 namespace idem::idemd {
 namespace {
 
 namespace json = boost::json;
 
-Result<Charge> ParseCharge(const std::string& body) {
+std::string Text(const json::object* o, const char* key) {
+  const json::value* f = o ? o->if_contains(key) : nullptr;
+  return f && f->is_string() ? std::string(f->as_string()) : std::string();
+}
+
+std::string Encoded(std::string_view s) {
+  return boost::urls::encode(s, boost::urls::unreserved_chars);
+}
+
+Result<json::value> ParseBody(const std::string& body) {
   boost::system::error_code ec;
   json::value v = json::parse(body, ec);
-  const json::object* o = ec ? nullptr : v.if_object();
-  auto text = [&](const char* k) -> std::string {
-    const json::value* f = o ? o->if_contains(k) : nullptr;
-    return f && f->is_string() ? std::string(f->as_string()) : std::string();
-  };
-  Charge c{text("id"), text("reference"), text("amount"), text("currency"), text("status")};
-  if (c.id.empty())
-    return MakeError(Errc::kDataLoss, "provider: charge without an id: " + body.substr(0, 200));
+  if (ec) return MakeError(Errc::kDataLoss, "provider: not JSON: " + body.substr(0, 200));
+  return v;
+}
+
+Result<Charge> ChargeOf(const json::value& v) {
+  const json::object* o = v.if_object();
+  Charge c;
+  c.id = Text(o, "id");
+  c.reference = Text(o, "reference");
+  c.amount = Text(o, "amount");
+  c.currency = Text(o, "currency");
+  c.status = Text(o, "status");
+  if (c.id.empty()) {
+    return MakeError(Errc::kDataLoss,
+                     "provider: charge without an id: " + json::serialize(v).substr(0, 200));
+  }
+  if (auto created = http::ParseRfc3339(Text(o, "created_at"))) c.created_at_ms = *created;
+  c.amount_refunded = Text(o, "amount_refunded");
   return c;
+}
+
+Result<Charge> ParseCharge(const std::string& body) {
+  IDEM_ASSIGN_OR_RETURN(json::value v, ParseBody(body));
+  return ChargeOf(v);
 }
 
 class HttpProvider final : public Provider {
@@ -54,7 +80,7 @@ class HttpProvider final : public Provider {
   Result<std::optional<Charge>> FindCharge(const std::string& reference) override {
     http::Request req;
     req.method = "GET";
-    req.target = url_.base_path + "/v1/charges?reference=" + reference;
+    req.target = url_.base_path + "/v1/charges?reference=" + Encoded(reference);
     IDEM_ASSIGN_OR_RETURN(http::Response res, http::Call(url_, std::move(req), options_));
     if (res.status == 404) return std::optional<Charge>();
     if (res.status == 200) {
@@ -62,6 +88,63 @@ class HttpProvider final : public Provider {
       return std::optional<Charge>(std::move(charge));
     }
     return MakeError(Errc::kUnavailable, "provider lookup answered " + std::to_string(res.status));
+  }
+
+  Result<ChargePage> ListCharges(int64_t gte_ms, int64_t lt_ms, int limit,
+                                 const std::string& starting_after) override {
+    http::Request req;
+    req.method = "GET";
+    req.target = url_.base_path + "/v1/charges?created_gte=" + Encoded(http::Rfc3339(gte_ms)) +
+                 "&created_lt=" + Encoded(http::Rfc3339(lt_ms)) + "&limit=" + std::to_string(limit);
+    if (!starting_after.empty()) req.target += "&starting_after=" + Encoded(starting_after);
+    IDEM_ASSIGN_OR_RETURN(http::Response res, http::Call(url_, std::move(req), options_));
+    if (res.status != 200) {
+      return MakeError(Errc::kUnavailable,
+                       "provider listing answered " + std::to_string(res.status));
+    }
+    IDEM_ASSIGN_OR_RETURN(json::value v, ParseBody(res.body));
+    const json::object* o = v.if_object();
+    const json::value* data = o ? o->if_contains("data") : nullptr;
+    const json::value* more = o ? o->if_contains("has_more") : nullptr;
+    if (data == nullptr || !data->is_array() || more == nullptr || !more->is_bool()) {
+      return MakeError(Errc::kDataLoss, "provider listing: not a page: " + res.body.substr(0, 200));
+    }
+    ChargePage page;
+    page.has_more = more->as_bool();
+    for (const json::value& item : data->as_array()) {
+      IDEM_ASSIGN_OR_RETURN(Charge c, ChargeOf(item));
+      page.data.push_back(std::move(c));
+    }
+    return page;
+  }
+
+  Result<Refund> RefundCharge(const std::string& key, const std::string& charge,
+                              const std::string& amount, const std::string& reason) override {
+    http::Request req;
+    req.method = "POST";
+    req.target = url_.base_path + "/v1/refunds";
+    req.headers.Set("Content-Type", "application/json");
+    req.headers.Set("Idempotency-Key", key);
+    req.body =
+        json::serialize(json::object{{"charge", charge}, {"amount", amount}, {"reason", reason}});
+    IDEM_ASSIGN_OR_RETURN(http::Response res, http::Call(url_, std::move(req), options_));
+    if (res.status == 200 || res.status == 201) {
+      IDEM_ASSIGN_OR_RETURN(json::value v, ParseBody(res.body));
+      const json::object* o = v.if_object();
+      Refund r{Text(o, "id"), Text(o, "charge"), Text(o, "amount"), Text(o, "status")};
+      if (r.id.empty()) return MakeError(Errc::kDataLoss, "provider: refund without an id");
+      return r;
+    }
+    if (res.status == 404) return MakeError(Errc::kNotFound, "provider: no charge " + charge);
+    if (res.status == 400) {
+      return MakeError(Errc::kInvalidArgument,
+                       "provider refused the refund: " + res.body.substr(0, 200));
+    }
+    if (res.status >= 500) {
+      return MakeError(Errc::kUnavailable, "provider answered " + std::to_string(res.status));
+    }
+    return MakeError(Errc::kDataLoss,
+                     "provider answered an unexpected " + std::to_string(res.status));
   }
 
  private:

@@ -58,8 +58,13 @@ class FakeProvider final : public Provider {
     if (create_error) return *create_error;
     auto it = charges_.find(reference);
     if (it == charges_.end()) {
-      const Charge charge{"ch_" + std::to_string(charges_.size() + 1), reference, amount, currency,
-                          "succeeded"};
+      const Charge charge{"ch_" + std::to_string(charges_.size() + 1),
+                          reference,
+                          amount,
+                          currency,
+                          "succeeded",
+                          0,
+                          "0.00"};
       it = charges_.emplace(reference, charge).first;
     }
     return ChargeResult{false, it->second};
@@ -70,6 +75,15 @@ class FakeProvider final : public Provider {
     auto it = charges_.find(reference);
     if (it == charges_.end()) return std::optional<Charge>();
     return std::optional<Charge>(it->second);
+  }
+
+  // Listing and refunds are proven against provider-sim (tests/integration/reconcile_itest.cc).
+  Result<ChargePage> ListCharges(int64_t, int64_t, int, const std::string&) override {
+    return MakeError(Errc::kUnavailable, "this fake does not list charges");
+  }
+  Result<Refund> RefundCharge(const std::string&, const std::string&, const std::string&,
+                              const std::string&) override {
+    return MakeError(Errc::kUnavailable, "this fake does not refund");
   }
 
   void TimeOutNextCharge() {
@@ -443,7 +457,7 @@ TEST_F(ServiceTest, AResumedPaymentCountsAFoundChargeOnlyIfItIsThePaymentsCharge
     const std::string id = TimedOutPayment(key, order);
     provider_.Plant(
         id, Charge{"ch_planted_" + std::to_string(n), c.reference.empty() ? id : c.reference,
-                   c.amount, c.currency, "succeeded"});
+                   c.amount, c.currency, "succeeded", 0, "0.00"});
     const int calls = provider_.Calls();
 
     for (int attempt = 0; attempt < 2; ++attempt) {
@@ -472,7 +486,7 @@ TEST_F(ServiceTest, AResumedPaymentWhoseFoundChargeWasDeclinedIsTheFinal402) {
     const std::string key = "declined-000" + std::to_string(++n);
     const std::string order = "ORD-D" + std::to_string(n);
     const std::string id = TimedOutPayment(key, order);
-    provider_.Plant(id, Charge{"ch_declined", id, "100.00", "CNY", status});
+    provider_.Plant(id, Charge{"ch_declined", id, "100.00", "CNY", status, 0, "0.00"});
     const int calls = provider_.Calls();
 
     const http::Response r = Handle(Pay(key, "alice-key", order));
@@ -495,7 +509,7 @@ TEST_F(ServiceTest, AResumedPaymentWhoseFoundChargeWasDeclinedIsTheFinal402) {
 // unknown: 504 as for a timeout, the record unresolved, nothing charged again.
 TEST_F(ServiceTest, AResumedPaymentWhoseFoundChargeIsUnsettledStaysUnresolved) {
   const std::string id = TimedOutPayment("pending-0001", "ORD-P1");
-  provider_.Plant(id, Charge{"ch_pending", id, "100.00", "CNY", "pending"});
+  provider_.Plant(id, Charge{"ch_pending", id, "100.00", "CNY", "pending", 0, "0.00"});
   const int calls = provider_.Calls();
 
   const http::Response r = Handle(Pay("pending-0001", "alice-key", "ORD-P1"));
@@ -507,7 +521,7 @@ TEST_F(ServiceTest, AResumedPaymentWhoseFoundChargeIsUnsettledStaysUnresolved) {
   EXPECT_EQ(PaymentRow(id), (std::pair<std::string, std::string>{"pending", ""}));
 
   // Once it succeeds, the next attempt completes the payment with it.
-  provider_.Plant(id, Charge{"ch_pending", id, "100.00", "CNY", "succeeded"});
+  provider_.Plant(id, Charge{"ch_pending", id, "100.00", "CNY", "succeeded", 0, "0.00"});
   const http::Response done = Handle(Pay("pending-0001", "alice-key", "ORD-P1"));
   EXPECT_EQ(done.status, 201) << done.body;
   EXPECT_EQ(PaymentRow(id), (std::pair<std::string, std::string>{"succeeded", "ch_pending"}));
@@ -517,7 +531,7 @@ TEST_F(ServiceTest, AResumedPaymentWhoseFoundChargeIsUnsettledStaysUnresolved) {
 // The same amount written another way is the same amount.
 TEST_F(ServiceTest, AResumedPaymentCompletesWithAMatchingFoundCharge) {
   const std::string id = TimedOutPayment("match-0001", "ORD-A1");
-  provider_.Plant(id, Charge{"ch_found", id, "100", "CNY", "succeeded"});
+  provider_.Plant(id, Charge{"ch_found", id, "100", "CNY", "succeeded", 0, "0.00"});
   const int calls = provider_.Calls();
 
   const http::Response r = Handle(Pay("match-0001", "alice-key", "ORD-A1"));
@@ -532,9 +546,11 @@ TEST_F(ServiceTest, AResumedPaymentCompletesWithAMatchingFoundCharge) {
 // The reconciler judges a found charge as a resumed request does.
 TEST_F(ServiceTest, TheReconcilerCountsAFoundChargeOnlyIfItIsThePaymentsCharge) {
   const std::string mismatched = TimedOutPayment("reconcile-1", "ORD-R1");
-  provider_.Plant(mismatched, Charge{"ch_wrong", mismatched, "100.00", "USD", "succeeded"});
+  provider_.Plant(mismatched,
+                  Charge{"ch_wrong", mismatched, "100.00", "USD", "succeeded", 0, "0.00"});
   const std::string declined = TimedOutPayment("reconcile-2", "ORD-R2");
-  provider_.Plant(declined, Charge{"ch_declined", declined, "100.00", "CNY", "declined"});
+  provider_.Plant(declined,
+                  Charge{"ch_declined", declined, "100.00", "CNY", "declined", 0, "0.00"});
   const int calls = provider_.Calls();
 
   EXPECT_EQ(filter_->ReconcileOnce(10, {}), 1) << "only the declined charge resolves";
@@ -620,7 +636,7 @@ TEST_F(ServiceTest, AnOrderWhose5xxChargeHappenedIsSettledAsSucceededByTheReconc
   ASSERT_EQ(failed.status, 503) << failed.body;
   provider_.create_error.reset();
   const std::string id = provider_.References().at(0);
-  provider_.Plant(id, Charge{"ch_despite_503", id, "100.00", "CNY", "succeeded"});
+  provider_.Plant(id, Charge{"ch_despite_503", id, "100.00", "CNY", "succeeded", 0, "0.00"});
   const int calls = provider_.Calls();
 
   clock_.Advance(kLease + Millis(1));
@@ -811,7 +827,7 @@ TEST_F(ServiceTest, AChargeThatLandsWithinTheSettleWindowIsFoundNotRepeated) {
   const std::string id = TimedOutPayment("settle-0002", "ORD-S2");
   clock_.Advance(Millis(1000));
   EXPECT_EQ(Handle(Pay("settle-0002", "alice-key", "ORD-S2")).status, 409);
-  provider_.Plant(id, Charge{"ch_late", id, "100.00", "CNY", "succeeded"});
+  provider_.Plant(id, Charge{"ch_late", id, "100.00", "CNY", "succeeded", 0, "0.00"});
   // For a retry_after after a look that found nothing, the record is held: retries are told to
   // come back without asking the provider again, however many there are.
   clock_.Advance(Millis(1000));

@@ -110,16 +110,7 @@ TEST_F(IdemdTest, ClientReportsTheNetworkErrorWhenNothingAnswers) {
 // idemctl end to end: pay, read back, inspect the record from the store.
 TEST_F(IdemdTest, IdemctlPaysAndInspects) {
   const std::string url = "http://127.0.0.1:" + std::to_string(idemd_url_.port);
-  auto run = [&](std::vector<std::string> argv) {
-    argv.insert(argv.begin(), IDEMCTL_PATH);
-    auto p = testing::ChildProcess::Spawn(argv, {{"IDEM_SECRETS", secrets_toml_}},
-                                          dir_.path().string(), dir_.File("idemctl.log"));
-    EXPECT_TRUE(p.has_value());
-    std::string out;
-    while (auto line = p->WaitForLine("", std::chrono::seconds(10))) out += *line + "\n";
-    auto status = p->Wait(std::chrono::seconds(10));
-    return std::make_pair(status ? WEXITSTATUS(*status) : -1, out);
-  };
+  auto run = [&](std::vector<std::string> argv) { return RunIdemctl(std::move(argv)); };
   auto [paid, pay_out] = run({"pay", "--url", url, "--api-key", kAlice, "--order", "ORD-CTL",
                               "--amount", "12.50", "--currency", "EUR", "--key", "ctl-key-0001"});
   EXPECT_EQ(paid, 0) << pay_out;

@@ -2,7 +2,9 @@
 #include "tests/integration/idemd_fixture.h"
 
 #include <signal.h>
+#include <sys/wait.h>
 
+#include <atomic>
 #include <fstream>
 
 namespace idem::itest {
@@ -42,6 +44,7 @@ void IdemdTest::WriteConfig(const std::string& config, const IdemdOptions& optio
       << "\nreconcile_interval_ms = " << options.reconcile_interval_ms << "\n"
       << options.extra_idempotency << "\n"
       << (options.redis_url.empty() ? "" : "[redis]\nurl = \"" + options.redis_url + "\"\n")
+      << options.extra_tables << "\n"
       << "[[principals]]\napi_key_sha256 = "
          "\"86f71c9cb79152ae8c4aff86cd48dbfc35eee594762141f8f00ece58705547e5\"\n"
          "tenant = \"acme\"\nuser = \"alice\"\n"
@@ -124,6 +127,46 @@ int64_t IdemdTest::ChargesFor(const std::string& reference) {
   if (!r) return -1;
   json::object stats = ParseObject(r->body);
   const json::value* n = stats["charges_by_reference"].as_object().if_contains(reference);
+  return n ? n->as_int64() : 0;
+}
+
+std::pair<int, std::string> IdemdTest::RunIdemctl(std::vector<std::string> argv,
+                                                  const std::map<std::string, std::string>& env) {
+  argv.insert(argv.begin(), IDEMCTL_PATH);
+  std::map<std::string, std::string> all = env;
+  all["IDEM_SECRETS"] = secrets_toml_;
+  static std::atomic<int> runs{0};
+  const std::string errors = dir_.File("idemctl-" + std::to_string(++runs) + ".log");
+  auto p = testing::ChildProcess::Spawn(argv, all, dir_.path().string(), errors);
+  EXPECT_TRUE(p.has_value());
+  if (!p) return {-1, ""};
+  std::string out;
+  while (auto line = p->WaitForLine("", std::chrono::seconds(30))) out += *line + "\n";
+  auto status = p->Wait(std::chrono::seconds(30));
+  // What it said on standard error follows, so a failing test shows why.
+  std::ifstream err(errors);
+  const std::string said((std::istreambuf_iterator<char>(err)), std::istreambuf_iterator<char>());
+  if (!said.empty()) out += "[stderr] " + said;
+  return {status && WIFEXITED(*status) ? WEXITSTATUS(*status) : -1, out};
+}
+
+std::string IdemdTest::InjectCharge(const std::string& reference, const std::string& amount,
+                                    const std::string& currency, const std::string& created_at) {
+  json::object body{{"reference", reference}, {"amount", amount}, {"currency", currency}};
+  if (!created_at.empty()) body["created_at"] = created_at;
+  auto r =
+      http::Call(provider_url_, http::Request{"POST", "/admin/charges", {}, json::serialize(body)});
+  EXPECT_TRUE(r && r->status == 201) << (r ? r->body : r.error().message);
+  return r ? std::string(ParseObject(r->body)["id"].as_string()) : "";
+}
+
+int64_t IdemdTest::RefundsOf(const std::string& charge_id) {
+  auto r = http::Call(provider_url_, http::Request{"GET", "/admin/stats", {}, {}});
+  if (!r) return -1;
+  const json::object stats = ParseObject(r->body);
+  const json::value* by_charge = stats.if_contains("refunds_by_charge");
+  if (by_charge == nullptr || !by_charge->is_object()) return -1;
+  const json::value* n = by_charge->as_object().if_contains(charge_id);
   return n ? n->as_int64() : 0;
 }
 

@@ -36,6 +36,8 @@ class IdemdTest : public ::testing::Test {
     std::string store_url{};                   // default: a SQLite file in the test's directory
     std::string extra_store{};                 // lines appended to [store]
     std::string redis_url{};                   // [redis] url, when set
+    std::string
+        extra_tables{};  // whole tables appended, e.g. "[reconciliation]\ninterval_ms = 500"
   };
   // Starts (or restarts) idemd on this test's database.
   void StartIdemd(const IdemdOptions& options);
@@ -50,8 +52,18 @@ class IdemdTest : public ::testing::Test {
   http::Response Get(const std::string& path, const std::string& api_key = kAlice);
   http::Response Send(http::Request request);
 
+  // idemctl with `argv` (IDEM_SECRETS set, plus `env`): its exit status and standard output.
+  std::pair<int, std::string> RunIdemctl(std::vector<std::string> argv,
+                                         const std::map<std::string, std::string>& env = {});
+
   // provider-sim admin calls.
   void Fault(const std::string& json_body);
+  // A charge made at the provider as if outside idemd; returns its id. `created_at` (RFC 3339)
+  // defaults to now.
+  std::string InjectCharge(const std::string& reference, const std::string& amount,
+                           const std::string& currency, const std::string& created_at = "");
+  // Refunds made of one charge.
+  int64_t RefundsOf(const std::string& charge_id);
   void ProviderMode(bool ignore_keys);
   int64_t ChargesFor(const std::string& reference);
   int64_t TotalCharges();

@@ -1,14 +1,34 @@
 // tools/provider_sim/main.cc — a downstream payment provider for tests, demos and benchmarks:
 // the provider calls idemd makes (docs/idemd.md), its own idempotency keys, and an admin API to
-// inject faults.
+// inject faults and charges.
+//
+// A charge is {"id","reference","amount","currency","status","created_at","amount_refunded"}
+// wherever it is returned: created_at is RFC 3339 UTC with milliseconds, amount_refunded a
+// decimal string with as many fractional digits as the amount ("0.00" before any refund).
 //
 //   POST /v1/charges               Idempotency-Key + {"amount","currency","reference"}
-//                                   → 201 | 402 | 5xx
+//                                   → 201 charge | 402 | 5xx
 //   GET  /v1/charges?reference=R   → 200 charge | 404
+//   GET  /v1/charges?created_gte=T&created_lt=T&limit=N&starting_after=ID
+//                                   → 200 {"data":[charge, …],"has_more":bool} | 400
+//   POST /v1/refunds               Idempotency-Key + {"charge","amount","reason"}
+//                                   → 201 {"id","charge","amount","status"} | 400 | 404 | 503
 //   POST /admin/faults             {"fault": "decline"|"error"|"hang"|"slow"|
 //                                   "succeed_then_timeout"|"late"|"none",
 //                                   "reference": R (optional; else global), "delay_ms": N,
 //                                   "times": N}
+//
+// Listing: every parameter is optional. The window is created_gte <= created_at < created_lt
+// (RFC 3339, `Z` or a numeric offset, optional fraction; absent: unbounded), oldest first and
+// ties in creation order; a page holds `limit` charges (1..100, default 10) after the charge
+// `starting_after`, and has_more says whether more match after it. A malformed value, an unknown
+// starting_after, or `reference` together with any listing parameter is 400.
+//
+// Refunds: `amount` is a positive decimal string with no more fractional digits than the
+// charge's amount; `reason` is "duplicate", "fraudulent" or "requested_by_customer". 404 for an
+// unknown charge; 400 for an invalid field or an amount above what is left to refund. A key is
+// honoured as for charges: a repeat answers the refund it made (201, the same body) and refunds
+// nothing more, even if nothing is left.
 //
 // Faults: `decline` answers 402, `error` 503, both charging nothing. `hang` charges nothing and
 // drops the connection after delay_ms (default 60 s). `slow` charges at once and answers after
@@ -16,22 +36,33 @@
 // `late` models a provider that executes a request after its caller gave up: the charge is
 // created delay_ms after the request arrived, whether or not the caller still waits (a closed
 // connection does not cancel it); a caller still waiting gets the answer then. Until then a
-// lookup by reference finds nothing.
+// lookup by reference or a listing finds nothing. Faults apply to charges, not refunds.
 //   DELETE /admin/faults           clears every fault
-//   POST /admin/mode               {"ignore_idempotency_keys": true|false}
-//   GET  /admin/stats              {"total": N, "charges_by_reference": {R: N}}
+//   POST /admin/mode               {"ignore_idempotency_keys": true|false} (charges and refunds)
+//   POST /admin/charges            {"reference","amount","currency","created_at" (optional;
+//                                   default now)} → 201 charge: one made outside idemd, such as
+//                                   a duplicate; counted like any other
+//   GET  /admin/stats              {"total": N, "charges_by_reference": {R: N},
+//                                   "refunds_by_charge": {ID: N}, "refunded_total": N}
 //
-// State lives in memory; the process is a test double, restarted per test run.
+// State lives in memory; the process is a test double, restarted per test run. It holds at most
+// --max-records charges and as many refunds (default 1,000,000) and answers 503 for more, so a
+// runaway test cannot exhaust memory.
 #include <signal.h>
 
 #include <boost/json.hpp>
+#include <charconv>
+#include <chrono>
 #include <condition_variable>
 #include <cstdio>
 #include <iostream>
+#include <limits>
 #include <map>
 #include <mutex>
+#include <set>
 #include <stop_token>
 #include <thread>
+#include <unordered_map>
 
 #include "include/idem/key.h"
 #include "server/http/server.h"
@@ -40,6 +71,12 @@ namespace {
 
 using namespace idem;
 namespace json = boost::json;
+
+constexpr std::size_t kDefaultMaxRecords = 1'000'000;
+constexpr int kDefaultPageSize = 10;
+constexpr int kMaxPageSize = 100;
+// Digits in an amount: below 10^18 fits int64_t at any scale.
+constexpr std::size_t kMaxAmountDigits = 18;
 
 struct Fault {
   std::string kind;  // decline, error, hang, slow, succeed_then_timeout, late
@@ -52,11 +89,111 @@ http::Response Json(int status, const json::value& v) {
   r.headers.Set("Content-Type", "application/json");
   return r;
 }
+http::Response Error(int status, std::string_view message) {
+  return Json(status, json::object{{"error", message}});
+}
+
+// A decimal amount in integer minor units: "12.30" is {1230, 2}. Money is never a double here.
+struct Decimal {
+  int64_t units = 0;
+  int scale = 0;  // fractional digits
+};
+
+// Digits with an optional '.' and at least one digit after it; no sign, no exponent.
+std::optional<Decimal> ParseDecimal(std::string_view s) {
+  const std::size_t dot = s.find('.');
+  const std::string_view whole = s.substr(0, dot);
+  const std::string_view fraction = dot == std::string_view::npos ? "" : s.substr(dot + 1);
+  if (whole.empty() || (dot != std::string_view::npos && fraction.empty()) ||
+      whole.size() + fraction.size() > kMaxAmountDigits) {
+    return std::nullopt;
+  }
+  Decimal d{0, static_cast<int>(fraction.size())};
+  for (std::string_view part : {whole, fraction}) {
+    for (char c : part) {
+      if (c < '0' || c > '9') return std::nullopt;
+      d.units = d.units * 10 + (c - '0');
+    }
+  }
+  return d;
+}
+
+std::string FormatDecimal(int64_t units, int scale) {
+  std::string digits = std::to_string(units);
+  if (scale == 0) return digits;
+  if (digits.size() <= static_cast<std::size_t>(scale)) {
+    digits.insert(0, static_cast<std::size_t>(scale) + 1 - digits.size(), '0');
+  }
+  digits.insert(digits.size() - static_cast<std::size_t>(scale), 1, '.');
+  return digits;
+}
+
+// `d` in units of `scale` (>= d.scale) fractional digits; nullopt if that overflows int64_t.
+std::optional<int64_t> Rescale(Decimal d, int scale) {
+  int64_t units = d.units;
+  for (int i = d.scale; i < scale; ++i) {
+    if (units > std::numeric_limits<int64_t>::max() / 10) return std::nullopt;
+    units *= 10;
+  }
+  return units;
+}
+
+// Query values arrive percent-encoded or not ("+08:00" raw or as "%2B08%3A00"); '+' is kept,
+// since an offset is the only place it appears. nullopt for a broken escape.
+std::optional<std::string> PercentDecode(std::string_view s) {
+  auto hex = [](char c) -> int {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return -1;
+  };
+  std::string out;
+  for (std::size_t i = 0; i < s.size(); ++i) {
+    if (s[i] != '%') {
+      out += s[i];
+      continue;
+    }
+    const int hi = i + 2 < s.size() ? hex(s[i + 1]) : -1;
+    const int lo = i + 2 < s.size() ? hex(s[i + 2]) : -1;
+    if (hi < 0 || lo < 0) return std::nullopt;
+    out += static_cast<char>(hi * 16 + lo);
+    i += 2;
+  }
+  return out;
+}
+
+struct Charge {
+  std::string id;
+  std::string reference;
+  std::string amount;  // as the caller wrote it
+  std::string currency;
+  int64_t created_ms = 0;
+  int64_t refunded_units = 0;  // at the precision of `amount`
+};
+
+json::object ToJson(const Charge& c) {
+  const std::optional<Decimal> amount = ParseDecimal(c.amount);
+  return json::object{
+      {"id", c.id},
+      {"reference", c.reference},
+      {"amount", c.amount},
+      {"currency", c.currency},
+      {"status", "succeeded"},
+      {"created_at", http::Rfc3339(c.created_ms)},
+      {"amount_refunded", FormatDecimal(c.refunded_units, amount ? amount->scale : 0)}};
+}
+
+// The string member `k` of `o`, or empty.
+std::string Text(const json::object* o, const char* k) {
+  const json::value* v = o ? o->if_contains(k) : nullptr;
+  return v && v->is_string() ? std::string(v->as_string()) : std::string();
+}
 
 // Thread-safe: every member is guarded by mu_; late charges land on their own threads, joined
 // (and cut short) when the simulator is destroyed.
 class ProviderSim final : public http::Handler {
  public:
+  explicit ProviderSim(std::size_t max_records) : max_records_(max_records) {}
   ~ProviderSim() override {
     for (std::jthread& t : late_) t.request_stop();
     late_cv_.notify_all();
@@ -66,7 +203,9 @@ class ProviderSim final : public http::Handler {
     const std::string_view path = request.Path();
     context.route = std::string(path);
     if (path == "/v1/charges" && request.method == "POST") return CreateCharge(request, context);
-    if (path == "/v1/charges" && request.method == "GET") return FindCharge(request);
+    if (path == "/v1/charges" && request.method == "GET") return GetCharges(request);
+    if (path == "/v1/refunds" && request.method == "POST") return CreateRefund(request);
+    if (path == "/admin/charges" && request.method == "POST") return InjectCharge(request);
     if (path == "/admin/faults" && request.method == "POST") return SetFault(request);
     if (path == "/admin/faults" && request.method == "DELETE") {
       std::lock_guard lock(mu_);
@@ -97,24 +236,33 @@ class ProviderSim final : public http::Handler {
     return take(global_);
   }
 
-  http::Response CreateCharge(const http::Request& request, http::RequestContext& context) {
+  // The charge a request body asks for (reference, amount, currency; empty when absent); `doc`
+  // keeps the parsed body for the caller's other fields.
+  static Charge Requested(const http::Request& request, json::value* doc) {
     boost::system::error_code ec;
-    json::value body = json::parse(request.body, ec);
-    const json::object* o = ec ? nullptr : body.if_object();
-    auto text = [&](const char* k) -> std::string {
-      const json::value* v = o ? o->if_contains(k) : nullptr;
-      return v && v->is_string() ? std::string(v->as_string()) : std::string();
-    };
-    const std::string reference = text("reference");
-    const std::string amount = text("amount");
-    const std::string currency = text("currency");
-    if (reference.empty() || amount.empty() || currency.empty()) {
+    *doc = json::parse(request.body, ec);
+    const json::object* o = ec ? nullptr : doc->if_object();
+    return Charge{.id = "",
+                  .reference = Text(o, "reference"),
+                  .amount = Text(o, "amount"),
+                  .currency = Text(o, "currency")};
+  }
+
+  http::Response Full() const {
+    return Error(503, "provider-sim holds its maximum of " + std::to_string(max_records_) +
+                          " records of this kind");
+  }
+
+  http::Response CreateCharge(const http::Request& request, http::RequestContext& context) {
+    json::value body;
+    Charge charge = Requested(request, &body);
+    if (charge.reference.empty() || charge.amount.empty() || charge.currency.empty()) {
       return Json(400, json::object{{"error", "invalid_request"}});
     }
     const std::string key = std::string(request.headers.Get("idempotency-key").value_or(""));
 
     std::lock_guard lock(mu_);
-    std::optional<Fault> fault = TakeFault(reference);
+    std::optional<Fault> fault = TakeFault(charge.reference);
     if (fault && fault->kind == "decline")
       return Json(402, json::object{{"error", "card_declined"}});
     if (fault && fault->kind == "error") return Json(503, json::object{{"error", "unavailable"}});
@@ -125,66 +273,197 @@ class ProviderSim final : public http::Handler {
     }
     if (fault && fault->kind == "slow") context.delay = fault->delay;
 
+    charge.id = NewId("ch_");
+    charge.created_ms = ToUnixMillis(SystemClock().Now());
     if (fault && fault->kind == "late") {
-      // Answered at the landing time if the caller still waits; made then whatever it did.
+      // Answered at the landing time if the caller still waits; made then whatever it did. Its
+      // slot is held from now, so a landing never finds the simulator full.
+      if (charges_.size() + landing_ >= max_records_) return Full();
       const Millis delay = fault->delay;
       context.delay = delay;
-      std::string id = NewChargeId();
-      json::object answer = NewCharge(id, reference, amount, currency);
-      late_.emplace_back([this, delay, key, id, reference, amount, currency](std::stop_token stop) {
+      charge.created_ms += delay.count();
+      ++landing_;
+      late_.emplace_back([this, delay, key, charge](std::stop_token stop) {
         std::unique_lock late_lock(mu_);
         late_cv_.wait_for(late_lock, stop, delay, [] { return false; });
         if (stop.stop_requested()) return;
-        (void)Charge(key, id, reference, amount, currency);
+        --landing_;
+        (void)AddCharge(key, charge);
       });
-      return Json(201, answer);
+      return Json(201, ToJson(charge));
     }
-    json::object charge = Charge(key, NewChargeId(), reference, amount, currency);
+    const std::optional<std::size_t> made = AddCharge(key, std::move(charge));
+    if (!made) return Full();
     if (fault && fault->kind == "succeed_then_timeout") {
       context.delay = fault->delay.count() > 0 ? fault->delay : Millis(60000);
       context.drop = true;
       return {};
     }
-    return Json(201, charge);
+    return Json(201, ToJson(charges_[*made]));
   }
 
-  std::string NewChargeId() {
+  std::string NewId(const char* prefix) {
     std::array<uint8_t, 8> id;
     random_.Fill(id);
-    return "ch_" + ToHex(id);
-  }
-  static json::object NewCharge(const std::string& id, const std::string& reference,
-                                const std::string& amount, const std::string& currency) {
-    return json::object{{"id", id},
-                        {"reference", reference},
-                        {"amount", amount},
-                        {"currency", currency},
-                        {"status", "succeeded"}};
-  }
-  // Makes the charge `id` unless `key` was seen before and keys are honoured: then the earlier
-  // charge is the answer. Caller holds mu_.
-  json::object Charge(const std::string& key, const std::string& id, const std::string& reference,
-                      const std::string& amount, const std::string& currency) {
-    auto existing = by_key_.find(key);
-    if (!ignore_keys_ && !key.empty() && existing != by_key_.end()) {
-      return charges_[existing->second];  // a repeat: the same charge
-    }
-    json::object charge = NewCharge(id, reference, amount, currency);
-    charges_.push_back(charge);
-    if (!key.empty()) by_key_[key] = charges_.size() - 1;
-    ++count_by_reference_[reference];
-    return charge;
+    return prefix + ToHex(id);
   }
 
-  http::Response FindCharge(const http::Request& request) {
-    const std::string reference = std::string(request.QueryParam("reference").value_or(""));
+  // Makes `charge` unless `key` was seen before and keys are honoured: then the earlier charge is
+  // the answer. Returns its index in charges_, or nullopt when the simulator is full. Caller
+  // holds mu_.
+  std::optional<std::size_t> AddCharge(const std::string& key, Charge charge) {
+    auto existing = by_key_.find(key);
+    if (!ignore_keys_ && !key.empty() && existing != by_key_.end()) {
+      return existing->second;  // a repeat: the same charge
+    }
+    if (charges_.size() + landing_ >= max_records_) return std::nullopt;
+    const std::size_t index = charges_.size();
+    if (!key.empty()) by_key_[key] = index;
+    ++count_by_reference_[charge.reference];
+    by_id_[charge.id] = index;
+    by_time_.emplace(charge.created_ms, index);
+    charges_.push_back(std::move(charge));
+    return index;
+  }
+
+  http::Response GetCharges(const http::Request& request) {
+    const std::optional<std::string_view> reference = request.QueryParam("reference");
+    const bool listing = request.QueryParam("created_gte") || request.QueryParam("created_lt") ||
+                         request.QueryParam("limit") || request.QueryParam("starting_after");
+    if (reference && listing) {
+      return Error(400,
+                   "reference looks one charge up; it cannot be combined with created_gte, "
+                   "created_lt, limit or starting_after");
+    }
+    return reference ? FindCharge(std::string(*reference)) : ListCharges(request);
+  }
+
+  http::Response FindCharge(const std::string& reference) {
     std::lock_guard lock(mu_);
-    for (const json::object& c : charges_) {
-      if (c.at("reference").as_string() == reference) return Json(200, c);
+    for (const Charge& c : charges_) {
+      if (c.reference == reference) return Json(200, ToJson(c));
     }
     return Json(404, json::object{{"error", "not_found"}});
   }
 
+  http::Response ListCharges(const http::Request& request) {
+    // The percent-decoded query parameter `name`; "" (valid for none) if badly escaped.
+    auto param = [&request](std::string_view name) {
+      return PercentDecode(request.QueryParam(name).value_or("")).value_or("");
+    };
+    // Reads the bound `name` into `out`, which stays unbounded when the parameter is absent.
+    auto bound = [&](std::string_view name, int64_t& out) {
+      if (!request.QueryParam(name)) return true;
+      const std::optional<int64_t> ms = http::ParseRfc3339(param(name));
+      if (ms) out = *ms;
+      return ms.has_value();
+    };
+    int64_t gte = std::numeric_limits<int64_t>::min();
+    int64_t lt = std::numeric_limits<int64_t>::max();
+    if (!bound("created_gte", gte) || !bound("created_lt", lt)) {
+      return Error(400,
+                   "created_gte and created_lt must be RFC 3339 date-times such as "
+                   "2026-11-30T13:37:25.032Z or 2026-11-30T21:37:25+08:00");
+    }
+    int limit = kDefaultPageSize;
+    if (request.QueryParam("limit")) {
+      const std::string text = param("limit");
+      const char* end = text.data() + text.size();
+      const auto [ptr, err] = std::from_chars(text.data(), end, limit);
+      if (err != std::errc() || ptr != end || limit < 1 || limit > kMaxPageSize) {
+        return Error(400, "limit must be an integer from 1 to " + std::to_string(kMaxPageSize));
+      }
+    }
+
+    std::lock_guard lock(mu_);
+    auto it = by_time_.lower_bound({gte, 0});
+    if (request.QueryParam("starting_after")) {
+      const auto found = by_id_.find(param("starting_after"));
+      if (found == by_id_.end()) return Error(400, "starting_after names no charge");
+      const std::pair<int64_t, std::size_t> position{charges_[found->second].created_ms,
+                                                     found->second};
+      if (position >= std::pair<int64_t, std::size_t>{gte, 0}) {
+        it = by_time_.upper_bound(position);
+      }
+    }
+    json::array data;
+    for (; it != by_time_.end() && it->first < lt && std::cmp_less(data.size(), limit); ++it) {
+      data.push_back(ToJson(charges_[it->second]));
+    }
+    const bool has_more = it != by_time_.end() && it->first < lt;
+    return Json(200, json::object{{"data", std::move(data)}, {"has_more", has_more}});
+  }
+
+  http::Response CreateRefund(const http::Request& request) {
+    boost::system::error_code ec;
+    json::value body = json::parse(request.body, ec);
+    const json::object* o = ec ? nullptr : body.if_object();
+    const std::string charge_id = Text(o, "charge");
+    const std::optional<Decimal> amount = ParseDecimal(Text(o, "amount"));
+    const std::string reason = Text(o, "reason");
+    if (charge_id.empty()) return Error(400, "charge must be a charge id");
+    if (!amount || amount->units == 0) {
+      return Error(400, "amount must be a positive decimal string such as \"100.00\"");
+    }
+    if (reason != "duplicate" && reason != "fraudulent" && reason != "requested_by_customer") {
+      return Error(400, "reason must be duplicate, fraudulent or requested_by_customer");
+    }
+    const std::string key = std::string(request.headers.Get("idempotency-key").value_or(""));
+
+    std::lock_guard lock(mu_);
+    if (auto it = refund_by_key_.find(key);
+        !ignore_keys_ && !key.empty() && it != refund_by_key_.end()) {
+      return Json(201, refunds_[it->second]);  // a repeat: the same refund
+    }
+    const auto found = by_id_.find(charge_id);
+    if (found == by_id_.end()) return Error(404, "no such charge: " + charge_id);
+    Charge& charge = charges_[found->second];
+    const std::optional<Decimal> charged = ParseDecimal(charge.amount);
+    if (!charged) return Error(400, "the charge's amount is not a decimal; it cannot be refunded");
+    if (amount->scale > charged->scale) {
+      return Error(400,
+                   "amount has more fractional digits than the charge's amount " + charge.amount);
+    }
+    const std::optional<int64_t> units = Rescale(*amount, charged->scale);
+    const int64_t left = charged->units - charge.refunded_units;
+    if (!units || *units > left) {
+      return Error(400,
+                   "amount exceeds what is left to refund: " + FormatDecimal(left, charged->scale));
+    }
+    if (refunds_.size() >= max_records_) return Full();
+    charge.refunded_units += *units;
+    json::object refund{{"id", NewId("re_")},
+                        {"charge", charge.id},
+                        {"amount", FormatDecimal(*units, charged->scale)},
+                        {"status", "succeeded"}};
+    if (!key.empty()) refund_by_key_[key] = refunds_.size();
+    ++refunds_by_charge_[charge.id];
+    refunds_.push_back(refund);
+    return Json(201, refund);
+  }
+
+  http::Response InjectCharge(const http::Request& request) {
+    json::value body;
+    Charge charge = Requested(request, &body);
+    if (charge.reference.empty() || !ParseDecimal(charge.amount) || charge.currency.empty()) {
+      return Error(400,
+                   "expected {\"reference\", \"amount\" (a decimal string), \"currency\", "
+                   "\"created_at\" (optional)}");
+    }
+    charge.created_ms = ToUnixMillis(SystemClock().Now());
+    if (const json::value* at = body.as_object().if_contains("created_at")) {
+      const std::optional<int64_t> ms =
+          at->is_string() ? http::ParseRfc3339(at->as_string()) : std::nullopt;
+      if (!ms || *ms < 0)
+        return Error(400, "created_at must be an RFC 3339 date-time from 1970 on");
+      charge.created_ms = *ms;
+    }
+    std::lock_guard lock(mu_);
+    charge.id = NewId("ch_");
+    const std::optional<std::size_t> made = AddCharge("", std::move(charge));
+    if (!made) return Full();
+    return Json(201, ToJson(charges_[*made]));
+  }
   http::Response SetFault(const http::Request& request) {
     boost::system::error_code ec;
     json::value body = json::parse(request.body, ec);
@@ -233,14 +512,25 @@ class ProviderSim final : public http::Handler {
     std::lock_guard lock(mu_);
     json::object by_reference;
     for (const auto& [reference, n] : count_by_reference_) by_reference[reference] = n;
+    json::object by_charge;
+    for (const auto& [charge, n] : refunds_by_charge_) by_charge[charge] = n;
     return Json(200, json::object{{"total", charges_.size()},
-                                  {"charges_by_reference", std::move(by_reference)}});
+                                  {"charges_by_reference", std::move(by_reference)},
+                                  {"refunds_by_charge", std::move(by_charge)},
+                                  {"refunded_total", refunds_.size()}});
   }
 
+  const std::size_t max_records_;  // charges, and separately refunds
   std::mutex mu_;
-  std::vector<json::object> charges_;
+  std::vector<Charge> charges_;  // in creation order: the index is the creation sequence
+  std::size_t landing_ = 0;      // late charges not made yet, each holding a slot
   std::map<std::string, std::size_t> by_key_;
+  std::unordered_map<std::string, std::size_t> by_id_;
+  std::set<std::pair<int64_t, std::size_t>> by_time_;  // (created_ms, index): listing order
   std::map<std::string, int64_t> count_by_reference_;
+  std::vector<json::object> refunds_;
+  std::map<std::string, std::size_t> refund_by_key_;  // keys of refunds, apart from charges'
+  std::map<std::string, int64_t> refunds_by_charge_;
   std::map<std::string, std::optional<Fault>> faults_;
   std::optional<Fault> global_;
   bool ignore_keys_ = false;
@@ -261,6 +551,7 @@ int main(int argc, char** argv) {
   options.port = 8090;
   options.worker_threads = 4;
   options.drain_timeout = Millis(2000);
+  std::size_t max_records = kDefaultMaxRecords;
   for (int i = 1; i < argc; ++i) {
     std::string arg = argv[i];
     if (arg == "--listen" && i + 1 < argc) {
@@ -272,14 +563,22 @@ int main(int argc, char** argv) {
       }
       options.host = value.substr(0, colon);
       options.port = static_cast<uint16_t>(std::stoi(value.substr(colon + 1)));
+    } else if (arg == "--max-records" && i + 1 < argc) {
+      const std::string_view value = argv[++i];
+      const auto [ptr, err] =
+          std::from_chars(value.data(), value.data() + value.size(), max_records);
+      if (err != std::errc() || ptr != value.data() + value.size() || max_records == 0) {
+        std::fprintf(stderr, "provider-sim: --max-records N (N >= 1)\n");
+        return 2;
+      }
     } else {
-      std::fprintf(stderr, "usage: provider-sim [--listen HOST:PORT]\n");
+      std::fprintf(stderr, "usage: provider-sim [--listen HOST:PORT] [--max-records N]\n");
       return 2;
     }
   }
   http::BlockStopSignals();
 
-  ProviderSim sim;
+  ProviderSim sim(max_records);
   auto server = http::Server::Start(options, sim, nullptr);
   if (!server) {
     std::fprintf(stderr, "provider-sim: %s\n", server.error().message.c_str());

@@ -119,6 +119,17 @@ class RedisCacheTest : public ::testing::Test {
     return spec;
   }
 
+  // The cache of another process on the same database and Redis, its clock `clock`, with an LRU
+  // of its own or none.
+  std::unique_ptr<Store> OpenOther(const std::string& prefix, Clock& clock, bool lru = false) {
+    RedisCacheOptions options = CacheOptions(prefix);
+    if (!lru) options.lru_entries = 0;
+    SqliteStoreOptions o;
+    o.path = env_.dir.File("idem.db");
+    return std::move(*WrapWithRedisCache(std::move(*OpenSqliteStore(o, env_.clock, env_.random)),
+                                         options, clock));
+  }
+
   void DeleteFromDatabase(const ScopeHash& scope) {
     auto txn = std::move(*raw_->Begin());
     ASSERT_TRUE(txn->Exec("DELETE FROM idem_records WHERE scope_hash = ?",
@@ -189,12 +200,7 @@ TEST_F(RedisCacheTest, WarmReplaysAreServedFromTheLruAndFromRedis) {
   EXPECT_EQ((*from_lru)->response, "sealed");
 
   // A second process (no LRU) finds it in Redis.
-  RedisCacheOptions no_lru = CacheOptions(prefix);
-  no_lru.lru_entries = 0;
-  SqliteStoreOptions o;
-  o.path = env_.dir.File("idem.db");
-  auto other = std::move(*WrapWithRedisCache(
-      std::move(*OpenSqliteStore(o, env_.clock, env_.random)), no_lru, env_.clock));
+  auto other = OpenOther(prefix, env_.clock);
   auto from_redis = other->Read(spec.scope);
   ASSERT_TRUE(from_redis.has_value() && from_redis->has_value()) << "served by Redis";
   EXPECT_EQ((*from_redis)->state, RecordState::kSucceeded);
@@ -225,12 +231,7 @@ TEST_F(RedisCacheTest, ACachedRecordIsNeverUsedPastItsExpiry) {
   ASSERT_TRUE(read.has_value() && read->has_value());
   EXPECT_EQ((*read)->state, RecordState::kProcessing);
   EXPECT_EQ((*read)->fingerprint.mac, next.fingerprint.mac);
-  RedisCacheOptions no_lru = CacheOptions(prefix);
-  no_lru.lru_entries = 0;
-  SqliteStoreOptions o;
-  o.path = env_.dir.File("idem.db");
-  auto other = std::move(*WrapWithRedisCache(
-      std::move(*OpenSqliteStore(o, env_.clock, env_.random)), no_lru, env_.clock));
+  auto other = OpenOther(prefix, env_.clock);
   read = other->Read(spec.scope);
   ASSERT_TRUE(read.has_value() && read->has_value());
   EXPECT_EQ((*read)->state, RecordState::kProcessing) << "Redis kept the entry past its expiry";
@@ -250,12 +251,7 @@ TEST_F(RedisCacheTest, ACacheHitCarriesTheStoresTimeMovedOn) {
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
   auto from_lru = cached_->Read(spec.scope);
   ASSERT_TRUE(from_lru.has_value() && from_lru->has_value());
-  RedisCacheOptions no_lru = CacheOptions(prefix);
-  no_lru.lru_entries = 0;
-  SqliteStoreOptions o;
-  o.path = env_.dir.File("idem.db");
-  auto other = std::move(*WrapWithRedisCache(
-      std::move(*OpenSqliteStore(o, env_.clock, env_.random)), no_lru, env_.clock));
+  auto other = OpenOther(prefix, env_.clock);
   auto from_redis = other->Read(spec.scope);
   ASSERT_TRUE(from_redis.has_value() && from_redis->has_value());
   for (const Record* r : {&**from_lru, &**from_redis}) {
@@ -273,14 +269,8 @@ TEST_F(RedisCacheTest, AClockRunningBehindKeepsNoEntryAlive) {
   const std::string prefix = Fresh("idem:test:");
   Open(CacheOptions(prefix));
   FakeClock behind(env_.clock.Now() - Millis(3'600'000));
-  SqliteStoreOptions o;
-  o.path = env_.dir.File("idem.db");
-  auto skewed = std::move(*WrapWithRedisCache(
-      std::move(*OpenSqliteStore(o, env_.clock, env_.random)), CacheOptions(prefix), behind));
-  RedisCacheOptions no_lru = CacheOptions(prefix);
-  no_lru.lru_entries = 0;
-  auto reader = std::move(
-      *WrapWithRedisCache(std::move(*OpenSqliteStore(o, env_.clock, env_.random)), no_lru, behind));
+  auto skewed = OpenOther(prefix, behind, /*lru=*/true);
+  auto reader = OpenOther(prefix, behind);
   const Millis retention(400);
   const ClaimSpec spec = Finished("skew-key-0001", retention);
   ASSERT_TRUE((*skewed->Read(spec.scope)).has_value());  // cached by the skewed instance

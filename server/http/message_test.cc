@@ -1,0 +1,31 @@
+// server/http/message_test.cc — RFC 3339 times both ways.
+#include "server/http/message.h"
+
+#include <gtest/gtest.h>
+
+namespace idem::http {
+namespace {
+
+TEST(Rfc3339, ReadsWhatItWritesAndOffsets) {
+  const int64_t ms = 1'796'000'000'123;
+  EXPECT_EQ(ParseRfc3339(Rfc3339(ms)), ms);
+  EXPECT_EQ(ParseRfc3339("1970-01-01T00:00:00Z"), 0);
+  EXPECT_EQ(ParseRfc3339("1970-01-01T08:00:00+08:00"), 0);
+  EXPECT_EQ(ParseRfc3339("1969-12-31T23:30:00.5-00:30"), 500);
+  EXPECT_EQ(ParseRfc3339("2026-11-30T13:37:25.0320001Z"), ParseRfc3339("2026-11-30T13:37:25.033Z"))
+      << "fractions beyond milliseconds round up";
+  EXPECT_EQ(ParseRfc3339("2026-11-30T13:37:25.0320000Z"), ParseRfc3339("2026-11-30T13:37:25.032Z"));
+  EXPECT_EQ(ParseRfc3339("2024-02-29t00:00:00z"), ParseRfc3339("2024-02-29T00:00:00Z"));
+}
+
+TEST(Rfc3339, RefusesWhatIsNotOne) {
+  for (const char* bad :
+       {"", "2026-11-30", "2026-11-30T13:37:25", "2026-11-30 13:37:25Z", "2026-13-01T00:00:00Z",
+        "2026-02-30T00:00:00Z", "2026-11-30T24:00:00Z", "2026-11-30T13:37:25.Z",
+        "2026-11-30T13:37:25+0800", "2026-11-30T13:37:25Zjunk", "２026-11-30T13:37:25Z"}) {
+    EXPECT_FALSE(ParseRfc3339(bad).has_value()) << bad;
+  }
+}
+
+}  // namespace
+}  // namespace idem::http
