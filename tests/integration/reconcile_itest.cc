@@ -32,6 +32,19 @@ void ExecSql(const std::string& store_url, const std::string& sql) {
   ASSERT_TRUE((*txn)->Commit().has_value());
 }
 
+// The rows of one query on the store behind `store_url`.
+std::vector<SqlRow> QuerySql(const std::string& store_url, const std::string& sql) {
+  idemd::StoreUrlOptions options;
+  options.pool_size = 1;
+  options.apply_migrations = false;
+  auto store = idemd::OpenStoreUrl(store_url, options);
+  EXPECT_TRUE(store.has_value()) << store.error().message;
+  if (!store) return {};
+  auto rows = (*store)->Query(sql);
+  EXPECT_TRUE(rows.has_value()) << rows.error().message;
+  return rows ? std::move(*rows) : std::vector<SqlRow>();
+}
+
 std::string Now(Millis offset = Millis(0)) {
   return http::Rfc3339(ToUnixMillis(SystemClock().Now() + offset));
 }
@@ -123,6 +136,19 @@ void DuplicateIsRefundedOnce(ReconcileTest& t) {
   EXPECT_EQ(finding["payment"].as_string(), payment);
   EXPECT_EQ(finding["action"].as_string(), "refunded");
   EXPECT_NE(finding["instance"].as_string().find("idemctl@"), std::string::npos);
+
+  // The audit trail: the intent, then the refund, each a row naming the charge, the refund and
+  // the instance; the second run added none.
+  const std::vector<SqlRow> events =
+      QuerySql(t.StoreUrl(),
+               "SELECT action, refund_id, instance FROM reconcile_events WHERE "
+               "charge_id = '" +
+                   extra + "' ORDER BY at, action");
+  ASSERT_EQ(events.size(), 2u);
+  EXPECT_EQ(std::get<std::string>(events[0][0]), "refund_pending");
+  EXPECT_EQ(std::get<std::string>(events[1][0]), "refunded");
+  EXPECT_EQ(std::get<std::string>(events[1][1]), std::string(refunded["refund"].as_string()));
+  EXPECT_NE(std::get<std::string>(events[1][2]).find("idemctl@"), std::string::npos);
 }
 
 TEST_F(ReconcileTest, ADuplicateChargeIsRefundedExactlyOnce) { DuplicateIsRefundedOnce(*this); }
