@@ -6,15 +6,30 @@
 // -DIDEM_FAILPOINTS=OFF compile every point to nothing.
 #pragma once
 
+#include <array>
 #include <string_view>
 
 #include "include/idem/result.h"
 
 namespace idem {
 
+// Every failpoint, in protocol order. IDEM_FAILPOINT refuses (at compile time) a name not listed
+// here, and ArmFailpoints (so IDEM_FAILPOINTS) refuses one at run time: a typo is an error, never
+// a point that silently does nothing.
+inline constexpr std::array<std::string_view, 7> kFailpoints = {
+    "after_claim",             // the claim transaction committed (Engine::Start)
+    "heartbeat",               // a lease renewal of a running execution (Heartbeat)
+    "after_charge_sent",       // charge_sent committed, the charge not yet sent (payments)
+    "after_provider_charge",   // the provider charged, the outcome not yet recorded (payments)
+    "before_complete_commit",  // the completion's transaction is about to commit (Engine::Finish)
+    "after_complete_commit",   // the completion committed, the answer not yet sent
+    "reconcile_after_refund",  // a refund of the books left, not yet recorded (Reconciliation)
+};
+
 // Arms points from a spec: comma-separated name=action, action one of crash (the process exits
 // at once with status 86, like a kill -9 at that line), stall:MS (sleeps), error (the step fails
 // with kUnavailable). "off" disarms. Errors: kInvalidArgument for a malformed spec.
+// Errors: kInvalidArgument for a malformed spec or a name not in kFailpoints.
 Status ArmFailpoints(std::string_view spec);
 
 // Disarms every point.
@@ -22,6 +37,15 @@ void ClearFailpoints();
 
 namespace internal {
 Status HitFailpoint(std::string_view name);
+
+// `name` if it is a listed failpoint; used in a constant expression, an unlisted name does not
+// compile.
+consteval std::string_view Listed(std::string_view name) {
+  for (std::string_view known : kFailpoints) {
+    if (known == name) return name;
+  }
+  throw "IDEM_FAILPOINT: not a name in kFailpoints";
+}
 }  // namespace internal
 
 }  // namespace idem
@@ -30,5 +54,5 @@ Status HitFailpoint(std::string_view name);
 #define IDEM_FAILPOINT(name) ::idem::Status()
 #else
 // Evaluates to a Status: Ok unless the point is armed with "error".
-#define IDEM_FAILPOINT(name) ::idem::internal::HitFailpoint(name)
+#define IDEM_FAILPOINT(name) ::idem::internal::HitFailpoint(::idem::internal::Listed(name))
 #endif

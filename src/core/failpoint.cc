@@ -40,6 +40,16 @@ Status ArmFailpoints(std::string_view spec) {
     }
     const std::string name(item.substr(0, eq));
     const std::string_view action = item.substr(eq + 1);
+    bool listed = false;
+    for (std::string_view known : kFailpoints) listed = listed || known == name;
+    if (!listed) {
+      std::string known_names;
+      for (std::string_view known : kFailpoints) {
+        known_names += (known_names.empty() ? "" : ", ") + std::string(known);
+      }
+      return MakeError(Errc::kInvalidArgument,
+                       "failpoint spec: no failpoint '" + name + "' (known: " + known_names + ")");
+    }
     if (action == "crash") {
       parsed[name] = Action{Action::Kind::kCrash};
     } else if (action == "error") {

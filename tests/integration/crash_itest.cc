@@ -2,6 +2,7 @@
 // processes: whatever dies where, each merchant order is charged once and every client that
 // retries gets the one answer.
 #include <signal.h>
+#include <sys/wait.h>
 
 #include <thread>
 
@@ -77,21 +78,41 @@ TEST_F(IdemdTest, KilledBeforeTheCompletionCommitted) {
   CrashAfterChargeThenRetry(*this, "before_complete_commit");
 }
 
-TEST_F(IdemdTest, CrashAtAFailpointExitsAndLeavesARecoverableRecord) {
-  StartIdemd({.env = {{"IDEM_FAILPOINTS", "after_charge_sent=crash"}}});
-  http::Request req{"POST", "/v1/payments", {}, Body("ORD-CRASH2")};
+// idemd crashes at `point` (exit at that line, like kill -9), restarts, and the client's retry
+// with the same key ends with one charge: `charges_at_crash` were made before the crash, and
+// the retry's answer is a replay exactly when the completion had committed.
+void CrashAtThenRetry(IdemdTest& t, const std::string& point, int64_t charges_at_crash,
+                      bool replayed) {
+  t.StartIdemd({.env = {{"IDEM_FAILPOINTS", point + "=crash"}}});
+  const std::string key = "crash-key-" + point;
+  const std::string body = IdemdTest::Body("ORD-CRASH-" + std::to_string(point.size()));
+  http::Request req{"POST", "/v1/payments", {}, body};
   req.headers.Set("Authorization", std::string("Bearer ") + kAlice);
   req.headers.Set("Content-Type", "application/json");
-  req.headers.Set("Idempotency-Key", "crash-order-key-2");
-  EXPECT_FALSE(http::Call(idemd_url_, std::move(req)).has_value()) << "the process exited";
-  auto status = idemd_->Wait(std::chrono::seconds(5));
+  req.headers.Set("Idempotency-Key", key);
+  EXPECT_FALSE(http::Call(t.idemd_url_, std::move(req)).has_value()) << "the process exited";
+  auto status = t.idemd_->Wait(std::chrono::seconds(5));
   ASSERT_TRUE(status.has_value());
-  idemd_.reset();
-  EXPECT_EQ(TotalCharges(), 0);
-  StartIdemd();
-  http::Response r = RetryUntilSettled(*this, "crash-order-key-2", Body("ORD-CRASH2"));
+  EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 86) << "not the failpoint's exit";
+  t.idemd_.reset();
+  EXPECT_EQ(t.TotalCharges(), charges_at_crash);
+  t.StartIdemd();
+  http::Response r = RetryUntilSettled(t, key, body);
   EXPECT_EQ(r.status, 201) << r.body;
-  EXPECT_EQ(TotalCharges(), 1);
+  EXPECT_EQ(r.headers.Get("idempotent-replayed").has_value(), replayed) << r.body;
+  EXPECT_EQ(t.TotalCharges(), 1);
+}
+
+TEST_F(IdemdTest, CrashAfterTheClaimExecutesOnceOnRetry) {
+  CrashAtThenRetry(*this, "after_claim", 0, false);
+}
+
+TEST_F(IdemdTest, CrashAtAFailpointExitsAndLeavesARecoverableRecord) {
+  CrashAtThenRetry(*this, "after_charge_sent", 0, false);
+}
+
+TEST_F(IdemdTest, CrashAfterTheCompletionCommittedReplaysOnRetry) {
+  CrashAtThenRetry(*this, "after_complete_commit", 1, true);
 }
 
 TEST_F(IdemdTest, ReconcilerResolvesAnAbandonedChargeWithoutAnyRetry) {
