@@ -9,6 +9,7 @@
 #include <boost/asio/experimental/awaitable_operators.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
+#include <boost/url/parse.hpp>
 #include <map>
 #include <mutex>
 #include <thread>
@@ -41,6 +42,43 @@ Request FromBeast(bhttp::request<bhttp::string_body>&& in) {
   for (const auto& field : in) out.headers.Add(field.name_string(), field.value());
   out.body = std::move(in.body());
   return out;
+}
+
+// Why `request` (of HTTP version `version`, 10 or 11) cannot be handled although Beast parsed it,
+// or nothing. RFC 9112 §3.2: an HTTP/1.1 request without Host, and any request with more than one
+// Host line, is refused. An absolute-form target (§3.2.2) of http or https is rewritten to the
+// origin-form of its path and query, and its authority replaces the Host the client sent; one of
+// another scheme, or one that is no absolute URI, is refused. Asterisk-form (OPTIONS *) and
+// authority-form (CONNECT) are left to the handler.
+std::optional<std::string> Refusal(Request& request, unsigned version) {
+  const int hosts = request.headers.Count("host");
+  if (hosts > 1) return "send exactly one Host header, not " + std::to_string(hosts);
+  if (hosts == 0 && version >= 11) return "an HTTP/1.1 request must carry a Host header";
+  const std::string_view target = request.target;
+  if (target.starts_with('/')) return std::nullopt;
+  if ((target == "*" && request.method == "OPTIONS") || request.method == "CONNECT") {
+    return std::nullopt;
+  }
+  auto uri = boost::urls::parse_absolute_uri(target);
+  if (!uri) return "the request target is neither a path nor an absolute URI";
+  if (uri->scheme_id() != boost::urls::scheme::http &&
+      uri->scheme_id() != boost::urls::scheme::https) {
+    return "an absolute request target must be an http or https URI";
+  }
+  // RFC 3986 makes a port any run of digits, possibly empty; a port must be 1..65535.
+  const std::string_view port = uri->port();
+  const unsigned long port_number =
+      port.empty() || port.size() > 5 ? 0 : std::stoul(std::string(port));
+  const bool port_ok = port.empty() || (port_number >= 1 && port_number <= 65535);
+  if (!uri->has_authority() || uri->encoded_host().empty() || uri->has_userinfo() || !port_ok) {
+    return "an absolute request target must name a host (and a valid port), without user info";
+  }
+  std::string origin(uri->encoded_path());
+  if (origin.empty()) origin = "/";
+  if (uri->has_query()) origin += "?" + std::string(uri->encoded_query());
+  request.headers.Set("host", uri->encoded_host_and_port());
+  request.target = std::move(origin);
+  return std::nullopt;
 }
 
 // `head`: the answer to a HEAD request carries the headers of the GET answer, no body.
@@ -212,12 +250,18 @@ class ServerImpl final : public Server {
         break;
       }
       const auto started = std::chrono::steady_clock::now();
+      const unsigned version = parser.get().version();
       Request request = FromBeast(parser.release());
-      const bool keep_alive = parser.keep_alive();
+      // A request that is not one the handler may see is answered here, and its connection closed.
+      const std::optional<std::string> malformed = Refusal(request, version);
+      const bool keep_alive = parser.keep_alive() && !malformed;
       const std::string request_id = RequestId(request, id * 1000003ULL + bytes);
       RequestContext context;
       Response response;
-      if (draining_) {
+      if (malformed) {
+        response = Problem(ProblemKind::kMalformedRequest, *malformed);
+        context.outcome = "malformed";
+      } else if (draining_) {
         response = Problem(ProblemKind::kShuttingDown, "the server is stopping");
         context.outcome = "draining";
       } else if (in_flight_ >= options_.worker_threads + options_.max_queued) {

@@ -34,6 +34,7 @@ using std::chrono::milliseconds;
 
 // Answers by path. Thread-safe; tests wait on its counters.
 //   /echo               200, the body's size
+//   /target             200, the target and the Host header as the handler sees them
 //   /throw, /throw-int  throws a std::exception, or an int
 //   /block              waits until Open() (at most 10 s), then 200
 //   /park?key=K&ms=D    parks on K until Release(K) ("released") or D ms after its first call
@@ -46,6 +47,12 @@ class FakeHandler final : public Handler {
     if (path == "/echo") {
       Bump(echoes_);
       return Text(std::to_string(request.body.size()));
+    }
+    if (path == "/target") {
+      Bump(echoes_);
+      return Text(request.target +
+                  " host=" + std::string(request.headers.Get("host").value_or("")) +
+                  " hosts=" + std::to_string(request.headers.Count("host")));
     }
     if (path == "/throw") throw std::runtime_error("handler failure");
     if (path == "/throw-int") throw 42;
@@ -187,10 +194,11 @@ class ServerTest : public ::testing::Test {
     return std::async(std::launch::async, [this, target] { return Get(target); });
   }
 
-  // The header fields of a "GET /echo": one X-Pad field and the blank line, `size` bytes in all.
+  // The header fields of a "GET /echo": one X-Pad field, Host and the blank line, `size` bytes in
+  // all. X-Pad comes first so that no field is complete before the last bytes arrive.
   static std::string FieldsOfSize(std::size_t size) {
     const std::string name = "X-Pad: ";
-    const std::string end = "\r\n\r\n";
+    const std::string end = "\r\nHost: x\r\n\r\n";
     return name + std::string(size - name.size() - end.size(), 'p') + end;
   }
 
@@ -258,6 +266,113 @@ TEST_F(ServerTest, GarbageIs400MalformedRequest) {
   EXPECT_EQ(StatusOf(answer), 400) << answer;
   EXPECT_NE(answer.find(R"("type":"urn:idem:problem:malformed-request")"), std::string::npos);
   EXPECT_TRUE(c.Closed());
+}
+
+// --- Host and the request target (RFC 9112 §3.2) ---------------------------------------------
+
+// One request on a fresh connection; its answer (status line, headers, body).
+std::string Exchange(uint16_t port, std::string_view raw) {
+  RawConnection c(port);
+  if (!c.Send(raw)) return "";
+  return c.ReadResponse(milliseconds(3000));
+}
+
+std::string BodyOf(std::string_view answer) {
+  const std::size_t end = answer.find("\r\n\r\n");
+  return end == std::string_view::npos ? "" : std::string(answer.substr(end + 4));
+}
+
+TEST_F(ServerTest, AnHttp11RequestWithoutHostIs400AndNeverHandled) {
+  Start();
+  for (std::string_view raw :
+       {"GET /echo HTTP/1.1\r\n\r\n", "POST /echo HTTP/1.1\r\nContent-Length: 2\r\n\r\nab",
+        "GET /echo HTTP/1.1\r\nX-Host: x\r\nHosts: x\r\n\r\n"}) {
+    SCOPED_TRACE(raw);
+    const std::string answer = Exchange(server_->port(), raw);
+    EXPECT_EQ(StatusOf(answer), 400) << answer;
+    EXPECT_NE(answer.find(R"("type":"urn:idem:problem:malformed-request")"), std::string::npos)
+        << answer;
+    EXPECT_NE(answer.find("Host"), std::string::npos) << "the detail names what is missing";
+  }
+  EXPECT_EQ(handler_.Echoes(), 0);
+}
+
+TEST_F(ServerTest, TwoHostFieldsAre400InAnyVersion) {
+  Start();
+  for (std::string_view raw : {"GET /echo HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n",
+                               "GET /echo HTTP/1.1\r\nHost: a\r\nhost: a\r\n\r\n",
+                               "GET /echo HTTP/1.0\r\nHost: a\r\nHost: b\r\n\r\n",
+                               "GET http://a/echo HTTP/1.1\r\nHost: a\r\nHost: a\r\n\r\n"}) {
+    SCOPED_TRACE(raw);
+    const std::string answer = Exchange(server_->port(), raw);
+    EXPECT_EQ(StatusOf(answer), 400) << answer;
+    EXPECT_NE(answer.find(R"("type":"urn:idem:problem:malformed-request")"), std::string::npos)
+        << answer;
+  }
+  EXPECT_EQ(handler_.Echoes(), 0);
+}
+
+// HTTP/1.0 has no Host requirement: such requests are served as before, and so is an HTTP/1.1
+// request with one Host, even an empty one (RFC 9110 §7.2).
+TEST_F(ServerTest, AnHttp10RequestWithoutHostAndAnEmptyHostAreServed) {
+  Start();
+  for (std::string_view raw : {"GET /echo HTTP/1.0\r\n\r\n", "GET /echo HTTP/1.1\r\nHost:\r\n\r\n",
+                               "GET /echo HTTP/1.1\r\nHOST: x\r\n\r\n"}) {
+    SCOPED_TRACE(raw);
+    const std::string answer = Exchange(server_->port(), raw);
+    EXPECT_EQ(StatusOf(answer), 200) << answer;
+    EXPECT_EQ(BodyOf(answer), "0");
+  }
+  EXPECT_EQ(handler_.Echoes(), 3);
+}
+
+// Absolute-form (RFC 9112 §3.2.2) is routed by its path and query as if it were origin-form, and
+// the target's authority replaces the Host field the client sent.
+TEST_F(ServerTest, AnAbsoluteFormTargetIsRoutedByItsPathAndQuery) {
+  Start();
+  const struct {
+    std::string_view raw, body;
+  } cases[] = {
+      {"GET http://127.0.0.1:8080/target HTTP/1.1\r\nHost: 127.0.0.1:8080\r\n\r\n",
+       "/target host=127.0.0.1:8080 hosts=1"},
+      {"GET http://example.com/target?a=1&b=%20 HTTP/1.1\r\nHost: other\r\n\r\n",
+       "/target?a=1&b=%20 host=example.com hosts=1"},
+      {"POST HTTPS://example.com:443/target HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\nab",
+       "/target host=example.com:443 hosts=1"},
+      {"GET http://example.com/target HTTP/1.0\r\n\r\n", "/target host=example.com hosts=1"},
+  };
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.raw);
+    const std::string answer = Exchange(server_->port(), c.raw);
+    EXPECT_EQ(StatusOf(answer), 200) << answer;
+    EXPECT_EQ(BodyOf(answer), c.body);
+  }
+  EXPECT_EQ(handler_.Echoes(), 4);
+  // An empty path is "/" (RFC 9112 §3.2.1): the fake answers 404 there, not the server 400.
+  EXPECT_EQ(
+      StatusOf(Exchange(server_->port(), "GET http://example.com HTTP/1.1\r\nHost: x\r\n\r\n")),
+      404);
+}
+
+TEST_F(ServerTest, AnAbsoluteFormTargetOfAnotherSchemeOrUnparsableIs400) {
+  Start();
+  for (std::string_view target :
+       {"ftp://example.com/target", "mailto:a@example.com", "urn:x:target", "http:/target",
+        "http:///target", "http://example.com/target#f", "http://u@example.com/target",
+        "http://[::1/target", "http://example.com:99999/target", "target", "*",
+        "1http://x/target"}) {
+    SCOPED_TRACE(target);
+    const std::string answer =
+        Exchange(server_->port(), "GET " + std::string(target) + " HTTP/1.1\r\nHost: x\r\n\r\n");
+    EXPECT_EQ(StatusOf(answer), 400) << answer;
+    EXPECT_NE(answer.find(R"("type":"urn:idem:problem:malformed-request")"), std::string::npos)
+        << answer;
+  }
+  // Absolute-form does not lift the Host requirement of HTTP/1.1.
+  const std::string answer =
+      Exchange(server_->port(), "GET http://example.com/target HTTP/1.1\r\n\r\n");
+  EXPECT_EQ(StatusOf(answer), 400) << answer;
+  EXPECT_EQ(handler_.Echoes(), 0);
 }
 
 // --- the whole-request deadline ---------------------------------------------------------------

@@ -37,6 +37,18 @@ bool IsOrderNo(std::string_view s) {
   });
 }
 
+// A string amount as docs/openapi.yaml allows it: digits, then optionally a point and digits. No
+// sign, exponent, white space or bare point.
+bool IsPlainDecimal(std::string_view s) {
+  auto digits = [](std::string_view d) {
+    return !d.empty() &&
+           std::all_of(d.begin(), d.end(), [](char c) { return c >= '0' && c <= '9'; });
+  };
+  const std::size_t point = s.find('.');
+  if (point == std::string_view::npos) return digits(s);
+  return digits(s.substr(0, point)) && digits(s.substr(point + 1));
+}
+
 // Exact decimal text (CanonicalDecimal output) → minor units, or an error message. Zero only
 // when `allow_zero`.
 std::optional<std::string> ToMinor(const std::string& canonical, int digits, int64_t* out,
@@ -263,7 +275,8 @@ Payments::ParseResult Payments::Parse(const std::string& body) const {
   // The amount's text, exactly as sent: numbers are re-read from the body, never via double.
   const json::value* amount = o->if_contains("amount");
   std::optional<std::string> amount_text;
-  if (amount != nullptr && amount->is_string()) {
+  const bool amount_is_string = amount != nullptr && amount->is_string();
+  if (amount_is_string) {
     amount_text = std::string(amount->as_string());
   } else if (amount != nullptr && amount->is_number()) {
     CanonicalRules plain;
@@ -273,8 +286,13 @@ Payments::ParseResult Payments::Parse(const std::string& body) const {
   if (!amount_text) {
     fail("amount", "required: a decimal number or a string holding one");
   } else if (!p.currency.empty()) {
+    // A number may take any JSON spelling (1e2 is 100); a string must be a plain decimal.
     auto canonical = CanonicalDecimal(*amount_text);
-    if (!canonical) {
+    if (amount_is_string && !IsPlainDecimal(*amount_text)) {
+      fail("amount",
+           "a string amount must be a plain decimal: digits, optionally a point and "
+           "digits (\"100.00\"), without sign, exponent or spaces");
+    } else if (!canonical) {
       fail("amount", "must be a decimal number or a string holding one");
     } else if (auto why = ToMinor(*canonical, MinorDigits(p.currency), &p.amount_minor)) {
       fail("amount", *why);

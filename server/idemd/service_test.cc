@@ -433,6 +433,90 @@ TEST_F(ServiceTest, ContentTypeIsJudgedByItsMediaTypeOnly) {
   EXPECT_EQ(provider_.Calls(), 1);
 }
 
+// A payment of `order` under `key` whose body spells the amount as `amount` (JSON text).
+http::Request PayAmount(std::string_view key, std::string_view order, std::string_view amount) {
+  http::Request r;
+  r.method = "POST";
+  r.target = "/v1/payments";
+  r.headers.Add("Authorization", "Bearer alice-key");
+  r.headers.Add("Idempotency-Key", key);
+  r.headers.Add("Content-Type", "application/json");
+  r.body = R"({"merchant_order_no":")" + std::string(order) + R"(","amount":)" +
+           std::string(amount) + R"(,"currency":"CNY"})";
+  return r;
+}
+
+// The fields of a validation-failed answer's errors, in order.
+std::vector<std::string> ErrorFields(const http::Response& r) {
+  std::vector<std::string> fields;
+  boost::system::error_code ec;
+  const json::value v = json::parse(r.body, ec);
+  if (ec || !v.is_object() || !v.as_object().contains("errors")) return {"<no errors>"};
+  for (const json::value& e : v.at("errors").as_array()) {
+    fields.emplace_back(e.at("field").as_string());
+  }
+  return fields;
+}
+
+// docs/openapi.yaml: a string amount is a plain decimal, ^[0-9]+(\.[0-9]+)?$. A string in
+// exponent form is not one, though it reads as a number: it is refused like any other invalid
+// amount, before a record exists or anything is charged.
+TEST_F(ServiceTest, AStringAmountInExponentFormIs400OnTheAmountAndChargesNothing) {
+  for (std::string_view amount :
+       {R"("1e2")", R"("1E2")", R"("1e+2")", R"("10000e-2")", R"("0.1e3")", R"("1.00e2")"}) {
+    SCOPED_TRACE(amount);
+    const http::Response r = Handle(PayAmount("key-exponent-1", "ORD-E1", amount));
+    EXPECT_EQ(r.status, 400) << r.body;
+    EXPECT_EQ(TypeOf(r), "urn:idem:problem:validation-failed");
+    EXPECT_EQ(ErrorFields(r), std::vector<std::string>{"amount"});
+    EXPECT_EQ(context_.outcome, "invalid");
+  }
+  EXPECT_EQ(Records(), 0);
+  EXPECT_EQ(provider_.Calls(), 0);
+  EXPECT_EQ(Handle(Req("GET", "/v1/operations/key-exponent-1")).status, 404);
+  auto rows = store_->Query("SELECT count(*) FROM payments");
+  ASSERT_TRUE(rows.has_value());
+  EXPECT_EQ(std::get<int64_t>(rows->at(0).at(0)), 0);
+}
+
+// The other spellings the pattern refuses: a sign, white space, a bare point, leading zeros,
+// another base, separators, nothing.
+TEST_F(ServiceTest, AStringAmountWithASignSpacesOrABarePointIs400OnTheAmount) {
+  for (std::string_view amount :
+       {R"("+1")", R"("-1")", R"(" 1")", R"("1 ")", R"("1.")", R"(".5")", R"("01")", R"("0x10")",
+        R"("1_000")", R"("1,00")", R"("")", R"("1.2.3")", R"("١")", R"("Infinity")", R"("NaN")"}) {
+    SCOPED_TRACE(amount);
+    const http::Response r = Handle(PayAmount("key-spelling-1", "ORD-S1", amount));
+    EXPECT_EQ(r.status, 400) << r.body;
+    EXPECT_EQ(TypeOf(r), "urn:idem:problem:validation-failed");
+    EXPECT_EQ(ErrorFields(r), std::vector<std::string>{"amount"});
+  }
+  EXPECT_EQ(Records(), 0);
+  EXPECT_EQ(provider_.Calls(), 0);
+}
+
+// Plain decimal strings are charged as written, and JSON numbers keep every JSON spelling,
+// exponent form included (openapi.yaml: `type: number`).
+TEST_F(ServiceTest, PlainDecimalStringsAndJsonNumbersAreCharged) {
+  const struct {
+    std::string_view amount, charged;
+  } cases[] = {
+      {R"("100")", "100.00"}, {R"("100.5")", "100.50"}, {R"("0.01")", "0.01"},
+      {"1e2", "100.00"},      {"1E+2", "100.00"},       {"2.5", "2.50"},
+  };
+  int n = 0;
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.amount);
+    const std::string key = "key-plain-" + std::to_string(++n);
+    const http::Response r = Handle(PayAmount(key, "ORD-P" + std::to_string(n), c.amount));
+    ASSERT_EQ(r.status, 201) << r.body;
+    const std::string id(json::parse(r.body).at("id").as_string());
+    EXPECT_EQ(json::parse(r.body).at("amount").as_string(), c.charged);
+    EXPECT_EQ(provider_.Charges()[id].amount, c.charged);
+  }
+  EXPECT_EQ(provider_.Calls(), n);
+}
+
 // A resumed payment whose charge may have left looks the charge up by reference. What it finds
 // counts only if it is this payment's charge: the same reference, amount and currency. Anything
 // else is never a success, never charged again and never final: the record stays PROCESSING at

@@ -77,6 +77,115 @@ TEST_F(IdemdTest, TwoIdempotencyKeysAreRefused) {
   EXPECT_EQ(TotalCharges(), 0);
 }
 
+// A raw POST /v1/payments for `key`: request line `target` and `version`, then `host_lines`
+// (each a whole "Host: ...\r\n" line) and a valid body.
+std::string RawPay(const std::string& target, const std::string& version,
+                   const std::string& host_lines, const std::string& key,
+                   const std::string& order) {
+  const std::string body = IdemdTest::Body(order);
+  return "POST " + target + " " + version + "\r\n" + host_lines +
+         "Content-Type: application/json\r\nAuthorization: Bearer " + std::string(kAlice) +
+         "\r\nIdempotency-Key: " + key + "\r\nContent-Length: " + std::to_string(body.size()) +
+         "\r\n\r\n" + body;
+}
+
+// RFC 9112 §3.2: an HTTP/1.1 request without Host, and any request with two Host lines, is 400;
+// the handler never runs, so no record is made and nothing is charged.
+TEST_F(IdemdTest, APaymentWithoutHostOrWithTwoHostsIs400AndChargesNothing) {
+  const struct {
+    std::string what, raw, key;
+  } cases[] = {
+      {"no Host", RawPay("/v1/payments", "HTTP/1.1", "", "no-host-key-0001", "ORD-NH1"),
+       "no-host-key-0001"},
+      {"two Hosts",
+       RawPay("/v1/payments", "HTTP/1.1", "Host: a\r\nHost: b\r\n", "two-hosts-key-0001",
+              "ORD-TH1"),
+       "two-hosts-key-0001"},
+      {"two Hosts, HTTP/1.0",
+       RawPay("/v1/payments", "HTTP/1.0", "Host: a\r\nHost: a\r\n", "two-hosts-key-0002",
+              "ORD-TH2"),
+       "two-hosts-key-0002"},
+      {"absolute-form without Host",
+       RawPay("http://127.0.0.1:" + std::to_string(idemd_url_.port) + "/v1/payments", "HTTP/1.1",
+              "", "abs-no-host-0001", "ORD-ANH1"),
+       "abs-no-host-0001"},
+  };
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.what);
+    RawConnection conn(idemd_url_.port);
+    ASSERT_TRUE(conn.Send(c.raw));
+    const std::string answer = conn.ReadAll(std::chrono::seconds(3));
+    EXPECT_EQ(answer.rfind("HTTP/1.1 400", 0), 0u) << answer;
+    EXPECT_NE(answer.find("urn:idem:problem:malformed-request"), std::string::npos) << answer;
+    EXPECT_EQ(Get("/v1/operations/" + c.key).status, 404);
+  }
+  EXPECT_EQ(TotalCharges(), 0);
+  // HTTP/1.0 without Host is still served.
+  RawConnection old(idemd_url_.port);
+  ASSERT_TRUE(old.Send(RawPay("/v1/payments", "HTTP/1.0", "", "http10-key-0001", "ORD-H10")));
+  const std::string answer = old.ReadAll(std::chrono::seconds(3));
+  EXPECT_EQ(answer.rfind("HTTP/1.1 201", 0), 0u) << answer;
+  EXPECT_EQ(TotalCharges(), 1);
+}
+
+// RFC 9112 §3.2.2: absolute-form is routed by its path as if it were origin-form.
+TEST_F(IdemdTest, AnAbsoluteFormPaymentIsServedLikeAnOriginFormOne) {
+  const std::string authority = "127.0.0.1:" + std::to_string(idemd_url_.port);
+  RawConnection c(idemd_url_.port);
+  ASSERT_TRUE(c.Send(RawPay("http://" + authority + "/v1/payments", "HTTP/1.1",
+                            "Host: " + authority + "\r\n", "absolute-key-0001", "ORD-ABS1")));
+  const std::string answer = c.ReadResponse(std::chrono::seconds(3));
+  EXPECT_EQ(answer.rfind("HTTP/1.1 201", 0), 0u) << answer;
+  EXPECT_EQ(TotalCharges(), 1);
+  // The same key in origin-form is the same request: a replay, no second charge.
+  const http::Response replay = Pay("absolute-key-0001", Body("ORD-ABS1"));
+  EXPECT_EQ(replay.status, 201) << replay.body;
+  EXPECT_EQ(replay.headers.Get("idempotent-replayed"), "true");
+  EXPECT_EQ(TotalCharges(), 1);
+  // A read in absolute-form, query and all.
+  RawConnection read(idemd_url_.port);
+  ASSERT_TRUE(read.Send("GET http://" + authority +
+                        "/v1/operations/absolute-key-0001?x=1 HTTP/1.1\r\nHost: " + authority +
+                        "\r\nAuthorization: Bearer " + std::string(kAlice) + "\r\n\r\n"));
+  const std::string operation = read.ReadResponse(std::chrono::seconds(3));
+  EXPECT_EQ(operation.rfind("HTTP/1.1 200", 0), 0u) << operation;
+  EXPECT_NE(operation.find("SUCCEEDED"), std::string::npos) << operation;
+}
+
+TEST_F(IdemdTest, AnAbsoluteFormTargetOfAnotherSchemeOrUnparsableIs400AndChargesNothing) {
+  const std::string authority = "127.0.0.1:" + std::to_string(idemd_url_.port);
+  int n = 0;
+  for (const std::string& target : std::vector<std::string>{
+           "ftp://" + authority + "/v1/payments", "urn:v1:payments", "http:/v1/payments",
+           "http://" + authority + "/v1/payments#f", "v1/payments"}) {
+    SCOPED_TRACE(target);
+    const std::string key = "bad-target-key-" + std::to_string(++n);
+    RawConnection c(idemd_url_.port);
+    ASSERT_TRUE(c.Send(RawPay(target, "HTTP/1.1", "Host: " + authority + "\r\n", key,
+                              "ORD-BT" + std::to_string(n))));
+    const std::string answer = c.ReadAll(std::chrono::seconds(3));
+    EXPECT_EQ(answer.rfind("HTTP/1.1 400", 0), 0u) << answer;
+    EXPECT_NE(answer.find("urn:idem:problem:malformed-request"), std::string::npos) << answer;
+    EXPECT_EQ(Get("/v1/operations/" + key).status, 404);
+  }
+  EXPECT_EQ(TotalCharges(), 0);
+}
+
+// docs/openapi.yaml: a string amount is a plain decimal; "1e2" is not one and charges nothing.
+// The number 1e2 stays a valid amount.
+TEST_F(IdemdTest, AStringAmountInExponentFormIs400AndChargesNothing) {
+  const http::Response r = Pay("exponent-key-0001", Body("ORD-EXP1", "\"1e2\""));
+  EXPECT_EQ(r.status, 400) << r.body;
+  EXPECT_NE(r.body.find("urn:idem:problem:validation-failed"), std::string::npos) << r.body;
+  EXPECT_NE(r.body.find(R"("field":"amount")"), std::string::npos) << r.body;
+  EXPECT_EQ(Get("/v1/operations/exponent-key-0001").status, 404);
+  EXPECT_EQ(TotalCharges(), 0);
+  const http::Response number = Pay("exponent-key-0002", Body("ORD-EXP2", "1e2"));
+  EXPECT_EQ(number.status, 201) << number.body;
+  EXPECT_NE(number.body.find(R"("amount":"100.00")"), std::string::npos) << number.body;
+  EXPECT_EQ(TotalCharges(), 1);
+}
+
 TEST_F(IdemdTest, HeadAnswersHeadersWithoutABody) {
   RawConnection c(idemd_url_.port);
   ASSERT_TRUE(
