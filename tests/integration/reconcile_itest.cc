@@ -188,7 +188,8 @@ TEST_F(ReconcileTest, TwoRunsAtOnceRefundEachDuplicateOnce) {
 // A run killed right after a refund left, before it was recorded (kill -9 at that line): the
 // next run repeats nothing the provider already did, and finishes the window.
 TEST_F(ReconcileTest, ARunKilledAfterARefundRefundsNothingTwice) {
-  StartIdemd({.extra_tables = "[reconciliation]\nlease_ms = 1000\n"});
+  // Long enough for the run just after the crash to meet the lease even in a sanitizer build.
+  StartIdemd({.extra_tables = "[reconciliation]\nlease_ms = 5000\n"});
   ProviderMode(/*ignore_keys=*/true);
   std::vector<std::string> extras;
   for (int i = 0; i < 3; ++i) {
@@ -209,7 +210,7 @@ TEST_F(ReconcileTest, ARunKilledAfterARefundRefundsNothingTwice) {
   auto [early, early_out] = Reconcile();
   EXPECT_EQ(early, 1) << "the crashed runner's lease still held: " << early_out;
   // Once its lease has run out the next run takes the window over where it stopped.
-  std::this_thread::sleep_for(std::chrono::milliseconds(1200));
+  std::this_thread::sleep_for(std::chrono::milliseconds(5200));
   auto [resumed, out] = Reconcile();
   EXPECT_EQ(resumed, 0) << out;
   EXPECT_NE(out.find("(resumed)"), std::string::npos) << out;
