@@ -45,6 +45,10 @@ struct StoreCapabilities {
   bool shared_across_processes = false;  // several processes may open the same store
   bool durable = false;                  // records survive a restart of the process
   bool notifications = false;            // SubscribeFinished works, across processes
+  // StoreTxn::Exec and Store::Query run the application's SQL on the records' database. False
+  // for a store with no database (the in-memory model of testing/memory_store.h), which answers
+  // both with kInvalidArgument.
+  bool business_sql = true;
 };
 
 // What a claim writes for a new (or renewed-by-expiry) record.
@@ -263,6 +267,11 @@ class StoreWrapper : public Store {
  private:
   Store& target_;
 };
+
+// The bounds every store checks before it records progress (StoreTxn::Advance, AdvanceCovered,
+// Finish). Errors: kInvalidArgument for a recovery point longer than
+// limits::kRecoveryPointMaxLength or a resource id longer than limits::kResourceIdMaxLength.
+Status CheckProgress(std::string_view point, std::string_view resource_id);
 
 // Deletes expired finished records in batches of limits::kSweepBatch until a batch comes back
 // short or `max_batches` ran, and returns how many it deleted. Errors: the store's, after the

@@ -1,7 +1,26 @@
-// src/core/store.cc — what libidem does over any Store: the sweeper's round.
+// src/core/store.cc — what libidem does over any Store: the bounds on progress, the sweeper's
+// round.
 #include "include/idem/store.h"
 
+#include <string>
+
 namespace idem {
+
+// Recovery points and resource ids are short labels the business code chooses; a longer one is
+// a bug or hostile input, refused before it reaches the table.
+Status CheckProgress(std::string_view point, std::string_view resource_id) {
+  if (point.size() > limits::kRecoveryPointMaxLength) {
+    return MakeError(
+        Errc::kInvalidArgument,
+        "recovery point longer than " + std::to_string(limits::kRecoveryPointMaxLength) + " bytes");
+  }
+  if (resource_id.size() > limits::kResourceIdMaxLength) {
+    return MakeError(
+        Errc::kInvalidArgument,
+        "resource id longer than " + std::to_string(limits::kResourceIdMaxLength) + " bytes");
+  }
+  return Ok();
+}
 
 Result<int> SweepExpired(Store& store, int max_batches) {
   int deleted = 0;

@@ -135,22 +135,6 @@ Error Fenced(const char* op) {
                    std::string(op) + ": lease lost (owner token or fence no longer match)");
 }
 
-// Recovery points and resource ids are short labels the business code chooses; a longer one is
-// a bug or hostile input, refused before it reaches the table.
-Status CheckProgress(std::string_view point, std::string_view resource_id) {
-  if (point.size() > limits::kRecoveryPointMaxLength) {
-    return MakeError(
-        Errc::kInvalidArgument,
-        "recovery point longer than " + std::to_string(limits::kRecoveryPointMaxLength) + " bytes");
-  }
-  if (resource_id.size() > limits::kResourceIdMaxLength) {
-    return MakeError(
-        Errc::kInvalidArgument,
-        "resource id longer than " + std::to_string(limits::kResourceIdMaxLength) + " bytes");
-  }
-  return Ok();
-}
-
 Result<std::vector<Record>> Records(const std::vector<SqlRow>& rows) {
   std::vector<Record> records;
   records.reserve(rows.size());

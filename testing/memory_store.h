@@ -1,0 +1,40 @@
+// testing/memory_store.h — the in-memory Store: a reference model of the SQL stores' records, for
+// tests and the deterministic simulator. Never for production: nothing survives the process.
+//
+// It mirrors every statement of src/store/sql.cc — the same conditions, effects and Errc — as a
+// SQLite store opened with the same Clock and Random would: every time it writes or compares is
+// clock.Now() of that call, every record it returns carries that time as observed_at, and the
+// owner tokens of claims are drawn from `random` in the same order. Write transactions serialise
+// like SQLite's BEGIN IMMEDIATE (one at a time; Begin waits for the write lock and gives up with
+// kUnavailable), work on a private overlay that Commit applies at once, and roll back when dropped
+// uncommitted; reads (Store::Read, ListStale) see committed records only. It runs no SQL:
+// capabilities().business_sql is false, and Exec and Query answer kInvalidArgument.
+//
+// A model agrees with the SQL only as far as the tests that compare them reach (the contract
+// suite, and the differential test in memory_store_test.cc): nothing is proven by it alone.
+#pragma once
+
+#include <memory>
+
+#include "include/idem/clock.h"
+#include "include/idem/store.h"
+
+namespace idem::testing {
+
+// How long Begin and Sweep wait for the write lock before kUnavailable (a SQLite store's
+// pool_wait).
+inline constexpr Millis kMemoryStoreLockWait{5000};
+
+// The records and the write lock several memory stores may share: stores opened on one
+// MemoryData are instances of one database (the suite's "second process"). It lives as long as
+// a store or a transaction on it does.
+struct MemoryData;
+std::shared_ptr<MemoryData> NewMemoryData(Millis lock_wait = kMemoryStoreLockWait);
+
+// A store on `data`. Borrows `clock` and `random`, which must outlive it and its transactions.
+std::unique_ptr<Store> MakeMemoryStore(std::shared_ptr<MemoryData> data, Clock& clock,
+                                       Random& random);
+// A store on data of its own.
+std::unique_ptr<Store> MakeMemoryStore(Clock& clock, Random& random);
+
+}  // namespace idem::testing
