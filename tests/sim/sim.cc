@@ -5,7 +5,7 @@
 // or not. One seed fixes the whole schedule; invariants are checked after every step and at the
 // end. A failure prints `reproduce: idem_sim --seed=N` and the schedule's trace.
 //
-//   idem_sim --seed=N [--schedules=K] [--seconds=S] [--verbose]
+//   idem_sim --seed=N [--schedules=K] [--seconds=S] [--store=memory|sqlite] [--verbose]
 //
 // The operation is a model of the payments operation (its steps in the order payments takes
 // them: look up a charge that may have left, advance under a covering lease, charge, finish),
@@ -26,6 +26,7 @@
 #include "include/idem/engine.h"
 #include "include/idem/store/sqlite.h"
 #include "testing/fakes.h"
+#include "testing/memory_store.h"
 
 namespace idem::sim {
 namespace {
@@ -47,6 +48,7 @@ struct Options {
   int schedules = 1;
   double seconds = 0;  // when > 0, run schedules until this much wall time has passed
   bool verbose = false;
+  bool sqlite = false;  // the real SQL on a SQLite file instead of the in-memory model
 };
 
 // The provider: charges by reference. A late charge is created some time after the request,
@@ -102,7 +104,7 @@ class Provider {
     return it != charges_.end() &&
            std::find(it->second.begin(), it->second.end(), id) != it->second.end();
   }
-  bool honours_keys() const { return honours_keys_; }
+  bool HonoursKeys() const { return honours_keys_; }
 
  private:
   std::string Make(const std::string& reference) {
@@ -141,8 +143,9 @@ struct Attempt {
 
 class Schedule {
  public:
-  explicit Schedule(uint64_t seed)
-      : seed_(seed),
+  Schedule(uint64_t seed, bool sqlite)
+      : sqlite_(sqlite),
+        seed_(seed),
         rng_(seed),
         random_(seed ^ 0x9e3779b97f4a7c15ULL),
         provider_(rng_() % 2 == 0) {}
@@ -173,13 +176,18 @@ class Schedule {
 
  private:
   bool Open() {
-    SqliteStoreOptions options;
-    options.path = dir_.File("sim.db");
-    options.pool_size = 1;
-    options.synchronous_full = false;
-    auto store = OpenSqliteStore(options, clock_, random_);
-    if (!store) return Fail("store: " + store.error().message);
-    store_ = std::move(*store);
+    if (sqlite_) {
+      dir_.emplace();
+      SqliteStoreOptions options;
+      options.path = dir_->File("sim.db");
+      options.pool_size = 1;
+      options.synchronous_full = false;
+      auto store = OpenSqliteStore(options, clock_, random_);
+      if (!store) return Fail("store: " + store.error().message);
+      store_ = std::move(*store);
+    } else {
+      store_ = testing::MakeMemoryStore(clock_, random_);
+    }
     fingerprinter_ = std::move(*Fingerprinter::Create({{1, std::string(32, 'h')}}, 1));
     sealer_ = std::move(*Sealer::Create({{1, std::string(32, 's')}}, 1, random_));
     engine_ = std::make_unique<Engine>(*store_, *fingerprinter_, *sealer_, clock_);
@@ -188,7 +196,7 @@ class Schedule {
     policy_.retention = Millis(3'600'000);
     policy_.sent_points = {std::string(kSent)};
     Log("seed " + std::to_string(seed_) + ": provider " +
-        (provider_.honours_keys() ? "honours keys" : "ignores keys"));
+        (provider_.HonoursKeys() ? "honours keys" : "ignores keys"));
     return true;
   }
 
@@ -500,13 +508,14 @@ class Schedule {
     std::printf("reproduce: idem_sim --seed=%llu\n", static_cast<unsigned long long>(seed_));
   }
 
+  bool sqlite_;
   uint64_t seed_;
   std::mt19937_64 rng_;
   SeededRandom random_;
   Provider provider_;
   FakeClock clock_;
   const int64_t start_ms_ = ToUnixMillis(clock_.Now());
-  TempDir dir_;
+  std::optional<TempDir> dir_;
   std::unique_ptr<Store> store_;
   std::unique_ptr<Fingerprinter> fingerprinter_;
   std::unique_ptr<Sealer> sealer_;
@@ -542,10 +551,14 @@ int Main(int argc, char** argv) {
       o.seed = std::random_device{}();
     } else if (arg == "--verbose") {
       o.verbose = true;
+    } else if (arg == "--store=sqlite") {
+      o.sqlite = true;
+    } else if (arg == "--store=memory") {
+      o.sqlite = false;
     } else {
       std::fprintf(stderr,
                    "usage: idem_sim [--seed=N | --random] [--schedules=K] [--seconds=S] "
-                   "[--verbose]\n");
+                   "[--store=memory|sqlite] [--verbose]\n");
       return 2;
     }
   }
@@ -555,7 +568,7 @@ int Main(int argc, char** argv) {
   };
   int run = 0;
   for (; o.seconds > 0 ? elapsed() < o.seconds : run < o.schedules; ++run) {
-    Schedule schedule(o.seed + static_cast<uint64_t>(run));
+    Schedule schedule(o.seed + static_cast<uint64_t>(run), o.sqlite);
     if (!schedule.Run(o.verbose)) return 1;
   }
   std::printf("%d schedules from seed %llu passed in %.1f s (%.0f schedules/s)\n", run,
