@@ -28,7 +28,8 @@ struct CanonicalRules {
   // Money fields accept a JSON number or a string holding a JSON number ("100.00"); both
   // canonicalise to the same exact decimal number. Any other string is rejected.
   std::vector<std::string> money_fields;
-  // Members that do not change the request's meaning (trace ids); removed before hashing.
+  // Members that do not change the request's meaning (trace ids); removed before hashing, after
+  // the defaults are filled in (so also from inside a default value).
   std::vector<std::string> removed_fields;
   // Members filled in when absent: path and the JSON text of the default value. A default is
   // applied only when the parent object exists.

@@ -21,7 +21,8 @@ inline constexpr std::size_t kJsonMaxBytes = 64 * 1024;
 inline constexpr std::size_t kJsonMaxDepth = 32;
 // Members of one object / elements of one array.
 inline constexpr std::size_t kJsonMaxContainerSize = 4096;
-// Digits of one number (before normalisation) and magnitude of its exponent.
+// Digits of one number and magnitude of its exponent, both as written and in its canonical form
+// (CanonicalDecimal), so that canonical text is always accepted again.
 inline constexpr std::size_t kJsonMaxNumberDigits = 100;
 inline constexpr int64_t kJsonMaxExponent = 1000;
 

@@ -75,21 +75,46 @@ std::optional<std::string_view> Request::QueryParam(std::string_view name) const
   return std::nullopt;
 }
 
+std::string RequestId(const Request& request, uint64_t counter) {
+  if (auto id = request.headers.Get("x-request-id")) {
+    bool sane = !id->empty() && id->size() <= 64;
+    for (char c : *id) {
+      sane &= (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
+              c == '-' || c == '_' || c == '.';
+    }
+    if (sane) return std::string(*id);
+  }
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "req-%016llx", static_cast<unsigned long long>(counter));
+  return buf;
+}
+
 namespace {
-// `format` (strftime) of the UTC time `unix_ms`, to the second.
-std::string FormatUtc(int64_t unix_ms, const char* format) {
-  const std::time_t seconds = static_cast<std::time_t>(unix_ms / 1000);
+// The UTC calendar time of `unix_ms` rounded down to the second (also before 1970: the second that
+// began before it), and the milliseconds past that second (0..999).
+std::tm UtcTime(int64_t unix_ms, int* millis) {
+  int64_t seconds = unix_ms / 1000;
+  int64_t rest = unix_ms % 1000;
+  if (rest < 0) {
+    rest += 1000;
+    seconds -= 1;
+  }
+  if (millis != nullptr) *millis = static_cast<int>(rest);
+  const auto t = static_cast<std::time_t>(seconds);
   std::tm tm{};
-  gmtime_r(&seconds, &tm);
-  char buf[64];
-  return std::string(buf, std::strftime(buf, sizeof buf, format, &tm));
+  gmtime_r(&t, &tm);
+  return tm;
 }
 }  // namespace
 
 std::string Rfc3339(int64_t unix_ms) {
-  char millis[8];
-  std::snprintf(millis, sizeof millis, ".%03dZ", static_cast<int>(unix_ms % 1000));
-  return FormatUtc(unix_ms, "%Y-%m-%dT%H:%M:%S") + millis;
+  int millis = 0;
+  const std::tm tm = UtcTime(unix_ms, &millis);
+  // Not strftime's %Y, which writes years before 1000 with fewer than four digits.
+  char buf[48];
+  std::snprintf(buf, sizeof buf, "%04d-%02d-%02dT%02d:%02d:%02d.%03dZ", tm.tm_year + 1900,
+                tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, millis);
+  return buf;
 }
 
 std::optional<int64_t> ParseRfc3339(std::string_view s) {
@@ -152,6 +177,10 @@ std::optional<int64_t> ParseRfc3339(std::string_view s) {
   return seconds * 1000 + millis + (finer ? 1 : 0);
 }
 
-std::string HttpDate(int64_t unix_ms) { return FormatUtc(unix_ms, "%a, %d %b %Y %H:%M:%S GMT"); }
+std::string HttpDate(int64_t unix_ms) {
+  const std::tm tm = UtcTime(unix_ms, nullptr);
+  char buf[64];
+  return std::string(buf, std::strftime(buf, sizeof buf, "%a, %d %b %Y %H:%M:%S GMT", &tm));
+}
 
 }  // namespace idem::http

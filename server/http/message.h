@@ -2,6 +2,7 @@
 // handlers are pure functions that tests can call directly.
 #pragma once
 
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -44,7 +45,12 @@ struct Response {
 
 std::string ToLower(std::string_view s);
 
-// RFC 3339 UTC with milliseconds ("2026-11-30T06:00:00.123Z").
+// A request id for the log and the X-Request-Id header: the client's if it is a sane token
+// (1..64 of A-Z a-z 0-9 - _ .), else "req-" and `counter` in 16 hex digits.
+std::string RequestId(const Request& request, uint64_t counter);
+
+// RFC 3339 UTC with milliseconds ("2026-11-30T06:00:00.123Z"); ParseRfc3339 reads it back for
+// every time of the years 0000..9999, also before 1970.
 std::string Rfc3339(int64_t unix_ms);
 // Unix milliseconds of an RFC 3339 date-time ("2026-11-30T06:00:00Z", "…:00.5+08:00"), or nullopt
 // if it is not one. A fraction finer than a millisecond rounds up: against times of millisecond

@@ -1,4 +1,4 @@
-// server/http/message_test.cc — RFC 3339 times both ways.
+// server/http/message_test.cc — RFC 3339 and HTTP dates both ways.
 #include "server/http/message.h"
 
 #include <gtest/gtest.h>
@@ -16,6 +16,22 @@ TEST(Rfc3339, ReadsWhatItWritesAndOffsets) {
       << "fractions beyond milliseconds round up";
   EXPECT_EQ(ParseRfc3339("2026-11-30T13:37:25.0320000Z"), ParseRfc3339("2026-11-30T13:37:25.032Z"));
   EXPECT_EQ(ParseRfc3339("2024-02-29t00:00:00z"), ParseRfc3339("2024-02-29T00:00:00Z"));
+}
+
+// Found by fuzz/message_fuzz.cc: before 1970 the milliseconds were written negative
+// ("1969-12-31T23:59:59.999Z" came out as "1970-01-01T00:00:00.-01Z"), and years before 1000
+// with fewer than four digits; neither read back.
+TEST(Rfc3339, WritesTimesBefore1970AndEarlyYearsReadably) {
+  EXPECT_EQ(Rfc3339(-1), "1969-12-31T23:59:59.999Z");
+  EXPECT_EQ(Rfc3339(-1000), "1969-12-31T23:59:59.000Z");
+  EXPECT_EQ(Rfc3339(-1001), "1969-12-31T23:59:58.999Z");
+  for (const char* text : {"1969-12-31T23:59:59.999Z", "0999-01-02T03:04:05.006Z",
+                           "0000-01-01T00:00:00.000Z", "9999-12-31T23:59:59.999Z"}) {
+    const auto ms = ParseRfc3339(text);
+    ASSERT_TRUE(ms.has_value()) << text;
+    EXPECT_EQ(Rfc3339(*ms), text);
+  }
+  EXPECT_EQ(HttpDate(-1), "Wed, 31 Dec 1969 23:59:59 GMT") << "rounded down, as documented";
 }
 
 TEST(Rfc3339, RefusesWhatIsNotOne) {

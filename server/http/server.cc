@@ -14,6 +14,7 @@
 #include <mutex>
 #include <thread>
 
+#include "server/http/beast_request.h"
 #include "server/http/problem.h"
 
 namespace idem::http {
@@ -34,15 +35,6 @@ struct Connection {
   Strand strand;
   std::atomic<bool> idle{true};
 };
-
-Request FromBeast(bhttp::request<bhttp::string_body>&& in) {
-  Request out;
-  out.method = std::string(in.method_string());
-  out.target = std::string(in.target());
-  for (const auto& field : in) out.headers.Add(field.name_string(), field.value());
-  out.body = std::move(in.body());
-  return out;
-}
 
 // Why `request` (of HTTP version `version`, 10 or 11) cannot be handled although Beast parsed it,
 // or nothing. RFC 9112 §3.2: an HTTP/1.1 request without Host, and any request with more than one
@@ -93,21 +85,6 @@ bhttp::response<bhttp::string_body> ToBeast(Response&& in, bool keep_alive, bool
   out.prepare_payload();
   if (head) out.content_length(length);
   return out;
-}
-
-// A request id for the log and the X-Request-Id header: the client's if it is a sane token.
-std::string RequestId(const Request& request, uint64_t counter) {
-  if (auto id = request.headers.Get("x-request-id")) {
-    bool sane = !id->empty() && id->size() <= 64;
-    for (char c : *id) {
-      sane &= (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
-              c == '-' || c == '_' || c == '.';
-    }
-    if (sane) return std::string(*id);
-  }
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "req-%016llx", static_cast<unsigned long long>(counter));
-  return buf;
 }
 
 class ServerImpl final : public Server {

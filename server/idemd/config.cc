@@ -7,7 +7,9 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <sstream>
+#include <utility>
 
 namespace idem::idemd {
 namespace {
@@ -52,25 +54,40 @@ Status Read(const toml::table& t, std::string_view section, std::string_view key
       return Bad(origin,
                  std::string(section) + "." + std::string(key) + " must be a non-negative integer");
     }
-    out = static_cast<T>(node->as_integer()->get());
+    // Not cut to the field's width: worker_threads = 4294967297 is no 1.
+    const int64_t value = node->as_integer()->get();
+    if (!std::in_range<T>(value)) {
+      return Bad(origin, std::string(section) + "." + std::string(key) + " must be at most " +
+                             std::to_string(std::numeric_limits<T>::max()));
+    }
+    out = static_cast<T>(value);
   }
+  return Ok();
+}
+
+// A duration in Duration's unit, at most kMaxConfigDuration.
+template <typename Duration>
+Status ReadDuration(const toml::table& t, std::string_view section, std::string_view key,
+                    Duration& out, const std::string& origin) {
+  int64_t count = out.count();
+  IDEM_RETURN_IF_ERROR(Read(t, section, key, count, origin));
+  const int64_t max = std::chrono::duration_cast<Duration>(kMaxConfigDuration).count();
+  if (count > max) {
+    return Bad(origin, std::string(section) + "." + std::string(key) + " must be at most " +
+                           std::to_string(max) + " (ten years)");
+  }
+  out = Duration(count);
   return Ok();
 }
 
 Status ReadMillis(const toml::table& t, std::string_view section, std::string_view key, Millis& out,
                   const std::string& origin) {
-  int64_t ms = out.count();
-  IDEM_RETURN_IF_ERROR(Read(t, section, key, ms, origin));
-  out = Millis(ms);
-  return Ok();
+  return ReadDuration(t, section, key, out, origin);
 }
 
 Status ReadSeconds(const toml::table& t, std::string_view section, std::string_view key,
                    std::chrono::seconds& out, const std::string& origin) {
-  int64_t s = out.count();
-  IDEM_RETURN_IF_ERROR(Read(t, section, key, s, origin));
-  out = std::chrono::seconds(s);
-  return Ok();
+  return ReadDuration(t, section, key, out, origin);
 }
 
 Result<std::vector<Secret>> ReadSecretArray(const toml::table& t, const char* name,
@@ -189,9 +206,9 @@ Result<Config> LoadConfig(const std::string& path, const std::vector<std::string
 
   IDEM_RETURN_IF_ERROR(ReadMillis(t, "idempotency", "lease_ms", c.lease, o));
   IDEM_RETURN_IF_ERROR(ReadMillis(t, "idempotency", "lease_margin_ms", c.lease_margin, o));
-  int64_t retention_hours = c.retention.count() / 3600000;
-  IDEM_RETURN_IF_ERROR(Read(t, "idempotency", "retention_hours", retention_hours, o));
-  c.retention = Millis(retention_hours * 3600000);
+  std::chrono::hours retention_hours = std::chrono::duration_cast<std::chrono::hours>(c.retention);
+  IDEM_RETURN_IF_ERROR(ReadDuration(t, "idempotency", "retention_hours", retention_hours, o));
+  c.retention = retention_hours;
   IDEM_RETURN_IF_ERROR(ReadMillis(t, "idempotency", "retention_ms", c.retention, o));
   IDEM_RETURN_IF_ERROR(Read(t, "idempotency", "max_processing", c.max_processing, o));
   IDEM_RETURN_IF_ERROR(Read(t, "idempotency", "max_retained", c.max_retained, o));

@@ -15,6 +15,11 @@
 
 namespace idem::idemd {
 
+// The longest duration a configuration may set, any key: ten years. Longer ones are refused at
+// load, so no sum of durations (a lease against provider timeout + margin) and no deadline (now +
+// an interval) can overflow.
+inline constexpr Millis kMaxConfigDuration{10LL * 365 * 24 * 3600 * 1000};
+
 struct PrincipalEntry {
   std::string api_key_sha256;  // lower-case hex of SHA-256(api key)
   std::string tenant;

@@ -215,6 +215,49 @@ TEST_F(ConfigTest, LimitsHoldAtTheirValueAndOnePast) {
   }
 }
 
+// Found by fuzz/config_fuzz.cc (UBSan, fed extreme values): retention_hours =
+// 9223372036854775807 overflowed on its way to milliseconds, and provider.timeout_ms +
+// idempotency.lease_margin_ms overflowed in the lease check (undefined behaviour; wrapped
+// negative, the check passed). The same kind, which no sanitizer sees: a count wider than its
+// field was cut to it (worker_threads = 4294967297 ran one worker). Durations are now at most ten
+// years and counts must fit their fields.
+TEST_F(ConfigTest, HugeNumbersAreRefusedNotWrapped) {
+  const int64_t ten_years = kMaxConfigDuration.count();
+  const int64_t ten_years_h = ten_years / 3'600'000;
+  struct Case {
+    std::string toml;
+    bool accepted;
+    std::string expect;
+  };
+  const std::vector<Case> cases = {
+      {"[idempotency]\nretention_ms = " + std::to_string(ten_years) + "\n", true, ""},
+      {"[idempotency]\nretention_ms = " + std::to_string(ten_years + 1) + "\n", false,
+       "retention_ms must be at most"},
+      {"[idempotency]\nretention_hours = " + std::to_string(ten_years_h) + "\n", true, ""},
+      {"[idempotency]\nretention_hours = " + std::to_string(ten_years_h + 1) + "\n", false,
+       "retention_hours must be at most"},
+      {"[idempotency]\nretention_hours = 9223372036854775807\n", false, "retention_hours"},
+      {"[provider]\ntimeout_ms = 9223372036854775000\n[idempotency]\n"
+       "lease_margin_ms = 9223372036854775000\n",
+       false, "timeout_ms must be at most"},
+      {"[reconciliation]\nwindow_ms = 9223372036854775807\n", false, "window_ms"},
+      {"[store]\nkeepalives_idle_s = 9223372036854775807\n", false, "keepalives_idle_s"},
+      {"[server]\nworker_threads = 2147483647\n", true, ""},
+      {"[server]\nworker_threads = 4294967297\n", false, "worker_threads must be at most"},
+      {"[store]\npool_size = 2147483648\n", false, "pool_size"},
+  };
+  for (const Case& k : cases) {
+    auto c = LoadConfig(Write("c.toml", Minimal(k.toml)), {});
+    if (k.accepted) {
+      EXPECT_TRUE(c.has_value()) << k.toml << ": " << c.error().message;
+      continue;
+    }
+    ASSERT_FALSE(c.has_value()) << k.toml;
+    EXPECT_EQ(c.error().code, Errc::kInvalidArgument);
+    EXPECT_NE(c.error().message.find(k.expect), std::string::npos) << c.error().message;
+  }
+}
+
 // A charge is sent only under a lease that covers the provider's timeout plus the margin
 // (docs/design.md), so a lease that cannot is refused at start-up: at the boundary, and
 // accepted one millisecond past it.

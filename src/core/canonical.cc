@@ -77,8 +77,17 @@ Result<std::string> DecimalFromJsonNumber(std::string_view s) {
     out.append(d, 0, static_cast<std::size_t>(point)).push_back('.');
     out.append(d, static_cast<std::size_t>(point));
   } else if (exponent < 0 && point > -kPlainDigitsMax) {
+    // The canonical text is read again (CanonicalScalar's callers, a canonical body canonicalised
+    // once more), so it stays within the limits too: "0." and the zeros count as digits.
+    if (static_cast<std::size_t>(1 - point + n) > limits::kJsonMaxNumberDigits) {
+      return bad("too many digits");
+    }
     out.append("0.").append(static_cast<std::size_t>(-point), '0').append(d);
   } else {
+    // Likewise its exponent: "110e999" is 1.1e1001, past the limit as much as that is.
+    if (point - 1 > limits::kJsonMaxExponent || point - 1 < -limits::kJsonMaxExponent) {
+      return bad("exponent out of range");
+    }
     out.push_back(d[0]);
     if (n > 1) out.append(".").append(d, 1);
     out.append("e").append(std::to_string(point - 1));
@@ -384,16 +393,6 @@ MemberPos Locate(const Doc& doc, int32_t root, const std::vector<std::string_vie
 
 Status ApplyRules(Doc& doc, int32_t root, const CanonicalRules& rules) {
   auto at = [&](int32_t i) -> Node& { return doc.nodes[static_cast<std::size_t>(i)]; };
-  for (const std::string& path : rules.removed_fields) {
-    const MemberPos pos = Locate(doc, root, SplitPath(path));
-    if (pos.found < 0) continue;
-    const int32_t after = at(pos.found).next;
-    if (pos.prev < 0) {
-      at(pos.parent).first = after;
-    } else {
-      at(pos.prev).next = after;
-    }
-  }
   for (const auto& [path, value_json] : rules.defaults) {
     const auto parts = SplitPath(path);
     const MemberPos pos = Locate(doc, root, parts);
@@ -411,6 +410,18 @@ Status ApplyRules(Doc& doc, int32_t root, const CanonicalRules& rules) {
     } else {
       at(value).next = at(pos.prev).next;
       at(pos.prev).next = value;
+    }
+  }
+  // Removals after the defaults, so a default cannot bring back a member that does not count
+  // (a default holding a removed path): canonical output never holds a removed path.
+  for (const std::string& path : rules.removed_fields) {
+    const MemberPos pos = Locate(doc, root, SplitPath(path));
+    if (pos.found < 0) continue;
+    const int32_t after = at(pos.found).next;
+    if (pos.prev < 0) {
+      at(pos.parent).first = after;
+    } else {
+      at(pos.prev).next = after;
     }
   }
   for (const std::string& path : rules.money_fields) {

@@ -120,6 +120,29 @@ TEST(CanonicalDecimal, LimitsAtAndPastTheEdge) {
   EXPECT_FALSE(CanonicalDecimal(std::string(limits::kJsonMaxNumberDigits + 1, '7')).has_value());
 }
 
+// Found by fuzz/canonical_fuzz.cc: "110.0e1000" was accepted and written as "1.1e1002", which
+// (like any number past the limits) was refused when read again — a canonical body
+// canonicalised once more, or idemd's amount check on CanonicalScalar's text. The limits now hold
+// for the canonical form as well, so canonical text is always accepted again, unchanged.
+TEST(CanonicalDecimal, CanonicalFormStaysWithinTheLimits) {
+  const std::string max_exponent = std::to_string(limits::kJsonMaxExponent);
+  EXPECT_FALSE(CanonicalDecimal("110.0e" + max_exponent).has_value());
+  EXPECT_FALSE(CanonicalDecimal("0.001e-" + max_exponent).has_value());
+  EXPECT_EQ(*CanonicalDecimal("0.01e" + max_exponent), "1e" + std::to_string(998));
+  EXPECT_EQ(CanonError("[110.0e" + max_exponent + "]"), Errc::kInvalidArgument);
+  // 100 significant digits 39 places after the point: 140 digits in plain form.
+  const std::string hundred = std::string(limits::kJsonMaxNumberDigits, '7');
+  EXPECT_FALSE(CanonicalDecimal(hundred + "e-139").has_value());
+  EXPECT_TRUE(CanonicalDecimal(hundred.substr(0, 60) + "e-99").has_value());  // 100 digits
+  for (const std::string& text :
+       {"1e" + max_exponent, "-1e-" + max_exponent, std::string("9.99e-41"),
+        "0." + std::string(39, '0') + "1", hundred, "0.1" + std::string(98, '3')}) {
+    auto canonical = CanonicalDecimal(text);
+    ASSERT_TRUE(canonical.has_value()) << text;
+    EXPECT_EQ(CanonicalDecimal(*canonical).value(), *canonical) << text;
+  }
+}
+
 TEST(CanonicalDecimal, RejectsNonNumbers) {
   for (std::string_view bad :
        {"", "-", "1.", ".1", "01", "1e", "1e+", "abc", "1,0", " 1", "1 ", "0x10", "--1", "1.2.3"}) {
@@ -181,6 +204,19 @@ TEST(Canonicalize, DefaultsAreFilledWhenAbsent) {
             R"({"amount":1,"description":"x","metadata":{}})");
   // Not an object at the root: nothing to fill.
   EXPECT_EQ(Canon("[1]", rules), "[1]");
+}
+
+// Found by fuzz/canonical_fuzz.cc: removals ran before the defaults, so a default holding a removed
+// path put it back. A body that spelled the default out (with its own trace id) then differed from
+// one that left it out, and canonical output was no fixed point.
+TEST(Canonicalize, DefaultsDoNotBringBackRemovedFields) {
+  CanonicalRules rules;
+  rules.removed_fields = {"payer.trace_id"};
+  rules.defaults = {{"payer", R"({"trace_id":1,"n":2})"}};
+  const std::string implied = Canon(R"({"amount":1})", rules);
+  EXPECT_EQ(implied, R"({"amount":1,"payer":{"n":2}})");
+  EXPECT_EQ(Canon(R"({"amount":1,"payer":{"n":2,"trace_id":"t-9"}})", rules), implied);
+  EXPECT_EQ(Canon(implied, rules), implied);
 }
 
 TEST(Canonicalize, InvalidDefaultIsReported) {
