@@ -2,13 +2,10 @@
 // the lease} × {SQLite, PostgreSQL} × {provider honours keys, ignores them}, each followed by the
 // client's retries and the reconciler, with the same checks after every cell: one charge, one
 // answer (the retry's and every replay's byte-identical), nothing left PROCESSING.
-#include <libpq-fe.h>
 #include <sys/wait.h>
 
-#include <random>
 #include <thread>
 
-#include "server/idemd/store_url.h"
 #include "tests/integration/idemd_fixture.h"
 
 namespace idem::itest {
@@ -48,20 +45,12 @@ class FailpointMatrixTest : public IdemdTest, public ::testing::WithParamInterfa
  public:
   void SetUp() override {
     if (GetParam().postgres) {
-      const char* url = std::getenv("IDEM_TEST_PG_URL");
-      if (url == nullptr || *url == '\0') {
+      if (PostgresServerUrl().empty()) {
         if (std::getenv("IDEM_REQUIRE_SERVICES") != nullptr)
           FAIL() << "IDEM_TEST_PG_URL is not set";
         GTEST_SKIP() << "IDEM_TEST_PG_URL is not set";
       }
-      static std::mt19937_64 rng(std::random_device{}());
-      const std::string schema = "fm" + std::to_string(rng() % 1000000000000ULL);
-      PGconn* c = PQconnectdb(url);
-      PQclear(PQexec(c, ("CREATE SCHEMA " + schema).c_str()));
-      PQfinish(c);
-      const std::string base = url;
-      store_url_ = base + (base.find('?') == std::string::npos ? "?" : "&") +
-                   "options=-csearch_path%3D" + schema;
+      store_url_ = FreshPostgresStoreUrl();
     } else {
       store_url_ = "sqlite://" + dir_.File("idem.db");
     }
@@ -140,14 +129,11 @@ TEST_P(FailpointMatrixTest, OneChargeOneAnswerNothingLeftProcessing) {
   EXPECT_EQ(replay.headers.Get("idempotent-replayed").value_or(""), "true");
 
   // The reconciler leaves nothing PROCESSING.
-  idemd::StoreUrlOptions options;
-  options.pool_size = 1;
-  options.apply_migrations = false;
-  auto store = idemd::OpenStoreUrl(store_url_, options);
-  ASSERT_TRUE(store.has_value()) << store.error().message;
+  std::unique_ptr<Store> store = OpenExistingStore(store_url_);
+  ASSERT_NE(store, nullptr);
   int64_t processing = -1;
   for (int i = 0; i < 50 && processing != 0; ++i) {
-    auto rows = (*store)->Query("SELECT count(*) FROM idem_records WHERE state = 'PROCESSING'");
+    auto rows = store->Query("SELECT count(*) FROM idem_records WHERE state = 'PROCESSING'");
     ASSERT_TRUE(rows.has_value());
     processing = std::get<int64_t>((*rows)[0][0]);
     if (processing != 0) std::this_thread::sleep_for(std::chrono::milliseconds(100));

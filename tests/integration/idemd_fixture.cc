@@ -1,15 +1,47 @@
 // tests/integration/idemd_fixture.cc — see idemd_fixture.h.
 #include "tests/integration/idemd_fixture.h"
 
+#include <libpq-fe.h>
 #include <signal.h>
 #include <sys/wait.h>
 
 #include <atomic>
 #include <fstream>
+#include <random>
+
+#include "server/idemd/store_url.h"
 
 namespace idem::itest {
 
 namespace json = boost::json;
+
+std::string PostgresServerUrl() {
+  const char* url = std::getenv("IDEM_TEST_PG_URL");
+  return url != nullptr ? url : "";
+}
+
+std::string FreshPostgresStoreUrl(std::string* schema_out) {
+  static std::mt19937_64 rng(std::random_device{}());
+  const std::string schema = "it" + std::to_string(rng() % 1000000000000ULL);
+  PGconn* c = PQconnectdb(PostgresServerUrl().c_str());
+  PGresult* r = PQexec(c, ("CREATE SCHEMA " + schema).c_str());
+  EXPECT_EQ(PQresultStatus(r), PGRES_COMMAND_OK) << PQerrorMessage(c);
+  PQclear(r);
+  PQfinish(c);
+  if (schema_out != nullptr) *schema_out = schema;
+  const std::string url = PostgresServerUrl();
+  return url + (url.find('?') == std::string::npos ? "?" : "&") + "options=-csearch_path%3D" +
+         schema;
+}
+
+std::unique_ptr<Store> OpenExistingStore(const std::string& store_url) {
+  idemd::StoreUrlOptions options;
+  options.pool_size = 1;
+  options.apply_migrations = false;
+  auto store = idemd::OpenStoreUrl(store_url, options);
+  EXPECT_TRUE(store.has_value()) << store.error().message;
+  return store ? std::move(*store) : nullptr;
+}
 
 void IdemdTest::SetUp() {
   auto provider = testing::ChildProcess::Spawn({PROVIDER_SIM_PATH, "--listen", "127.0.0.1:0"}, {},

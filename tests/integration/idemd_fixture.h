@@ -6,9 +6,11 @@
 
 #include <boost/json.hpp>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 
+#include "include/idem/store.h"
 #include "server/http/client.h"
 #include "testing/fakes.h"
 #include "testing/process.h"
@@ -18,6 +20,14 @@ namespace idem::itest {
 inline constexpr const char* kAlice = "dev-acme-alice-7f3c9a1e";
 inline constexpr const char* kBob = "dev-acme-bob-2b8d4e6f";
 inline constexpr const char* kCarol = "dev-globex-carol-9e1a5c3d";
+
+// The PostgreSQL server of the tests (IDEM_TEST_PG_URL, set by scripts/with-services), or "".
+std::string PostgresServerUrl();
+// A fresh schema on that server, and the store URL that selects it; its name in *schema_out.
+std::string FreshPostgresStoreUrl(std::string* schema_out = nullptr);
+// The store behind `store_url`, opened as idemctl opens one: no migrations, one connection.
+// Fails the test (and returns null) when it cannot be opened.
+std::unique_ptr<Store> OpenExistingStore(const std::string& store_url);
 
 class IdemdTest : public ::testing::Test {
  public:

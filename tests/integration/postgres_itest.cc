@@ -18,10 +18,7 @@ namespace {
 
 namespace json = boost::json;
 
-std::string ServerUrl() {
-  const char* url = std::getenv("IDEM_TEST_PG_URL");
-  return url != nullptr ? url : "";
-}
+std::string ServerUrl() { return PostgresServerUrl(); }
 
 // Runs SQL on the test server; returns the first column of the first row ("" if none).
 std::string Sql(const std::string& sql) {
@@ -34,17 +31,6 @@ std::string Sql(const std::string& sql) {
   return v;
 }
 
-// A fresh schema, and the store URL that selects it.
-std::string FreshStoreUrl(std::string* schema_out) {
-  static std::mt19937_64 rng(std::random_device{}());
-  const std::string schema = "it" + std::to_string(rng() % 1000000000000ULL);
-  Sql("CREATE SCHEMA " + schema);
-  if (schema_out != nullptr) *schema_out = schema;
-  const std::string url = ServerUrl();
-  return url + (url.find('?') == std::string::npos ? "?" : "&") + "options=-csearch_path%3D" +
-         schema;
-}
-
 class PostgresIdemdTest : public IdemdTest {
  public:
   void SetUp() override {
@@ -53,7 +39,7 @@ class PostgresIdemdTest : public IdemdTest {
       GTEST_SKIP() << "IDEM_TEST_PG_URL is not set";
     }
     IdemdTest::SetUp();
-    store_url_ = FreshStoreUrl(&schema_);
+    store_url_ = FreshPostgresStoreUrl(&schema_);
     StartIdemd({.store_url = store_url_});
   }
 

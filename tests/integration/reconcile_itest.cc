@@ -2,15 +2,12 @@
 // provider-sim processes, `idemctl reconcile` against them, on SQLite and on PostgreSQL. A
 // provider that ignores idempotency keys, duplicates injected at the provider, runs repeated,
 // run at once and killed mid-run: each extra charge is refunded exactly once.
-#include <libpq-fe.h>
-
 #include <atomic>
 #include <random>
 #include <thread>
 
 #include "include/idem/clock.h"
 #include "server/http/message.h"
-#include "server/idemd/store_url.h"
 #include "tests/integration/idemd_fixture.h"
 
 namespace idem::itest {
@@ -20,12 +17,9 @@ namespace json = boost::json;
 
 // Runs one statement on the store behind `store_url`, as an operator's SQL would.
 void ExecSql(const std::string& store_url, const std::string& sql) {
-  idemd::StoreUrlOptions options;
-  options.pool_size = 1;
-  options.apply_migrations = false;
-  auto store = idemd::OpenStoreUrl(store_url, options);
-  ASSERT_TRUE(store.has_value()) << store.error().message;
-  auto txn = (*store)->Begin();
+  std::unique_ptr<Store> store = OpenExistingStore(store_url);
+  ASSERT_NE(store, nullptr);
+  auto txn = store->Begin();
   ASSERT_TRUE(txn.has_value());
   auto done = (*txn)->Exec(sql, {});
   ASSERT_TRUE(done.has_value()) << done.error().message;
@@ -34,13 +28,9 @@ void ExecSql(const std::string& store_url, const std::string& sql) {
 
 // The rows of one query on the store behind `store_url`.
 std::vector<SqlRow> QuerySql(const std::string& store_url, const std::string& sql) {
-  idemd::StoreUrlOptions options;
-  options.pool_size = 1;
-  options.apply_migrations = false;
-  auto store = idemd::OpenStoreUrl(store_url, options);
-  EXPECT_TRUE(store.has_value()) << store.error().message;
-  if (!store) return {};
-  auto rows = (*store)->Query(sql);
+  std::unique_ptr<Store> store = OpenExistingStore(store_url);
+  if (store == nullptr) return {};
+  auto rows = store->Query(sql);
   EXPECT_TRUE(rows.has_value()) << rows.error().message;
   return rows ? std::move(*rows) : std::vector<SqlRow>();
 }
@@ -313,20 +303,12 @@ TEST_F(ReconcileTest, IdemdsPeriodicJobRefundsADuplicate) {
 class PostgresReconcileTest : public ReconcileTest {
  public:
   void SetUp() override {
-    const char* url = std::getenv("IDEM_TEST_PG_URL");
-    if (url == nullptr || *url == '\0') {
+    if (PostgresServerUrl().empty()) {
       if (std::getenv("IDEM_REQUIRE_SERVICES") != nullptr) FAIL() << "IDEM_TEST_PG_URL is not set";
       GTEST_SKIP() << "IDEM_TEST_PG_URL is not set";
     }
-    static std::mt19937_64 rng(std::random_device{}());
-    const std::string schema = "rc" + std::to_string(rng() % 1000000000000ULL);
     ReconcileTest::SetUp();
-    PGconn* c = PQconnectdb(url);
-    PQclear(PQexec(c, ("CREATE SCHEMA " + schema).c_str()));
-    PQfinish(c);
-    const std::string base = url;
-    store_url_ = base + (base.find('?') == std::string::npos ? "?" : "&") +
-                 "options=-csearch_path%3D" + schema;
+    store_url_ = FreshPostgresStoreUrl();
     StartIdemd({.store_url = store_url_});
   }
   std::string StoreUrl() override { return store_url_; }

@@ -8,7 +8,6 @@
 //   - payment ids are random, not counted;
 //   - a principal flooding idemd with fresh keys is throttled (429) without hurting the others.
 #include <hiredis/hiredis.h>
-#include <libpq-fe.h>
 #include <signal.h>
 
 #include <algorithm>
@@ -23,7 +22,6 @@
 #include <thread>
 
 #include "include/idem/key.h"
-#include "server/idemd/store_url.h"
 #include "tests/integration/idemd_fixture.h"
 
 namespace idem::itest {
@@ -123,22 +121,18 @@ std::string CellBytes(const SqlValue& v) {
 
 // Every row and column of `table`, through the store API (no migrations: the store idemd made).
 std::vector<DumpRow> DumpTable(const std::string& store_url, const std::string& table) {
-  idemd::StoreUrlOptions options;
-  options.pool_size = 1;
-  options.apply_migrations = false;
-  auto store = idemd::OpenStoreUrl(store_url, options);
-  EXPECT_TRUE(store.has_value()) << store.error().message;
-  if (!store) return {};
+  std::unique_ptr<Store> store = OpenExistingStore(store_url);
+  if (store == nullptr) return {};
   const bool sqlite = store_url.rfind("sqlite://", 0) == 0;
   auto names =
-      sqlite ? (*store)->Query("SELECT name FROM pragma_table_info('" + table + "') ORDER BY cid")
-             : (*store)->Query(
+      sqlite ? store->Query("SELECT name FROM pragma_table_info('" + table + "') ORDER BY cid")
+             : store->Query(
                    "SELECT column_name::text FROM information_schema.columns WHERE "
                    "table_name::text = ? AND table_schema = current_schema() "
                    "ORDER BY ordinal_position",
                    {table});
   EXPECT_TRUE(names.has_value()) << names.error().message;
-  auto rows = (*store)->Query("SELECT * FROM " + table);
+  auto rows = store->Query("SELECT * FROM " + table);
   EXPECT_TRUE(rows.has_value()) << rows.error().message;
   if (!names || !rows) return {};
   std::vector<DumpRow> out;
@@ -252,24 +246,6 @@ std::vector<RedisEntry> DumpRedis(uint16_t port) {
 }
 
 // ---- PostgreSQL --------------------------------------------------------------------------------
-
-std::string PgServerUrl() {
-  const char* url = std::getenv("IDEM_TEST_PG_URL");
-  return url != nullptr ? url : "";
-}
-
-// A fresh schema on the test server, and the store URL that selects it.
-std::string FreshPgStoreUrl() {
-  const std::string schema = "sec" + RandomHex(6);
-  PGconn* c = PQconnectdb(PgServerUrl().c_str());
-  PGresult* r = PQexec(c, ("CREATE SCHEMA " + schema).c_str());
-  EXPECT_EQ(PQresultStatus(r), PGRES_COMMAND_OK) << PQerrorMessage(c);
-  PQclear(r);
-  PQfinish(c);
-  const std::string url = PgServerUrl();
-  return url + (url.find('?') == std::string::npos ? "?" : "&") + "options=-csearch_path%3D" +
-         schema;
-}
 
 // ---- The fixture -------------------------------------------------------------------------------
 
@@ -590,7 +566,7 @@ TEST_F(SecurityTest, NothingInPlaintextAtRestInSqliteOrRedis) {
 class SecurityPostgresTest : public SecurityTest {
  public:
   void SetUp() override {
-    if (PgServerUrl().empty()) {
+    if (PostgresServerUrl().empty()) {
       if (std::getenv("IDEM_REQUIRE_SERVICES") != nullptr) FAIL() << "IDEM_TEST_PG_URL is not set";
       GTEST_SKIP() << "IDEM_TEST_PG_URL is not set";
     }
@@ -601,7 +577,7 @@ class SecurityPostgresTest : public SecurityTest {
 TEST_F(SecurityPostgresTest, NothingInPlaintextAtRestInPostgresOrRedis) {
   StartRedis();
   if (IsSkipped()) return;
-  store_url_ = FreshPgStoreUrl();
+  store_url_ = FreshPostgresStoreUrl();
   StartIdemd(Roomy({.store_url = store_url_, .redis_url = redis_url_}));
   const Workload w = RunWorkload();
   ExpectNothingAtRest(w);
