@@ -103,10 +103,10 @@ Reconciliation::Reconciliation(Store& store, Provider& provider, Clock& clock, R
 
 Result<RunSummary> Reconciliation::RunPeriodic(Millis window, Millis lag) {
   IDEM_ASSIGN_OR_RETURN(auto unfinished,
-                        store_.Query("SELECT id, since_ms, until_ms, cursor FROM reconcile_runs "
+                        store_.Query("SELECT since_ms, until_ms FROM reconcile_runs "
                                      "WHERE state = 'running' ORDER BY started_at LIMIT 1"));
   if (!unfinished.empty()) {
-    return Run(Integer(unfinished[0][1]), Integer(unfinished[0][2]), false);
+    return Run(Integer(unfinished[0][0]), Integer(unfinished[0][1]), false);
   }
   const int64_t until = ToUnixMillis(clock_.Now()) - lag.count();
   return Run(until - window.count(), until, false);
@@ -278,20 +278,15 @@ Status Reconciliation::Examine(Walk& walk, const Charge& charge) {
     f.action = "refunded";  // by an earlier run whose answer was lost, or by someone else
     f.detail += "; found refunded at the provider";
   } else if (refundable && charged) {
-    return Compensate(walk, std::move(f), charge);
+    return Compensate(walk, std::move(f), charge, left);
   } else {
     f.action = "reported";
   }
   return Record(walk, f, charge.id);
 }
 
-Status Reconciliation::Compensate(Walk& walk, Finding f, const Charge& charge) {
-  const int64_t charged = *AmountInMinorUnits(charge.amount, charge.currency);
-  const int64_t refunded =
-      AmountInMinorUnits(charge.amount_refunded.empty() ? "0" : charge.amount_refunded,
-                         charge.currency)
-          .value_or(0);
-  const std::string amount = FormatAmount(charged - refunded, MinorDigits(charge.currency));
+Status Reconciliation::Compensate(Walk& walk, Finding f, const Charge& charge, int64_t left) {
+  const std::string amount = FormatAmount(left, MinorDigits(charge.currency));
   if (walk.lease == nullptr) {  // a dry run says what it would do
     f.action = "refund_pending";
     f.detail += "; would refund " + amount;

@@ -94,7 +94,8 @@ class Reconciliation {
                                std::string cursor, bool resumed);
   Status Examine(Walk& walk, const Charge& charge);
   Status CheckMissing(Walk& walk);
-  Status Compensate(Walk& walk, Finding finding, const Charge& charge);
+  // Refunds `left` (minor units) of `charge`, recording the intent first.
+  Status Compensate(Walk& walk, Finding finding, const Charge& charge, int64_t left);
   Status Record(Walk& walk, const Finding& finding, const std::string& cursor);
 
   Store& store_;
