@@ -311,10 +311,12 @@ Result<Config> LoadConfig(const std::string& path, const std::vector<std::string
                       ") + idempotency.lease_margin_ms (" + std::to_string(c.lease_margin.count()) +
                       "): a charge is sent only under a lease that covers the whole call");
   }
-  if (!c.provider_deduplicates_by_key && c.provider_settle <= c.provider_timeout) {
-    // Counted from the send: a shorter window ends while the call may still be out.
+  if (!c.provider_deduplicates_by_key && c.provider_settle <= c.lease_margin + c.provider_timeout) {
+    // Counted from sent_at: a charge leaves up to the margin after it (Payments::Execute) and
+    // may be out for the whole timeout; a shorter window ends while the call may still be out.
     return Bad(o, "provider.settle_ms (" + std::to_string(c.provider_settle.count()) +
-                      ") must be longer than provider.timeout_ms (" +
+                      ") must be longer than idempotency.lease_margin_ms (" +
+                      std::to_string(c.lease_margin.count()) + ") + provider.timeout_ms (" +
                       std::to_string(c.provider_timeout.count()) +
                       ") unless provider.deduplicates_by_key is true");
   }

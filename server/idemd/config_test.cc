@@ -287,6 +287,31 @@ TEST_F(ConfigTest, TheLeaseMustOutlastTheProviderTimeoutPlusTheMargin) {
   EXPECT_TRUE(load(5001, "lease_margin_ms = 0\n").has_value());
 }
 
+// The settle window is counted from sent_at, and a charge leaves up to the margin after it (a
+// send whose covered advance answered later is not made), then may be out for the whole timeout:
+// a window no longer than both ends while the call may still be out. Refused at the boundary,
+// accepted one millisecond past it, and not checked for a provider that deduplicates by key.
+TEST_F(ConfigTest, TheSettleWindowMustOutlastTheMarginPlusTheProviderTimeout) {
+  auto load = [&](int64_t settle_ms, const std::string& extra) {
+    return LoadConfig(
+        Write("c.toml",
+              Minimal("[provider]\ntimeout_ms = 5000\nsettle_ms = " + std::to_string(settle_ms) +
+                      "\n" + extra + "[idempotency]\nlease_ms = 30000\nlease_margin_ms = 2000\n")),
+        {});
+  };
+  auto refused = load(7000, "");
+  ASSERT_FALSE(refused.has_value()) << "settle_ms = margin + provider timeout was accepted";
+  EXPECT_EQ(refused.error().code, Errc::kInvalidArgument);
+  EXPECT_NE(refused.error().message.find("settle_ms"), std::string::npos)
+      << refused.error().message;
+  EXPECT_NE(refused.error().message.find("lease_margin_ms"), std::string::npos)
+      << refused.error().message;
+  auto accepted = load(7001, "");
+  ASSERT_TRUE(accepted.has_value()) << accepted.error().message;
+  EXPECT_EQ(accepted->provider_settle, Millis(7001));
+  EXPECT_TRUE(load(0, "deduplicates_by_key = true\n").has_value());
+}
+
 TEST_F(ConfigTest, SecretsMustBeLongEnough) {
   setenv("IDEM_SECRETS",
          ("hmac_current = 1\nseal_current = 1\n[[hmac]]\nid = 1\nkey = \"abcd\"\n[[seal]]\nid = 1\n"

@@ -123,7 +123,8 @@ int Run(int argc, char** argv) {
   keys.min_length = config->key_min_length;
   keys.max_length = config->key_max_length;
   Payments payments(**store, **provider, SystemClock(), SystemMonotonicClock(), SystemRandom(),
-                    metrics, config->currencies, config->provider_timeout + config->lease_margin,
+                    metrics, config->currencies,
+                    ChargeCover{config->provider_timeout, config->lease_margin},
                     config->provider_5xx_means_nothing_charged,
                     config->provider_deduplicates_by_key, config->provider_settle);
   FilterPolicy payments_policy =

@@ -221,7 +221,7 @@ std::string FormatAmount(int64_t minor, int digits) {
 
 Payments::Payments(Store& store, Provider& provider, Clock& clock, MonotonicClock& monotonic,
                    Random& random, Metrics& metrics, std::vector<std::string> currencies,
-                   Millis charge_cover, bool provider_5xx_means_nothing_charged,
+                   ChargeCover cover, bool provider_5xx_means_nothing_charged,
                    bool provider_deduplicates_by_key, Millis settle)
     : store_(store),
       provider_(provider),
@@ -230,7 +230,7 @@ Payments::Payments(Store& store, Provider& provider, Clock& clock, MonotonicCloc
       random_(random),
       metrics_(metrics),
       currencies_(std::move(currencies)),
-      charge_cover_(charge_cover),
+      cover_(cover),
       provider_5xx_means_nothing_charged_(provider_5xx_means_nothing_charged),
       provider_deduplicates_by_key_(provider_deduplicates_by_key),
       settle_(settle) {}
@@ -568,9 +568,24 @@ Execution Payments::ChargeOnce(Ticket& ticket, Payment payment, Engine& engine,
   }
   if (auto held = heartbeat.Check(); !held) return lease_lost(held.error());
   // The charge cannot be called back: it is sent only under a lease that outlasts the call.
-  if (auto advanced = engine.AdvanceBeforeCall(ticket, kChargeSent, charge_cover_); !advanced) {
+  const SteadyTime advancing = monotonic_.Now();
+  if (auto advanced =
+          engine.AdvanceBeforeCall(ticket, kChargeSent, cover_.call_timeout + cover_.margin);
+      !advanced) {
     e.response = http::ProblemFor(advanced.error());
     e.outcome_unknown = true;
+    return e;
+  }
+  // The advance proved that cover from the moment its statement ran. When the store answered
+  // later than the margin (a slow commit, a pause of this process), the lease may end before the
+  // call does, and a charge sent now may land after the settle window counted from sent_at, when
+  // another executor's lookup finds nothing and charges again. Nothing has been sent: the attempt
+  // ends retryable at charge_sent, and the retry looks the charge up first, then sends it.
+  if (monotonic_.Now() - advancing > cover_.margin) {
+    e.response = http::Problem(http::ProblemKind::kUnavailable,
+                               "the store answered too slowly to send the charge safely; nothing "
+                               "was charged; retry with the same key");
+    e.state = RecordState::kFailedRetryable;
     return e;
   }
   if (auto fp = IDEM_FAILPOINT("after_charge_sent"); !fp) {

@@ -22,8 +22,8 @@ const std::vector<Migration>& PaymentsMigrations();
 FilterPolicy PaymentsPolicy(const KeyPolicy& keys, Millis lease, Millis retention,
                             int64_t max_processing, int64_t max_retained, Millis wait_max);
 
-// Thread-safe. Borrows everything. `charge_cover` is how long the lease must still run when a
-// charge is sent: the provider's timeout plus the lease margin (Engine::AdvanceBeforeCall).
+// Thread-safe. Borrows everything. `cover` is how long the lease must still run when a charge is
+// sent: the provider's timeout plus the lease margin (Engine::AdvanceBeforeCall).
 // `provider_5xx_means_nothing_charged` is the provider's declared semantics ([provider]
 // 5xx_means_nothing_charged): when true, a charge that failed with kUnavailable abandons the
 // attempt at once (its order is released for any key); when false, such a failure proves
@@ -34,11 +34,19 @@ FilterPolicy PaymentsPolicy(const KeyPolicy& keys, Millis lease, Millis retentio
 // settle_ms) has passed since the last send (Record::sent_at) and a lookup by reference still
 // finds nothing; until then a retry gets the in-progress answer and the record stays PROCESSING
 // for the reconciler. Zero settles at once.
+// What a charge's lease must cover when the charge is sent: the provider call's deadline, and a
+// margin for the covered advance's store round trip and the time from it to the send. A send
+// whose covered advance took longer than the margin to answer is not made (Execute).
+struct ChargeCover {
+  Millis call_timeout;
+  Millis margin;
+};
+
 class Payments final : public Operation {
  public:
   Payments(Store& store, Provider& provider, Clock& clock, MonotonicClock& monotonic,
-           Random& random, Metrics& metrics, std::vector<std::string> currencies,
-           Millis charge_cover, bool provider_5xx_means_nothing_charged = false,
+           Random& random, Metrics& metrics, std::vector<std::string> currencies, ChargeCover cover,
+           bool provider_5xx_means_nothing_charged = false,
            bool provider_deduplicates_by_key = false, Millis settle = Millis(0));
 
   std::optional<http::Response> Validate(const http::Request& request,
@@ -105,7 +113,7 @@ class Payments final : public Operation {
   Random& random_;
   Metrics& metrics_;
   std::vector<std::string> currencies_;
-  Millis charge_cover_;
+  ChargeCover cover_;
   bool provider_5xx_means_nothing_charged_;
   bool provider_deduplicates_by_key_;
   Millis settle_;

@@ -16,6 +16,7 @@
 #include "server/http/problem.h"
 #include "testing/engine_fixture.h"
 #include "testing/fakes.h"
+#include "testing/faulty_store.h"
 #include "testing/http_answers.h"
 
 namespace idem::idemd {
@@ -24,7 +25,8 @@ namespace {
 namespace json = boost::json;
 
 constexpr Millis kLease{10000};
-constexpr Millis kChargeCover{7000};  // a provider timeout of 5 s and the default margin
+constexpr Millis kMargin{2000};  // the default
+constexpr ChargeCover kChargeCover{Millis(5000), kMargin};
 constexpr Millis kRetention{24LL * 3600 * 1000};
 
 using testing::HeaderOf;
@@ -934,6 +936,46 @@ TEST_F(ServiceTest, AProviderThatDeduplicatesByKeyIsAskedAgainAtOnce) {
   EXPECT_EQ(paid.status, 201) << paid.body;
   EXPECT_EQ(provider_.References(), (std::vector<std::string>{id, id}));
   EXPECT_EQ(provider_.Charges().size(), 1u);
+}
+
+// The covered advance proves that the lease outlasts the call and the margin from the moment its
+// statement ran. A store that answers it later than the margin (a slow commit; a pause of this
+// process) may leave the lease shorter than the call, and a charge sent then may land after the
+// settle window counted from sent_at, where another executor's lookup finds nothing and charges
+// again (the simulator found this: docs/testing.md). Nothing is sent; the attempt ends retryable
+// at charge_sent, so the retry looks the charge up and, finding none, sends it once.
+TEST_F(ServiceTest, NoChargeIsSentWhenTheCoveredAdvanceAnsweredAfterTheMargin) {
+  auto advanced = std::make_shared<bool>(false);
+  auto slowed = std::make_shared<bool>(false);
+  testing::FaultyStore slow(
+      *store_,
+      {.plan = testing::FaultPlan([advanced, slowed](const testing::StoreCall& call) {
+         const bool commit_of_advance = call.op == testing::StoreOp::kCommit && *advanced;
+         *advanced = call.op == testing::StoreOp::kAdvanceCovered;
+         if (!commit_of_advance || *slowed) return testing::Fault::Pass();
+         *slowed = true;
+         return testing::Fault::Delay(kMargin + Millis(1));
+       }),
+       .clock = &clock_,
+       .on_delay = [this](const testing::StoreCall&, Millis d) { monotonic_.Advance(d); }});
+  engine_ = std::make_unique<Engine>(slow, *fingerprinter_, *sealer_, clock_);
+  Build(false, Millis(3000));
+
+  const http::Response first = Handle(Pay("slow-advance-1", "alice-key", "ORD-SLOW"));
+  ASSERT_TRUE(*slowed) << "the advance's commit was not slowed";
+  EXPECT_EQ(first.status, 503) << first.body;
+  EXPECT_EQ(TypeOf(first), "urn:idem:problem:unavailable");
+  EXPECT_EQ(provider_.Calls(), 0) << "a charge left under a lease that may not outlast it";
+  EXPECT_EQ(RecordOf("slow-advance-1")->state, RecordState::kFailedRetryable);
+  EXPECT_EQ(RecordOf("slow-advance-1")->recovery_point, "charge_sent");
+
+  const http::Response paid = Handle(Pay("slow-advance-1", "alice-key", "ORD-SLOW"));
+  EXPECT_EQ(paid.status, 201) << paid.body;
+  EXPECT_EQ(provider_.Calls(), 1);
+  EXPECT_EQ(provider_.Charges().size(), 1u);
+  service_.reset();
+  filter_.reset();
+  engine_.reset();
 }
 
 }  // namespace

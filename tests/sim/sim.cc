@@ -26,20 +26,25 @@
 #include "include/idem/engine.h"
 #include "include/idem/store/sqlite.h"
 #include "testing/fakes.h"
+#include "testing/faulty_store.h"
 #include "testing/memory_store.h"
 
 namespace idem::sim {
 namespace {
 
 using testing::FakeClock;
+using testing::FaultPlan;
+using testing::FaultyStore;
 using testing::SeededRandom;
 using testing::TempDir;
 
 constexpr Millis kLease{3000};
 constexpr Millis kTimeout{1000};  // the provider call's deadline
 constexpr Millis kMargin{500};
-constexpr Millis kSettle{2500};  // > kTimeout + the longest a late charge takes to land
-constexpr Millis kLateLandsWithin{2400};
+constexpr Millis kLateLandsWithin{2400};  // the longest a charge takes to land after it left
+// A send leaves within kMargin of sent_at (or not at all) and lands within kLateLandsWithin.
+constexpr Millis kSettle{3000};
+static_assert(kSettle > kMargin + kLateLandsWithin);
 constexpr std::string_view kSent = "charge_sent";
 constexpr std::string_view kAbandoned = "abandoned";
 
@@ -49,6 +54,18 @@ struct Options {
   double seconds = 0;  // when > 0, run schedules until this much wall time has passed
   bool verbose = false;
   bool sqlite = false;  // the real SQL on a SQLite file instead of the in-memory model
+  // A guard of the payments protocol switched off in the model, to show the simulator finds the
+  // bug it prevents; with expect_failure, success is a broken invariant.
+  std::string without;
+  bool expect_failure = false;
+};
+
+// The guards of the payments operation the model keeps (Payments::Execute), each of which one
+// --without= switches off.
+struct Guards {
+  bool settle = true;  // nothing is sent again within the settle window of an unknown outcome
+  bool cover = true;   // a charge is sent only under a lease that outlasts the call
+  bool margin = true;  // nor when the covered advance answered after the margin
 };
 
 // The provider: charges by reference. A late charge is created some time after the request,
@@ -64,6 +81,15 @@ class Provider {
   // provider), any time within kLateLandsWithin when it is not (LandedFor tells which charge).
   Outcome Charge(const std::string& reference, int by, Outcome fault, Timestamp now,
                  Timestamp answer_at, std::mt19937_64& rng) {
+    // A provider that honours keys answers a repeat with the first request's outcome: the
+    // charge made, or a retryable conflict while the first is still being executed.
+    if (honours_keys_ && fault == Outcome::kDeclined) {
+      if (Find(reference)) fault = Outcome::kCharged;
+      if (std::any_of(late_.begin(), late_.end(),
+                      [&](const Late& l) { return l.reference == reference; })) {
+        fault = Outcome::k5xx;
+      }
+    }
     if (fault == Outcome::kDeclined || fault == Outcome::k5xx || fault == Outcome::kLostBefore) {
       return fault;
     }
@@ -125,10 +151,25 @@ class Provider {
   std::vector<Late> late_;
 };
 
+// An executor's wall clock: the world's time (the store's, as a database server's) plus this
+// instance's skew, which jumps now and then. Decisions about a record must not depend on it.
+class InstanceClock final : public Clock {
+ public:
+  explicit InstanceClock(const FakeClock& world) : world_(world) {}
+  Timestamp Now() const override { return world_.Now() + skew_; }
+  void Set(Millis skew) { skew_ = skew; }
+  Millis Skew() const { return skew_; }
+
+ private:
+  const FakeClock& world_;
+  Millis skew_{0};
+};
+
 // One attempt at one key: a client's request on some instance, or a reconciler takeover.
 struct Attempt {
   enum class Step { kStart, kLookup, kAdvance, kAwait, kFinish, kRelease, kDone };
   int id = 0;
+  int instance = 0;  // the executor it runs on
   std::string key;
   bool reconciler = false;
   Step step = Step::kStart;
@@ -141,10 +182,19 @@ struct Attempt {
   int outcome = 0;           // kAwait: a Provider::Outcome
 };
 
+// An executor: its own clock, and an engine over the shared store.
+struct Instance {
+  explicit Instance(const FakeClock& world) : clock(world) {}
+  InstanceClock clock;
+  std::unique_ptr<Engine> engine;
+};
+
 class Schedule {
  public:
-  Schedule(uint64_t seed, bool sqlite)
-      : sqlite_(sqlite),
+  Schedule(uint64_t seed, bool sqlite, Guards guards, std::string reproduce)
+      : guards_(guards),
+        reproduce_(std::move(reproduce)),
+        sqlite_(sqlite),
         seed_(seed),
         rng_(seed),
         random_(seed ^ 0x9e3779b97f4a7c15ULL),
@@ -155,7 +205,11 @@ class Schedule {
     verbose_ = verbose;
     if (!Open()) return false;
     const int keys = 1 + static_cast<int>(rng_() % 4);
-    for (int k = 0; k < keys; ++k) keys_.push_back("sim-key-" + std::to_string(k));
+    for (int k = 0; k < keys; ++k) {
+      keys_.push_back("sim-key-" + std::to_string(k));
+      // Known up front: a claim whose commit landed but reported failure names no scope.
+      scopes_[*Scope{"acme", "alice", policy_.route, keys_.back()}.Hash()] = keys_.back();
+    }
     // A burst of requests: each key, some twice at once.
     for (const std::string& key : keys_) {
       NewAttempt(key, false);
@@ -163,6 +217,8 @@ class Schedule {
     }
     const int steps = 40 + static_cast<int>(rng_() % 160);
     for (int i = 0; i < steps && ok_; ++i) Tick(/*faults=*/true);
+    faulty_->SetPlan(FaultPlan());
+    Log("faults stop");
     // Faults stop; time passes; clients keep retrying and the reconciler runs until every key
     // has its final answer. An order still unanswered after that is blocked forever.
     for (int round = 0; round < 60 && ok_ && !AllFinal(); ++round) {
@@ -188,21 +244,40 @@ class Schedule {
     } else {
       store_ = testing::MakeMemoryStore(clock_, random_);
     }
+    // Store faults by the seed: calls that fail, commits that land but report failure, and
+    // delays that advance the world's time in the middle of a call (a slow commit).
+    const double store_faults = rng_() % 3 == 0 ? 0.0 : 0.01 * static_cast<double>(1 + rng_() % 5);
+    faulty_ = std::make_unique<FaultyStore>(
+        *store_,
+        testing::FaultyStoreOptions{.plan = FaultPlan::FromSeed(rng_(), store_faults, kLease),
+                                    .clock = &clock_,
+                                    .on_delay = {}});
     fingerprinter_ = std::move(*Fingerprinter::Create({{1, std::string(32, 'h')}}, 1));
     sealer_ = std::move(*Sealer::Create({{1, std::string(32, 's')}}, 1, random_));
-    engine_ = std::make_unique<Engine>(*store_, *fingerprinter_, *sealer_, clock_);
+    const int instances = 1 + static_cast<int>(rng_() % 3);
+    std::string skews;
+    for (int i = 0; i < instances; ++i) {
+      auto instance = std::make_unique<Instance>(clock_);
+      instance->clock.Set(RandomSkew());
+      instance->engine =
+          std::make_unique<Engine>(*faulty_, *fingerprinter_, *sealer_, instance->clock);
+      skews += " " + std::to_string(instance->clock.Skew().count());
+      instances_.push_back(std::move(instance));
+    }
     policy_.route = "payments.create";
     policy_.lease = kLease;
     policy_.retention = Millis(3'600'000);
     policy_.sent_points = {std::string(kSent)};
     Log("seed " + std::to_string(seed_) + ": provider " +
-        (provider_.HonoursKeys() ? "honours keys" : "ignores keys"));
+        (provider_.HonoursKeys() ? "honours keys" : "ignores keys") + "; store faults " +
+        std::to_string(store_faults) + "; instance clock skews (ms)" + skews);
     return true;
   }
 
   void NewAttempt(const std::string& key, bool reconciler) {
     Attempt a;
     a.id = ++attempts_made_;
+    a.instance = static_cast<int>(rng_() % instances_.size());
     a.key = key;
     a.reconciler = reconciler;
     attempts_.push_back(std::move(a));
@@ -213,9 +288,19 @@ class Schedule {
     clock_.Advance(Millis(static_cast<int64_t>(rng_() % 400)));
     provider_.Tick(clock_.Now());
     for (const std::string& key : keys_) CheckCharges(key);
-    const uint64_t what = rng_() % 10;
+    if (faults && rng_() % 50 == 0) {
+      Instance& jumped = *instances_[rng_() % instances_.size()];
+      jumped.clock.Set(RandomSkew());
+      Log("an instance's clock jumps to skew " + std::to_string(jumped.clock.Skew().count()) +
+          " ms");
+    }
+    const uint64_t what = rng_() % 12;
     if (what == 0) {
       Reconcile();
+    } else if (what == 2) {
+      // The sweeper deletes only expired finished records; nothing here expires within a
+      // schedule, so whatever it deletes shows at the end as a record gone.
+      (void)SweepExpired(*faulty_);
     } else if (what == 1) {
       // A client whose last answer was not final retries (or a fresh duplicate arrives).
       const std::string& key = keys_[rng_() % keys_.size()];
@@ -231,28 +316,32 @@ class Schedule {
       // call is out too). The covered advance and the send are one step, as in the payments
       // operation: nothing but lease_margin covers the time between them.
       if (faults && rng_() % 25 == 0) {
-        Log("attempt " + std::to_string(a.id) + " (" + a.key + ") crashes");
+        Log(Who(a) + " (" + a.key + ") crashes");
         a.step = Attempt::Step::kDone;
       } else if (faults && rng_() % 25 == 0) {
         a.paused_until = clock_.Now() + kLease + Millis(static_cast<int64_t>(rng_() % 3000));
-        Log("attempt " + std::to_string(a.id) + " (" + a.key + ") pauses");
+        Log(Who(a) + " (" + a.key + ") pauses");
       } else {
         Act(a, faults);
       }
     }
+    LogInjected();
     std::erase_if(attempts_, [](const Attempt& a) { return a.step == Attempt::Step::kDone; });
   }
 
   void Reconcile() {
-    auto stale = engine_->ListStale(policy_, 10);
+    const int on = static_cast<int>(rng_() % instances_.size());
+    Engine& engine = *instances_[on]->engine;
+    auto stale = engine.ListStale(policy_, 10);
     if (!stale) return;
     for (const Record& r : *stale) {
-      auto ticket = engine_->TakeOver(policy_, r);
+      auto ticket = engine.TakeOver(policy_, r);
       if (!ticket) continue;
       const std::string key = KeyOf(r.scope);
       if (!Acquired(key, *ticket)) return;
       Attempt a;
       a.id = ++attempts_made_;
+      a.instance = on;
       a.key = key;
       a.reconciler = true;
       a.ticket = std::move(*ticket);
@@ -272,9 +361,9 @@ class Schedule {
         request.content_type = "application/json";
         const std::string body = "{\"order\":\"" + a.key + "\"}";
         request.body = body;
-        auto d = engine_->Start(policy_, request);
+        auto d = Eng(a).Start(policy_, request);
         if (!d) {
-          Log("attempt " + std::to_string(a.id) + " start: " + d.error().message);
+          Log(Who(a) + " start: " + d.error().message);
           a.step = Attempt::Step::kDone;
           return;
         }
@@ -290,8 +379,8 @@ class Schedule {
           a.step = a.ticket.resumed && (point == kSent || point == kAbandoned)
                        ? Attempt::Step::kLookup
                        : Attempt::Step::kAdvance;
-          Log("attempt " + std::to_string(a.id) + " executes " + a.key + " at fence " +
-              std::to_string(a.ticket.lease.fence) + (a.ticket.resumed ? " (resumed)" : ""));
+          Log(Who(a) + " executes " + a.key + " at fence " + std::to_string(a.ticket.lease.fence) +
+              (a.ticket.resumed ? " (resumed)" : ""));
         }
         return;
       }
@@ -302,7 +391,9 @@ class Schedule {
         }
         const Record& r = a.ticket.record;
         const Timestamp sent = r.sent_at != Timestamp{} ? r.sent_at : r.updated_at;
-        if (a.ticket.resumed_from == RecordState::kProcessing && r.recovery_point == kSent &&
+        // As idemd configured with [provider] deduplicates_by_key = true when it does.
+        if (guards_.settle && !provider_.HonoursKeys() &&
+            a.ticket.resumed_from == RecordState::kProcessing && r.recovery_point == kSent &&
             r.observed_at < sent + kSettle) {
           a.hold = std::min(std::chrono::duration_cast<Millis>(sent + kSettle - r.observed_at),
                             policy_.retry_after);
@@ -319,11 +410,21 @@ class Schedule {
         return;
       }
       case Attempt::Step::kAdvance: {
-        auto advanced = engine_->AdvanceBeforeCall(a.ticket, kSent, kTimeout + kMargin);
+        const Timestamp asked = clock_.Now();  // the world's time, as a monotonic clock counts
+        auto advanced = Eng(a).AdvanceBeforeCall(a.ticket, kSent,
+                                                 guards_.cover ? kTimeout + kMargin : Millis(0));
         if (!advanced) {
-          Log("attempt " + std::to_string(a.id) + " advance: " + advanced.error().message);
+          Log(Who(a) + " advance: " + advanced.error().message);
           a.step = advanced.error().code == Errc::kConflict ? Attempt::Step::kRelease
                                                             : Attempt::Step::kDone;
+          return;
+        }
+        // The store answered after the margin: the lease may not outlast the call, and nothing
+        // has left yet (Payments::Execute).
+        if (guards_.margin && clock_.Now() - asked > kMargin) {
+          Log(Who(a) + " advance answered after the margin: nothing sent");
+          a.finish_point = std::string(kSent);
+          Finish(a, RecordState::kFailedRetryable, {503, {}, "store too slow"});
           return;
         }
         // The request leaves at once; its answer comes back within the call's deadline, while
@@ -345,8 +446,7 @@ class Schedule {
             (answered ? Millis(static_cast<int64_t>(rng_() % kTimeout.count())) : kTimeout);
         a.outcome = static_cast<int>(
             provider_.Charge(a.key, a.id, fault, clock_.Now(), a.paused_until, rng_));
-        Log("attempt " + std::to_string(a.id) + " sends a charge for " + a.key + ": " +
-            Name(fault));
+        Log(Who(a) + " sends a charge for " + a.key + ": " + Name(fault));
         a.step = Attempt::Step::kAwait;
         return;
       }
@@ -374,20 +474,27 @@ class Schedule {
             return;
         }
       case Attempt::Step::kFinish: {
-        auto finished = engine_->Finish(a.ticket, a.finish_state, a.answer, {}, a.finish_point);
+        auto finished = Eng(a).Finish(a.ticket, a.finish_state, a.answer, {}, a.finish_point);
         if (finished) {
           if (a.finish_state != RecordState::kFailedRetryable) {
             if (++completions_[a.key] > 1) Fail("two executors completed " + a.key);
             Answer(a, a.answer, false);
           }
         } else {
-          Log("attempt " + std::to_string(a.id) + " finish: " + finished.error().message);
+          Log(Who(a) + " finish: " + finished.error().message);
+          // A commit that landed but reported failure completed the record all the same.
+          auto r = store_->Read(a.ticket.scope);
+          if (r && *r && (*r)->state != RecordState::kProcessing &&
+              (*r)->lease.fence == a.ticket.lease.fence &&
+              a.finish_state != RecordState::kFailedRetryable && ++completions_[a.key] > 1) {
+            Fail("two executors completed " + a.key);
+          }
         }
         a.step = Attempt::Step::kDone;
         return;
       }
       case Attempt::Step::kRelease:
-        (void)engine_->Release(a.ticket, a.hold);
+        (void)Eng(a).Release(a.ticket, a.hold);
         a.step = Attempt::Step::kDone;
         return;
       case Attempt::Step::kDone:
@@ -409,15 +516,14 @@ class Schedule {
                   std::to_string(ticket.lease.fence));
     }
     last = ticket.lease.fence;
-    scopes_[ticket.scope] = key;
     return true;
   }
 
   // A final answer a client saw: every one for a key after the first is the same, and a
   // success names a charge the provider made for that key.
   void Answer(const Attempt& a, const StoredResponse& answer, bool replayed) {
-    Log("attempt " + std::to_string(a.id) + " answers " + a.key + ": " +
-        std::to_string(answer.status) + " " + answer.body + (replayed ? " (replay)" : ""));
+    Log(Who(a) + " answers " + a.key + ": " + std::to_string(answer.status) + " " + answer.body +
+        (replayed ? " (replay)" : ""));
     auto [it, first] = final_.emplace(a.key, answer);
     if (!first && !(it->second == answer)) {
       Fail("answers differ for " + a.key + ": " + it->second.body + " then " + answer.body);
@@ -455,12 +561,33 @@ class Schedule {
     for (const std::string& key : keys_) {
       if (const auto scope = ScopeOf(key)) {
         auto r = store_->Read(*scope);
+        if (r && !*r) Fail(key + "'s record is gone before it expired");
         if (r && *r && (*r)->state == RecordState::kProcessing) {
           Fail(key + " is still PROCESSING after faults stopped and the reconciler ran");
         }
       }
     }
   }
+
+  static std::string Who(const Attempt& a) {
+    return "attempt " + std::to_string(a.id) + "@i" + std::to_string(a.instance);
+  }
+  // Writes the store faults injected since the last call into the trace.
+  void LogInjected() {
+    const std::vector<testing::InjectedFault> injected = faulty_->Injected();
+    for (; injected_logged_ < injected.size(); ++injected_logged_) {
+      const testing::InjectedFault& f = injected[injected_logged_];
+      std::string what = f.fault.kind == testing::Fault::Kind::kFailBefore ? "fails"
+                         : f.fault.kind == testing::Fault::Kind::kDelay
+                             ? "is delayed " + std::to_string(f.fault.delay.count()) + " ms"
+                             : "commits, then reports failure";
+      Log("store: " + std::string(testing::StoreOpName(f.call.op)) + " #" +
+          std::to_string(f.call.n) + " " + what);
+    }
+  }
+  Engine& Eng(const Attempt& a) { return *instances_[a.instance]->engine; }
+  // Up to ten seconds either way.
+  Millis RandomSkew() { return Millis(static_cast<int64_t>(rng_() % 20001) - 10000); }
 
   std::optional<ScopeHash> ScopeOf(const std::string& key) const {
     for (const auto& [scope, k] : scopes_) {
@@ -505,9 +632,12 @@ class Schedule {
     if (!verbose_) {
       for (const std::string& line : trace_) std::printf("  %s\n", line.c_str());
     }
-    std::printf("reproduce: idem_sim --seed=%llu\n", static_cast<unsigned long long>(seed_));
+    std::printf("reproduce: %s --seed=%llu\n", reproduce_.c_str(),
+                static_cast<unsigned long long>(seed_));
   }
 
+  Guards guards_;
+  std::string reproduce_;  // the command line, less the seed
   bool sqlite_;
   uint64_t seed_;
   std::mt19937_64 rng_;
@@ -519,7 +649,9 @@ class Schedule {
   std::unique_ptr<Store> store_;
   std::unique_ptr<Fingerprinter> fingerprinter_;
   std::unique_ptr<Sealer> sealer_;
-  std::unique_ptr<Engine> engine_;
+  std::unique_ptr<FaultyStore> faulty_;
+  std::vector<std::unique_ptr<Instance>> instances_;
+  std::size_t injected_logged_ = 0;
   RoutePolicy policy_;
   std::vector<std::string> keys_;
   std::vector<Attempt> attempts_;
@@ -549,6 +681,10 @@ int Main(int argc, char** argv) {
       o.seconds = std::atof(seconds);
     } else if (arg == "--random") {
       o.seed = std::random_device{}();
+    } else if (const char* without = value("--without=")) {
+      o.without = without;
+    } else if (arg == "--expect-failure") {
+      o.expect_failure = true;
     } else if (arg == "--verbose") {
       o.verbose = true;
     } else if (arg == "--store=sqlite") {
@@ -558,18 +694,50 @@ int Main(int argc, char** argv) {
     } else {
       std::fprintf(stderr,
                    "usage: idem_sim [--seed=N | --random] [--schedules=K] [--seconds=S] "
-                   "[--store=memory|sqlite] [--verbose]\n");
+                   "[--store=memory|sqlite] [--without=settle|cover|margin] "
+                   "[--expect-failure] [--verbose]\n");
       return 2;
     }
   }
+  Guards guards;
+  for (std::size_t at = 0; at < o.without.size();) {
+    std::size_t comma = o.without.find(',', at);
+    if (comma == std::string::npos) comma = o.without.size();
+    const std::string guard = o.without.substr(at, comma - at);
+    if (guard == "settle") {
+      guards.settle = false;
+    } else if (guard == "cover") {
+      guards.cover = false;
+    } else if (guard == "margin") {
+      guards.margin = false;
+    } else {
+      std::fprintf(stderr, "idem_sim: --without=%s: not a guard (settle, cover, margin)\n",
+                   guard.c_str());
+      return 2;
+    }
+    at = comma + 1;
+  }
+  std::string reproduce = "idem_sim";
+  if (o.sqlite) reproduce += " --store=sqlite";
+  if (!o.without.empty()) reproduce += " --without=" + o.without;
   const auto started = std::chrono::steady_clock::now();
   auto elapsed = [&] {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   };
   int run = 0;
   for (; o.seconds > 0 ? elapsed() < o.seconds : run < o.schedules; ++run) {
-    Schedule schedule(o.seed + static_cast<uint64_t>(run), o.sqlite);
-    if (!schedule.Run(o.verbose)) return 1;
+    Schedule schedule(o.seed + static_cast<uint64_t>(run), o.sqlite, guards, reproduce);
+    if (!schedule.Run(o.verbose)) {
+      if (!o.expect_failure) return 1;
+      std::printf("without %s, schedule %d (seed %llu) broke an invariant, as expected\n",
+                  o.without.c_str(), run + 1, static_cast<unsigned long long>(o.seed + run));
+      return 0;
+    }
+  }
+  if (o.expect_failure) {
+    std::printf("without %s, no schedule of %d broke an invariant: the simulator missed it\n",
+                o.without.c_str(), run);
+    return 1;
   }
   std::printf("%d schedules from seed %llu passed in %.1f s (%.0f schedules/s)\n", run,
               static_cast<unsigned long long>(o.seed), elapsed(), run / std::max(elapsed(), 1e-9));
