@@ -68,6 +68,44 @@ void BM_SqliteClaimAndFinish(benchmark::State& state) {
 }
 BENCHMARK(BM_SqliteClaimAndFinish)->Arg(1)->Arg(0)->UseRealTime();
 
+// Claim + finish for a principal that already retains state.range(0) records: the quota checks
+// must cost the same whatever the history (synchronous=NORMAL, so the figure is the statements'
+// cost, not the disk's).
+void BM_SqliteClaimWithHistory(benchmark::State& state) {
+  Fixture f(/*synchronous_full=*/false);
+  f.policy.max_retained = 1'000'000'000;  // every retained record counts against a huge quota
+  {
+    const int64_t now = ToUnixMillis(SystemClock().Now());
+    auto txn = f.store->Begin();
+    auto filled =
+        txn ? (*txn)->Exec(
+                  "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < ?) "
+                  "INSERT INTO idem_records (scope_hash, tenant, user_id, route, request_hash, "
+                  "fp_version, secret_id, state, recovery_point, resource_id, status_code, "
+                  "response, owner_token, fence, lease_until, created_at, updated_at, "
+                  "expires_at, sent_at) SELECT randomblob(32), 'acme', 'alice', "
+                  "'payments.create', randomblob(32), 1, 1, 'SUCCEEDED', 'done', '', 201, NULL, "
+                  "randomblob(16), 1, 0, ?, ?, ?, 0 FROM n",
+                  {state.range(0), now, now, now + 86'400'000})
+            : Result<std::vector<SqlRow>>(txn.error());
+    if (!filled || !(*txn)->Commit()) {
+      state.SkipWithError("filling the history failed");
+      return;
+    }
+  }
+  int64_t n = 0;
+  for (auto _ : state) {
+    auto d = f.engine->Start(f.policy, f.Req("bench-history-" + std::to_string(n++)));
+    if (!d || d->kind != Decision::Kind::kExecute ||
+        !f.engine->Finish(d->ticket, RecordState::kSucceeded, kCreated)) {
+      state.SkipWithError("claim or finish failed");
+      break;
+    }
+  }
+  state.SetItemsProcessed(state.iterations());
+}
+BENCHMARK(BM_SqliteClaimWithHistory)->Arg(10'000)->Arg(100'000)->Arg(1'000'000)->UseRealTime();
+
 // A retry of a finished operation: snapshot read, fingerprint check, unseal.
 void BM_SqliteReplay(benchmark::State& state) {
   Fixture f(true);

@@ -537,6 +537,58 @@ TEST_P(StoreContractTest, CountsPerPrincipalAndStateAreBoundedByTheLimit) {
   EXPECT_EQ(*txn->Count("globex", "nobody", std::nullopt, 100), 0);
 }
 
+// The count of a principal's records in any state (the retained-keys quota) follows every way a
+// record comes and goes: a committed claim adds one; a rolled-back claim, a claim that met an
+// existing record and a fresh claim over an expired record in place add none; each record a sweep
+// deletes takes one away from its own principal only.
+TEST_P(StoreContractTest, TheRetainedCountFollowsClaimsRollbacksReclaimsAndSweeps) {
+  auto retained = [&](const std::string& user) {
+    auto txn = MustBegin(*store_);
+    auto n = txn->Count("acme", user, std::nullopt, 1'000'000);
+    EXPECT_TRUE(n.has_value()) << n.error().message;
+    return n ? *n : -1;
+  };
+  std::vector<Record> done;
+  for (int i = 0; i < 4; ++i) {
+    const ClaimSpec spec = Spec("retained-" + std::to_string(i));
+    done.push_back(MustClaim(*store_, spec));
+    MustFinish(*store_, spec, done.back().lease, Succeeded());
+  }
+  MustClaim(*store_, Spec("retained-bob", "acme", "bob"));
+  EXPECT_EQ(retained("alice"), 4);
+  {
+    auto txn = MustBegin(*store_);
+    ASSERT_TRUE(txn->Claim(Spec("retained-rolled-back")).has_value());
+    EXPECT_EQ(*txn->Count("acme", "alice", std::nullopt, 1'000'000), 5) << "its own claim counts";
+  }  // dropped uncommitted: rolled back
+  EXPECT_EQ(retained("alice"), 4);
+  {
+    auto txn = MustBegin(*store_);
+    auto again = txn->Claim(Spec("retained-0"));
+    ASSERT_TRUE(again.has_value()) << again.error().message;
+    EXPECT_FALSE(again->claimed);
+    ASSERT_TRUE(txn->Commit().has_value());
+  }
+  EXPECT_EQ(retained("alice"), 4);
+
+  env_.clock.Advance(kRetention);
+  {
+    auto txn = MustBegin(*store_);
+    auto fresh = txn->Reclaim(Spec("retained-0"), done[0].lease.fence);
+    ASSERT_TRUE(fresh.has_value()) << fresh.error().message;
+    ASSERT_TRUE(txn->Commit().has_value());
+  }
+  EXPECT_EQ(retained("alice"), 4) << "a record claimed again in place is still one record";
+
+  auto swept = store_->Sweep(2);
+  ASSERT_TRUE(swept.has_value()) << swept.error().message;
+  EXPECT_EQ(*swept, 2);
+  EXPECT_EQ(retained("alice"), 2);
+  EXPECT_EQ(*store_->Sweep(100), 1);
+  EXPECT_EQ(retained("alice"), 1) << "the reclaimed record is PROCESSING and stays";
+  EXPECT_EQ(retained("bob"), 1) << "bob's PROCESSING record is not swept, nor counted off";
+}
+
 TEST_P(StoreContractTest, SweeperDeletesExpiredFinishedRecordsInBatchesOnly) {
   std::vector<ClaimSpec> expired, live;
   for (int i = 0; i < 7; ++i) {

@@ -152,8 +152,9 @@ class StoreTxn {
   // The record as this transaction sees it, or nullopt.
   virtual Result<std::optional<Record>> Get(const ScopeHash& scope) = 0;
 
-  // Records of one principal, in `state` or in any state when nullopt, counting at most `limit`
-  // (so the cost is bounded by the quota being checked).
+  // Records of one principal, in `state` or in any state when nullopt, counting at most `limit`.
+  // The cost does not grow with the principal's history: for a state it is bounded by the quota
+  // being checked; for any state the SQL stores read one counter row (idem_retained).
   virtual Result<int64_t> Count(std::string_view tenant, std::string_view user,
                                 std::optional<RecordState> state, int64_t limit) = 0;
 

@@ -59,6 +59,21 @@ CREATE INDEX idem_records_stale_by_route ON idem_records (route, lease_until)
       {3, R"sql(
 ALTER TABLE idem_records ADD COLUMN sent_at {int} NOT NULL DEFAULT 0;
 )sql"},
+      // Each principal's number of records, kept by the database on every insert and delete, so
+      // the retained-keys quota reads one row however long the history (counting the records
+      // read up to max_retained index entries per claim). The triggers come first: on
+      // PostgreSQL creating them locks out writers until the count below has committed.
+      {4, R"sql(
+CREATE TABLE idem_retained (
+  tenant  TEXT NOT NULL,
+  user_id TEXT NOT NULL,
+  records {int} NOT NULL,
+  PRIMARY KEY (tenant, user_id)
+){table_options};
+{retained_triggers}
+INSERT INTO idem_retained (tenant, user_id, records)
+  SELECT tenant, user_id, count(*) FROM idem_records GROUP BY tenant, user_id;
+)sql"},
   };
   return kTemplate;
 }
@@ -74,6 +89,7 @@ std::string ReplaceAll(std::string text, std::string_view from, std::string_view
 std::string RenderSchema(const Dialect& d, std::string text) {
   text = ReplaceAll(std::move(text), "{int}", d.integer_type);
   text = ReplaceAll(std::move(text), "{bytes}", d.bytes_type);
+  text = ReplaceAll(std::move(text), "{retained_triggers}", d.retained_triggers);
   return ReplaceAll(std::move(text), "{table_options}", d.record_table_options);
 }
 
@@ -188,7 +204,17 @@ Status Migrate(SqlRunner& conn, const RecordSql& sql,
 const Dialect& SqliteDialect() {
   // INTEGER is SQLite's 64-bit integer; WITHOUT ROWID keys the table on scope_hash itself.
   // The store's time is the caller's clock: a SQLite file is used from one machine.
-  static const Dialect kDialect{"sqlite", "INTEGER", "BLOB", " WITHOUT ROWID", false, "", "", "?"};
+  static const Dialect kDialect{"sqlite", "INTEGER", "BLOB", " WITHOUT ROWID", false, "", "", "?",
+                                R"sql(
+CREATE TRIGGER idem_retained_insert AFTER INSERT ON idem_records BEGIN
+  INSERT INTO idem_retained (tenant, user_id, records) VALUES (NEW.tenant, NEW.user_id, 1)
+    ON CONFLICT (tenant, user_id) DO UPDATE SET records = records + 1;
+END;
+CREATE TRIGGER idem_retained_delete AFTER DELETE ON idem_records BEGIN
+  UPDATE idem_retained SET records = records - 1
+    WHERE tenant = OLD.tenant AND user_id = OLD.user_id;
+END;
+)sql"};
   return kDialect;
 }
 
@@ -199,7 +225,31 @@ const Dialect& PostgresDialect() {
       " RETURNING pg_notify('idem_finished', encode(scope_hash, 'hex'))",
       // The database's clock when the statement arrived, shared by every instance; a bound
       // value replaces it only for a store opened with a clock of its own (tests).
-      "COALESCE(?::bigint, floor(extract(epoch FROM statement_timestamp()) * 1000)::bigint)"};
+      "COALESCE(?::bigint, floor(extract(epoch FROM statement_timestamp()) * 1000)::bigint)",
+      // A sweep's DELETE updates each principal's count once, taking the counters' locks in
+      // one order, so sweepers of several instances cannot deadlock on them.
+      R"sql(
+CREATE FUNCTION idem_retained_insert() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  INSERT INTO idem_retained AS r (tenant, user_id, records) VALUES (NEW.tenant, NEW.user_id, 1)
+    ON CONFLICT (tenant, user_id) DO UPDATE SET records = r.records + 1;
+  RETURN NULL;
+END $$;
+CREATE FUNCTION idem_retained_delete() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  PERFORM 1 FROM idem_retained r
+    WHERE (r.tenant, r.user_id) IN (SELECT tenant, user_id FROM gone)
+    ORDER BY r.tenant, r.user_id FOR UPDATE;
+  UPDATE idem_retained r SET records = r.records - g.n
+    FROM (SELECT tenant, user_id, count(*) AS n FROM gone GROUP BY tenant, user_id) g
+    WHERE r.tenant = g.tenant AND r.user_id = g.user_id;
+  RETURN NULL;
+END $$;
+CREATE TRIGGER idem_retained_insert AFTER INSERT ON idem_records
+  FOR EACH ROW EXECUTE FUNCTION idem_retained_insert();
+CREATE TRIGGER idem_retained_delete AFTER DELETE ON idem_records
+  REFERENCING OLD TABLE AS gone FOR EACH STATEMENT EXECUTE FUNCTION idem_retained_delete();
+)sql"};
   return kDialect;
 }
 
@@ -297,10 +347,11 @@ RecordSql::RecordSql(const Dialect& d) : dialect(d) {
              "recovery_point = CASE WHEN ? = '' THEN recovery_point ELSE ? END, updated_at = {now} "
              "WHERE scope_hash = ? AND owner_token = ? AND fence = ? AND state = 'PROCESSING'" +
                  std::string(d.on_finish));
-  // Bounded by LIMIT, so a quota check costs at most the quota's index entries.
+  // One row, whatever the history (migration 4); capped at the limit by SqlTxn::Count.
   count_any = Render(d,
-                     "SELECT count(*) FROM (SELECT 1 FROM idem_records WHERE tenant = ? AND "
-                     "user_id = ? LIMIT ?) AS bounded");
+                     "SELECT coalesce((SELECT records FROM idem_retained WHERE tenant = ? AND "
+                     "user_id = ?), 0)");
+  // Bounded by LIMIT, so a quota check costs at most the quota's index entries.
   count_state = Render(d,
                        "SELECT count(*) FROM (SELECT 1 FROM idem_records WHERE tenant = ? AND "
                        "user_id = ? AND state = ? LIMIT ?) AS bounded");
@@ -457,10 +508,14 @@ Result<int64_t> SqlTxn::Count(std::string_view tenant, std::string_view user,
   // after the claim's own write is exact across processes.
   IDEM_RETURN_IF_ERROR(session_->LockPrincipal(tenant, user));
   std::vector<SqlValue> params{std::string(tenant), std::string(user)};
-  if (state) params.emplace_back(std::string(RecordStateName(*state)));
+  if (!state) {
+    IDEM_ASSIGN_OR_RETURN(auto rows, session_->Run(sql_.count_any, params, nullptr));
+    IDEM_ASSIGN_OR_RETURN(int64_t records, SingleInteger(rows, "count"));
+    return std::min(records, limit);
+  }
+  params.emplace_back(std::string(RecordStateName(*state)));
   params.emplace_back(limit);
-  IDEM_ASSIGN_OR_RETURN(auto rows,
-                        session_->Run(state ? sql_.count_state : sql_.count_any, params, nullptr));
+  IDEM_ASSIGN_OR_RETURN(auto rows, session_->Run(sql_.count_state, params, nullptr));
   return SingleInteger(rows, "count");
 }
 

@@ -36,6 +36,9 @@ struct Dialect {
   // holds one '?', which SqlTxn::Now binds (a null, or a caller's clock where the expression
   // takes one).
   std::string_view now;
+  // Schema text: the triggers that keep idem_retained (each principal's number of records) in
+  // step with every insert into and delete from idem_records, in the same transaction.
+  std::string_view retained_triggers;
 };
 
 const Dialect& SqliteDialect();

@@ -55,7 +55,7 @@ TEST(SqliteStore, OpensInWalModeAndAppliesEachMigrationOnce) {
     auto store = OpenSqliteStore(Options(path, 2), env.clock, env.random);
     ASSERT_TRUE(store.has_value()) << store.error().message;
   }
-  EXPECT_EQ(QueryInt(path, "SELECT count(*) FROM idem_schema WHERE component = 'idem'"), 3);
+  EXPECT_EQ(QueryInt(path, "SELECT count(*) FROM idem_schema WHERE component = 'idem'"), 4);
   EXPECT_EQ(QueryInt(path, "SELECT count(*) FROM idem_schema WHERE component = 'contract'"), 2);
   sqlite3* db = nullptr;
   ASSERT_EQ(sqlite3_open(path.c_str(), &db), SQLITE_OK);
@@ -65,6 +65,48 @@ TEST(SqliteStore, OpensInWalModeAndAppliesEachMigrationOnce) {
   EXPECT_STREQ(reinterpret_cast<const char*>(sqlite3_column_text(stmt, 0)), "wal");
   sqlite3_finalize(stmt);
   sqlite3_close(db);
+}
+
+// Migration 4 adds the per-principal record counter: a store that had records before it starts
+// with their true counts, and the triggers keep them from then on.
+TEST(SqliteStore, TheRecordCounterStartsFromTheRecordsAStoreAlreadyHad) {
+  StoreTestEnv env;
+  const std::string path = env.dir.File("idem.db");
+  {
+    auto store = OpenSqliteStore(Options(path, 1), env.clock, env.random);
+    ASSERT_TRUE(store.has_value()) << store.error().message;
+    for (const auto& [user, key] :
+         {std::pair{"alice", "k1"}, {"alice", "k2"}, {"alice", "k3"}, {"bob", "k1"}}) {
+      ClaimSpec spec;
+      spec.scope = *Scope{"acme", user, "payments.create", key}.Hash();
+      spec.tenant = "acme";
+      spec.user = user;
+      spec.route = "payments.create";
+      spec.lease_ttl = Millis(30000);
+      spec.retention = Millis(3'600'000);
+      auto txn = (*store)->Begin();
+      ASSERT_TRUE(txn.has_value() && (*txn)->Claim(spec).has_value() && (*txn)->Commit());
+    }
+  }
+  // Back to a store at version 3, records and all.
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open(path.c_str(), &db), SQLITE_OK);
+  ASSERT_EQ(sqlite3_exec(db,
+                         "DROP TRIGGER idem_retained_insert; DROP TRIGGER idem_retained_delete; "
+                         "DROP TABLE idem_retained; "
+                         "DELETE FROM idem_schema WHERE component = 'idem' AND version = 4",
+                         nullptr, nullptr, nullptr),
+            SQLITE_OK)
+      << sqlite3_errmsg(db);
+  sqlite3_close(db);
+
+  auto store = OpenSqliteStore(Options(path, 1), env.clock, env.random);
+  ASSERT_TRUE(store.has_value()) << store.error().message;
+  auto txn = (*store)->Begin();
+  ASSERT_TRUE(txn.has_value());
+  EXPECT_EQ(*(*txn)->Count("acme", "alice", std::nullopt, 100), 3);
+  EXPECT_EQ(*(*txn)->Count("acme", "bob", std::nullopt, 100), 1);
+  EXPECT_EQ(QueryInt(path, "SELECT count(*) FROM idem_schema WHERE component = 'idem'"), 4);
 }
 
 TEST(SqliteStore, AppliesANewAppMigrationOnReopen) {
