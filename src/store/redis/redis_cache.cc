@@ -4,6 +4,7 @@
 #include <mutex>
 #include <unordered_map>
 
+#include "include/idem/failpoint.h"
 #include "include/idem/store/redis.h"
 #include "src/core/wire.h"
 #include "src/store/redis/redis_client.h"
@@ -164,7 +165,10 @@ class RedisCachedStore final : public StoreWrapper {
       return cached;
     }
     IDEM_ASSIGN_OR_RETURN(std::optional<Record> record, inner_->Read(scope));
-    if (record && record->scope == scope && Usable(*record, local)) {
+    // The database answered and the cache does not know yet (a failpoint's `error` skips the
+    // fill, as a Redis failure would).
+    if (record && record->scope == scope && Usable(*record, local) &&
+        IDEM_FAILPOINT("cache_before_fill")) {
       const Millis left = Left(*record);
       lru_.Put(scope, *record, client_->Now() + left);
       ToRedis(key, *record, left);
