@@ -16,13 +16,22 @@ namespace idem {
 // Every failpoint, in protocol order. IDEM_FAILPOINT refuses (at compile time) a name not listed
 // here, and ArmFailpoints (so IDEM_FAILPOINTS) refuses one at run time: a typo is an error, never
 // a point that silently does nothing.
-inline constexpr std::array<std::string_view, 7> kFailpoints = {
+inline constexpr std::array<std::string_view, 10> kFailpoints = {
+    // This request's in-flight marker is in Redis, its claim not yet made (Engine::Start, only
+    // with markers): two stores written one after the other, so a marker can outlive its request.
+    "cache_after_marker",
     "after_claim",             // the claim transaction committed (Engine::Start)
     "heartbeat",               // a lease renewal of a running execution (Heartbeat)
     "after_charge_sent",       // charge_sent committed, the charge not yet sent (payments)
     "after_provider_charge",   // the provider charged, the outcome not yet recorded (payments)
     "before_complete_commit",  // the completion's transaction is about to commit (Engine::Finish)
     "after_complete_commit",   // the completion committed, the answer not yet sent
+    // A finished record read from the database, not yet put in the LRU and Redis (the replay
+    // cache's read-through fill; nothing fills the cache at completion). `error` skips the fill.
+    "cache_before_fill",
+    // A full batch of the sweeper deleted and committed, the next not yet run (SweepExpired):
+    // each batch is its own statement, so a round is not atomic.
+    "sweep_between_batches",
     "reconcile_after_refund",  // a refund of the books left, not yet recorded (Reconciliation)
 };
 

@@ -135,6 +135,14 @@ Result<Decision> Engine::Start(const RoutePolicy& policy, const Request& request
         return decision;
       }
     }
+    // The marker is placed, the claim not yet made: two stores written one after the other, so
+    // a crash here leaves a marker without a record, which only its ttl (the lease) removes.
+    if (placed.token) {
+      if (Status fp = IDEM_FAILPOINT("cache_after_marker"); !fp) {
+        ReleaseMarker(hash, placed.token);
+        return std::move(fp).error();
+      }
+    }
   }
   auto decided =
       ClaimInTxn(policy, request, spec, canonical, std::move(decision), on_claim, mismatch_expires);

@@ -530,6 +530,30 @@ TEST_F(EngineTest, OnlyTheRequestThatPlacedAMarkerRemovesIt) {
   ASSERT_TRUE(engine_->Finish(next.ticket, RecordState::kSucceeded, Created("q")).has_value());
 }
 
+// The step between placing a marker and claiming (failpoint cache_after_marker): a request that
+// fails there takes its marker with it and leaves no record, so its retry is not turned away by a
+// marker nobody holds.
+TEST_F(EngineTest, AFailureBetweenMarkerAndClaimRemovesTheMarker) {
+  MapMarkers markers;
+  Engine engine(*store_, *fingerprinter_, *sealer_, clock_, &markers);
+  const ScopeHash scope = *Scope{"acme", "alice", policy_.route, "marker-0002"}.Hash();
+  ASSERT_TRUE(ArmFailpoints("cache_after_marker=error").has_value());
+  auto failed = engine.Start(policy_, Req("marker-0002"));
+  // An engine without markers has no such step.
+  Decision unmarked = MustStart(Req("marker-0003"));
+  ClearFailpoints();
+#if !defined(IDEM_NO_FAILPOINTS)
+  ASSERT_FALSE(failed.has_value());
+  EXPECT_EQ(failed.error().code, Errc::kUnavailable);
+  EXPECT_FALSE(markers.Has(scope)) << "the failed request left its marker";
+  EXPECT_FALSE(RecordOf("marker-0002").has_value()) << "it claimed after the failure";
+#endif
+  auto retry = engine.Start(policy_, Req("marker-0002"));
+  ASSERT_TRUE(retry.has_value() && retry->kind == Decision::Kind::kExecute);
+  ASSERT_TRUE(engine.Finish(retry->ticket, RecordState::kSucceeded, Created("p")).has_value());
+  ASSERT_TRUE(engine_->Finish(unmarked.ticket, RecordState::kSucceeded, Created("q")).has_value());
+}
+
 // Forwards to a real store, except that reads of `from` return the record of `to`: a cache that
 // answers for the wrong scope.
 class MisroutingStore final : public StoreWrapper {

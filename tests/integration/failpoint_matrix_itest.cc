@@ -1,15 +1,39 @@
-// tests/integration/failpoint_matrix_itest.cc — every failpoint of a payment × {crash, stall past
-// the lease} × {SQLite, PostgreSQL} × {provider honours keys, ignores them}, each followed by the
-// client's retries and the reconciler, with the same checks after every cell: one charge, one
-// answer (the retry's and every replay's byte-identical), nothing left PROCESSING.
+// tests/integration/failpoint_matrix_itest.cc — every failpoint on a payment's way × {crash, stall
+// past the lease} × {SQLite, PostgreSQL} × {provider honours keys, ignores them}, each followed by
+// the client's retries and the reconciler, with the same checks after every cell: one charge, one
+// answer (the retry's and every replay's byte-identical), nothing left PROCESSING; with Redis,
+// also no cache entry that outlives its record and no in-flight marker left behind.
+//
+// Points are reached three ways: the steps of an execution, by the request under test; the
+// replay cache's fill, by a replay (so the order is paid first); the sweeper between two batches,
+// by its own thread once a round has more than a batch to delete (so the cell writes that many
+// expired records, and checks that a crash or a stall there leaves whole batches deleted and
+// every unexpired or running record kept, and that the next round finishes the sweep).
+#include <hiredis/hiredis.h>
 #include <sys/wait.h>
 
+#include <atomic>
+#include <random>
 #include <thread>
 
+#include "include/idem/limits.h"
+#include "server/idemd/routes.h"
 #include "tests/integration/idemd_fixture.h"
 
 namespace idem::itest {
 namespace {
+
+// How a cell's point is reached.
+enum class Path { kExecution, kReplay, kSweep };
+
+Path PathOf(std::string_view point) {
+  if (point == "cache_before_fill") return Path::kReplay;
+  if (point == "sweep_between_batches") return Path::kSweep;
+  return Path::kExecution;
+}
+
+// The cache points are reached only through the Redis fast path.
+bool NeedsRedis(std::string_view point) { return point.rfind("cache_", 0) == 0; }
 
 struct Cell {
   const char* point;
@@ -29,8 +53,10 @@ std::string CellName(const ::testing::TestParamInfo<Cell>& info) {
 
 std::vector<Cell> Cells() {
   std::vector<Cell> cells;
-  for (const char* point : {"after_claim", "after_charge_sent", "after_provider_charge",
-                            "before_complete_commit", "after_complete_commit"}) {
+  for (const char* point :
+       {"cache_after_marker", "after_claim", "after_charge_sent", "after_provider_charge",
+        "before_complete_commit", "after_complete_commit", "cache_before_fill",
+        "sweep_between_batches"}) {
     for (bool crash : {true, false}) {
       for (bool postgres : {false, true}) {
         for (bool ignore_keys : {false, true})
@@ -41,9 +67,81 @@ std::vector<Cell> Cells() {
   return cells;
 }
 
+// ---- Redis, as the tests see it -------------------------------------------------------------
+
+// The Redis of the tests (IDEM_TEST_REDIS_URL, set by scripts/with-services), or "".
+std::string RedisServerUrl() {
+  const char* url = std::getenv("IDEM_TEST_REDIS_URL");
+  return url != nullptr ? url : "";
+}
+
+struct ReplyFree {
+  void operator()(redisReply* r) const { freeReplyObject(r); }
+};
+using RedisReply = std::unique_ptr<redisReply, ReplyFree>;
+
+// One command on a connection of its own; fails the test and returns null on any failure.
+RedisReply RedisCommand(const std::vector<std::string>& args) {
+  const std::string address = RedisServerUrl().substr(std::string("redis://").size());
+  const std::size_t colon = address.rfind(':');
+  std::unique_ptr<redisContext, void (*)(redisContext*)> c(
+      redisConnect(address.substr(0, colon).c_str(), std::stoi(address.substr(colon + 1))),
+      redisFree);
+  if (c == nullptr || c->err != 0) {
+    ADD_FAILURE() << "redis: " << (c ? c->errstr : "out of memory");
+    return nullptr;
+  }
+  std::vector<const char*> argv;
+  std::vector<std::size_t> lens;
+  for (const std::string& a : args) {
+    argv.push_back(a.data());
+    lens.push_back(a.size());
+  }
+  RedisReply reply(static_cast<redisReply*>(
+      redisCommandArgv(c.get(), static_cast<int>(args.size()), argv.data(), lens.data())));
+  if (reply == nullptr || reply->type == REDIS_REPLY_ERROR) {
+    ADD_FAILURE() << "redis: " << args[0] << " failed";
+    return nullptr;
+  }
+  return reply;
+}
+
+// Keys in Redis (idemd's defaults, include/idem/store/redis.h): the cache entry and the marker.
+std::string CacheKey(const ScopeHash& scope) { return "idem:rec:" + ToHex(scope); }
+std::string MarkerKey(const ScopeHash& scope) { return "idem:rec:lock:" + ToHex(scope); }
+
+// How much later than its record's expiry a cache entry may seem to end: this test reads the
+// entry's TTL and Redis's time in two commands, and expiries are whole milliseconds.
+constexpr int64_t kMeasureSlackMs = 100;
+
+// ---- Records for the sweeper ----------------------------------------------------------------
+
+// Written by the test in one transaction, so that one round of the sweeper meets them all, under
+// a tenant of their own (no payment, no quota, no route the reconciler lists): more expired
+// finished records than one batch, so the round has a second batch; and records the sweeper must
+// keep — finished ones before their expiry, and PROCESSING ones past their retention whose lease
+// is live (an execution still running: never swept, whatever its expiry).
+constexpr const char* kSeedTenant = "sweep-seeds";
+constexpr const char* kExpired = "expired";
+constexpr const char* kUnexpired = "unexpired";
+constexpr const char* kLive = "live";
+constexpr int64_t kExpiredSeeds = limits::kSweepBatch + 100;
+constexpr int64_t kUnexpiredSeeds = 20;
+constexpr int64_t kLiveSeeds = 5;
+
+struct LiveSeed {
+  ScopeHash scope;
+  Lease lease;
+};
+
 class FailpointMatrixTest : public IdemdTest, public ::testing::WithParamInterface<Cell> {
  public:
   void SetUp() override {
+    if (NeedsRedis(GetParam().point) && RedisServerUrl().empty()) {
+      if (std::getenv("IDEM_REQUIRE_SERVICES") != nullptr)
+        FAIL() << "IDEM_TEST_REDIS_URL is not set";
+      GTEST_SKIP() << "IDEM_TEST_REDIS_URL is not set";
+    }
     if (GetParam().postgres) {
       if (PostgresServerUrl().empty()) {
         if (std::getenv("IDEM_REQUIRE_SERVICES") != nullptr)
@@ -63,8 +161,122 @@ class FailpointMatrixTest : public IdemdTest, public ::testing::WithParamInterfa
                    .lease_margin_ms = 500,
                    .reconcile_interval_ms = 300,
                    .store_url = store_url_};
+    if (NeedsRedis(GetParam().point)) o.redis_url = RedisServerUrl();
+    if (PathOf(GetParam().point) == Path::kSweep) o.extra_idempotency = "sweep_interval_ms = 200";
     if (!failpoints.empty()) o.env = {{"IDEM_FAILPOINTS", failpoints}};
     return o;
+  }
+
+  // The checks of every cell, once the order has `answer` (a 201): one charge, for this order;
+  // every answer seen (`seen`: the stalled request's, the one before a replay's point) and a
+  // replay byte-identical to it; with Redis, the order's cache entry (the replays went through
+  // it) ends no later than its record and no in-flight marker is left; nothing left PROCESSING
+  // once the reconciler ran.
+  void ExpectInvariants(const std::string& key, const std::string& body,
+                        const http::Response& answer,
+                        const std::vector<const http::Response*>& seen) {
+    ASSERT_EQ(answer.status, 201) << answer.body;
+    const std::string id = std::string(ParseObject(answer.body)["id"].as_string());
+    EXPECT_EQ(ChargesFor(id), 1);
+    EXPECT_EQ(TotalCharges(), 1);
+    for (const http::Response* other : seen) {
+      if (other->status == 201) {
+        EXPECT_EQ(other->body, answer.body);
+      }
+    }
+    http::Response replay = Pay(key, body);
+    EXPECT_EQ(replay.body, answer.body);
+    EXPECT_EQ(replay.headers.Get("idempotent-replayed").value_or(""), "true");
+
+    std::unique_ptr<Store> store = OpenExistingStore(store_url_);
+    ASSERT_NE(store, nullptr);
+    if (NeedsRedis(GetParam().point)) {
+      auto scope = Scope{"acme", "alice", std::string(idemd::kPaymentsCreateRoute), key}.Hash();
+      ASSERT_TRUE(scope.has_value());
+      auto record = store->Read(*scope);
+      ASSERT_TRUE(record.has_value() && record->has_value());
+      RedisReply left = RedisCommand({"PTTL", CacheKey(*scope)});
+      RedisReply time = RedisCommand({"TIME"});
+      ASSERT_TRUE(left && time && time->type == REDIS_REPLY_ARRAY && time->elements == 2);
+      EXPECT_GT(left->integer, 0) << "the replays did not go through the cache";
+      const int64_t now_ms =
+          std::stoll(time->element[0]->str) * 1000 + std::stoll(time->element[1]->str) / 1000;
+      const int64_t outlives = now_ms + left->integer - ToUnixMillis((*record)->expires_at);
+      EXPECT_LE(outlives, kMeasureSlackMs)
+          << "the cache entry outlives its record by " << outlives << " ms";
+      RedisReply marker = RedisCommand({"EXISTS", MarkerKey(*scope)});
+      ASSERT_TRUE(marker);
+      EXPECT_EQ(marker->integer, 0)
+          << "an in-flight marker is left for an order that has its answer";
+    }
+    int64_t processing = -1;
+    for (int i = 0; i < 50 && processing != 0; ++i) {
+      auto rows = store->Query("SELECT count(*) FROM idem_records WHERE state = 'PROCESSING'");
+      ASSERT_TRUE(rows.has_value());
+      processing = std::get<int64_t>((*rows)[0][0]);
+      if (processing != 0) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    EXPECT_EQ(processing, 0);
+  }
+
+  // Writes the sweeper's records (above) in one transaction; the live ones' leases in *live.
+  void SeedSweep(std::vector<LiveSeed>* live) {
+    std::unique_ptr<Store> store = OpenExistingStore(store_url_);
+    ASSERT_NE(store, nullptr);
+    auto txn = store->Begin();
+    ASSERT_TRUE(txn.has_value()) << txn.error().message;
+    auto seed = [&](const char* kind, int64_t count, Millis retention) {
+      for (int64_t i = 0; i < count; ++i) {
+        ClaimSpec spec;
+        auto scope = Scope{kSeedTenant, kind, "sweep.seed", "seed-" + std::to_string(i)}.Hash();
+        ASSERT_TRUE(scope.has_value());
+        spec.scope = *scope;
+        spec.tenant = kSeedTenant;
+        spec.user = kind;
+        spec.route = "sweep.seed";
+        spec.fingerprint.rules_version = 1;
+        spec.fingerprint.secret_id = 1;
+        spec.lease_ttl = std::chrono::hours(1);
+        spec.retention = retention;
+        auto claim = (*txn)->Claim(spec);
+        ASSERT_TRUE(claim.has_value() && claim->claimed);
+        if (std::string_view(kind) == kLive) {
+          live->push_back({*scope, claim->record.lease});
+          continue;
+        }
+        Outcome done{RecordState::kSucceeded, 201, "sealed elsewhere", "done"};
+        ASSERT_TRUE((*txn)->Finish(*scope, claim->record.lease, done).has_value());
+      }
+    };
+    seed(kExpired, kExpiredSeeds, Millis(1));
+    seed(kUnexpired, kUnexpiredSeeds, std::chrono::hours(1));
+    seed(kLive, kLiveSeeds, Millis(1));
+    ASSERT_TRUE((*txn)->Commit().has_value());
+  }
+
+  // How many of the sweeper's records of one kind are left.
+  int64_t SeedsLeft(const char* kind) {
+    std::unique_ptr<Store> store = OpenExistingStore(store_url_);
+    if (store == nullptr) return -1;
+    auto rows = store->Query("SELECT count(*) FROM idem_records WHERE tenant = ? AND user_id = ?",
+                             {std::string(kSeedTenant), std::string(kind)});
+    EXPECT_TRUE(rows.has_value()) << rows.error().message;
+    return rows ? std::get<int64_t>((*rows)[0][0]) : -1;
+  }
+
+  // Waits (up to 10 s) until `count` expired records are left.
+  bool ExpiredLeft(int64_t count) {
+    for (int i = 0; i < 500; ++i) {
+      if (SeedsLeft(kExpired) == count) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    return false;
+  }
+
+  // The sweeper never deleted a record it must keep.
+  void ExpectKept() {
+    EXPECT_EQ(SeedsLeft(kUnexpired), kUnexpiredSeeds) << "the sweeper deleted unexpired records";
+    EXPECT_EQ(SeedsLeft(kLive), kLiveSeeds) << "the sweeper deleted running executions";
   }
 
   std::string store_url_;
@@ -73,30 +285,58 @@ class FailpointMatrixTest : public IdemdTest, public ::testing::WithParamInterfa
 
 TEST_P(FailpointMatrixTest, OneChargeOneAnswerNothingLeftProcessing) {
   const Cell& cell = GetParam();
+  const Path path = PathOf(cell.point);
   StartIdemd(Options(std::string(cell.point) + (cell.crash ? "=crash" : "=stall:3000")));
   ProviderMode(cell.ignore_keys);
-  const std::string key = std::string("matrix-") + cell.point;
+  // A key of this run's own: Redis keeps what it cached after the test's database is gone.
+  static std::mt19937_64 rng(std::random_device{}());
+  const std::string key = std::string("matrix-") + cell.point + "-" + std::to_string(rng());
   const std::string body = Body("ORD-MATRIX-1");
 
+  // A replay's point needs an answer to replay.
+  http::Response earlier;
+  if (path == Path::kReplay) {
+    earlier = Pay(key, body);
+    ASSERT_EQ(earlier.status, 201) << earlier.body;
+  }
   http::Response first;  // status 0 when the process died under it
-  std::thread doomed([&] {
+  std::atomic<bool> first_returned{false};
+  std::jthread doomed([&] {
     http::Request req{"POST", "/v1/payments", {}, body};
     req.headers.Set("Authorization", std::string("Bearer ") + kAlice);
     req.headers.Set("Content-Type", "application/json");
     req.headers.Set("Idempotency-Key", key);
     if (auto r = http::Call(idemd_url_, std::move(req))) first = std::move(*r);
+    first_returned = true;
   });
+  std::vector<LiveSeed> live;
+  if (path == Path::kSweep) {
+    ASSERT_NO_FATAL_FAILURE(SeedSweep(&live));
+  }
   if (cell.crash) {
     auto status = idemd_->Wait(std::chrono::seconds(10));
     ASSERT_TRUE(status.has_value()) << "idemd did not stop at " << cell.point;
     EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 86);
     idemd_.reset();
     doomed.join();
+    if (path == Path::kSweep) {
+      // Whole batches: the first one's deletions stand, the rest is still there, and nothing
+      // the sweeper must keep went with it.
+      EXPECT_EQ(SeedsLeft(kExpired), kExpiredSeeds - limits::kSweepBatch);
+      ExpectKept();
+    }
     StartIdemd(Options(""));
   } else {
+    if (path == Path::kSweep) {
+      ASSERT_TRUE(ExpiredLeft(kExpiredSeeds - limits::kSweepBatch))
+          << "the sweeper did not stop after its first batch";
+      ExpectKept();
+    } else {
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+      EXPECT_FALSE(first_returned) << "the request did not stall at " << cell.point;
+    }
     // The stalled executor holds its request while its lease runs out; the client's retries go
     // to a second instance on the same store (the stalled one would stall them too).
-    std::this_thread::sleep_for(std::chrono::milliseconds(300));
     const std::string config = dir_.File("idemd-b.toml");
     WriteConfig(config, Options(""));
     auto b = testing::ChildProcess::Spawn({IDEMD_PATH, "--config", config},
@@ -116,29 +356,22 @@ TEST_P(FailpointMatrixTest, OneChargeOneAnswerNothingLeftProcessing) {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
   if (!cell.crash) doomed.join();
-  ASSERT_EQ(answer.status, 201) << answer.body;
-  const std::string id = std::string(ParseObject(answer.body)["id"].as_string());
-  EXPECT_EQ(ChargesFor(id), 1);
-  EXPECT_EQ(TotalCharges(), 1);
-  // The stalled request's own answer, when it got one, is the same one.
-  if (!cell.crash && first.status == 201) {
-    EXPECT_EQ(first.body, answer.body);
+  if (path == Path::kSweep) {
+    // The next round (after the restart, or the other instance's) finished the sweep and still
+    // kept what it must; the live executions then finish, as their owners would.
+    EXPECT_TRUE(ExpiredLeft(0)) << "expired records left: " << SeedsLeft(kExpired);
+    ExpectKept();
+    std::unique_ptr<Store> store = OpenExistingStore(store_url_);
+    ASSERT_NE(store, nullptr);
+    for (const LiveSeed& seed : live) {
+      auto txn = store->Begin();
+      ASSERT_TRUE(txn.has_value());
+      const Outcome done{RecordState::kSucceeded, 201, "sealed elsewhere", "done"};
+      ASSERT_TRUE((*txn)->Finish(seed.scope, seed.lease, done).has_value());
+      ASSERT_TRUE((*txn)->Commit().has_value());
+    }
   }
-  http::Response replay = Pay(key, body);
-  EXPECT_EQ(replay.body, answer.body);
-  EXPECT_EQ(replay.headers.Get("idempotent-replayed").value_or(""), "true");
-
-  // The reconciler leaves nothing PROCESSING.
-  std::unique_ptr<Store> store = OpenExistingStore(store_url_);
-  ASSERT_NE(store, nullptr);
-  int64_t processing = -1;
-  for (int i = 0; i < 50 && processing != 0; ++i) {
-    auto rows = store->Query("SELECT count(*) FROM idem_records WHERE state = 'PROCESSING'");
-    ASSERT_TRUE(rows.has_value());
-    processing = std::get<int64_t>((*rows)[0][0]);
-    if (processing != 0) std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  }
-  EXPECT_EQ(processing, 0);
+  ExpectInvariants(key, body, answer, {&first, &earlier});
 }
 
 INSTANTIATE_TEST_SUITE_P(Matrix, FailpointMatrixTest, ::testing::ValuesIn(Cells()), CellName);

@@ -4,6 +4,7 @@
 #include <mutex>
 #include <unordered_map>
 
+#include "include/idem/failpoint.h"
 #include "include/idem/store/redis.h"
 #include "src/core/wire.h"
 #include "src/store/redis/redis_client.h"
@@ -150,24 +151,30 @@ class RedisCachedStore final : public StoreWrapper {
   // scope is a miss, counted as a fallback, and the database answers. An entry lives for what
   // the store said the record had left when it was read (set as its TTL in Redis and as its
   // deadline in the LRU) and comes back with observed_at moved on by the time it has spent in
-  // the cache. This instance's clock can only shorten that: a clock running behind keeps no
-  // entry alive past its expiry; one running ahead only costs database reads.
+  // the cache. That life is counted from before the read: whatever time passes between the
+  // read and the fill (a slow Redis, a descheduled or stalled thread) comes off it, never on top.
+  // This instance's clock can only shorten that: a clock running behind keeps no entry alive past
+  // its expiry; one running ahead only costs database reads.
   Result<std::optional<Record>> Read(const ScopeHash& scope) override {
     const Timestamp local = clock_.Now();
-    if (auto hit = lru_.Get(scope, client_->Now());
-        hit && OfScope(*hit, scope) && Usable(*hit, local)) {
+    const SteadyTime asked = client_->Now();
+    if (auto hit = lru_.Get(scope, asked); hit && OfScope(*hit, scope) && Usable(*hit, local)) {
       return hit;
     }
     const std::string key = client_->options().key_prefix + ToHex(scope);
     if (auto cached = FromRedis(key); cached && OfScope(*cached, scope) && Usable(*cached, local)) {
-      lru_.Put(scope, *cached, client_->Now() + Left(*cached));
+      lru_.Put(scope, *cached, asked + Left(*cached));
       return cached;
     }
     IDEM_ASSIGN_OR_RETURN(std::optional<Record> record, inner_->Read(scope));
-    if (record && record->scope == scope && Usable(*record, local)) {
+    // The database answered and the cache does not know yet (a failpoint's `error` skips the
+    // fill, as a Redis failure would).
+    if (record && record->scope == scope && Usable(*record, local) &&
+        IDEM_FAILPOINT("cache_before_fill")) {
       const Millis left = Left(*record);
-      lru_.Put(scope, *record, client_->Now() + left);
-      ToRedis(key, *record, left);
+      lru_.Put(scope, *record, asked + left);
+      // Redis counts a TTL from the SET: what is left now, not what was left at the read.
+      ToRedis(key, *record, left - std::chrono::ceil<Millis>(client_->Now() - asked));
     }
     return record;
   }
