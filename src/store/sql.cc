@@ -511,7 +511,7 @@ Result<int64_t> SqlTxn::Count(std::string_view tenant, std::string_view user,
   if (!state) {
     IDEM_ASSIGN_OR_RETURN(auto rows, session_->Run(sql_.count_any, params, nullptr));
     IDEM_ASSIGN_OR_RETURN(int64_t records, SingleInteger(rows, "count"));
-    return std::min(records, limit);
+    return limit < 0 ? records : std::min(records, limit);  // as LIMIT reads a negative one
   }
   params.emplace_back(std::string(RecordStateName(*state)));
   params.emplace_back(limit);
