@@ -32,6 +32,8 @@ ProblemSpec Spec(ProblemKind kind) {
       return {413, "urn:idem:problem:payload-too-large", "Payload Too Large"};
     case K::kHeadersTooLarge:
       return {431, "urn:idem:problem:headers-too-large", "Request Header Fields Too Large"};
+    case K::kUriTooLong:
+      return {414, "urn:idem:problem:uri-too-long", "URI Too Long"};
     case K::kShuttingDown:
       return {503, "urn:idem:problem:shutting-down", "Service Unavailable", kRetry1s};
     case K::kOverloaded:

@@ -26,6 +26,7 @@ enum class ProblemKind : uint8_t {
   kMalformedRequest,  // the bytes are not HTTP/1.1
   kPayloadTooLarge,   // the body is over the limit
   kHeadersTooLarge,   // the header section is over the limit
+  kUriTooLong,        // the request line alone is over the header limit
   kShuttingDown,      // the server is draining
   kOverloaded,        // too many requests at once
   kInternal,          // a bug or an environment failure; never names its cause

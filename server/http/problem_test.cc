@@ -79,6 +79,7 @@ TEST(ProblemTable, KeepsThePublishedStatusTypeAndTitleOfEveryKind) {
       {K::kPayloadTooLarge, {413, "payload-too-large", "Payload Too Large", 0, false}},
       {K::kHeadersTooLarge,
        {431, "headers-too-large", "Request Header Fields Too Large", 0, false}},
+      {K::kUriTooLong, {414, "uri-too-long", "URI Too Long", 0, false}},
       {K::kShuttingDown, {503, "shutting-down", "Service Unavailable", 1, false}},
       {K::kOverloaded, {503, "overloaded", "Service Unavailable", 1, false}},
       {K::kInternal, {500, "internal", "Internal Server Error", 0, false}},

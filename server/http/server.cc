@@ -9,6 +9,7 @@
 #include <boost/asio/experimental/awaitable_operators.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
+#include <boost/url/authority_view.hpp>
 #include <boost/url/parse.hpp>
 #include <map>
 #include <mutex>
@@ -36,18 +37,43 @@ struct Connection {
   std::atomic<bool> idle{true};
 };
 
-// Why `request` (of HTTP version `version`, 10 or 11) cannot be handled although Beast parsed it,
-// or nothing. RFC 9112 §3.2: an HTTP/1.1 request without Host, and any request with more than one
-// Host line, is refused. An absolute-form target (§3.2.2) of http or https is rewritten to the
+// RFC 3986 makes a port any run of digits, possibly empty; a port must be 1..65535.
+bool PortOk(std::string_view port) {
+  if (port.empty()) return true;
+  const unsigned long number = port.size() > 5 ? 0 : std::stoul(std::string(port));
+  return number >= 1 && number <= 65535;
+}
+
+// Why `request` (of HTTP version `version`, 10 or 11, framed as chunked when `chunked`) cannot be
+// handled although Beast parsed it, or nothing. RFC 9112 §3.2: an HTTP/1.1 request without Host,
+// any request with more than one Host line, and a Host that is not `host[:port]` are refused (an
+// empty Host is allowed, RFC 9110 §7.2). §6.1 and §6.3: a Transfer-Encoding that does not end in
+// chunked leaves the body's length unknown, and HTTP/1.0 has no transfer codings; Beast would
+// read such a body as empty and the rest as the next request, so it is refused. An origin-form
+// target must be a valid path and query (RFC 3986: no bad percent-encoding, no raw characters
+// outside the URI grammar). An absolute-form target (§3.2.2) of http or https is rewritten to the
 // origin-form of its path and query, and its authority replaces the Host the client sent; one of
 // another scheme, or one that is no absolute URI, is refused. Asterisk-form (OPTIONS *) and
 // authority-form (CONNECT) are left to the handler.
-std::optional<std::string> Refusal(Request& request, unsigned version) {
+std::optional<std::string> Refusal(Request& request, unsigned version, bool chunked) {
   const int hosts = request.headers.Count("host");
   if (hosts > 1) return "send exactly one Host header, not " + std::to_string(hosts);
   if (hosts == 0 && version >= 11) return "an HTTP/1.1 request must carry a Host header";
+  if (const std::optional<std::string_view> host = request.headers.Get("host");
+      host && !host->empty()) {
+    auto authority = boost::urls::parse_authority(*host);
+    if (!authority || authority->has_userinfo() || !PortOk(authority->port())) {
+      return "the Host header must be a host and an optional port";
+    }
+  }
+  if (request.headers.Count("transfer-encoding") > 0 && (version < 11 || !chunked)) {
+    return "a Transfer-Encoding must end in chunked, and only in HTTP/1.1";
+  }
   const std::string_view target = request.target;
-  if (target.starts_with('/')) return std::nullopt;
+  if (target.starts_with('/')) {
+    if (!boost::urls::parse_origin_form(target)) return "the request target is not a valid path";
+    return std::nullopt;
+  }
   if ((target == "*" && request.method == "OPTIONS") || request.method == "CONNECT") {
     return std::nullopt;
   }
@@ -57,12 +83,8 @@ std::optional<std::string> Refusal(Request& request, unsigned version) {
       uri->scheme_id() != boost::urls::scheme::https) {
     return "an absolute request target must be an http or https URI";
   }
-  // RFC 3986 makes a port any run of digits, possibly empty; a port must be 1..65535.
-  const std::string_view port = uri->port();
-  const unsigned long port_number =
-      port.empty() || port.size() > 5 ? 0 : std::stoul(std::string(port));
-  const bool port_ok = port.empty() || (port_number >= 1 && port_number <= 65535);
-  if (!uri->has_authority() || uri->encoded_host().empty() || uri->has_userinfo() || !port_ok) {
+  if (!uri->has_authority() || uri->encoded_host().empty() || uri->has_userinfo() ||
+      !PortOk(uri->port())) {
     return "an absolute request target must name a host (and a valid port), without user info";
   }
   std::string origin(uri->encoded_path());
@@ -71,6 +93,14 @@ std::optional<std::string> Refusal(Request& request, unsigned version) {
   request.headers.Set("host", uri->encoded_host_and_port());
   request.target = std::move(origin);
   return std::nullopt;
+}
+
+// Whether a head refused for its size is so because of its request target: the request line is
+// unfinished (`line_done` false; Beast consumes nothing of it until it is whole, so `received`
+// holds it from its start) and its method has ended. RFC 9112 §3 answers that 414 (URI Too Long);
+// a long header section is 431.
+bool TargetTooLong(bool line_done, std::string_view received) {
+  return !line_done && received.find(' ') != std::string_view::npos;
 }
 
 // `head`: the answer to a HEAD request carries the headers of the GET answer, no body.
@@ -215,6 +245,11 @@ class ServerImpl final : public Server {
           refusal = Problem(
               ProblemKind::kPayloadTooLarge,
               "the body is larger than " + std::to_string(options_.max_body_bytes) + " bytes");
+        } else if (ec == bhttp::error::header_limit &&
+                   TargetTooLong(!parser.get().target().empty(),
+                                 std::string_view(static_cast<const char*>(buffer.data().data()),
+                                                  buffer.size()))) {
+          refusal = Problem(ProblemKind::kUriTooLong, "the request target is too long");
         } else if (ec == bhttp::error::header_limit) {
           refusal = Problem(ProblemKind::kHeadersTooLarge, "the header section is too large");
         } else if (ec != bhttp::error::end_of_stream && ec != beast::error::timeout &&
@@ -228,9 +263,10 @@ class ServerImpl final : public Server {
       }
       const auto started = std::chrono::steady_clock::now();
       const unsigned version = parser.get().version();
+      const bool chunked = parser.chunked();
       Request request = FromBeast(parser.release());
       // A request that is not one the handler may see is answered here, and its connection closed.
-      const std::optional<std::string> malformed = Refusal(request, version);
+      const std::optional<std::string> malformed = Refusal(request, version, chunked);
       const bool keep_alive = parser.keep_alive() && !malformed;
       const std::string request_id = RequestId(request, id * 1000003ULL + bytes);
       RequestContext context;

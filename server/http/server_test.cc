@@ -238,6 +238,20 @@ TEST_F(ServerTest, HeaderFieldsAtTheLimitAreServedAndOnePastThemAre431) {
   EXPECT_EQ(handler_.Echoes(), 1);
 }
 
+// RFC 9112 §3: a request target longer than the server parses is 414, not 431. The request line
+// alone is over max_header_bytes here; Beast has read none of it as a line.
+TEST_F(ServerTest, ARequestLineOverTheHeaderLimitIs414) {
+  options_.max_header_bytes = 1024;
+  Start();
+  RawConnection c(server_->port());
+  ASSERT_TRUE(c.Send("GET /echo?pad=" + std::string(2048, 'a') + " HTTP/1.1\r\nHost: x\r\n\r\n"));
+  const std::string answer = c.ReadAll(milliseconds(3000));
+  EXPECT_EQ(StatusOf(answer), 414) << answer;
+  EXPECT_NE(answer.find(R"("type":"urn:idem:problem:uri-too-long")"), std::string::npos);
+  EXPECT_TRUE(c.Closed());
+  EXPECT_EQ(handler_.Echoes(), 0);
+}
+
 TEST_F(ServerTest, BodyAtTheLimitIsServedAndOnePastItIs413) {
   options_.max_body_bytes = 1000;
   Start();
@@ -373,6 +387,70 @@ TEST_F(ServerTest, AnAbsoluteFormTargetOfAnotherSchemeOrUnparsableIs400) {
       Exchange(server_->port(), "GET http://example.com/target HTTP/1.1\r\n\r\n");
   EXPECT_EQ(StatusOf(answer), 400) << answer;
   EXPECT_EQ(handler_.Echoes(), 0);
+}
+
+// RFC 9112 §3.2: a Host that is not uri-host [":" port] is 400 like a missing one; an IP literal
+// with a port is a host.
+TEST_F(ServerTest, AHostThatIsNoHostAndPortIs400) {
+  Start();
+  for (std::string_view host : {"a b", "user@example.com", "example.com/x", "[::1", "x:99999"}) {
+    SCOPED_TRACE(host);
+    const std::string answer =
+        Exchange(server_->port(), "GET /echo HTTP/1.1\r\nHost: " + std::string(host) + "\r\n\r\n");
+    EXPECT_EQ(StatusOf(answer), 400) << answer;
+    EXPECT_NE(answer.find(R"("type":"urn:idem:problem:malformed-request")"), std::string::npos)
+        << answer;
+  }
+  EXPECT_EQ(handler_.Echoes(), 0);
+  for (std::string_view host : {"[::1]:8080", "example.com:8080", "127.0.0.1"}) {
+    SCOPED_TRACE(host);
+    const std::string answer =
+        Exchange(server_->port(), "GET /echo HTTP/1.1\r\nHost: " + std::string(host) + "\r\n\r\n");
+    EXPECT_EQ(StatusOf(answer), 200) << answer;
+  }
+}
+
+// RFC 9112 §6.1 and §6.3: Beast reads a body whose Transfer-Encoding does not end in chunked as
+// empty and its bytes as the next request (or lets a Content-Length frame it); HTTP/1.0 has no
+// transfer codings. Either is refused, and the connection closed, before any handler runs.
+TEST_F(ServerTest, ATransferEncodingThatDoesNotEndInChunkedOrInHttp10Is400AndCloses) {
+  Start();
+  for (std::string_view raw :
+       {"POST /echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip\r\nContent-Length: 2\r\n\r\nab",
+        "POST /echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked, "
+        "gzip\r\n\r\n2\r\nab\r\n0\r\n\r\n",
+        "POST /echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked, chunked\r\n\r\n0\r\n\r\n",
+        "POST /echo HTTP/1.0\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nab\r\n0\r\n\r\n"}) {
+    SCOPED_TRACE(raw);
+    RawConnection c(server_->port());
+    ASSERT_TRUE(c.Send(raw));
+    const std::string answer = c.ReadAll(milliseconds(3000));
+    EXPECT_EQ(StatusOf(answer), 400) << answer;
+    EXPECT_NE(answer.find(R"("type":"urn:idem:problem:malformed-request")"), std::string::npos)
+        << answer;
+    EXPECT_EQ(answer.find("HTTP/1.1 ", 1), std::string::npos) << "one answer only: " << answer;
+    EXPECT_TRUE(c.Closed());
+  }
+  EXPECT_EQ(handler_.Echoes(), 0);
+}
+
+// An origin-form target is a path and a query of RFC 3986: no bad percent-encoding, no raw
+// character outside the grammar, no fragment.
+TEST_F(ServerTest, AnOriginFormTargetThatIsNoValidPathIs400) {
+  Start();
+  for (std::string_view target : {"/echo%", "/echo%zz", "/echo?a=%4", "/ec{ho", "/echo|", "/echo#f",
+                                  "/ech\xc3\xb6", "/echo\\x"}) {
+    SCOPED_TRACE(target);
+    const std::string answer =
+        Exchange(server_->port(), "GET " + std::string(target) + " HTTP/1.1\r\nHost: x\r\n\r\n");
+    EXPECT_EQ(StatusOf(answer), 400) << answer;
+    EXPECT_NE(answer.find(R"("type":"urn:idem:problem:malformed-request")"), std::string::npos)
+        << answer;
+  }
+  EXPECT_EQ(handler_.Echoes(), 0);
+  const std::string answer =
+      Exchange(server_->port(), "GET /echo?a=%41&b=:@!$'()*+,;=/? HTTP/1.1\r\nHost: x\r\n\r\n");
+  EXPECT_EQ(StatusOf(answer), 200) << answer;
 }
 
 // Found by fuzz/http_fuzz.cc, which also reads its input in pieces: a chunked body whose last

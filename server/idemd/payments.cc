@@ -49,6 +49,28 @@ bool IsPlainDecimal(std::string_view s) {
   return digits(s.substr(0, point)) && digits(s.substr(point + 1));
 }
 
+// Whether the body carries a content coding other than identity (RFC 9110 §8.4): idemd decodes
+// none, and a coded body read as it is would be taken for the JSON it is not.
+bool HasContentCoding(const http::Headers& headers) {
+  for (const auto& [name, value] : headers.fields) {
+    if (name != "content-encoding") continue;
+    std::string_view rest = value;
+    while (!rest.empty()) {
+      const std::size_t comma = rest.find(',');
+      std::string_view coding = rest.substr(0, comma);
+      rest = comma == std::string_view::npos ? std::string_view() : rest.substr(comma + 1);
+      while (!coding.empty() && (coding.front() == ' ' || coding.front() == '\t')) {
+        coding.remove_prefix(1);
+      }
+      while (!coding.empty() && (coding.back() == ' ' || coding.back() == '\t')) {
+        coding.remove_suffix(1);
+      }
+      if (!coding.empty() && http::ToLower(coding) != "identity") return true;
+    }
+  }
+  return false;
+}
+
 // Exact decimal text (CanonicalDecimal output) → minor units, or an error message. Zero only
 // when `allow_zero`.
 std::optional<std::string> ToMinor(const std::string& canonical, int digits, int64_t* out,
@@ -239,6 +261,11 @@ Payments::ParseResult Payments::Parse(const std::string& body) const {
   boost::system::error_code ec;
   json::value doc = json::parse(body, ec);
   if (ec) return MalformedJson{ec.message()};
+  // What the fingerprint refuses of any JSON (duplicate member names, numbers or containers past
+  // its limits) is malformed JSON here already, so the body is judged before the key is.
+  if (auto canonical = Canonicalize(body, CanonicalRules{}); !canonical) {
+    return MalformedJson{canonical.error().message};
+  }
   std::vector<http::FieldError> errors;
   auto fail = [&](std::string field, std::string message) {
     errors.push_back({std::move(field), std::move(message)});
@@ -316,6 +343,12 @@ std::optional<http::Response> Payments::Validate(const http::Request& request, c
       "application/json") {
     return http::Problem(http::ProblemKind::kUnsupportedMediaType,
                          "send the body as application/json");
+  }
+  if (HasContentCoding(request.headers)) {
+    http::Response refusal = http::Problem(http::ProblemKind::kUnsupportedMediaType,
+                                           "send the body without a content coding");
+    refusal.headers.Set("Accept-Encoding", "identity");
+    return refusal;
   }
   ParseResult parsed = Parse(request.body);
   if (auto* malformed = std::get_if<MalformedJson>(&parsed)) {

@@ -435,6 +435,46 @@ TEST_F(ServiceTest, ContentTypeIsJudgedByItsMediaTypeOnly) {
   EXPECT_EQ(provider_.Calls(), 1);
 }
 
+// RFC 9110 §8.4: idemd decodes no content coding, so a body that declares one is not the JSON it
+// may look like. It is refused before a record exists, naming the coding that is accepted.
+TEST_F(ServiceTest, ABodyWithAContentCodingIs415AndChargesNothing) {
+  for (std::string_view coding : {"gzip", "x-gzip", "deflate, gzip", "identity, br"}) {
+    SCOPED_TRACE(coding);
+    http::Request request = Pay("key-00000001");
+    request.headers.Set("Content-Encoding", coding);
+    const http::Response r = Handle(request);
+    EXPECT_EQ(r.status, 415) << r.body;
+    EXPECT_EQ(TypeOf(r), "urn:idem:problem:unsupported-media-type");
+    EXPECT_EQ(HeaderOf(r, "Accept-Encoding"), "identity");
+  }
+  EXPECT_EQ(Records(), 0);
+  EXPECT_EQ(provider_.Calls(), 0);
+  http::Request identity = Pay("key-00000001");
+  identity.headers.Set("Content-Encoding", "identity");
+  EXPECT_EQ(Handle(identity).status, 201);
+}
+
+// JSON the fingerprint cannot take (duplicate names, numbers past its limits) is malformed JSON,
+// judged with the body, before the key: a request with no key hears about its body.
+TEST_F(ServiceTest, JsonTheFingerprintRefusesIsMalformedJsonBeforeTheKeyIsRead) {
+  for (
+      std::string_view body :
+      {R"({"merchant_order_no":"ORD-1","amount":"1.00","amount":"2.00","currency":"CNY"})",
+       R"({"merchant_order_no":"ORD-1","amount":"1.00","currency":"CNY","metadata":{"n":1e5000}})"}) {
+    SCOPED_TRACE(body);
+    http::Request request = Pay("key-00000001");
+    request.body = body;
+    EXPECT_EQ(TypeOf(Handle(request)), "urn:idem:problem:malformed-json");
+    std::erase_if(request.headers.fields,
+                  [](const auto& f) { return f.first == "idempotency-key"; });
+    const http::Response r = Handle(request);
+    EXPECT_EQ(r.status, 400);
+    EXPECT_EQ(TypeOf(r), "urn:idem:problem:malformed-json");
+  }
+  EXPECT_EQ(Records(), 0);
+  EXPECT_EQ(provider_.Calls(), 0);
+}
+
 // A payment of `order` under `key` whose body spells the amount as `amount` (JSON text).
 http::Request PayAmount(std::string_view key, std::string_view order, std::string_view amount) {
   http::Request r;
