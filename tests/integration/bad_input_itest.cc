@@ -117,7 +117,7 @@ class Table {
  public:
   // A well-formed payment whose key and merchant order no other case uses.
   Payment Fresh() {
-    char suffix[8];
+    char suffix[16];
     std::snprintf(suffix, sizeof suffix, "%03d", ++count_);
     Payment p;
     p.key = "bad-input-"s + suffix;
