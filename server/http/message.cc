@@ -40,6 +40,27 @@ int Headers::Count(std::string_view name) const {
   return count;
 }
 
+std::vector<std::string_view> Headers::List(std::string_view name) const {
+  std::vector<std::string_view> elements;
+  for (const auto& [n, v] : fields) {
+    if (!NameEquals(n, name)) continue;
+    std::string_view rest = v;
+    while (!rest.empty()) {
+      const std::size_t comma = rest.find(',');
+      std::string_view element = rest.substr(0, comma);
+      rest = comma == std::string_view::npos ? std::string_view() : rest.substr(comma + 1);
+      while (!element.empty() && (element.front() == ' ' || element.front() == '\t')) {
+        element.remove_prefix(1);
+      }
+      while (!element.empty() && (element.back() == ' ' || element.back() == '\t')) {
+        element.remove_suffix(1);
+      }
+      if (!element.empty()) elements.push_back(element);
+    }
+  }
+  return elements;
+}
+
 void Headers::Add(std::string_view name, std::string_view value) {
   fields.emplace_back(ToLower(name), std::string(value));
 }

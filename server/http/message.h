@@ -19,6 +19,10 @@ struct Headers {
   std::optional<std::string_view> Get(std::string_view name) const;
   // How many fields are called `name`.
   int Count(std::string_view name) const;
+  // The elements of the comma-separated lists in every field called `name` (RFC 9110 §5.6.1),
+  // in order, each without the whitespace around it; empty elements are dropped. Quoted commas
+  // are not special: for lists of tokens and token=value pairs.
+  std::vector<std::string_view> List(std::string_view name) const;
   // Appends a field (the name is lower-cased).
   void Add(std::string_view name, std::string_view value);
   // Replaces every field called `name` with one.

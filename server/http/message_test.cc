@@ -1,10 +1,24 @@
-// server/http/message_test.cc — RFC 3339 and HTTP dates both ways.
+// server/http/message_test.cc — header lists, RFC 3339 and HTTP dates both ways.
 #include "server/http/message.h"
 
 #include <gtest/gtest.h>
 
 namespace idem::http {
 namespace {
+
+// RFC 9110 §5.6.1: a list may span several fields, with whitespace around and empty elements
+// between its commas; names match whatever their case.
+TEST(Headers, ListJoinsTheElementsOfEveryFieldOfTheName) {
+  Headers h;
+  h.Add("Prefer", " wait=5 ,, respond-async");
+  h.Add("Other", "x, y");
+  h.Add("PREFER", "\thandling=lenient\t");
+  EXPECT_EQ(h.List("prefer"),
+            (std::vector<std::string_view>{"wait=5", "respond-async", "handling=lenient"}));
+  EXPECT_TRUE(h.List("absent").empty());
+  h.Add("Empty", " , ");
+  EXPECT_TRUE(h.List("empty").empty());
+}
 
 TEST(Rfc3339, ReadsWhatItWritesAndOffsets) {
   const int64_t ms = 1'796'000'000'123;

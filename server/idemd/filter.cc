@@ -21,33 +21,25 @@ struct Preferences {
 
 // RFC 7240: comma-separated preferences, each token[=value] with ;parameters, across headers.
 Preferences ParsePrefer(const http::Headers& headers) {
+  auto trim = [](std::string_view s) {
+    while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
+    while (!s.empty() && (s.back() == ' ' || s.back() == '\t')) s.remove_suffix(1);
+    return s;
+  };
   Preferences p;
-  for (const auto& [name, value] : headers.fields) {
-    if (name != "prefer") continue;
-    std::string_view rest = value;
-    while (!rest.empty()) {
-      const std::size_t comma = rest.find(',');
-      std::string_view item = rest.substr(0, comma);
-      rest = comma == std::string_view::npos ? std::string_view() : rest.substr(comma + 1);
-      item = item.substr(0, item.find(';'));
-      auto trim = [](std::string_view s) {
-        while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
-        while (!s.empty() && (s.back() == ' ' || s.back() == '\t')) s.remove_suffix(1);
-        return s;
-      };
-      item = trim(item);
-      const std::size_t eq = item.find('=');
-      const std::string token = http::ToLower(trim(item.substr(0, eq)));
-      std::string_view arg =
-          eq == std::string_view::npos ? std::string_view() : trim(item.substr(eq + 1));
-      if (arg.size() >= 2 && arg.front() == '"' && arg.back() == '"')
-        arg = arg.substr(1, arg.size() - 2);
-      if (token == "respond-async") {
-        p.respond_async = true;
-      } else if (token == "wait" && !arg.empty() && arg.size() <= 6 &&
-                 std::all_of(arg.begin(), arg.end(), [](char c) { return c >= '0' && c <= '9'; })) {
-        p.wait = Millis(std::stoll(std::string(arg)) * 1000);
-      }
+  for (std::string_view item : headers.List("prefer")) {
+    item = trim(item.substr(0, item.find(';')));
+    const std::size_t eq = item.find('=');
+    const std::string token = http::ToLower(trim(item.substr(0, eq)));
+    std::string_view arg =
+        eq == std::string_view::npos ? std::string_view() : trim(item.substr(eq + 1));
+    if (arg.size() >= 2 && arg.front() == '"' && arg.back() == '"')
+      arg = arg.substr(1, arg.size() - 2);
+    if (token == "respond-async") {
+      p.respond_async = true;
+    } else if (token == "wait" && !arg.empty() && arg.size() <= 6 &&
+               std::all_of(arg.begin(), arg.end(), [](char c) { return c >= '0' && c <= '9'; })) {
+      p.wait = Millis(std::stoll(std::string(arg)) * 1000);
     }
   }
   return p;

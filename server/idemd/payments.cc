@@ -52,21 +52,8 @@ bool IsPlainDecimal(std::string_view s) {
 // Whether the body carries a content coding other than identity (RFC 9110 §8.4): idemd decodes
 // none, and a coded body read as it is would be taken for the JSON it is not.
 bool HasContentCoding(const http::Headers& headers) {
-  for (const auto& [name, value] : headers.fields) {
-    if (name != "content-encoding") continue;
-    std::string_view rest = value;
-    while (!rest.empty()) {
-      const std::size_t comma = rest.find(',');
-      std::string_view coding = rest.substr(0, comma);
-      rest = comma == std::string_view::npos ? std::string_view() : rest.substr(comma + 1);
-      while (!coding.empty() && (coding.front() == ' ' || coding.front() == '\t')) {
-        coding.remove_prefix(1);
-      }
-      while (!coding.empty() && (coding.back() == ' ' || coding.back() == '\t')) {
-        coding.remove_suffix(1);
-      }
-      if (!coding.empty() && http::ToLower(coding) != "identity") return true;
-    }
+  for (std::string_view coding : headers.List("content-encoding")) {
+    if (http::ToLower(coding) != "identity") return true;
   }
   return false;
 }
