@@ -9,7 +9,6 @@
 // by its own thread once a round has more than a batch to delete (so the cell writes that many
 // expired records, and checks that a crash or a stall there leaves whole batches deleted and
 // every unexpired or running record kept, and that the next round finishes the sweep).
-#include <hiredis/hiredis.h>
 #include <sys/wait.h>
 
 #include <atomic>
@@ -69,43 +68,6 @@ std::vector<Cell> Cells() {
 
 // ---- Redis, as the tests see it -------------------------------------------------------------
 
-// The Redis of the tests (IDEM_TEST_REDIS_URL, set by scripts/with-services), or "".
-std::string RedisServerUrl() {
-  const char* url = std::getenv("IDEM_TEST_REDIS_URL");
-  return url != nullptr ? url : "";
-}
-
-struct ReplyFree {
-  void operator()(redisReply* r) const { freeReplyObject(r); }
-};
-using RedisReply = std::unique_ptr<redisReply, ReplyFree>;
-
-// One command on a connection of its own; fails the test and returns null on any failure.
-RedisReply RedisCommand(const std::vector<std::string>& args) {
-  const std::string address = RedisServerUrl().substr(std::string("redis://").size());
-  const std::size_t colon = address.rfind(':');
-  std::unique_ptr<redisContext, void (*)(redisContext*)> c(
-      redisConnect(address.substr(0, colon).c_str(), std::stoi(address.substr(colon + 1))),
-      redisFree);
-  if (c == nullptr || c->err != 0) {
-    ADD_FAILURE() << "redis: " << (c ? c->errstr : "out of memory");
-    return nullptr;
-  }
-  std::vector<const char*> argv;
-  std::vector<std::size_t> lens;
-  for (const std::string& a : args) {
-    argv.push_back(a.data());
-    lens.push_back(a.size());
-  }
-  RedisReply reply(static_cast<redisReply*>(
-      redisCommandArgv(c.get(), static_cast<int>(args.size()), argv.data(), lens.data())));
-  if (reply == nullptr || reply->type == REDIS_REPLY_ERROR) {
-    ADD_FAILURE() << "redis: " << args[0] << " failed";
-    return nullptr;
-  }
-  return reply;
-}
-
 // Keys in Redis (idemd's defaults, include/idem/store/redis.h): the cache entry and the marker.
 std::string CacheKey(const ScopeHash& scope) { return "idem:rec:" + ToHex(scope); }
 std::string MarkerKey(const ScopeHash& scope) { return "idem:rec:lock:" + ToHex(scope); }
@@ -137,17 +99,9 @@ struct LiveSeed {
 class FailpointMatrixTest : public IdemdTest, public ::testing::WithParamInterface<Cell> {
  public:
   void SetUp() override {
-    if (NeedsRedis(GetParam().point) && RedisServerUrl().empty()) {
-      if (std::getenv("IDEM_REQUIRE_SERVICES") != nullptr)
-        FAIL() << "IDEM_TEST_REDIS_URL is not set";
-      GTEST_SKIP() << "IDEM_TEST_REDIS_URL is not set";
-    }
+    if (NeedsRedis(GetParam().point)) IDEM_NEED_SERVICE(RedisServerUrl(), "IDEM_TEST_REDIS_URL");
     if (GetParam().postgres) {
-      if (PostgresServerUrl().empty()) {
-        if (std::getenv("IDEM_REQUIRE_SERVICES") != nullptr)
-          FAIL() << "IDEM_TEST_PG_URL is not set";
-        GTEST_SKIP() << "IDEM_TEST_PG_URL is not set";
-      }
+      IDEM_NEED_SERVICE(PostgresServerUrl(), "IDEM_TEST_PG_URL");
       store_url_ = FreshPostgresStoreUrl();
     } else {
       store_url_ = "sqlite://" + dir_.File("idem.db");

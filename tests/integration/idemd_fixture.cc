@@ -20,6 +20,40 @@ std::string PostgresServerUrl() {
   return url != nullptr ? url : "";
 }
 
+std::string RedisServerUrl() {
+  const char* url = std::getenv("IDEM_TEST_REDIS_URL");
+  return url != nullptr ? url : "";
+}
+
+RedisReply RedisCommand(const std::vector<std::string>& args, uint16_t port) {
+  std::string host = "127.0.0.1";
+  if (port == 0) {
+    const std::string address = RedisServerUrl().substr(std::string("redis://").size());
+    const std::size_t colon = address.rfind(':');
+    host = address.substr(0, colon);
+    port = static_cast<uint16_t>(std::stoi(address.substr(colon + 1)));
+  }
+  std::unique_ptr<redisContext, void (*)(redisContext*)> c(
+      redisConnectWithTimeout(host.c_str(), port, timeval{2, 0}), redisFree);
+  if (c == nullptr || c->err != 0) {
+    ADD_FAILURE() << "redis: " << (c ? c->errstr : "out of memory");
+    return nullptr;
+  }
+  std::vector<const char*> argv;
+  std::vector<std::size_t> lens;
+  for (const std::string& a : args) {
+    argv.push_back(a.data());
+    lens.push_back(a.size());
+  }
+  RedisReply reply(static_cast<redisReply*>(
+      redisCommandArgv(c.get(), static_cast<int>(args.size()), argv.data(), lens.data())));
+  if (reply == nullptr || reply->type == REDIS_REPLY_ERROR) {
+    ADD_FAILURE() << "redis: " << args[0] << " failed";
+    return nullptr;
+  }
+  return reply;
+}
+
 std::string FreshPostgresStoreUrl(std::string* schema_out) {
   static std::mt19937_64 rng(std::random_device{}());
   const std::string schema = "it" + std::to_string(rng() % 1000000000000ULL);

@@ -3,8 +3,10 @@
 #pragma once
 
 #include <gtest/gtest.h>
+#include <hiredis/hiredis.h>
 
 #include <boost/json.hpp>
+#include <cstdlib>
 #include <map>
 #include <memory>
 #include <optional>
@@ -21,8 +23,31 @@ inline constexpr const char* kAlice = "dev-acme-alice-7f3c9a1e";
 inline constexpr const char* kBob = "dev-acme-bob-2b8d4e6f";
 inline constexpr const char* kCarol = "dev-globex-carol-9e1a5c3d";
 
+// In a SetUp or a test body: when `url` (a service of the tests) is empty, the test fails under
+// IDEM_REQUIRE_SERVICES (as CI runs) and is skipped otherwise. `variable` names where the URL
+// comes from.
+#define IDEM_NEED_SERVICE(url, variable)                                                     \
+  do {                                                                                       \
+    if ((url).empty()) {                                                                     \
+      if (std::getenv("IDEM_REQUIRE_SERVICES") != nullptr) FAIL() << variable " is not set"; \
+      GTEST_SKIP() << variable " is not set";                                                \
+    }                                                                                        \
+  } while (false)
+
 // The PostgreSQL server of the tests (IDEM_TEST_PG_URL, set by scripts/with-services), or "".
 std::string PostgresServerUrl();
+// The Redis of the tests (IDEM_TEST_REDIS_URL, set by scripts/with-services: redis://host:port),
+// or "".
+std::string RedisServerUrl();
+
+struct RedisReplyFree {
+  void operator()(redisReply* r) const { freeReplyObject(r); }
+};
+using RedisReply = std::unique_ptr<redisReply, RedisReplyFree>;
+// One command with binary-safe arguments, on a connection of its own to the Redis on loopback
+// `port`, or to the tests' Redis when `port` is 0. Fails the test and returns null when Redis
+// cannot be reached or answers an error.
+RedisReply RedisCommand(const std::vector<std::string>& args, uint16_t port = 0);
 // A fresh schema on that server, and the store URL that selects it; its name in *schema_out.
 std::string FreshPostgresStoreUrl(std::string* schema_out = nullptr);
 // The store behind `store_url`, opened as idemctl opens one: no migrations, one connection.

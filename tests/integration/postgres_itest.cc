@@ -18,11 +18,9 @@ namespace {
 
 namespace json = boost::json;
 
-std::string ServerUrl() { return PostgresServerUrl(); }
-
 // Runs SQL on the test server; returns the first column of the first row ("" if none).
 std::string Sql(const std::string& sql) {
-  PGconn* c = PQconnectdb(ServerUrl().c_str());
+  PGconn* c = PQconnectdb(PostgresServerUrl().c_str());
   PGresult* r = PQexec(c, sql.c_str());
   std::string v =
       PQresultStatus(r) == PGRES_TUPLES_OK && PQntuples(r) > 0 ? PQgetvalue(r, 0, 0) : "";
@@ -34,10 +32,7 @@ std::string Sql(const std::string& sql) {
 class PostgresIdemdTest : public IdemdTest {
  public:
   void SetUp() override {
-    if (ServerUrl().empty()) {
-      if (std::getenv("IDEM_REQUIRE_SERVICES") != nullptr) FAIL() << "IDEM_TEST_PG_URL is not set";
-      GTEST_SKIP() << "IDEM_TEST_PG_URL is not set";
-    }
+    IDEM_NEED_SERVICE(PostgresServerUrl(), "IDEM_TEST_PG_URL");
     IdemdTest::SetUp();
     store_url_ = FreshPostgresStoreUrl(&schema_);
     StartIdemd({.store_url = store_url_});

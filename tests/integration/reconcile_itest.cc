@@ -303,10 +303,7 @@ TEST_F(ReconcileTest, IdemdsPeriodicJobRefundsADuplicate) {
 class PostgresReconcileTest : public ReconcileTest {
  public:
   void SetUp() override {
-    if (PostgresServerUrl().empty()) {
-      if (std::getenv("IDEM_REQUIRE_SERVICES") != nullptr) FAIL() << "IDEM_TEST_PG_URL is not set";
-      GTEST_SKIP() << "IDEM_TEST_PG_URL is not set";
-    }
+    IDEM_NEED_SERVICE(PostgresServerUrl(), "IDEM_TEST_PG_URL");
     ReconcileTest::SetUp();
     store_url_ = FreshPostgresStoreUrl();
     StartIdemd({.store_url = store_url_});

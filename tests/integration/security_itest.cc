@@ -7,7 +7,6 @@
 //   - another principal's credentials read, replay and probe nothing of a principal's records;
 //   - payment ids are random, not counted;
 //   - a principal flooding idemd with fresh keys is throttled (429) without hurting the others.
-#include <hiredis/hiredis.h>
 #include <signal.h>
 
 #include <algorithm>
@@ -173,30 +172,10 @@ struct RedisEntry {
   std::string value;  // GET of a string; the members of other types, concatenated
 };
 
-struct ReplyFree {
-  void operator()(redisReply* r) const { freeReplyObject(r); }
-};
-using Reply = std::unique_ptr<redisReply, ReplyFree>;
-
 // Every key in the Redis on `port` and its value as raw bytes.
 std::vector<RedisEntry> DumpRedis(uint16_t port) {
   std::vector<RedisEntry> out;
-  redisContext* c = redisConnectWithTimeout("127.0.0.1", port, timeval{2, 0});
-  EXPECT_TRUE(c != nullptr && c->err == 0) << (c ? c->errstr : "no context");
-  if (c == nullptr || c->err != 0) {
-    if (c != nullptr) redisFree(c);
-    return out;
-  }
-  auto command = [&](const std::vector<std::string>& args) {
-    std::vector<const char*> argv;
-    std::vector<std::size_t> lens;
-    for (const std::string& a : args) {
-      argv.push_back(a.data());
-      lens.push_back(a.size());
-    }
-    return Reply(static_cast<redisReply*>(
-        redisCommandArgv(c, static_cast<int>(args.size()), argv.data(), lens.data())));
-  };
+  auto command = [&](const std::vector<std::string>& args) { return RedisCommand(args, port); };
   auto flatten = [](const redisReply* r) {
     std::string all;
     for (std::size_t i = 0; i < r->elements; ++i) {
@@ -208,7 +187,7 @@ std::vector<RedisEntry> DumpRedis(uint16_t port) {
   std::string cursor = "0";
   std::vector<std::string> keys;
   do {
-    Reply scan = command({"SCAN", cursor, "COUNT", "1000"});
+    RedisReply scan = command({"SCAN", cursor, "COUNT", "1000"});
     if (!scan || scan->type != REDIS_REPLY_ARRAY || scan->elements != 2) {
       ADD_FAILURE() << "SCAN failed";
       break;
@@ -221,9 +200,9 @@ std::vector<RedisEntry> DumpRedis(uint16_t port) {
   } while (cursor != "0");
   for (const std::string& key : keys) {
     RedisEntry e{key, "", ""};
-    Reply type = command({"TYPE", key});
+    RedisReply type = command({"TYPE", key});
     if (type && type->str != nullptr) e.type.assign(type->str, type->len);
-    Reply value;
+    RedisReply value;
     if (e.type == "string") {
       value = command({"GET", key});
     } else if (e.type == "hash") {
@@ -241,7 +220,6 @@ std::vector<RedisEntry> DumpRedis(uint16_t port) {
     if (value && value->type == REDIS_REPLY_ARRAY) e.value = flatten(value.get());
     out.push_back(std::move(e));
   }
-  redisFree(c);
   return out;
 }
 
@@ -566,10 +544,7 @@ TEST_F(SecurityTest, NothingInPlaintextAtRestInSqliteOrRedis) {
 class SecurityPostgresTest : public SecurityTest {
  public:
   void SetUp() override {
-    if (PostgresServerUrl().empty()) {
-      if (std::getenv("IDEM_REQUIRE_SERVICES") != nullptr) FAIL() << "IDEM_TEST_PG_URL is not set";
-      GTEST_SKIP() << "IDEM_TEST_PG_URL is not set";
-    }
+    IDEM_NEED_SERVICE(PostgresServerUrl(), "IDEM_TEST_PG_URL");
     SecurityTest::SetUp();
   }
 };
