@@ -506,7 +506,7 @@ class TestCerts {
   }
   ~TestCerts() { std::filesystem::remove_all(dir_); }
 
-  bool ok() const { return ok_; }
+  bool Made() const { return ok_; }
   std::string Ca() const { return (dir_ / "ca.pem").string(); }
   ssl::context ServerContext() const {
     ssl::context context(ssl::context::tls_server);
@@ -525,7 +525,7 @@ class TestCerts {
 // accepts it. Connections are reused over TLS too.
 TEST(ClientPoolTest, HttpsVerifiesTheServer) {
   TestCerts certs;
-  ASSERT_TRUE(certs.ok()) << "the openssl command failed";
+  ASSERT_TRUE(certs.Made()) << "the openssl command failed";
   ssl::context server_tls = certs.ServerContext();
   Upstream upstream({}, &server_tls);
   const Url url = Local(upstream.port(), "localhost", "https");
