@@ -369,6 +369,30 @@ TEST_P(StoreContractTest, AdvanceBeforeACallRequiresALeaseThatCoversTheCall) {
   EXPECT_EQ(fenced.error().code, Errc::kFenced) << fenced.error().message;
 }
 
+// ReadCached (a cache in front of the store; nullopt for a store without one) answers at most
+// what Read answers: never a running record, never one past its expiry, and a finished one only
+// as Read has it.
+TEST_P(StoreContractTest, ReadCachedAnswersOnlyFinishedUnexpiredRecordsAsReadHasThem) {
+  const ClaimSpec spec = Spec("key-cached-1");
+  const Record rec = MustClaim(*store_, spec);
+  ASSERT_TRUE(MustRead(*store_, spec.scope).has_value());
+  EXPECT_FALSE(store_->ReadCached(spec.scope).has_value()) << "a running record is not cached";
+  MustFinish(*store_, spec, rec.lease, Succeeded("answer"));
+  const std::optional<Record> read = MustRead(*store_, spec.scope);
+  ASSERT_TRUE(read.has_value());
+  if (const std::optional<Record> cached = store_->ReadCached(spec.scope)) {
+    EXPECT_EQ(cached->scope, spec.scope);
+    EXPECT_EQ(cached->state, RecordState::kSucceeded);
+    EXPECT_EQ(cached->response, "answer");
+    EXPECT_EQ(cached->fingerprint.mac, read->fingerprint.mac);
+    EXPECT_EQ(cached->expires_at, read->expires_at);
+    EXPECT_EQ(cached->status_code, read->status_code);
+  }
+  EXPECT_FALSE(store_->ReadCached(Spec("key-cached-2").scope).has_value());
+  env_.clock.Advance(kRetention + Millis(1));
+  EXPECT_FALSE(store_->ReadCached(spec.scope).has_value()) << "not past its expiry";
+}
+
 TEST_P(StoreContractTest, FinishedRecordsCannotBeRenewedOrFinishedAgain) {
   const ClaimSpec spec = Spec("key-finished");
   Record rec = MustClaim(*store_, spec);

@@ -140,6 +140,14 @@ class Engine {
   Result<Decision> Start(const RoutePolicy& policy, const Request& request,
                          const TxnHook& on_claim = {}, Timestamp* mismatch_expires = nullptr);
 
+  // Start's answer for a request whose record is finished and held in memory by the store's
+  // cache (Store::ReadCached): the replay, or the error Start would return for it (a mismatch),
+  // decided without blocking — no store I/O, so a caller that must not block may call it.
+  // nullopt when the cache holds nothing for it: then Start decides. Errors: as Start's.
+  Result<std::optional<Decision>> ReplayFromMemory(const RoutePolicy& policy,
+                                                   const Request& request,
+                                                   Timestamp* mismatch_expires = nullptr);
+
   // Step 10's read side, outside any transaction (a snapshot read): the record of `key` on
   // `policy.route` for `principal`, and its stored answer opened and decoded. `key` is parsed as
   // Start parses the Idempotency-Key header, under policy.key_policy. This and Start are the only

@@ -43,6 +43,9 @@ Status ArmFailpoints(std::string_view spec);
 
 // Disarms every point.
 void ClearFailpoints();
+// Whether any point is armed (one relaxed atomic load): lets a caller that must not block (a
+// coroutine on an I/O thread) pass a point through a thread pool only when it could stall.
+bool FailpointsArmed();
 
 namespace internal {
 Status HitFailpoint(std::string_view name);

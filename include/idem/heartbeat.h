@@ -20,6 +20,10 @@ struct HeartbeatOptions {
   // again. With the real monotonic clock the thread wakes when a renewal is due anyway; this
   // bounds how late it notices a test's fake clock moving.
   Millis poll{1000};
+  // Whether the heartbeat renews on a thread of its own. Without one, renewals are made only by
+  // Check and Beat, on their callers' threads: for callers that schedule Beat themselves (idemd's
+  // coroutines, on a timer), so that a waiting execution holds no thread.
+  bool own_thread = true;
 };
 
 // Renews one ticket's lease every interval, on a thread of its own, from construction until
@@ -48,6 +52,12 @@ class Heartbeat {
   // another store error (the lease may have run out), or a failpoint's error ("heartbeat").
   Status Check();
 
+  // Makes a renewal that is due, as Check does, on the caller's thread (it blocks on the store).
+  void Beat() { RenewIfDue(); }
+
+  // The time between renewals.
+  Millis Interval() const { return interval_; }
+
   // Renewals that succeeded so far.
   int64_t Renewals() const;
 
@@ -70,7 +80,7 @@ class Heartbeat {
   Status status_;         // guarded by mu_
   int64_t renewals_ = 0;  // guarded by mu_
   bool stop_ = false;     // guarded by mu_
-  std::thread thread_;    // last: starts once everything above is set
+  std::thread thread_;    // last: starts once everything above is set; none without own_thread
 };
 
 }  // namespace idem

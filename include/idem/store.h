@@ -212,6 +212,12 @@ class Store {
   // Reads one record outside any write transaction (a consistent snapshot).
   virtual Result<std::optional<Record>> Read(const ScopeHash& scope) = 0;
 
+  // A finished record that a cache in front of the store holds in memory, at once: no I/O and no
+  // wait beyond a short lock, so a caller that must not block (a coroutine on an I/O thread) may
+  // ask. Never one past its expiry; nullopt when none is held, always for a store without such a
+  // cache (the default). What Read would answer for a finished record, never anything else.
+  virtual std::optional<Record> ReadCached(const ScopeHash& /*scope*/) { return std::nullopt; }
+
   // Runs one read-only business SQL statement ('?' placeholders) outside any write transaction,
   // on a consistent snapshot. Errors: kInvalidArgument for SQL the database rejects (or that
   // writes); kUnavailable when no connection is free in time.
@@ -253,6 +259,9 @@ class StoreWrapper : public Store {
   Result<std::unique_ptr<StoreTxn>> Begin() override { return target_.Begin(); }
   Result<std::optional<Record>> Read(const ScopeHash& scope) override {
     return target_.Read(scope);
+  }
+  std::optional<Record> ReadCached(const ScopeHash& scope) override {
+    return target_.ReadCached(scope);
   }
   Result<std::vector<SqlRow>> Query(std::string_view sql,
                                     const std::vector<SqlValue>& params = {}) override {

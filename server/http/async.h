@@ -8,6 +8,7 @@
 #pragma once
 
 #include <boost/asio/awaitable.hpp>
+#include <chrono>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -39,23 +40,34 @@ class BlockingPool {
     co_return std::move(*out);
   }
 
+  // Runs `work` on a pool thread and waits for it at most `limit` (polling, at most 20 ms late):
+  // true if it ended in time, false if not (it runs on to its end, so it must own or outlive
+  // what it uses).
+  Async<bool> RunWithin(std::function<void()> work, std::chrono::milliseconds limit);
+
   // Runs `work` on a pool thread later, detached (not awaited).
   void Post(std::function<void()> work);
 
   // Waits for queued work to finish and stops the threads. Idempotent.
   void Join();
 
-  int threads() const { return threads_; }
-
  private:
   struct Impl;
   std::unique_ptr<Impl> impl_;
-  int threads_;
 };
+
+// Resumes the calling coroutine after `duration`, on its own executor; holds no thread meanwhile.
+Async<void> SleepFor(std::chrono::milliseconds duration);
+
+// Awaits `main`; meanwhile, every `every`, runs `tick` on `pool`. Returns (or rethrows what `main`
+// throws) once `main` has ended and no tick is running: nothing of `tick` runs afterwards.
+Async<void> WhileRunning(Async<void> main, std::chrono::milliseconds every, BlockingPool& pool,
+                         std::function<void()> tick);
 
 // Runs `task` to completion on a private event loop in the calling thread and returns its result
 // (tests and tools that call a coroutine from plain code). Rethrows what the task throws.
 void RunSyncVoid(Async<void> task);
+inline void RunSync(Async<void> task) { RunSyncVoid(std::move(task)); }
 template <class T>
 T RunSync(Async<T> task) {
   std::optional<T> out;

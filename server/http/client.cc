@@ -340,9 +340,14 @@ Async<Result<Response>> Exchange(std::shared_ptr<PoolState> state, Request reque
       "http " + request.method + " " + url.scheme + "://" + authority + request.target + ": ";
   Lease lease(state);
   const auto executor = co_await net::this_coro::executor;
-  Status got =
-      co_await Acquire(lease, executor, std::chrono::steady_clock::now() + options.connect_timeout);
+  auto deadline = std::chrono::steady_clock::now() + options.connect_timeout;
+  if (options.send_by) deadline = std::min(deadline, *options.send_by);
+  Status got = co_await Acquire(lease, executor, deadline);
   if (!got) co_return MakeError(got.error().code, what + got.error().message);
+  if (options.send_by && std::chrono::steady_clock::now() > *options.send_by) {
+    lease.keep = true;  // unused and healthy
+    co_return MakeError(Errc::kUnavailable, what + "not sent: the time to send it had passed");
+  }
 
   bhttp::request<bhttp::string_body> req;
   req.method_string(request.method);

@@ -6,9 +6,11 @@
 // (tools and tests). Nothing here includes Beast or Asio beyond async.h's awaitable.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -40,6 +42,9 @@ struct CallOptions {
   Millis timeout{10000};
   // The largest response body accepted (the header section is bounded at 8 KiB).
   std::size_t max_response_bytes = 1 << 20;
+  // When set, the request's first byte leaves by then or the call fails with kUnavailable, not
+  // sent (getting a connection counts): for a call that a lease must cover from the send on.
+  std::optional<std::chrono::steady_clock::time_point> send_by{};
 };
 
 // The errors of a call, blocking or pooled, say whether the server may have acted:

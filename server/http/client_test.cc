@@ -449,6 +449,71 @@ TEST(ClientPoolTest, WaitingForABusyPoolIsBoundedByTheConnectTimeout) {
   EXPECT_EQ(seen[0].target, "/busy");
 }
 
+// send_by: a request that cannot leave by then is not sent at all (kUnavailable), whether it
+// waited for a connection or got one too late; the unused connection stays in the pool.
+TEST(ClientPoolTest, ARequestThatCannotLeaveBySendByIsNotSent) {
+  Upstream upstream(Behaviour{});
+  auto pool = MakePool(Local(upstream.port()));
+  std::optional<Result<Response>> refused;
+  int idle_after_refusal = -1;
+  bool in_time = false;
+  RunSync([&]() -> Async<void> {
+    EXPECT_TRUE((co_await pool->Call(Post("/first", ""))).has_value());
+    CallOptions late;
+    late.send_by = Clock::now() - milliseconds(1);
+    refused = co_await pool->Call(Post("/late", ""), late);
+    idle_after_refusal = pool->IdleConnections();
+    CallOptions soon;
+    soon.send_by = Clock::now() + milliseconds(5000);
+    in_time = (co_await pool->Call(Post("/in-time", ""), soon)).has_value();
+  }());
+  ASSERT_TRUE(refused.has_value());
+  ASSERT_FALSE(refused->has_value());
+  EXPECT_EQ(refused->error().code, Errc::kUnavailable) << refused->error().message;
+  EXPECT_EQ(idle_after_refusal, 1) << "the connection was not used and is kept";
+  EXPECT_TRUE(in_time);
+  EXPECT_EQ(upstream.Accepted(), 1) << "one connection served all three";
+  const auto seen = upstream.SeenRequests();
+  ASSERT_EQ(seen.size(), 2u);
+  EXPECT_EQ(seen[1].target, "/in-time");
+}
+
+TEST(ClientPoolTest, WaitingForABusyPoolEndsAtSendBy) {
+  Upstream upstream(Behaviour{.never_answer = true});
+  PoolOptions options;
+  options.max_connections = 1;
+  auto pool = MakePool(Local(upstream.port()), options);
+  CallOptions slow;
+  slow.timeout = milliseconds(3000);
+  CallOptions bounded;  // connect_timeout stays 2 s; send_by ends the wait first
+  std::optional<Result<Response>> busy, waited;
+  Clock::duration waited_for{};
+  {
+    net::io_context ioc;
+    net::co_spawn(
+        ioc, [&]() -> Async<void> { busy = co_await pool->Call(Post("/busy", ""), slow); },
+        net::detached);
+    net::co_spawn(
+        ioc,
+        [&]() -> Async<void> {
+          const auto start = Clock::now();
+          bounded.send_by = start + milliseconds(200);
+          waited = co_await pool->Call(Post("/waited", ""), bounded);
+          waited_for = Clock::now() - start;
+        },
+        net::detached);
+    ioc.run();
+  }
+  ASSERT_TRUE(waited.has_value());
+  ASSERT_FALSE(*waited);
+  EXPECT_EQ(waited->error().code, Errc::kUnavailable) << waited->error().message;
+  EXPECT_GE(waited_for, milliseconds(200));
+  EXPECT_LT(waited_for, milliseconds(1500)) << "ended by send_by, not by connect_timeout";
+  const auto seen = upstream.SeenRequests();
+  ASSERT_EQ(seen.size(), 1u);
+  EXPECT_EQ(seen[0].target, "/busy");
+}
+
 // A response over max_response_bytes: the upstream acted, its answer is unusable.
 TEST(ClientPoolTest, AnOversizedResponseIsDataLoss) {
   Upstream upstream(Behaviour{.body_bytes = 2000});

@@ -1,4 +1,5 @@
-// server/http/server.cc — accept loop, coroutine sessions, the worker seam, parking and drain.
+// server/http/server.cc — accept loop, coroutine sessions, handlers as coroutines, parking and
+// drain.
 #include "server/http/server.h"
 
 #include <signal.h>
@@ -120,11 +121,7 @@ bhttp::response<bhttp::string_body> ToBeast(Response&& in, bool keep_alive, bool
 class ServerImpl final : public Server {
  public:
   ServerImpl(const ServerOptions& options, Handler& handler, AccessLog* log)
-      : options_(options),
-        handler_(handler),
-        log_(log),
-        workers_(static_cast<std::size_t>(options.worker_threads)),
-        acceptor_(ioc_) {}
+      : options_(options), handler_(handler), log_(log), acceptor_(ioc_) {}
 
   ~ServerImpl() override { Drain(); }
 
@@ -155,16 +152,15 @@ class ServerImpl final : public Server {
     for (auto it = begin; it != end; ++it) Wake(it->second);
   }
 
-  void Spawn(std::function<void()> task) override {
+  void Spawn(std::function<Async<void>()> task) override {
     ++in_flight_;
-    net::post(workers_, [this, task = std::move(task)] {
-      try {
-        task();
-      } catch (...) {
-        std::fprintf(stderr, "background task threw\n");
-      }
-      --in_flight_;
-    });
+    net::co_spawn(
+        net::make_strand(ioc_),
+        [task = std::move(task)]() -> net::awaitable<void> { co_await task(); },
+        [this](std::exception_ptr failure) {
+          if (failure) std::fprintf(stderr, "background task threw\n");
+          --in_flight_;
+        });
   }
 
   void Drain() override {
@@ -199,7 +195,6 @@ class ServerImpl final : public Server {
     }
     ioc_.stop();
     for (auto& t : io_threads_) t.join();
-    workers_.join();
   }
 
  private:
@@ -277,7 +272,7 @@ class ServerImpl final : public Server {
       } else if (draining_) {
         response = Problem(ProblemKind::kShuttingDown, "the server is stopping");
         context.outcome = "draining";
-      } else if (in_flight_ >= options_.worker_threads + options_.max_queued) {
+      } else if (in_flight_ >= options_.max_in_flight) {
         response = Problem(ProblemKind::kOverloaded, "too many requests at once");
         context.outcome = "overloaded";
       } else {
@@ -320,12 +315,12 @@ class ServerImpl final : public Server {
     --open_connections_;
   }
 
-  // Calls the handler on a worker thread, parking between calls when it asks to. `parked` is set
-  // once the request has room to park: from then on it counts in parked_count_, not in_flight_.
+  // Calls the handler, parking between calls when it asks to. `parked` is set once the request
+  // has room to park: from then on it counts in parked_count_, not in_flight_.
   net::awaitable<Response> Run(Connection& conn, const Request& request, RequestContext& context,
                                bool& parked) {
     using namespace net::experimental::awaitable_operators;
-    context.spawn = [this](std::function<void()> task) { Spawn(std::move(task)); };
+    context.spawn = [this](std::function<Async<void>()> task) { Spawn(std::move(task)); };
     context.notify = [this](const std::string& key) { Notify(key); };
     context.reserve_park = [this, &parked] {
       if (parked) return true;
@@ -335,24 +330,21 @@ class ServerImpl final : public Server {
         if (count >= options_.max_parked) return false;
       } while (!parked_count_.compare_exchange_weak(count, count + 1));
       parked = true;
-      --in_flight_;  // a parked request holds no worker: it leaves the admission count
+      --in_flight_;  // a parked request leaves the admission count
       return true;
     };
     auto poll = std::chrono::milliseconds(50);
     while (true) {
-      Response response = co_await net::co_spawn(
-          workers_,
-          [&]() -> net::awaitable<Response> {
-            try {
-              co_return handler_.Handle(request, context);
-            } catch (const std::exception& e) {
-              std::fprintf(stderr, "handler threw: %s\n", e.what());
-            } catch (...) {
-              std::fprintf(stderr, "handler threw\n");
-            }
-            co_return Problem(ProblemKind::kInternal, "unexpected failure");
-          },
-          net::use_awaitable);
+      Response response;
+      try {
+        response = co_await handler_.Handle(request, context);
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "handler threw: %s\n", e.what());
+        response = Problem(ProblemKind::kInternal, "unexpected failure");
+      } catch (...) {
+        std::fprintf(stderr, "handler threw\n");
+        response = Problem(ProblemKind::kInternal, "unexpected failure");
+      }
       if (!context.park) co_return response;
       if (draining_) {
         context.park.reset();
@@ -428,14 +420,13 @@ class ServerImpl final : public Server {
   Handler& handler_;
   AccessLog* log_;
   net::io_context ioc_;
-  net::thread_pool workers_;
   tcp::acceptor acceptor_;
   std::vector<std::thread> io_threads_;
   uint16_t port_ = 0;
   std::atomic<bool> draining_{false};
   std::atomic<bool> drained_{false};
-  // Requests admitted and not parked (and background tasks): held against worker_threads +
-  // max_queued. Parked requests count apart, against max_parked.
+  // Requests admitted and not parked (and background tasks): held against max_in_flight. Parked
+  // requests count apart, against max_parked.
   std::atomic<int> in_flight_{0};
   std::atomic<int> parked_count_{0};
   std::atomic<int> open_connections_{0};
@@ -473,8 +464,8 @@ int WaitForStopSignal() {
 
 Result<std::unique_ptr<Server>> Server::Start(const ServerOptions& options, Handler& handler,
                                               AccessLog* log) {
-  if (options.io_threads < 1 || options.worker_threads < 1 || options.max_queued < 0 ||
-      options.max_connections < 1 || options.max_parked < 0) {
+  if (options.io_threads < 1 || options.max_in_flight < 1 || options.max_connections < 1 ||
+      options.max_parked < 0) {
     return MakeError(Errc::kInvalidArgument, "server: thread and queue sizes must be positive");
   }
   auto server = std::make_unique<ServerImpl>(options, handler, log);

@@ -1,9 +1,9 @@
 // server/http/server.h — an HTTP/1.1 server on Boost.Beast with C++20 coroutines.
 //
-// Three layers: a handler (a plain function of Request, run on a worker thread because it may
-// block on the store or a downstream call), a thin coroutine session per connection (a deadline
-// on every read, a body limit, keep-alive), and an accept loop. Beast and Asio stay inside
-// server.cc; nothing here includes them.
+// Three layers: a handler (a coroutine of Request, run on an I/O thread: what it waits for — a
+// provider, another request — holds memory, not a thread; its blocking store calls go to a
+// BlockingPool), a thin coroutine session per connection (a deadline on every read, a body limit,
+// keep-alive), and an accept loop. Beast and the rest of Asio stay inside server.cc.
 #pragma once
 
 #include <chrono>
@@ -16,6 +16,7 @@
 #include "include/idem/clock.h"
 #include "include/idem/limits.h"
 #include "include/idem/result.h"
+#include "server/http/async.h"
 #include "server/http/message.h"
 
 namespace idem::http {
@@ -23,14 +24,14 @@ namespace idem::http {
 struct ServerOptions {
   std::string host = "127.0.0.1";
   uint16_t port = 8080;  // 0 picks a free port; see Server::port()
+  // Threads running the sessions and the handlers' coroutines.
   int io_threads = 1;
-  // Workers run handlers (blocking store and downstream work). Requests beyond
-  // worker_threads + max_queued at once are refused with 503.
-  int worker_threads = 8;
-  int max_queued = 1024;
-  // Requests parked at once (RequestContext::Park). A parked request holds no worker and does not
-  // count against worker_threads + max_queued; beyond this bound a handler is refused room to
-  // park (RequestContext::reserve_park) and answers at once instead.
+  // Requests being handled at once (not counting parked ones), background tasks included; beyond,
+  // a request is refused with 503 overloaded.
+  int max_in_flight = 4096;
+  // Requests parked at once (RequestContext::Park). A parked request does not count against
+  // max_in_flight; beyond this bound a handler is refused room to park
+  // (RequestContext::reserve_park) and answers at once instead.
   int max_parked = static_cast<int>(limits::kMaxParked);
   int max_connections = 2048;
   std::size_t max_body_bytes = limits::kJsonMaxBytes;
@@ -72,8 +73,9 @@ struct RequestContext {
   // For the access log line.
   std::string route;
   std::string outcome;
-  // Runs `task` on a worker thread later (work that outlives the request: 202 Accepted).
-  std::function<void(std::function<void()>)> spawn;
+  // Runs the coroutine `task` makes later, apart from the request (work that outlives the
+  // request: 202 Accepted); it counts against max_in_flight until it ends.
+  std::function<void(std::function<Async<void>()>)> spawn;
   // Wakes requests parked on `key`.
   std::function<void(const std::string&)> notify;
 };
@@ -81,8 +83,9 @@ struct RequestContext {
 class Handler {
  public:
   virtual ~Handler() = default;
-  // Runs on a worker thread. Must not throw (a throw is answered with 500 and logged).
-  virtual Response Handle(const Request& request, RequestContext& context) = 0;
+  // Runs as a coroutine on an I/O thread: it must not block (blocking calls go through a
+  // BlockingPool). Must not throw (a throw is answered with 500 and logged).
+  virtual Async<Response> Handle(const Request& request, RequestContext& context) = 0;
 };
 
 // Writes one line per finished request. Thread-safe.
@@ -113,8 +116,8 @@ class Server {
   virtual uint16_t port() const = 0;
   // Wakes requests parked on `key` (in this process).
   virtual void Notify(const std::string& key) = 0;
-  // Runs `task` on a worker thread.
-  virtual void Spawn(std::function<void()> task) = 0;
+  // Runs the coroutine `task` makes on an I/O thread, apart from any request.
+  virtual void Spawn(std::function<Async<void>()> task) = 0;
   // Stops accepting and refuses new requests with 503, lets in-flight requests finish (up to
   // drain_timeout), closes idle connections, then stops every thread. Idempotent.
   virtual void Drain() = 0;

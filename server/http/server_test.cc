@@ -36,38 +36,35 @@ using std::chrono::milliseconds;
 //   /echo               200, the body's size
 //   /target             200, the target and the Host header as the handler sees them
 //   /throw, /throw-int  throws a std::exception, or an int
-//   /block              waits until Open() (at most 10 s), then 200
+//   /block              waits on the blocking pool until Open() (at most 10 s), then 200
+//   /sleep?ms=D         waits D ms without a thread, then 200
 //   /park?key=K&ms=D    parks on K until Release(K) ("released") or D ms after its first call
 //                       ("deadline"); each call is recorded; 409 "no room" when the server
 //                       refuses room to park; WaitEnded(K) once the request has ended
 class FakeHandler final : public Handler {
  public:
-  Response Handle(const Request& request, RequestContext& context) override {
+  Async<Response> Handle(const Request& request, RequestContext& context) override {
     const std::string_view path = request.Path();
     if (path == "/echo") {
       Bump(echoes_);
-      return Text(std::to_string(request.body.size()));
+      co_return Text(std::to_string(request.body.size()));
     }
     if (path == "/target") {
       Bump(echoes_);
-      return Text(request.target +
-                  " host=" + std::string(request.headers.Get("host").value_or("")) +
-                  " hosts=" + std::to_string(request.headers.Count("host")));
+      co_return Text(request.target +
+                     " host=" + std::string(request.headers.Get("host").value_or("")) +
+                     " hosts=" + std::to_string(request.headers.Count("host")));
     }
     if (path == "/throw") throw std::runtime_error("handler failure");
     if (path == "/throw-int") throw 42;
-    if (path == "/block") {
-      std::unique_lock lock(mu_);
-      ++blocked_;
-      changed_.notify_all();
-      // Bounded, so a failed test cannot hang the server's drain for ever.
-      if (!changed_.wait_for(lock, std::chrono::seconds(10), [&] { return open_; })) {
-        return Response{504, {}, "never opened"};
-      }
-      return Text("unblocked");
+    if (path == "/block") co_return co_await pool_.Call([this] { return Block(); });
+    if (path == "/sleep") {
+      co_await SleepFor(milliseconds(std::stoi(std::string(*request.QueryParam("ms")))));
+      Bump(slept_);
+      co_return Text("slept");
     }
-    if (path == "/park") return Park(request, context);
-    return Response{404, {}, ""};
+    if (path == "/park") co_return Park(request, context);
+    co_return Response{404, {}, ""};
   }
 
   void Open() {
@@ -83,6 +80,10 @@ class FakeHandler final : public Handler {
   int Echoes() {
     std::lock_guard lock(mu_);
     return echoes_;
+  }
+  int Slept() {
+    std::lock_guard lock(mu_);
+    return slept_;
   }
   // The times `key`'s handler was called, in order.
   std::vector<Clock::time_point> Calls(const std::string& key) {
@@ -110,6 +111,17 @@ class FakeHandler final : public Handler {
     Response r{200, {}, std::move(body)};
     r.headers.Set("Content-Type", "text/plain");
     return r;
+  }
+
+  Response Block() {
+    std::unique_lock lock(mu_);
+    ++blocked_;
+    changed_.notify_all();
+    // Bounded, so a failed test cannot hang the server's drain for ever.
+    if (!changed_.wait_for(lock, std::chrono::seconds(10), [&] { return open_; })) {
+      return Response{504, {}, "never opened"};
+    }
+    return Text("unblocked");
   }
 
   void Bump(int& counter) {
@@ -153,11 +165,13 @@ class FakeHandler final : public Handler {
   std::mutex mu_;
   std::condition_variable changed_;
   int echoes_ = 0;
+  int slept_ = 0;
   int blocked_ = 0;
   bool open_ = false;
   std::set<std::string> released_;
   std::set<std::string> ended_;
   std::map<std::string, std::vector<Clock::time_point>> calls_;
+  BlockingPool pool_{8};
 };
 
 int StatusOf(std::string_view raw) {
@@ -169,7 +183,6 @@ class ServerTest : public ::testing::Test {
  protected:
   ServerTest() {
     options_.port = 0;
-    options_.worker_threads = 2;
     options_.drain_timeout = milliseconds(3000);
   }
   ~ServerTest() override {
@@ -601,16 +614,13 @@ TEST_F(ServerTest, AParkedRequestIsCalledAgainAtItsDeadlineWithoutANotify) {
 
 // --- admission --------------------------------------------------------------------------------
 
-TEST_F(ServerTest, BeyondWorkersPlusQueueRequestsAre503Overloaded) {
-  options_.worker_threads = 1;
-  options_.max_queued = 1;
+TEST_F(ServerTest, BeyondMaxInFlightRequestsAre503Overloaded) {
+  options_.max_in_flight = 2;
   Start();
-  // Two requests admitted (the limit is 1 + 1): one runs, one waits for the worker ...
+  // Two requests admitted (the limit is 2) ...
   auto running = GetAsync("/block");
-  ASSERT_TRUE(handler_.WaitBlocked(1));
   auto queued = GetAsync("/block");
-  ASSERT_TRUE(handler_.WaitBlocked(1));
-  std::this_thread::sleep_for(milliseconds(300));  // the second is admitted and queued
+  ASSERT_TRUE(handler_.WaitBlocked(2));
   // ... and a third is refused without reaching the handler.
   auto refused = Get("/echo");
   ASSERT_TRUE(refused.has_value()) << refused.error().message;
@@ -633,11 +643,31 @@ TEST_F(ServerTest, BeyondWorkersPlusQueueRequestsAre503Overloaded) {
   EXPECT_EQ(later->status, 200);
 }
 
-// A parked request holds no worker, so it takes none of the room meant for executing requests:
-// with a limit of one executing request, two parked ones leave it free.
-TEST_F(ServerTest, ParkedRequestsDoNotCountAgainstWorkersPlusQueue) {
-  options_.worker_threads = 1;
-  options_.max_queued = 0;
+// A handler that waits holds no thread: with one I/O thread, a hundred requests waiting on their
+// handlers' timers leave the server free to answer another request before any of them ends.
+TEST_F(ServerTest, WaitingHandlersHoldNoThread) {
+  options_.io_threads = 1;
+  Start();
+  std::vector<std::future<Result<Response>>> sleepers;
+  for (int i = 0; i < 100; ++i) sleepers.push_back(GetAsync("/sleep?ms=4000"));
+  std::this_thread::sleep_for(milliseconds(300));  // the sleepers are read and waiting
+  auto echo = Get("/echo");
+  const int slept_when_answered = handler_.Slept();
+  ASSERT_TRUE(echo.has_value()) << echo.error().message;
+  EXPECT_EQ(echo->status, 200);
+  EXPECT_EQ(slept_when_answered, 0) << "the echo must not wait for the sleepers";
+  for (auto& sleeper : sleepers) {
+    auto answer = sleeper.get();
+    ASSERT_TRUE(answer.has_value()) << answer.error().message;
+    EXPECT_EQ(answer->body, "slept");
+  }
+  EXPECT_EQ(handler_.Slept(), 100);
+}
+
+// A parked request takes none of the room meant for executing requests: with a limit of one
+// executing request, two parked ones leave it free.
+TEST_F(ServerTest, ParkedRequestsDoNotCountAgainstMaxInFlight) {
+  options_.max_in_flight = 1;
   Start();
   auto first = GetAsync("/park?key=p1&ms=20000");
   ASSERT_TRUE(handler_.WaitCalls("p1", 1));

@@ -172,8 +172,19 @@ Result<Config> LoadConfig(const std::string& path, const std::vector<std::string
   IDEM_RETURN_IF_ERROR(Read(t, "server", "listen", listen, o));
   if (!listen.empty()) IDEM_RETURN_IF_ERROR(ParseListen(listen, c.server, o));
   IDEM_RETURN_IF_ERROR(Read(t, "server", "io_threads", c.server.io_threads, o));
-  IDEM_RETURN_IF_ERROR(Read(t, "server", "worker_threads", c.server.worker_threads, o));
-  IDEM_RETURN_IF_ERROR(Read(t, "server", "max_queued", c.server.max_queued, o));
+  IDEM_RETURN_IF_ERROR(Read(t, "server", "max_in_flight", c.server.max_in_flight, o));
+  // Keys of the thread-per-request model: still type-checked, then ignored with a warning, so an
+  // older file starts (requests no longer hold threads; max_in_flight bounds them).
+  for (const char* removed : {"worker_threads", "max_queued"}) {
+    int ignored = 0;
+    IDEM_RETURN_IF_ERROR(Read(t, "server", removed, ignored, o));
+    if (t.at_path(std::string("server.") + removed).node() != nullptr) {
+      std::fprintf(stderr,
+                   "{\"level\":\"warn\",\"msg\":\"config key ignored\",\"key\":\"server.%s\","
+                   "\"why\":\"requests hold no threads; see server.max_in_flight\"}\n",
+                   removed);
+    }
+  }
   IDEM_RETURN_IF_ERROR(Read(t, "server", "max_connections", c.server.max_connections, o));
   IDEM_RETURN_IF_ERROR(Read(t, "server", "max_parked", c.server.max_parked, o));
   IDEM_RETURN_IF_ERROR(Read(t, "server", "max_body_bytes", c.server.max_body_bytes, o));
@@ -182,6 +193,8 @@ Result<Config> LoadConfig(const std::string& path, const std::vector<std::string
 
   IDEM_RETURN_IF_ERROR(Read(t, "store", "url", c.store_url, o));
   IDEM_RETURN_IF_ERROR(Read(t, "store", "pool_size", c.store_pool_size, o));
+  IDEM_RETURN_IF_ERROR(Read(t, "store", "threads", c.store_threads, o));
+  IDEM_RETURN_IF_ERROR(Read(t, "store", "replay_cache_bytes", c.replay_cache_bytes, o));
   IDEM_RETURN_IF_ERROR(Read(t, "store", "prepared_statements", c.store_prepared_statements, o));
   PostgresTimeouts& timeouts = c.store_timeouts;
   IDEM_RETURN_IF_ERROR(ReadMillis(t, "store", "connect_timeout_ms", timeouts.connect, o));
@@ -196,6 +209,10 @@ Result<Config> LoadConfig(const std::string& path, const std::vector<std::string
   IDEM_RETURN_IF_ERROR(Read(t, "redis", "url", c.redis_url, o));
   IDEM_RETURN_IF_ERROR(Read(t, "provider", "url", c.provider_url, o));
   IDEM_RETURN_IF_ERROR(ReadMillis(t, "provider", "timeout_ms", c.provider_timeout, o));
+  IDEM_RETURN_IF_ERROR(
+      ReadMillis(t, "provider", "connect_timeout_ms", c.provider_connect_timeout, o));
+  IDEM_RETURN_IF_ERROR(Read(t, "provider", "max_connections", c.provider_max_connections, o));
+  IDEM_RETURN_IF_ERROR(Read(t, "provider", "ca_file", c.provider_ca_file, o));
   IDEM_RETURN_IF_ERROR(
       Read(t, "provider", "5xx_means_nothing_charged", c.provider_5xx_means_nothing_charged, o));
   IDEM_RETURN_IF_ERROR(
@@ -288,6 +305,18 @@ Result<Config> LoadConfig(const std::string& path, const std::vector<std::string
   if (c.wait_max > limits::kWaitMax) {
     return Bad(
         o, "idempotency.wait_max_ms must be at most " + std::to_string(limits::kWaitMax.count()));
+  }
+  if (c.server.max_in_flight < 1 || c.server.max_in_flight > kMaxInFlightCeiling) {
+    return Bad(o, "server.max_in_flight must be 1.." + std::to_string(kMaxInFlightCeiling));
+  }
+  if (c.provider_max_connections < 1 || c.provider_max_connections > kMaxInFlightCeiling) {
+    return Bad(o, "provider.max_connections must be 1.." + std::to_string(kMaxInFlightCeiling));
+  }
+  if (c.replay_cache_bytes > kReplayCacheCeiling) {
+    return Bad(o, "store.replay_cache_bytes must be 0.." + std::to_string(kReplayCacheCeiling));
+  }
+  if (c.store_threads > kStoreThreadsCeiling) {
+    return Bad(o, "store.threads must be 0.." + std::to_string(kStoreThreadsCeiling));
   }
   if (c.server.max_parked < 0 || c.server.max_parked > limits::kParkedCeiling) {
     return Bad(o, "server.max_parked must be 0.." + std::to_string(limits::kParkedCeiling));

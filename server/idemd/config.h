@@ -33,10 +33,20 @@ struct Secrets {
   uint32_t seal_current = 0;
 };
 
+// Bounds of [server] max_in_flight and [store] threads.
+inline constexpr int kMaxInFlightCeiling = 1'000'000;
+inline constexpr int kStoreThreadsCeiling = 1024;
+inline constexpr int64_t kReplayCacheCeiling = int64_t{1} << 40;
+
 struct Config {
   http::ServerOptions server;
   std::string store_url;  // "sqlite:///path/idem.db"
   int store_pool_size = 4;
+  // Threads that run the store's blocking calls; 0: pool_size + 1 (SQLite's readers and its
+  // writer; PostgreSQL's connections and one more to queue on them). See StoreThreads.
+  int store_threads = 0;
+  // Bytes of finished records kept in memory for replays (Redis or not); 0 turns it off.
+  int64_t replay_cache_bytes = 64 << 20;
   // PostgreSQL: server-side prepared statements (off behind PgBouncer transaction pooling).
   bool store_prepared_statements = true;
   // PostgreSQL: connect, statement, lock and idle-in-transaction timeouts and TCP keepalives.
@@ -44,6 +54,9 @@ struct Config {
   std::string redis_url;  // optional: the replay cache and in-flight markers
   std::string provider_url = "http://127.0.0.1:8090";
   Millis provider_timeout{5000};
+  Millis provider_connect_timeout{2000};
+  int provider_max_connections = 1024;
+  std::string provider_ca_file;  // https: the CAs to trust; empty: the system's
   // The provider's declared semantics: a 5xx answer to a charge means nothing was charged. Off
   // (the default), a 5xx after the request left proves nothing and the charge is looked up
   // before the order can be paid again (docs/idemd.md, "Ambiguous failures").
@@ -93,6 +106,11 @@ struct Config {
 // Reads `path` (TOML), applies `overrides` (--listen, --store, --redis, --provider), then loads
 // the secrets. Errors: kInvalidArgument naming the file, key and problem.
 Result<Config> LoadConfig(const std::string& path, const std::vector<std::string>& overrides);
+
+// The threads for the store's blocking calls: store_threads, or pool_size + 1 when it is 0.
+inline int StoreThreads(const Config& c) {
+  return c.store_threads > 0 ? c.store_threads : c.store_pool_size + 1;
+}
 
 // Parses secrets from TOML text: hmac_current, seal_current, [[hmac]] / [[seal]] tables with
 // `id` and hex `key`. Errors: kInvalidArgument.

@@ -35,10 +35,11 @@ TEST_F(ConfigTest, ReadsTheFileAndFlagsOverrideIt) {
   const std::string path = Write("c.toml", Minimal(R"(
 [server]
 listen = "127.0.0.1:7000"
-worker_threads = 3
+max_in_flight = 3
 max_parked = 300
 [store]
 url = "sqlite://a.db"
+threads = 6
 connect_timeout_ms = 2000
 statement_timeout_ms = 4000
 lock_timeout_ms = 1000
@@ -65,7 +66,8 @@ user = "alice"
   ASSERT_TRUE(c.has_value()) << c.error().message;
   EXPECT_EQ(c->server.host, "0.0.0.0");
   EXPECT_EQ(c->server.port, 0);
-  EXPECT_EQ(c->server.worker_threads, 3);
+  EXPECT_EQ(c->server.max_in_flight, 3);
+  EXPECT_EQ(StoreThreads(*c), 6);
   EXPECT_EQ(c->store_url, "sqlite:///tmp/b.db");
   EXPECT_EQ(c->provider_url, "http://10.0.0.1:1");
   EXPECT_EQ(c->provider_timeout, Millis(1500));
@@ -106,6 +108,8 @@ TEST_F(ConfigTest, DefaultsWhenKeysAreAbsent) {
   EXPECT_EQ(c->store_timeouts.keepalives_count, 3);
   EXPECT_EQ(c->max_waiters_per_principal, 100);
   EXPECT_EQ(c->server.max_parked, 1024);
+  EXPECT_EQ(c->server.max_in_flight, 4096);
+  EXPECT_EQ(StoreThreads(*c), c->store_pool_size + 1) << "0: the pool size and one more";
 }
 
 TEST_F(ConfigTest, GeneratesDevelopmentSecretsOnceAndPrivately) {
@@ -242,7 +246,12 @@ TEST_F(ConfigTest, HugeNumbersAreRefusedNotWrapped) {
        false, "timeout_ms must be at most"},
       {"[reconciliation]\nwindow_ms = 9223372036854775807\n", false, "window_ms"},
       {"[store]\nkeepalives_idle_s = 9223372036854775807\n", false, "keepalives_idle_s"},
-      {"[server]\nworker_threads = 2147483647\n", true, ""},
+      {"[server]\nworker_threads = 2147483647\n", true, ""},  // ignored, with a warning
+      {"[server]\nmax_in_flight = 1000000\n", true, ""},
+      {"[server]\nmax_in_flight = 1000001\n", false, "max_in_flight must be 1..1000000"},
+      {"[server]\nmax_in_flight = 0\n", false, "max_in_flight must be 1..1000000"},
+      {"[store]\nthreads = 1024\n", true, ""},
+      {"[store]\nthreads = 1025\n", false, "store.threads must be 0..1024"},
       {"[server]\nworker_threads = 4294967297\n", false, "worker_threads must be at most"},
       {"[store]\npool_size = 2147483648\n", false, "pool_size"},
   };

@@ -109,9 +109,11 @@ RecordState FailurePolicy::Classify(int status) const {
   return status >= 500 ? RecordState::kFailedRetryable : RecordState::kFailedFinal;
 }
 
-IdempotencyFilter::IdempotencyFilter(Engine& engine, MonotonicClock& monotonic, Metrics& metrics,
+IdempotencyFilter::IdempotencyFilter(Engine& engine, http::BlockingPool& pool,
+                                     MonotonicClock& monotonic, Metrics& metrics,
                                      FilterPolicy policy, Operation& operation)
     : engine_(engine),
+      pool_(pool),
       monotonic_(monotonic),
       metrics_(metrics),
       policy_(std::move(policy)),
@@ -132,11 +134,12 @@ void IdempotencyFilter::AddExpires(http::Response& response, Timestamp expires) 
   response.headers.Set("Idempotency-Key-Expires", http::HttpDate(ToUnixMillis(expires)));
 }
 
-http::Response IdempotencyFilter::Handle(const http::Request& request, const Principal& principal,
-                                         http::RequestContext& context) {
-  http::Response response = Decide(request, principal, context);
+http::Async<http::Response> IdempotencyFilter::Handle(const http::Request& request,
+                                                      const Principal& principal,
+                                                      http::RequestContext& context) {
+  http::Response response = co_await Decide(request, principal, context);
   if (!context.park) context.hold.reset();  // answered: no longer waiting
-  return response;
+  co_return response;
 }
 
 bool IdempotencyFilter::TryPark(const Principal& principal, http::RequestContext& context) {
@@ -173,8 +176,9 @@ http::Response IdempotencyFilter::InProgress(const Running& running, bool respon
   return response;
 }
 
-http::Response IdempotencyFilter::Decide(const http::Request& request, const Principal& principal,
-                                         http::RequestContext& context) {
+http::Async<http::Response> IdempotencyFilter::Decide(const http::Request& request,
+                                                      const Principal& principal,
+                                                      http::RequestContext& context) {
   context.route = policy_.route_label;
   auto count = [&](const char* outcome) {
     context.outcome = outcome;
@@ -182,15 +186,15 @@ http::Response IdempotencyFilter::Decide(const http::Request& request, const Pri
   };
   if (auto refusal = operation_.Validate(request, principal)) {
     count("invalid");
-    return std::move(*refusal);
+    co_return std::move(*refusal);
   }
   Request engine_request;
   engine_request.principal = principal;
   engine_request.key_header = request.headers.Get("idempotency-key");
   if (request.headers.Count("idempotency-key") > 1) {
     count("invalid");
-    return http::Problem(http::ProblemKind::kInvalidRequest,
-                         "send exactly one Idempotency-Key header");
+    co_return http::Problem(http::ProblemKind::kInvalidRequest,
+                            "send exactly one Idempotency-Key header");
   }
   engine_request.method = request.method;
   // As sent: the engine fingerprints only its media type (MediaTypeOf).
@@ -199,16 +203,21 @@ http::Response IdempotencyFilter::Decide(const http::Request& request, const Pri
   engine_request.body = request.body;
   const Preferences prefer = ParsePrefer(request.headers);
 
+  Timestamp mismatch_expires{};  // set by the engine with kFingerprintMismatch
+  // A finished record held in memory is answered here, on this thread: no store call, no hop.
+  Result<std::optional<Decision>> held =
+      engine_.ReplayFromMemory(policy_.route, engine_request, &mismatch_expires);
   const SteadyTime started = monotonic_.Now();
-  if (context.hold && context.attempt > 1 && engine_request.key_header) {
+  if (held && !*held && context.hold && context.attempt > 1 && engine_request.key_header) {
     // A parked request polls with a snapshot read: while the operation it waits for still holds
     // its lease, Start would only take the write lock (the claim transaction) to say so again.
     // The first call verified this request against the record, which a PROCESSING record keeps.
-    auto found = engine_.Lookup(principal, policy_.route, *engine_request.key_header);
+    auto found = co_await pool_.Call(
+        [&] { return engine_.Lookup(principal, policy_.route, *engine_request.key_header); });
     metrics_.ObserveStore(monotonic_.SecondsSince(started));
     if (found && *found && (*found)->lease_left) {
       const FoundRecord& running = **found;
-      return InProgress(
+      co_return InProgress(
           Running{running.key, running.record.scope,
                   std::clamp(*running.lease_left, Millis(1), policy_.route.retry_after),
                   running.record.expires_at},
@@ -216,14 +225,20 @@ http::Response IdempotencyFilter::Decide(const http::Request& request, const Pri
     }
     // Finished, its lease ended, gone, or the read failed: Start decides.
   }
-  Timestamp mismatch_expires{};  // set by Start with kFingerprintMismatch
-  auto decision = engine_.Start(
-      policy_.route, engine_request,
-      [&](StoreTxn& txn, const Record& record) {
-        return operation_.OnClaim(txn, record, request, principal);
-      },
-      &mismatch_expires);
-  metrics_.ObserveStore(monotonic_.SecondsSince(started));
+  Result<Decision> decision = held ? MakeError(Errc::kInternal, "undecided") : held.error();
+  if (held && *held) {
+    decision = std::move(**held);
+  } else if (held) {
+    decision = co_await pool_.Call([&] {
+      return engine_.Start(
+          policy_.route, engine_request,
+          [&](StoreTxn& txn, const Record& record) {
+            return operation_.OnClaim(txn, record, request, principal);
+          },
+          &mismatch_expires);
+    });
+    metrics_.ObserveStore(monotonic_.SecondsSince(started));
+  }
   if (!decision) {
     const Errc code = decision.error().code;
     count(code == Errc::kFingerprintMismatch                          ? "mismatch"
@@ -236,9 +251,9 @@ http::Response IdempotencyFilter::Decide(const http::Request& request, const Pri
     }
     // A mismatch is about the record that holds the key: the 422 tells until when it does.
     if (code == Errc::kFingerprintMismatch) {
-      return http::ProblemFor(decision.error(), mismatch_expires);
+      co_return http::ProblemFor(decision.error(), mismatch_expires);
     }
-    return http::ProblemFor(decision.error());
+    co_return http::ProblemFor(decision.error());
   }
 
   const std::string location = policy_.operations_prefix + decision->key;
@@ -251,12 +266,12 @@ http::Response IdempotencyFilter::Decide(const http::Request& request, const Pri
       response.body = std::move(decision->response.body);
       response.headers.Set("Idempotent-Replayed", "true");
       AddExpires(response, decision->key_expires);
-      return response;
+      co_return response;
     }
     case Decision::Kind::kInProgress:
-      return InProgress(Running{decision->key, decision->record.scope, decision->retry_after,
-                                decision->key_expires},
-                        prefer.respond_async, prefer.wait, principal, context);
+      co_return InProgress(Running{decision->key, decision->record.scope, decision->retry_after,
+                                   decision->key_expires},
+                           prefer.respond_async, prefer.wait, principal, context);
     case Decision::Kind::kExecute:
       break;
   }
@@ -264,46 +279,60 @@ http::Response IdempotencyFilter::Decide(const http::Request& request, const Pri
   if (decision->ticket.resumed) metrics_.CountTakeover();
   if (prefer.respond_async) {
     count("accepted");
-    auto notify = context.notify;
-    context.spawn(
-        [this, ticket = decision->ticket, request, principal, notify, location]() mutable {
-          (void)Run(std::move(ticket), request, principal, location, notify);
-        });
-    return Accepted(decision->key, location, decision->key_expires);
+    // The work runs on apart from this request, with copies of what it needs.
+    context.spawn([this, ticket = decision->ticket, request, principal, notify = context.notify,
+                   location]() -> http::Async<void> {
+      return RunApart(ticket, request, principal, location, notify);
+    });
+    co_return Accepted(decision->key, location, decision->key_expires);
   }
   std::optional<Millis> settling;
-  http::Response response =
-      Run(std::move(decision->ticket), request, principal, location, context.notify, &settling);
+  http::Response response = co_await Run(std::move(decision->ticket), request, principal, location,
+                                         context.notify, &settling);
   if (settling) {
     // Nothing was sent: an earlier send is still settling, and the record is held until it
     // has. A request that may wait parks like any duplicate of a running operation.
     if (prefer.wait) {
-      return InProgress(
+      co_return InProgress(
           Running{decision->key, decision->record.scope, *settling, decision->key_expires},
           /*respond_async=*/false, prefer.wait, principal, context);
     }
     count("in_progress");
-    return response;
+    co_return response;
   }
   count("executed");
   AddExpires(response, decision->key_expires);
-  return response;
+  co_return response;
 }
 
-http::Response IdempotencyFilter::Run(Ticket ticket, const http::Request& request,
-                                      const Principal& principal, const std::string& location,
-                                      const std::function<void(const std::string&)>& notify,
-                                      std::optional<Millis>* settling) {
+http::Async<void> IdempotencyFilter::RunApart(Ticket ticket, http::Request request,
+                                              Principal principal, std::string location,
+                                              std::function<void(const std::string&)> notify) {
+  (void)co_await Run(std::move(ticket), request, principal, location, std::move(notify));
+}
+
+http::Async<http::Response> IdempotencyFilter::Run(Ticket ticket, const http::Request& request,
+                                                   const Principal& principal,
+                                                   const std::string& location,
+                                                   std::function<void(const std::string&)> notify,
+                                                   std::optional<Millis>* settling) {
   Execution execution;
   {
-    // Renews the lease while the operation works; stopped before the lease is finished or
-    // released, so it never extends a lease given up.
-    Heartbeat heartbeat(engine_, ticket, monotonic_);
-    execution = operation_.Execute(ticket, request, principal, engine_, heartbeat);
+    // Renews the lease on a timer while the operation works, each renewal on the pool; stopped
+    // (and any renewal in progress ended) before the lease is finished or released, so it never
+    // extends a lease given up.
+    Heartbeat heartbeat(engine_, ticket, monotonic_, {.own_thread = false});
+    co_await http::WhileRunning(
+        [](Operation& op, Ticket& t, const http::Request& r, const Principal& p, Engine& e,
+           Heartbeat& h, Execution& out) -> http::Async<void> {
+          out = co_await op.Execute(t, r, p, e, h);
+        }(operation_, ticket, request, principal, engine_, heartbeat, execution),
+        heartbeat.Interval(), pool_, [&heartbeat] { heartbeat.Beat(); });
   }
-  http::Response response = Finish(ticket, std::move(execution), location, settling);
+  http::Response response =
+      co_await pool_.Call([&] { return Finish(ticket, std::move(execution), location, settling); });
   if (notify) notify(ScopeKey(ticket.scope));
-  return response;
+  co_return response;
 }
 
 http::Response IdempotencyFilter::Finish(Ticket& ticket, Execution execution,

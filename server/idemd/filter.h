@@ -48,12 +48,15 @@ class Operation {
   // record.resource_id is set once).
   virtual Status OnClaim(StoreTxn& txn, const Record& record, const http::Request& request,
                          const Principal& principal) = 0;
-  // Executes (blocking). `ticket` may be advanced through `engine`. `heartbeat` keeps the
-  // ticket's lease meanwhile: check it before each external step and stop when it fails.
-  virtual Execution Execute(Ticket& ticket, const http::Request& request,
-                            const Principal& principal, Engine& engine, Heartbeat& heartbeat) = 0;
-  // Resolves a stale record without its request (the reconciler): returns the execution to
-  // finish with, or one with outcome_unknown to try again later.
+  // Executes, as a coroutine on an I/O thread: store calls (and anything else that blocks) go
+  // through a BlockingPool; external calls are awaited without holding a thread. `ticket` may be
+  // advanced through `engine`. `heartbeat` keeps the ticket's lease meanwhile (renewed on a timer
+  // while this runs): check it before each external step and stop when it fails.
+  virtual http::Async<Execution> Execute(Ticket& ticket, const http::Request& request,
+                                         const Principal& principal, Engine& engine,
+                                         Heartbeat& heartbeat) = 0;
+  // Resolves a stale record without its request (the reconciler, on its own thread; blocking):
+  // returns the execution to finish with, or one with outcome_unknown to try again later.
   virtual Execution Reconcile(Ticket& ticket, Engine& engine) = 0;
 };
 
@@ -79,13 +82,13 @@ struct FilterPolicy {
   std::vector<std::string> stored_headers = {"Location", "Content-Type"};
 };
 
-// Thread-safe. Borrows the engine, the clock, the metrics and the operation; talks to records only
-// through the engine. `monotonic` times Prefer: wait deadlines, the latency metrics and the
-// heartbeat that renews each execution's lease.
+// Thread-safe. Borrows the engine, the pool, the clock, the metrics and the operation; talks to
+// records only through the engine, whose calls run on `pool`. `monotonic` times Prefer: wait
+// deadlines, the latency metrics and the heartbeat that renews each execution's lease.
 class IdempotencyFilter {
  public:
-  IdempotencyFilter(Engine& engine, MonotonicClock& monotonic, Metrics& metrics,
-                    FilterPolicy policy, Operation& operation);
+  IdempotencyFilter(Engine& engine, http::BlockingPool& pool, MonotonicClock& monotonic,
+                    Metrics& metrics, FilterPolicy policy, Operation& operation);
 
   // Prefer: wait parks a duplicate of a running operation (context.park) when its principal has
   // fewer than policy.max_waiters_per_principal parked and the server has room
@@ -94,10 +97,10 @@ class IdempotencyFilter {
   // checks with a snapshot read (Engine::Lookup) and goes to Engine::Start — whose claim
   // transaction takes the write lock — only once the record is finished, its lease has ended,
   // or it is gone.
-  http::Response Handle(const http::Request& request, const Principal& principal,
-                        http::RequestContext& context);
+  http::Async<http::Response> Handle(const http::Request& request, const Principal& principal,
+                                     http::RequestContext& context);
 
-  // GET {operations_prefix}{key}: the caller's own record for `key` on this route.
+  // GET {operations_prefix}{key}: the caller's own record for `key` on this route (blocking).
   http::Response GetOperation(std::string_view key, const Principal& principal);
 
   // Resolves up to `limit` stale records of this route; returns how many it resolved.
@@ -109,10 +112,14 @@ class IdempotencyFilter {
   // `location`: the operation's URL, for answers that tell a client to come back. When nothing
   // was sent because an earlier send is still settling, sets *settling (if given) to how long
   // it has left; the record is held that long.
-  http::Response Run(Ticket ticket, const http::Request& request, const Principal& principal,
-                     const std::string& location,
-                     const std::function<void(const std::string&)>& notify,
-                     std::optional<Millis>* settling = nullptr);
+  http::Async<http::Response> Run(Ticket ticket, const http::Request& request,
+                                  const Principal& principal, const std::string& location,
+                                  std::function<void(const std::string&)> notify,
+                                  std::optional<Millis>* settling = nullptr);
+  // Run for a request answered already (202 Accepted): owns copies of what it uses.
+  http::Async<void> RunApart(Ticket ticket, http::Request request, Principal principal,
+                             std::string location, std::function<void(const std::string&)> notify);
+  // Records the execution's outcome (blocking: on the pool).
   http::Response Finish(Ticket& ticket, Execution execution, const std::string& location,
                         std::optional<Millis>* settling);
   void AddExpires(http::Response& response, Timestamp expires) const;
@@ -122,8 +129,8 @@ class IdempotencyFilter {
   // The stored answer of a finished record, as a replay; nullopt if it is not finished.
   std::optional<http::Response> StoredAnswer(const ScopeHash& scope);
   // Handle, but for context.hold, which Handle gives back once the request stops waiting.
-  http::Response Decide(const http::Request& request, const Principal& principal,
-                        http::RequestContext& context);
+  http::Async<http::Response> Decide(const http::Request& request, const Principal& principal,
+                                     http::RequestContext& context);
   // A running operation `key` met by this request: parks it (Prefer: wait, with a place among its
   // principal's waiters and room in the server) or answers 409 / 202.
   struct Running {
@@ -139,6 +146,7 @@ class IdempotencyFilter {
   bool TryPark(const Principal& principal, http::RequestContext& context);
 
   Engine& engine_;
+  http::BlockingPool& pool_;
   MonotonicClock& monotonic_;
   Metrics& metrics_;
   FilterPolicy policy_;

@@ -16,6 +16,7 @@
 #include <thread>
 #include <vector>
 
+#include "include/idem/store/replay_cache.h"
 #include "include/idem/store/sqlite.h"
 #include "server/http/problem.h"
 #include "testing/engine_fixture.h"
@@ -77,15 +78,15 @@ class FakeOperation final : public Operation {
     if (!record.resource_id.empty()) return Ok();
     return txn.Advance(record.scope, record.lease, "claimed", "thing_" + std::to_string(n));
   }
-  Execution Execute(Ticket& ticket, const http::Request&, const Principal&, Engine&,
-                    Heartbeat&) override {
+  http::Async<Execution> Execute(Ticket& ticket, const http::Request&, const Principal&, Engine&,
+                                 Heartbeat&) override {
     int n;
     {
       std::lock_guard lock(mu_);
       n = ++executed_;
       executions_.push_back(ticket);
     }
-    return execute ? execute(n, ticket) : Answer(201, n);
+    co_return execute ? execute(n, ticket) : Answer(201, n);
   }
   Execution Reconcile(Ticket& ticket, Engine&) override {
     {
@@ -152,7 +153,8 @@ class FilterTest : public testing::EngineFixture {
   // The filter, made on first use so a test may change policy_ before.
   IdempotencyFilter& Filter() {
     if (!filter_) {
-      filter_ = std::make_unique<IdempotencyFilter>(*engine_, monotonic_, metrics_, policy_, op_);
+      filter_ =
+          std::make_unique<IdempotencyFilter>(*engine_, pool_, monotonic_, metrics_, policy_, op_);
     }
     return *filter_;
   }
@@ -175,7 +177,7 @@ class FilterTest : public testing::EngineFixture {
   // recorded.
   http::RequestContext Context() {
     http::RequestContext context;
-    context.spawn = [this](std::function<void()> task) {
+    context.spawn = [this](std::function<http::Async<void>()> task) {
       std::lock_guard lock(mu_);
       spawned_.push_back(std::move(task));
     };
@@ -188,7 +190,13 @@ class FilterTest : public testing::EngineFixture {
 
   http::Response Handle(const http::Request& request, const Principal& who = kAlice) {
     http::RequestContext context = Context();
-    return Filter().Handle(request, who, context);
+    return HandleWith(request, who, context);
+  }
+
+  // The filter's coroutine run to its end in this thread.
+  http::Response HandleWith(const http::Request& request, const Principal& who,
+                            http::RequestContext& context) {
+    return http::RunSync(Filter().Handle(request, who, context));
   }
 
   // Runs `request` on a thread and returns once its (first) execution is inside Execute, where it
@@ -204,7 +212,7 @@ class FilterTest : public testing::EngineFixture {
     Filter();
     runner_ = std::thread([this, request = std::move(request)] {
       http::RequestContext context = Context();
-      blocked_answer_ = Filter().Handle(request, kAlice, context);
+      blocked_answer_ = HandleWith(request, kAlice, context);
     });
     entered_.wait();
   }
@@ -251,12 +259,13 @@ class FilterTest : public testing::EngineFixture {
   }
 
   Metrics metrics_;
+  http::BlockingPool pool_{4};
   FilterPolicy policy_;
   FakeOperation op_;
   std::unique_ptr<IdempotencyFilter> filter_;
 
   std::mutex mu_;
-  std::vector<std::function<void()>> spawned_;
+  std::vector<std::function<http::Async<void>()>> spawned_;
   std::vector<std::string> notified_;
 
   std::latch entered_{1};
@@ -284,7 +293,7 @@ TEST(FailurePolicyTest, Classifies2xxThenTheListsThenTheStatusClass) {
 TEST_F(FilterTest, ARefusalFromValidateEndsTheRequestAndLeavesNoRecord) {
   op_.refusal = http::Problem(http::ProblemKind::kUnsupportedMediaType, "send JSON");
   http::RequestContext context = Context();
-  const http::Response r = Filter().Handle(Post("key-00000001"), kAlice, context);
+  const http::Response r = HandleWith(Post("key-00000001"), kAlice, context);
 
   EXPECT_EQ(r.status, 415);
   EXPECT_EQ(TypeOf(r), "urn:idem:problem:unsupported-media-type");
@@ -304,7 +313,7 @@ TEST_F(FilterTest, AMissingKeyIs400AndLeavesNoRecord) {
   request.headers.fields.clear();
   request.headers.Add("Content-Type", "application/json");
   http::RequestContext context = Context();
-  const http::Response r = Filter().Handle(request, kAlice, context);
+  const http::Response r = HandleWith(request, kAlice, context);
 
   EXPECT_EQ(r.status, 400);
   EXPECT_EQ(TypeOf(r), "urn:idem:problem:invalid-request");
@@ -332,7 +341,7 @@ TEST_F(FilterTest, TwoKeyHeadersAre400AndLeaveNoRecord) {
   http::Request request = Post("key-00000001");
   request.headers.Add("Idempotency-Key", "key-00000002");
   http::RequestContext context = Context();
-  const http::Response r = Filter().Handle(request, kAlice, context);
+  const http::Response r = HandleWith(request, kAlice, context);
 
   EXPECT_EQ(r.status, 400);
   EXPECT_EQ(TypeOf(r), "urn:idem:problem:invalid-request");
@@ -345,7 +354,7 @@ TEST_F(FilterTest, TwoKeyHeadersAre400AndLeaveNoRecord) {
 
 TEST_F(FilterTest, TheFirstRequestExecutesOnceAndTheRetryReplaysItsAnswer) {
   http::RequestContext context = Context();
-  const http::Response first = Filter().Handle(Post("key-00000001"), kAlice, context);
+  const http::Response first = HandleWith(Post("key-00000001"), kAlice, context);
   ASSERT_EQ(first.status, 201);
   EXPECT_EQ(first.body, R"({"n":1})");
   EXPECT_EQ(HeaderOf(first, "Location"), "/v1/things/1");
@@ -360,7 +369,7 @@ TEST_F(FilterTest, TheFirstRequestExecutesOnceAndTheRetryReplaysItsAnswer) {
   clock_.Advance(Millis(60000));
   // The same request, the key written as an sf-string: a retry.
   context = Context();
-  const http::Response again = Filter().Handle(Post("\"key-00000001\""), kAlice, context);
+  const http::Response again = HandleWith(Post("\"key-00000001\""), kAlice, context);
   EXPECT_EQ(again.status, 201);
   EXPECT_EQ(again.body, first.body);
   EXPECT_EQ(HeaderOf(again, "Idempotent-Replayed"), "true");
@@ -397,7 +406,7 @@ TEST_F(FilterTest, TheSameKeyWithADifferentBodyIs422) {
   clock_.Advance(Millis(60000));
   http::RequestContext context = Context();
   const http::Response r =
-      Filter().Handle(Post("key-00000001", R"({"amount":"2.00"})"), kAlice, context);
+      HandleWith(Post("key-00000001", R"({"amount":"2.00"})"), kAlice, context);
 
   EXPECT_EQ(r.status, 422);
   EXPECT_EQ(TypeOf(r), "urn:idem:problem:idempotency-key-reused");
@@ -465,7 +474,7 @@ TEST_F(FilterTest, ADuplicateWhileTheFirstRunsIs409WithRetryAfterAndLocation) {
   // 2.5 s of the lease left: Retry-After rounds up to 3 (the policy allows up to 5).
   clock_.Advance(Millis(7500));
   http::RequestContext context = Context();
-  const http::Response r = Filter().Handle(Post("\"key-00000001\""), kAlice, context);
+  const http::Response r = HandleWith(Post("\"key-00000001\""), kAlice, context);
 
   EXPECT_EQ(r.status, 409);
   EXPECT_EQ(TypeOf(r), "urn:idem:problem:request-in-progress");
@@ -484,7 +493,7 @@ TEST_F(FilterTest, ADuplicateWhileTheFirstRunsWithRespondAsyncIs202) {
   StartBlocked(Post("key-00000001"));
   http::RequestContext context = Context();
   const http::Response r =
-      Filter().Handle(Prefer(Post("key-00000001"), "respond-async"), kAlice, context);
+      HandleWith(Prefer(Post("key-00000001"), "respond-async"), kAlice, context);
 
   EXPECT_EQ(r.status, 202);
   EXPECT_EQ(r.body, R"({"key":"key-00000001","state":"PROCESSING"})");
@@ -505,7 +514,7 @@ TEST_F(FilterTest, PreferWaitParksUntilMinOfNAndWaitMaxThenAnswers409) {
   const SteadyTime start = monotonic_.Now();
   http::RequestContext context = Context();
   const http::Request waiting = Prefer(Post("key-00000001"), "wait=3");
-  (void)Filter().Handle(waiting, kAlice, context);
+  (void)HandleWith(waiting, kAlice, context);
   ASSERT_TRUE(context.park.has_value());
   EXPECT_EQ(context.park->key, scope_key);
   EXPECT_EQ(context.park->deadline, start + milliseconds(3000));
@@ -515,7 +524,7 @@ TEST_F(FilterTest, PreferWaitParksUntilMinOfNAndWaitMaxThenAnswers409) {
   monotonic_.Advance(milliseconds(1000));
   context.park.reset();
   context.attempt = 2;
-  (void)Filter().Handle(waiting, kAlice, context);
+  (void)HandleWith(waiting, kAlice, context);
   ASSERT_TRUE(context.park.has_value());
   EXPECT_EQ(context.park->deadline, start + milliseconds(3000));
 
@@ -523,7 +532,7 @@ TEST_F(FilterTest, PreferWaitParksUntilMinOfNAndWaitMaxThenAnswers409) {
   monotonic_.Advance(milliseconds(2000));
   context.park.reset();
   context.attempt = 3;
-  const http::Response r = Filter().Handle(waiting, kAlice, context);
+  const http::Response r = HandleWith(waiting, kAlice, context);
   EXPECT_FALSE(context.park.has_value());
   EXPECT_EQ(r.status, 409);
   EXPECT_EQ(TypeOf(r), "urn:idem:problem:request-in-progress");
@@ -533,7 +542,7 @@ TEST_F(FilterTest, PreferWaitParksUntilMinOfNAndWaitMaxThenAnswers409) {
 
   // wait=60 is over wait_max (10 s): capped.
   http::RequestContext capped = Context();
-  (void)Filter().Handle(Prefer(Post("key-00000001"), "wait=60"), kAlice, capped);
+  (void)HandleWith(Prefer(Post("key-00000001"), "wait=60"), kAlice, capped);
   ASSERT_TRUE(capped.park.has_value());
   EXPECT_EQ(capped.park->deadline, monotonic_.Now() + kWaitMax);
 
@@ -545,7 +554,7 @@ TEST_F(FilterTest, AParkedDuplicateGetsTheReplayOnceTheFirstFinishes) {
   StartBlocked(Post("key-00000001"));
   http::RequestContext context = Context();
   const http::Request waiting = Prefer(Post("key-00000001"), "wait=5");
-  (void)Filter().Handle(waiting, kAlice, context);
+  (void)HandleWith(waiting, kAlice, context);
   ASSERT_TRUE(context.park.has_value());
 
   const http::Response first = Release();
@@ -554,7 +563,7 @@ TEST_F(FilterTest, AParkedDuplicateGetsTheReplayOnceTheFirstFinishes) {
   EXPECT_EQ(Notified(), std::vector<std::string>{context.park->key});
   context.park.reset();
   context.attempt = 2;
-  const http::Response r = Filter().Handle(waiting, kAlice, context);
+  const http::Response r = HandleWith(waiting, kAlice, context);
   EXPECT_FALSE(context.park.has_value());
   EXPECT_EQ(r.status, 201);
   EXPECT_EQ(r.body, first.body);
@@ -573,7 +582,7 @@ TEST_F(FilterTest, PreferWaitParksAtMostMaxWaitersPerPrincipalThenAnswers409AtOn
   const http::Request waiting = Prefer(Post("key-00000001"), "wait=5");
   auto park = [&](http::RequestContext& context, const Principal& who = kAlice) {
     context = Context();
-    return Filter().Handle(waiting, who, context);
+    return HandleWith(waiting, who, context);
   };
 
   std::vector<http::RequestContext> parked(3);
@@ -605,7 +614,7 @@ TEST_F(FilterTest, PreferWaitParksAtMostMaxWaitersPerPrincipalThenAnswers409AtOn
   ASSERT_TRUE(bob_claim.has_value()) << bob_claim.error().message;
   ASSERT_EQ(bob_claim->kind, Decision::Kind::kExecute);
   http::RequestContext bob = Context();
-  (void)Filter().Handle(Prefer(Post("key-00000002"), "wait=5"), kBob, bob);
+  (void)HandleWith(Prefer(Post("key-00000002"), "wait=5"), kBob, bob);
   EXPECT_TRUE(bob.park.has_value()) << "another principal's waiters are counted apart";
 
   // The server ends a parked request (its connection closed): its context goes, and its place.
@@ -619,7 +628,7 @@ TEST_F(FilterTest, PreferWaitParksAtMostMaxWaitersPerPrincipalThenAnswers409AtOn
   monotonic_.Advance(milliseconds(5000));
   parked[1].park.reset();
   parked[1].attempt = 2;
-  EXPECT_EQ(Filter().Handle(waiting, kAlice, parked[1]).status, 409);
+  EXPECT_EQ(HandleWith(waiting, kAlice, parked[1]).status, 409);
   EXPECT_FALSE(parked[1].park.has_value());
   EXPECT_EQ(parked[1].hold, nullptr);
   (void)park(parked[1]);
@@ -629,7 +638,7 @@ TEST_F(FilterTest, PreferWaitParksAtMostMaxWaitersPerPrincipalThenAnswers409AtOn
   ASSERT_EQ(Release().status, 201);
   parked[2].park.reset();
   parked[2].attempt = 2;
-  const http::Response replay = Filter().Handle(waiting, kAlice, parked[2]);
+  const http::Response replay = HandleWith(waiting, kAlice, parked[2]);
   EXPECT_EQ(replay.status, 201);
   EXPECT_EQ(HeaderOf(replay, "Idempotent-Replayed"), "true");
   EXPECT_EQ(parked[2].hold, nullptr);
@@ -643,7 +652,7 @@ TEST_F(FilterTest, PreferWaitWithoutRoomInTheServerAnswers409AtOnce) {
   const http::Request waiting = Prefer(Post("key-00000001"), "wait=5");
   http::RequestContext refused = Context();
   refused.reserve_park = [] { return false; };
-  const http::Response r = Filter().Handle(waiting, kAlice, refused);
+  const http::Response r = HandleWith(waiting, kAlice, refused);
   EXPECT_FALSE(refused.park.has_value());
   EXPECT_EQ(r.status, 409);
   EXPECT_EQ(HeaderOf(r, "Location"), "/v1/operations/key-00000001");
@@ -651,7 +660,7 @@ TEST_F(FilterTest, PreferWaitWithoutRoomInTheServerAnswers409AtOnce) {
   // Its principal's one place is still free.
   http::RequestContext roomy = Context();
   roomy.reserve_park = [] { return true; };
-  (void)Filter().Handle(waiting, kAlice, roomy);
+  (void)HandleWith(waiting, kAlice, roomy);
   EXPECT_TRUE(roomy.park.has_value());
   EXPECT_EQ(Release().status, 201);
 }
@@ -672,6 +681,42 @@ class CountingStore final : public StoreWrapper {
   std::atomic<int> reads{0};
 };
 
+// A finished record held in memory is answered without any store call (no read, no
+// transaction, so no hop to the store's threads): its replay, and a mismatch against it.
+TEST_F(FilterTest, AFinishedRecordHeldInMemoryIsAnsweredWithoutAStoreCall) {
+  // The engine's calls are counted in front of the cache: a read the cache answers counts too.
+  std::unique_ptr<Store> cached =
+      WrapWithReplayCache(std::make_unique<StoreWrapper>(*store_), {}, clock_);
+  CountingStore counting(*cached);
+  Engine engine(counting, *fingerprinter_, *sealer_, clock_);
+  IdempotencyFilter filter(engine, pool_, monotonic_, metrics_, policy_, op_);
+  auto handle = [&](const http::Request& request) {
+    http::RequestContext context = Context();
+    return http::RunSync(filter.Handle(request, kAlice, context));
+  };
+  const http::Response first = handle(Post("key-00000001"));
+  ASSERT_EQ(first.status, 201);
+  const http::Response filled = handle(Post("key-00000001"));  // read from the database
+  EXPECT_EQ(HeaderOf(filled, "Idempotent-Replayed"), "true");
+  const int reads = counting.reads;
+  const int begins = counting.begins;
+  for (int i = 0; i < 3; ++i) {
+    const http::Response replay = handle(Post("key-00000001"));
+    EXPECT_EQ(replay.status, 201);
+    EXPECT_EQ(replay.body, first.body);
+    EXPECT_EQ(HeaderOf(replay, "Idempotent-Replayed"), "true");
+    EXPECT_EQ(HeaderOf(replay, "Idempotency-Key-Expires"), ExpiresFor(t0_));
+  }
+  const http::Response mismatch = handle(Post("key-00000001", R"({"amount":"2.00"})"));
+  EXPECT_EQ(mismatch.status, 422);
+  EXPECT_EQ(HeaderOf(mismatch, "Idempotency-Key-Expires"), ExpiresFor(t0_));
+  EXPECT_EQ(counting.reads, reads) << "answered from memory, without a store call";
+  EXPECT_EQ(counting.begins, begins);
+  EXPECT_EQ(op_.Executed(), 1);
+  EXPECT_EQ(Requests("replayed"), 4);
+  EXPECT_EQ(Requests("mismatch"), 1);
+}
+
 // A parked request polls with snapshot reads: while the first execution holds its lease, a poll
 // takes no write transaction (SQLite: BEGIN IMMEDIATE, the one write lock). Once the first has
 // finished, the replay comes from the read path too.
@@ -679,10 +724,10 @@ TEST_F(FilterTest, AParkedRequestPollsWithReadsNeverTheWriteLock) {
   StartBlocked(Post("key-00000001"));
   CountingStore counting(*store_);
   Engine engine(counting, *fingerprinter_, *sealer_, clock_);
-  IdempotencyFilter filter(engine, monotonic_, metrics_, policy_, op_);
+  IdempotencyFilter filter(engine, pool_, monotonic_, metrics_, policy_, op_);
   const http::Request waiting = Prefer(Post("key-00000001"), "wait=10");
   http::RequestContext context = Context();
-  (void)filter.Handle(waiting, kAlice, context);
+  (void)http::RunSync(filter.Handle(waiting, kAlice, context));
   ASSERT_TRUE(context.park.has_value());
   const int begins_at_park = counting.begins;  // the first decision may try to claim
 
@@ -691,7 +736,7 @@ TEST_F(FilterTest, AParkedRequestPollsWithReadsNeverTheWriteLock) {
     clock_.Advance(Millis(500));
     context.park.reset();
     context.attempt = attempt;
-    (void)filter.Handle(waiting, kAlice, context);
+    (void)http::RunSync(filter.Handle(waiting, kAlice, context));
     ASSERT_TRUE(context.park.has_value()) << "still running: parks again";
   }
   EXPECT_EQ(counting.begins, begins_at_park) << "polls of a running record take no write lock";
@@ -700,7 +745,7 @@ TEST_F(FilterTest, AParkedRequestPollsWithReadsNeverTheWriteLock) {
   ASSERT_EQ(Release().status, 201);
   context.park.reset();
   context.attempt = 7;
-  const http::Response r = filter.Handle(waiting, kAlice, context);
+  const http::Response r = http::RunSync(filter.Handle(waiting, kAlice, context));
   EXPECT_EQ(r.status, 201);
   EXPECT_EQ(HeaderOf(r, "Idempotent-Replayed"), "true");
   EXPECT_EQ(counting.begins, begins_at_park) << "a finished record is replayed from a read";
@@ -720,10 +765,10 @@ TEST_F(FilterTest, AParkedRequestWhoseFirstLostItsLeaseTakesOver) {
   ASSERT_TRUE(claim.has_value()) << claim.error().message;
   CountingStore counting(*store_);
   Engine engine(counting, *fingerprinter_, *sealer_, clock_);
-  IdempotencyFilter filter(engine, monotonic_, metrics_, policy_, op_);
+  IdempotencyFilter filter(engine, pool_, monotonic_, metrics_, policy_, op_);
   const http::Request waiting = Prefer(Post("key-00000001"), "wait=10");
   http::RequestContext context = Context();
-  (void)filter.Handle(waiting, kAlice, context);
+  (void)http::RunSync(filter.Handle(waiting, kAlice, context));
   ASSERT_TRUE(context.park.has_value());
   const int begins_at_park = counting.begins;
 
@@ -731,7 +776,7 @@ TEST_F(FilterTest, AParkedRequestWhoseFirstLostItsLeaseTakesOver) {
   monotonic_.Advance(milliseconds(1000));
   context.park.reset();
   context.attempt = 2;
-  const http::Response r = filter.Handle(waiting, kAlice, context);
+  const http::Response r = http::RunSync(filter.Handle(waiting, kAlice, context));
   EXPECT_FALSE(context.park.has_value());
   EXPECT_EQ(r.status, 201);
   EXPECT_EQ(context.outcome, "executed");
@@ -742,7 +787,7 @@ TEST_F(FilterTest, AParkedRequestWhoseFirstLostItsLeaseTakesOver) {
 TEST_F(FilterTest, ANewKeyWithRespondAsyncIs202AndTheWorkGoesToSpawn) {
   http::RequestContext context = Context();
   const http::Response r =
-      Filter().Handle(Prefer(Post("key-00000001"), "respond-async"), kAlice, context);
+      HandleWith(Prefer(Post("key-00000001"), "respond-async"), kAlice, context);
 
   EXPECT_EQ(r.status, 202);
   EXPECT_EQ(r.body, R"({"key":"key-00000001","state":"PROCESSING"})");
@@ -754,7 +799,7 @@ TEST_F(FilterTest, ANewKeyWithRespondAsyncIs202AndTheWorkGoesToSpawn) {
   ASSERT_TRUE(Found("key-00000001").has_value());
   EXPECT_EQ(Found("key-00000001")->record.state, RecordState::kProcessing);
 
-  spawned_[0]();
+  http::RunSync(spawned_[0]());
   EXPECT_EQ(op_.Executed(), 1);
   auto found = Found("key-00000001");
   ASSERT_TRUE(found.has_value());
@@ -792,7 +837,7 @@ TEST_F(FilterTest, ARetryableFailureExecutesAgainWithTheSameKey) {
   EXPECT_EQ(Found("key-00000001")->record.state, RecordState::kFailedRetryable);
 
   http::RequestContext context = Context();
-  const http::Response again = Filter().Handle(Post("key-00000001"), kAlice, context);
+  const http::Response again = HandleWith(Post("key-00000001"), kAlice, context);
   EXPECT_EQ(again.status, 201);
   EXPECT_EQ(again.body, R"({"n":2})");
   EXPECT_EQ(HeaderOf(again, "Idempotent-Replayed"), "<absent>");
@@ -850,7 +895,7 @@ TEST_F(FilterTest, AnUnknownOutcomeKeepsTheRecordProcessingAndTheNextRequestResu
 
   clock_.Advance(Millis(1));  // far less than the 10 s lease
   http::RequestContext context = Context();
-  const http::Response again = Filter().Handle(Post("key-00000001"), kAlice, context);
+  const http::Response again = HandleWith(Post("key-00000001"), kAlice, context);
   EXPECT_EQ(again.status, 201);
   EXPECT_EQ(again.body, R"({"n":2})");
   EXPECT_EQ(context.outcome, "executed");
@@ -879,7 +924,7 @@ TEST_F(FilterTest, ASecondKeyOverTheProcessingQuotaIs429) {
   policy_.route.max_processing = 1;
   StartBlocked(Post("key-00000001"));
   http::RequestContext context = Context();
-  const http::Response r = Filter().Handle(Post("key-00000002"), kAlice, context);
+  const http::Response r = HandleWith(Post("key-00000002"), kAlice, context);
 
   EXPECT_EQ(r.status, 429);
   EXPECT_EQ(TypeOf(r), "urn:idem:problem:quota-exceeded");
@@ -900,7 +945,7 @@ TEST_F(FilterTest, AFencedExecutorAnswersWithTheWinnersStoredAnswer) {
       // The first execution stalls past its lease; a retry takes over and finishes.
       clock_.Advance(kLease + Millis(1));
       http::RequestContext context = Context();
-      second = Filter().Handle(Post("key-00000001"), kAlice, context);
+      second = HandleWith(Post("key-00000001"), kAlice, context);
     }
     return Answer(201, n);
   };

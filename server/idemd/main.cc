@@ -13,6 +13,7 @@
 #include "include/idem/engine.h"
 #include "include/idem/failpoint.h"
 #include "include/idem/store/redis.h"
+#include "include/idem/store/replay_cache.h"
 #include "server/http/server.h"
 #include "server/idemd/config.h"
 #include "server/idemd/filter.h"
@@ -105,25 +106,33 @@ int Run(int argc, char** argv) {
     // duplicates away early; the database still decides (redis.h).
     RedisCacheOptions cache;
     cache.url = config->redis_url;
+    cache.lru_bytes = static_cast<std::size_t>(config->replay_cache_bytes);
     cache.on_fallback = [&metrics] { metrics.CountRedisFallback(); };
     auto fast = OpenRedisFastPath(std::move(*store), cache, SystemClock(), SystemRandom());
     if (!fast) return Fail("redis: " + fast.error().message);
     store = std::move(fast->store);
     markers = std::move(fast->markers);
+  } else if (config->replay_cache_bytes > 0) {
+    // Replays served from memory on every backend; the database still decides (replay_cache.h).
+    store = WrapWithReplayCache(std::move(*store),
+                                {.max_bytes = static_cast<std::size_t>(config->replay_cache_bytes)},
+                                SystemClock());
   }
   auto fingerprinter = Fingerprinter::Create(config->secrets.hmac, config->secrets.hmac_current);
   if (!fingerprinter) return Fail("secrets: " + fingerprinter.error().message);
   auto sealer = Sealer::Create(config->secrets.seal, config->secrets.seal_current, SystemRandom());
   if (!sealer) return Fail("secrets: " + sealer.error().message);
-  auto provider = MakeHttpProvider(config->provider_url, config->provider_timeout);
+  auto provider = MakeHttpProvider(config->provider_url, ProviderOptionsOf(*config));
   if (!provider) return Fail("provider: " + provider.error().message);
 
   Engine engine(**store, **fingerprinter, **sealer, SystemClock(), markers.get());
   KeyPolicy keys;
   keys.min_length = config->key_min_length;
   keys.max_length = config->key_max_length;
-  Payments payments(**store, **provider, SystemClock(), SystemMonotonicClock(), SystemRandom(),
-                    metrics, config->currencies,
+  // Every blocking store call of a request runs here; requests themselves hold no thread.
+  http::BlockingPool store_pool(StoreThreads(*config));
+  Payments payments(**store, store_pool, **provider, SystemClock(), SystemMonotonicClock(),
+                    SystemRandom(), metrics, config->currencies,
                     ChargeCover{config->provider_timeout, config->lease_margin},
                     config->provider_5xx_means_nothing_charged,
                     config->provider_deduplicates_by_key, config->provider_settle);
@@ -131,9 +140,9 @@ int Run(int argc, char** argv) {
       PaymentsPolicy(keys, config->lease, config->retention, config->max_processing,
                      config->max_retained, config->wait_max);
   payments_policy.max_waiters_per_principal = config->max_waiters_per_principal;
-  IdempotencyFilter filter(engine, SystemMonotonicClock(), metrics, std::move(payments_policy),
-                           payments);
-  Service service(config->principals, **store, metrics, filter, payments);
+  IdempotencyFilter filter(engine, store_pool, SystemMonotonicClock(), metrics,
+                           std::move(payments_policy), payments);
+  Service service(config->principals, **store, store_pool, metrics, filter, payments);
   JsonAccessLog log;
   auto server = http::Server::Start(config->server, service, &log);
   if (!server) return Fail(server.error().message);

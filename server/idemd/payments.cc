@@ -228,11 +228,13 @@ std::string FormatAmount(int64_t minor, int digits) {
   return s;
 }
 
-Payments::Payments(Store& store, Provider& provider, Clock& clock, MonotonicClock& monotonic,
-                   Random& random, Metrics& metrics, std::vector<std::string> currencies,
-                   ChargeCover cover, bool provider_5xx_means_nothing_charged,
-                   bool provider_deduplicates_by_key, Millis settle)
+Payments::Payments(Store& store, http::BlockingPool& pool, Provider& provider, Clock& clock,
+                   MonotonicClock& monotonic, Random& random, Metrics& metrics,
+                   std::vector<std::string> currencies, ChargeCover cover,
+                   bool provider_5xx_means_nothing_charged, bool provider_deduplicates_by_key,
+                   Millis settle)
     : store_(store),
+      pool_(pool),
       provider_(provider),
       clock_(clock),
       monotonic_(monotonic),
@@ -544,19 +546,12 @@ Execution Payments::Settling(Millis left) {
   return e;
 }
 
-Execution Payments::ChargeOnce(Ticket& ticket, Payment payment, Engine& engine,
-                               Heartbeat& heartbeat) {
-  Execution e;
+http::Async<Execution> Payments::ChargeOnce(Ticket& ticket, Payment payment, Engine& engine,
+                                            Heartbeat& heartbeat) {
   const std::string amount = FormatAmount(payment.amount_minor, MinorDigits(payment.currency));
-  auto timed = [&](auto&& call) {
-    const SteadyTime started = monotonic_.Now();
-    auto result = call();
-    metrics_.ObserveProvider(monotonic_.SecondsSince(started));
-    return result;
-  };
   // Before each call to the provider the lease must still be held: after a failed renewal it
   // may have run out, or belong to another executor already. Stop; the next attempt resolves it.
-  auto lease_lost = [&](const Error& error) {
+  auto lease_lost = [](const Error& error) {
     Execution stopped;
     stopped.response = http::ProblemFor(error);
     stopped.outcome_unknown = true;
@@ -566,33 +561,63 @@ Execution Payments::ChargeOnce(Ticket& ticket, Payment payment, Engine& engine,
   // whose attempt was abandoned, in case that charge landed after all.
   if (ticket.resumed &&
       (ticket.record.recovery_point == kChargeSent || ticket.record.recovery_point == kAbandoned)) {
-    if (auto held = heartbeat.Check(); !held) return lease_lost(held.error());
-    auto found = timed([&] { return provider_.FindCharge(payment.id); });
+    if (Status held = co_await pool_.Call([&] { return heartbeat.Check(); }); !held) {
+      co_return lease_lost(held.error());
+    }
+    const SteadyTime asked = monotonic_.Now();
+    auto found = co_await provider_.FindCharge(payment.id);
+    metrics_.ObserveProvider(monotonic_.SecondsSince(asked));
     if (!found) {
+      Execution e;
       e.response = http::Problem(http::ProblemKind::kProviderUnavailable,
                                  "the payment provider could not be asked about an earlier "
                                  "attempt; retry later",
                                  {.key_expires = ticket.record.expires_at});
       e.outcome_unknown = true;
-      return e;
+      co_return e;
     }
-    if (*found) return FromFoundCharge(ticket, std::move(payment), **found);
+    if (*found) co_return FromFoundCharge(ticket, std::move(payment), **found);
     // After an unknown outcome (the record was left PROCESSING: a timeout, a lost connection, a
     // crash), nothing found proves nothing while the provider may still execute the last send
     // (one that ignores keys would then charge twice): nothing is sent until the send has
     // settled. A send the provider answered with a 5xx (FAILED_RETRYABLE) is retried at once.
     if (ticket.record.recovery_point == kChargeSent &&
         ticket.resumed_from == RecordState::kProcessing) {
-      if (auto left = Unsettled(ticket.record)) return Settling(*left);
+      if (auto left = Unsettled(ticket.record)) co_return Settling(*left);
     }
   }
-  if (auto held = heartbeat.Check(); !held) return lease_lost(held.error());
+  std::optional<Execution> stopped;
+  SteadyTime advanced{};
+  co_await pool_.Run([&] { stopped = BeforeSend(ticket, engine, heartbeat, &advanced); });
+  if (stopped) co_return std::move(*stopped);
+  // The charge leaves within the margin after the covered advance or not at all (then it is
+  // kUnavailable, nothing sent): the lease covers the call's timeout from then.
+  const SteadyTime sent = monotonic_.Now();
+  const Millis send_within = cover_.margin - std::chrono::duration_cast<Millis>(sent - advanced);
+  auto charged = co_await provider_.CreateCharge(payment.id, amount, payment.currency, send_within);
+  metrics_.ObserveProvider(monotonic_.SecondsSince(sent));
+  Status after = Ok();
+  if (FailpointsArmed()) {  // a stall must not block this I/O thread
+    after = co_await pool_.Call([] { return IDEM_FAILPOINT("after_provider_charge"); });
+  }
+  co_return AfterSend(ticket, std::move(payment), std::move(after), std::move(charged));
+}
+
+std::optional<Execution> Payments::BeforeSend(Ticket& ticket, Engine& engine, Heartbeat& heartbeat,
+                                              SteadyTime* advanced) {
+  Execution e;
+  if (auto held = heartbeat.Check(); !held) {
+    e.response = http::ProblemFor(held.error());
+    e.outcome_unknown = true;
+    return e;
+  }
   // The charge cannot be called back: it is sent only under a lease that outlasts the call.
   const SteadyTime advancing = monotonic_.Now();
-  if (auto advanced =
+  *advanced = advancing;
+  if (auto covered =
           engine.AdvanceBeforeCall(ticket, kChargeSent, cover_.call_timeout + cover_.margin);
-      !advanced) {
-    e.response = http::ProblemFor(advanced.error());
+      !covered) {
+    e.response = http::ProblemFor(covered.error());
     e.outcome_unknown = true;
     return e;
   }
@@ -600,7 +625,8 @@ Execution Payments::ChargeOnce(Ticket& ticket, Payment payment, Engine& engine,
   // later than the margin (a slow commit, a pause of this process), the lease may end before the
   // call does, and a charge sent now may land after the settle window counted from sent_at, when
   // another executor's lookup finds nothing and charges again. Nothing has been sent: the attempt
-  // ends retryable at charge_sent, and the retry looks the charge up first, then sends it.
+  // ends retryable at charge_sent, and the retry looks the charge up first, then sends it. What
+  // is left of the margin bounds the send itself (Provider::CreateCharge's send_within).
   if (monotonic_.Now() - advancing > cover_.margin) {
     e.response = http::Problem(http::ProblemKind::kUnavailable,
                                "the store answered too slowly to send the charge safely; nothing "
@@ -613,10 +639,14 @@ Execution Payments::ChargeOnce(Ticket& ticket, Payment payment, Engine& engine,
     e.outcome_unknown = true;
     return e;
   }
-  auto charged =
-      timed([&] { return provider_.CreateCharge(payment.id, amount, payment.currency); });
-  if (auto fp = IDEM_FAILPOINT("after_provider_charge"); !fp) {
-    e.response = http::ProblemFor(fp.error());
+  return std::nullopt;
+}
+
+Execution Payments::AfterSend(const Ticket& ticket, Payment payment, Status failpoint,
+                              Result<ChargeResult> charged) {
+  Execution e;
+  if (!failpoint) {
+    e.response = http::ProblemFor(failpoint.error());
     e.outcome_unknown = true;
     return e;
   }
@@ -649,8 +679,18 @@ Execution Payments::ChargeOnce(Ticket& ticket, Payment payment, Engine& engine,
   return e;
 }
 
-Execution Payments::Execute(Ticket& ticket, const http::Request& request,
-                            const Principal& principal, Engine& engine, Heartbeat& heartbeat) {
+http::Async<Execution> Payments::Execute(Ticket& ticket, const http::Request& request,
+                                         const Principal& principal, Engine& engine,
+                                         Heartbeat& heartbeat) {
+  std::optional<Execution> answered;
+  Payment payment;
+  co_await pool_.Run([&] { answered = Prepare(ticket, request, principal, &payment); });
+  if (answered) co_return std::move(*answered);
+  co_return co_await ChargeOnce(ticket, std::move(payment), engine, heartbeat);
+}
+
+std::optional<Execution> Payments::Prepare(const Ticket& ticket, const http::Request& request,
+                                           const Principal& principal, Payment* out) {
   Execution e;
   auto loaded = Load(ticket.record.resource_id, principal.tenant);
   if (!loaded || !*loaded) {
@@ -691,7 +731,8 @@ Execution Payments::Execute(Ticket& ticket, const http::Request& request,
     e.response = Created(payment, 201);
     return e;
   }
-  return ChargeOnce(ticket, std::move(payment), engine, heartbeat);
+  *out = std::move(payment);
+  return std::nullopt;
 }
 
 Execution Payments::Reconcile(Ticket& ticket, Engine&) {
@@ -720,7 +761,8 @@ Execution Payments::Reconcile(Ticket& ticket, Engine&) {
     // the order, so another key can pay it; a retry of this key takes it back.
     return Abandoned(payment, NothingCharged(ticket));
   }
-  auto found = provider_.FindCharge(payment.id);
+  // On the reconciler's thread: a private event loop for the one call.
+  auto found = http::RunSync(provider_.FindCharge(payment.id));
   if (!found) {
     e.outcome_unknown = true;
     return e;

@@ -44,8 +44,10 @@ struct ChargeCover {
 
 class Payments final : public Operation {
  public:
-  Payments(Store& store, Provider& provider, Clock& clock, MonotonicClock& monotonic,
-           Random& random, Metrics& metrics, std::vector<std::string> currencies, ChargeCover cover,
+  // `pool` runs the store calls of an execution; provider calls hold no thread.
+  Payments(Store& store, http::BlockingPool& pool, Provider& provider, Clock& clock,
+           MonotonicClock& monotonic, Random& random, Metrics& metrics,
+           std::vector<std::string> currencies, ChargeCover cover,
            bool provider_5xx_means_nothing_charged = false,
            bool provider_deduplicates_by_key = false, Millis settle = Millis(0));
 
@@ -53,8 +55,9 @@ class Payments final : public Operation {
                                          const Principal& principal) override;
   Status OnClaim(StoreTxn& txn, const Record& record, const http::Request& request,
                  const Principal& principal) override;
-  Execution Execute(Ticket& ticket, const http::Request& request, const Principal& principal,
-                    Engine& engine, Heartbeat& heartbeat) override;
+  http::Async<Execution> Execute(Ticket& ticket, const http::Request& request,
+                                 const Principal& principal, Engine& engine,
+                                 Heartbeat& heartbeat) override;
   Execution Reconcile(Ticket& ticket, Engine& engine) override;
 
   // GET /v1/payments/{id}: 200, or 404 (also for another tenant's payment).
@@ -87,7 +90,19 @@ class Payments final : public Operation {
   Result<std::optional<Payment>> Load(std::string_view id, std::string_view tenant);
   std::string Body(const Payment& p) const;
   http::Response Created(const Payment& p, int status) const;
-  Execution ChargeOnce(Ticket& ticket, Payment payment, Engine& engine, Heartbeat& heartbeat);
+  // The store part of Execute (on the pool): an answer, or nullopt with the payment to charge.
+  std::optional<Execution> Prepare(const Ticket& ticket, const http::Request& request,
+                                   const Principal& principal, Payment* out);
+  http::Async<Execution> ChargeOnce(Ticket& ticket, Payment payment, Engine& engine,
+                                    Heartbeat& heartbeat);
+  // What must hold before the charge is sent (on the pool): the lease, the covered advance
+  // within the margin, the after_charge_sent failpoint. An answer when the charge must not go.
+  // *advanced: when the covered advance was asked for.
+  std::optional<Execution> BeforeSend(Ticket& ticket, Engine& engine, Heartbeat& heartbeat,
+                                      SteadyTime* advanced);
+  // What the charge's answer (and the after_provider_charge failpoint's status) settles.
+  Execution AfterSend(const Ticket& ticket, Payment payment, Status failpoint,
+                      Result<ChargeResult> charged);
   // How long until the last send of `record` has settled (Record::sent_at + settle), or nothing
   // when it has, or when the provider deduplicates by key.
   std::optional<Millis> Unsettled(const Record& record) const;
@@ -107,6 +122,7 @@ class Payments final : public Operation {
   Execution FromFoundCharge(const Ticket& ticket, Payment payment, const Charge& charge);
 
   Store& store_;
+  http::BlockingPool& pool_;
   Provider& provider_;
   Clock& clock_;
   MonotonicClock& monotonic_;

@@ -48,12 +48,86 @@ Result<Charge> ParseCharge(const std::string& body) {
   return ChargeOf(v);
 }
 
+// What each call's answer means. Each takes the exchange's result; transport errors pass through.
+
+Result<ChargeResult> ChargeAnswer(Result<http::Response> sent) {
+  IDEM_ASSIGN_OR_RETURN(http::Response res, std::move(sent));
+  if (res.status == 200 || res.status == 201) {
+    IDEM_ASSIGN_OR_RETURN(Charge charge, ParseCharge(res.body));
+    return ChargeResult{false, std::move(charge)};
+  }
+  if (res.status == 402) return ChargeResult{true, {}};
+  if (res.status >= 500) {
+    return MakeError(Errc::kUnavailable, "provider answered " + std::to_string(res.status));
+  }
+  return MakeError(Errc::kDataLoss,
+                   "provider answered an unexpected " + std::to_string(res.status));
+}
+
+Result<std::optional<Charge>> LookupAnswer(Result<http::Response> sent) {
+  IDEM_ASSIGN_OR_RETURN(http::Response res, std::move(sent));
+  if (res.status == 404) return std::optional<Charge>();
+  if (res.status == 200) {
+    IDEM_ASSIGN_OR_RETURN(Charge charge, ParseCharge(res.body));
+    return std::optional<Charge>(std::move(charge));
+  }
+  return MakeError(Errc::kUnavailable, "provider lookup answered " + std::to_string(res.status));
+}
+
+Result<ChargePage> PageAnswer(Result<http::Response> sent) {
+  IDEM_ASSIGN_OR_RETURN(http::Response res, std::move(sent));
+  if (res.status != 200) {
+    return MakeError(Errc::kUnavailable, "provider listing answered " + std::to_string(res.status));
+  }
+  IDEM_ASSIGN_OR_RETURN(json::value v, ParseBody(res.body));
+  const json::object* o = v.if_object();
+  const json::value* data = o ? o->if_contains("data") : nullptr;
+  const json::value* more = o ? o->if_contains("has_more") : nullptr;
+  if (data == nullptr || !data->is_array() || more == nullptr || !more->is_bool()) {
+    return MakeError(Errc::kDataLoss, "provider listing: not a page: " + res.body.substr(0, 200));
+  }
+  ChargePage page;
+  page.has_more = more->as_bool();
+  for (const json::value& item : data->as_array()) {
+    IDEM_ASSIGN_OR_RETURN(Charge c, ChargeOf(item));
+    page.data.push_back(std::move(c));
+  }
+  return page;
+}
+
+Result<Refund> RefundAnswer(Result<http::Response> sent, const std::string& charge) {
+  IDEM_ASSIGN_OR_RETURN(http::Response res, std::move(sent));
+  if (res.status == 200 || res.status == 201) {
+    IDEM_ASSIGN_OR_RETURN(json::value v, ParseBody(res.body));
+    const json::object* o = v.if_object();
+    Refund r{Text(o, "id"), Text(o, "charge"), Text(o, "amount"), Text(o, "status")};
+    if (r.id.empty()) return MakeError(Errc::kDataLoss, "provider: refund without an id");
+    return r;
+  }
+  if (res.status == 404) return MakeError(Errc::kNotFound, "provider: no charge " + charge);
+  if (res.status == 400) {
+    return MakeError(Errc::kInvalidArgument,
+                     "provider refused the refund: " + res.body.substr(0, 200));
+  }
+  if (res.status >= 500) {
+    return MakeError(Errc::kUnavailable, "provider answered " + std::to_string(res.status));
+  }
+  return MakeError(Errc::kDataLoss,
+                   "provider answered an unexpected " + std::to_string(res.status));
+}
+
 class HttpProvider final : public Provider {
  public:
-  HttpProvider(http::Url url, Millis timeout) : url_(std::move(url)) { options_.timeout = timeout; }
+  HttpProvider(http::Url url, std::unique_ptr<http::ClientPool> pool, const ProviderOptions& o)
+      : url_(std::move(url)), pool_(std::move(pool)) {
+    options_.timeout = o.timeout;
+    options_.connect_timeout = o.connect_timeout;
+  }
 
-  Result<ChargeResult> CreateCharge(const std::string& reference, const std::string& amount,
-                                    const std::string& currency) override {
+  http::Async<Result<ChargeResult>> CreateCharge(const std::string& reference,
+                                                 const std::string& amount,
+                                                 const std::string& currency,
+                                                 Millis send_within) override {
     json::object body;
     body["amount"] = amount;
     body["currency"] = currency;
@@ -64,62 +138,31 @@ class HttpProvider final : public Provider {
     req.headers.Set("Content-Type", "application/json");
     req.headers.Set("Idempotency-Key", reference);
     req.body = json::serialize(body);
-    IDEM_ASSIGN_OR_RETURN(http::Response res, http::Call(url_, std::move(req), options_));
-    if (res.status == 200 || res.status == 201) {
-      IDEM_ASSIGN_OR_RETURN(Charge charge, ParseCharge(res.body));
-      return ChargeResult{false, std::move(charge)};
-    }
-    if (res.status == 402) return ChargeResult{true, {}};
-    if (res.status >= 500) {
-      return MakeError(Errc::kUnavailable, "provider answered " + std::to_string(res.status));
-    }
-    return MakeError(Errc::kDataLoss,
-                     "provider answered an unexpected " + std::to_string(res.status));
+    http::CallOptions options = options_;
+    options.send_by = std::chrono::steady_clock::now() + send_within;
+    co_return ChargeAnswer(co_await pool_->Call(std::move(req), options));
   }
 
-  Result<std::optional<Charge>> FindCharge(const std::string& reference) override {
+  http::Async<Result<std::optional<Charge>>> FindCharge(const std::string& reference) override {
     http::Request req;
     req.method = "GET";
     req.target = url_.base_path + "/v1/charges?reference=" + Encoded(reference);
-    IDEM_ASSIGN_OR_RETURN(http::Response res, http::Call(url_, std::move(req), options_));
-    if (res.status == 404) return std::optional<Charge>();
-    if (res.status == 200) {
-      IDEM_ASSIGN_OR_RETURN(Charge charge, ParseCharge(res.body));
-      return std::optional<Charge>(std::move(charge));
-    }
-    return MakeError(Errc::kUnavailable, "provider lookup answered " + std::to_string(res.status));
+    co_return LookupAnswer(co_await Send(std::move(req)));
   }
 
-  Result<ChargePage> ListCharges(int64_t gte_ms, int64_t lt_ms, int limit,
-                                 const std::string& starting_after) override {
+  http::Async<Result<ChargePage>> ListCharges(int64_t gte_ms, int64_t lt_ms, int limit,
+                                              const std::string& starting_after) override {
     http::Request req;
     req.method = "GET";
     req.target = url_.base_path + "/v1/charges?created_gte=" + Encoded(http::Rfc3339(gte_ms)) +
                  "&created_lt=" + Encoded(http::Rfc3339(lt_ms)) + "&limit=" + std::to_string(limit);
     if (!starting_after.empty()) req.target += "&starting_after=" + Encoded(starting_after);
-    IDEM_ASSIGN_OR_RETURN(http::Response res, http::Call(url_, std::move(req), options_));
-    if (res.status != 200) {
-      return MakeError(Errc::kUnavailable,
-                       "provider listing answered " + std::to_string(res.status));
-    }
-    IDEM_ASSIGN_OR_RETURN(json::value v, ParseBody(res.body));
-    const json::object* o = v.if_object();
-    const json::value* data = o ? o->if_contains("data") : nullptr;
-    const json::value* more = o ? o->if_contains("has_more") : nullptr;
-    if (data == nullptr || !data->is_array() || more == nullptr || !more->is_bool()) {
-      return MakeError(Errc::kDataLoss, "provider listing: not a page: " + res.body.substr(0, 200));
-    }
-    ChargePage page;
-    page.has_more = more->as_bool();
-    for (const json::value& item : data->as_array()) {
-      IDEM_ASSIGN_OR_RETURN(Charge c, ChargeOf(item));
-      page.data.push_back(std::move(c));
-    }
-    return page;
+    co_return PageAnswer(co_await Send(std::move(req)));
   }
 
-  Result<Refund> RefundCharge(const std::string& key, const std::string& charge,
-                              const std::string& amount, const std::string& reason) override {
+  http::Async<Result<Refund>> RefundCharge(const std::string& key, const std::string& charge,
+                                           const std::string& amount,
+                                           const std::string& reason) override {
     http::Request req;
     req.method = "POST";
     req.target = url_.base_path + "/v1/refunds";
@@ -127,36 +170,29 @@ class HttpProvider final : public Provider {
     req.headers.Set("Idempotency-Key", key);
     req.body =
         json::serialize(json::object{{"charge", charge}, {"amount", amount}, {"reason", reason}});
-    IDEM_ASSIGN_OR_RETURN(http::Response res, http::Call(url_, std::move(req), options_));
-    if (res.status == 200 || res.status == 201) {
-      IDEM_ASSIGN_OR_RETURN(json::value v, ParseBody(res.body));
-      const json::object* o = v.if_object();
-      Refund r{Text(o, "id"), Text(o, "charge"), Text(o, "amount"), Text(o, "status")};
-      if (r.id.empty()) return MakeError(Errc::kDataLoss, "provider: refund without an id");
-      return r;
-    }
-    if (res.status == 404) return MakeError(Errc::kNotFound, "provider: no charge " + charge);
-    if (res.status == 400) {
-      return MakeError(Errc::kInvalidArgument,
-                       "provider refused the refund: " + res.body.substr(0, 200));
-    }
-    if (res.status >= 500) {
-      return MakeError(Errc::kUnavailable, "provider answered " + std::to_string(res.status));
-    }
-    return MakeError(Errc::kDataLoss,
-                     "provider answered an unexpected " + std::to_string(res.status));
+    co_return RefundAnswer(co_await Send(std::move(req)), charge);
   }
 
  private:
+  http::Async<Result<http::Response>> Send(http::Request req) {
+    return pool_->Call(std::move(req), options_);
+  }
+
   http::Url url_;
+  std::unique_ptr<http::ClientPool> pool_;
   http::CallOptions options_;
 };
 
 }  // namespace
 
-Result<std::unique_ptr<Provider>> MakeHttpProvider(const std::string& base_url, Millis timeout) {
+Result<std::unique_ptr<Provider>> MakeHttpProvider(const std::string& base_url,
+                                                   const ProviderOptions& options) {
   IDEM_ASSIGN_OR_RETURN(http::Url url, http::ParseHttpUrl(base_url));
-  return std::unique_ptr<Provider>(std::make_unique<HttpProvider>(std::move(url), timeout));
+  IDEM_ASSIGN_OR_RETURN(std::unique_ptr<http::ClientPool> pool,
+                        http::ClientPool::Make(url, {.max_connections = options.max_connections,
+                                                     .tls = {.ca_file = options.ca_file}}));
+  return std::unique_ptr<Provider>(
+      std::make_unique<HttpProvider>(std::move(url), std::move(pool), options));
 }
 
 }  // namespace idem::idemd

@@ -8,7 +8,9 @@
 #include <vector>
 
 #include "include/idem/result.h"
+#include "server/http/async.h"
 #include "server/http/client.h"
+#include "server/idemd/config.h"
 
 namespace idem::idemd {
 
@@ -40,31 +42,58 @@ struct ChargeResult {
   Charge charge;          // when not declined
 };
 
-// Thread-safe.
+// Thread-safe. Every call is a coroutine that holds no thread while the provider answers; code
+// on a plain thread (the reconciler) runs it with http::RunSync. Arguments are borrowed: co_await
+// the call at once.
 class Provider {
  public:
   virtual ~Provider() = default;
-  // POST /v1/charges with Idempotency-Key = reference. Errors: kUnavailable when nothing was
-  // charged (not sent, or a 5xx); kDeadlineExceeded when the request left and the outcome is
-  // unknown; kDataLoss for an answer that is not the documented shape.
-  virtual Result<ChargeResult> CreateCharge(const std::string& reference, const std::string& amount,
-                                            const std::string& currency) = 0;
+  // POST /v1/charges with Idempotency-Key = reference. The request leaves within `send_within`
+  // of the call or not at all (waiting for a connection and connecting count): a charge must not
+  // leave later than its lease allows (Payments). Errors: kUnavailable when nothing was charged
+  // (not sent, or a 5xx); kDeadlineExceeded when the request left and the outcome is unknown;
+  // kDataLoss for an answer that is not the documented shape.
+  virtual http::Async<Result<ChargeResult>> CreateCharge(const std::string& reference,
+                                                         const std::string& amount,
+                                                         const std::string& currency,
+                                                         Millis send_within) = 0;
   // GET /v1/charges?reference=…: the charge, or nullopt if the provider has none.
   // Errors: kUnavailable / kDeadlineExceeded as above.
-  virtual Result<std::optional<Charge>> FindCharge(const std::string& reference) = 0;
+  virtual http::Async<Result<std::optional<Charge>>> FindCharge(const std::string& reference) = 0;
   // GET /v1/charges?created_gte=…&created_lt=…&limit=…[&starting_after=…]: charges created in
   // [gte_ms, lt_ms), oldest first, up to `limit` (1..100) after the charge `starting_after`.
   // Errors: kUnavailable / kDeadlineExceeded; kDataLoss for an answer of another shape.
-  virtual Result<ChargePage> ListCharges(int64_t gte_ms, int64_t lt_ms, int limit,
-                                         const std::string& starting_after) = 0;
+  virtual http::Async<Result<ChargePage>> ListCharges(int64_t gte_ms, int64_t lt_ms, int limit,
+                                                      const std::string& starting_after) = 0;
   // POST /v1/refunds with Idempotency-Key = key: refunds `amount` of `charge`.
   // Errors: kNotFound (no such charge); kInvalidArgument (more than is left to refund);
   // kUnavailable (nothing refunded: not sent, or a 5xx); kDeadlineExceeded (outcome unknown);
   // kDataLoss.
-  virtual Result<Refund> RefundCharge(const std::string& key, const std::string& charge,
-                                      const std::string& amount, const std::string& reason) = 0;
+  virtual http::Async<Result<Refund>> RefundCharge(const std::string& key,
+                                                   const std::string& charge,
+                                                   const std::string& amount,
+                                                   const std::string& reason) = 0;
 };
 
-Result<std::unique_ptr<Provider>> MakeHttpProvider(const std::string& base_url, Millis timeout);
+// How idemd talks to the provider over HTTP.
+struct ProviderOptions {
+  Millis timeout{5000};          // one exchange: writing the request and reading the answer
+  Millis connect_timeout{2000};  // waiting for a free connection, connecting, the TLS handshake
+  int max_connections = 1024;    // keep-alive connections open to the provider at most
+  std::string ca_file;           // https: the CAs to trust (PEM); empty: the system's
+};
+
+inline ProviderOptions ProviderOptionsOf(const Config& c) {
+  return {.timeout = c.provider_timeout,
+          .connect_timeout = c.provider_connect_timeout,
+          .max_connections = c.provider_max_connections,
+          .ca_file = c.provider_ca_file};
+}
+
+// The provider at `base_url` (http:// or https://, verified), over a pool of keep-alive
+// connections. Errors: kInvalidArgument for a bad URL or options, or a CA file that cannot be
+// loaded.
+Result<std::unique_ptr<Provider>> MakeHttpProvider(const std::string& base_url,
+                                                   const ProviderOptions& options);
 
 }  // namespace idem::idemd

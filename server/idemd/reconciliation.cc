@@ -190,8 +190,9 @@ Result<RunSummary> Reconciliation::RunLocked(Lease* lease, std::string run_id, i
   walk.cursor = std::move(cursor);
   walk.now_ms = ToUnixMillis(clock_.Now());
   for (bool more = true; more;) {
-    IDEM_ASSIGN_OR_RETURN(ChargePage page, provider_.ListCharges(since_ms, until_ms,
-                                                                 options_.page_size, walk.cursor));
+    IDEM_ASSIGN_OR_RETURN(
+        ChargePage page,
+        http::RunSync(provider_.ListCharges(since_ms, until_ms, options_.page_size, walk.cursor)));
     for (const Charge& charge : page.data) IDEM_RETURN_IF_ERROR(Examine(walk, charge));
     if (page.data.empty()) break;
     // The page's matched charges move the cursor in one write; findings moved it as they went.
@@ -298,7 +299,8 @@ Status Reconciliation::Compensate(Walk& walk, Finding f, const Charge& charge, i
   f.action = "refund_pending";
   IDEM_RETURN_IF_ERROR(Record(walk, f, walk.cursor));
   // "duplicate" for orphans too: the one reason the provider contract names.
-  auto refund = provider_.RefundCharge(RefundKey(charge.id), charge.id, amount, "duplicate");
+  auto refund =
+      http::RunSync(provider_.RefundCharge(RefundKey(charge.id), charge.id, amount, "duplicate"));
   if (!refund) {
     const Errc code = refund.error().code;
     if (code == Errc::kUnavailable || code == Errc::kDeadlineExceeded) {
@@ -398,7 +400,7 @@ Status Reconciliation::CheckMissing(Walk& walk) {
       after_created = Integer(r[4]);
       after_id = id;
       if (walk.matched.count(id) > 0) continue;
-      IDEM_ASSIGN_OR_RETURN(std::optional<Charge> found, provider_.FindCharge(id));
+      IDEM_ASSIGN_OR_RETURN(std::optional<Charge> found, http::RunSync(provider_.FindCharge(id)));
       if (found) continue;
       Finding f;
       f.finding_class = "missing";

@@ -16,13 +16,14 @@ namespace idem::idemd {
 // second whatever the database does, 503 not-ready when the database does not answer in time.
 inline constexpr Millis kReadyTimeout{800};
 
-// Thread-safe. Borrows everything.
+// Thread-safe. Borrows everything. Store calls run on `pool`.
 class Service final : public http::Handler {
  public:
-  Service(const std::vector<PrincipalEntry>& principals, Store& store, Metrics& metrics,
-          IdempotencyFilter& payments_filter, Payments& payments);
+  Service(const std::vector<PrincipalEntry>& principals, Store& store, http::BlockingPool& pool,
+          Metrics& metrics, IdempotencyFilter& payments_filter, Payments& payments);
 
-  http::Response Handle(const http::Request& request, http::RequestContext& context) override;
+  http::Async<http::Response> Handle(const http::Request& request,
+                                     http::RequestContext& context) override;
 
  private:
   // The principal of a bearer API key, or nullopt. Keys are compared by SHA-256, so no key is
@@ -31,6 +32,7 @@ class Service final : public http::Handler {
 
   std::map<std::string, Principal> principals_;  // by hex SHA-256 of the API key
   Store& store_;
+  http::BlockingPool& pool_;
   Metrics& metrics_;
   IdempotencyFilter& payments_filter_;
   Payments& payments_;

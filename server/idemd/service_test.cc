@@ -10,6 +10,7 @@
 #include <boost/json.hpp>
 #include <map>
 #include <mutex>
+#include <thread>
 
 #include "include/idem/failpoint.h"
 #include "include/idem/store/sqlite.h"
@@ -48,8 +49,34 @@ class FakeProvider final : public Provider {
   std::optional<Error> create_error;
   std::function<void()> on_find;
 
-  Result<ChargeResult> CreateCharge(const std::string& reference, const std::string& amount,
-                                    const std::string& currency) override {
+  http::Async<Result<ChargeResult>> CreateCharge(const std::string& reference,
+                                                 const std::string& amount,
+                                                 const std::string& currency,
+                                                 Millis send_within) override {
+    {
+      std::lock_guard lock(mu_);
+      send_withins_.push_back(send_within);
+    }
+    if (send_within <= Millis(0)) {
+      co_return MakeError(Errc::kUnavailable, "not sent: its time to leave had passed");
+    }
+    co_return Create(reference, amount, currency);
+  }
+  http::Async<Result<std::optional<Charge>>> FindCharge(const std::string& reference) override {
+    co_return Find(reference);
+  }
+
+  // Listing and refunds are proven against provider-sim (tests/integration/reconcile_itest.cc).
+  http::Async<Result<ChargePage>> ListCharges(int64_t, int64_t, int, const std::string&) override {
+    co_return MakeError(Errc::kUnavailable, "this fake does not list charges");
+  }
+  http::Async<Result<Refund>> RefundCharge(const std::string&, const std::string&,
+                                           const std::string&, const std::string&) override {
+    co_return MakeError(Errc::kUnavailable, "this fake does not refund");
+  }
+
+  Result<ChargeResult> Create(const std::string& reference, const std::string& amount,
+                              const std::string& currency) {
     std::lock_guard lock(mu_);
     ++calls_;
     references_.push_back(reference);
@@ -71,21 +98,12 @@ class FakeProvider final : public Provider {
     }
     return ChargeResult{false, it->second};
   }
-  Result<std::optional<Charge>> FindCharge(const std::string& reference) override {
+  Result<std::optional<Charge>> Find(const std::string& reference) {
     if (on_find) on_find();
     std::lock_guard lock(mu_);
     auto it = charges_.find(reference);
     if (it == charges_.end()) return std::optional<Charge>();
     return std::optional<Charge>(it->second);
-  }
-
-  // Listing and refunds are proven against provider-sim (tests/integration/reconcile_itest.cc).
-  Result<ChargePage> ListCharges(int64_t, int64_t, int, const std::string&) override {
-    return MakeError(Errc::kUnavailable, "this fake does not list charges");
-  }
-  Result<Refund> RefundCharge(const std::string&, const std::string&, const std::string&,
-                              const std::string&) override {
-    return MakeError(Errc::kUnavailable, "this fake does not refund");
   }
 
   void TimeOutNextCharge() {
@@ -106,6 +124,11 @@ class FakeProvider final : public Provider {
     std::lock_guard lock(mu_);
     return calls_;
   }
+  // What each CreateCharge was given to leave within, in order.
+  std::vector<Millis> SendWithins() {
+    std::lock_guard lock(mu_);
+    return send_withins_;
+  }
   std::map<std::string, Charge> Charges() {
     std::lock_guard lock(mu_);
     return charges_;
@@ -116,6 +139,7 @@ class FakeProvider final : public Provider {
   int calls_ = 0;
   bool time_out_next_ = false;
   std::vector<std::string> references_;
+  std::vector<Millis> send_withins_;
   std::map<std::string, Charge> charges_;  // by reference
 };
 
@@ -127,9 +151,15 @@ class SwitchableStore final : public StoreWrapper {
   using StoreWrapper::StoreWrapper;
   std::atomic<bool> reachable{true};
   std::atomic<int64_t> ping_timeout_ms{-1};
+  std::atomic<int> ping_stall_ms{0};
+  std::atomic<int> pings_ended_after_stall{0};
 
   Status Ping(Millis timeout) override {
     ping_timeout_ms = timeout.count();
+    if (const int stall = ping_stall_ms.load(); stall > 0) {
+      std::this_thread::sleep_for(Millis(stall));  // a ping that ignores its bound
+      pings_ended_after_stall++;
+    }
     if (!reachable) return MakeError(Errc::kUnavailable, "no answer within 800 ms");
     return StoreWrapper::Ping(timeout);
   }
@@ -143,11 +173,11 @@ class ServiceTest : public testing::EngineFixture {
   void Build(bool deduplicates_by_key, Millis settle) {
     service_.reset();
     filter_.reset();
-    payments_ = std::make_unique<Payments>(*store_, provider_, clock_, monotonic_, random_,
+    payments_ = std::make_unique<Payments>(*store_, pool_, provider_, clock_, monotonic_, random_,
                                            metrics_, std::vector<std::string>{"CNY", "USD"},
                                            kChargeCover, false, deduplicates_by_key, settle);
     filter_ = std::make_unique<IdempotencyFilter>(
-        *engine_, monotonic_, metrics_,
+        *engine_, pool_, monotonic_, metrics_,
         PaymentsPolicy(KeyPolicy{}, kLease, kRetention, 100, 1000, Millis(10000)), *payments_);
     switchable_ = std::make_unique<SwitchableStore>(*store_);
     const std::vector<PrincipalEntry> principals = {
@@ -155,7 +185,8 @@ class ServiceTest : public testing::EngineFixture {
         {Sha256Hex("bob-key"), "acme", "bob"},
         {Sha256Hex("carol-key"), "globex", "carol"},
     };
-    service_ = std::make_unique<Service>(principals, *switchable_, metrics_, *filter_, *payments_);
+    service_ =
+        std::make_unique<Service>(principals, *switchable_, pool_, metrics_, *filter_, *payments_);
   }
 
   static http::Request Req(std::string method, std::string target,
@@ -178,9 +209,9 @@ class ServiceTest : public testing::EngineFixture {
 
   http::Response Handle(const http::Request& request) {
     context_ = http::RequestContext();
-    context_.spawn = [](std::function<void()> task) { task(); };
+    context_.spawn = [](std::function<http::Async<void>()> task) { http::RunSync(task()); };
     context_.notify = [](const std::string&) {};
-    return service_->Handle(request, context_);
+    return http::RunSync(service_->Handle(request, context_));
   }
 
   int64_t Records() {
@@ -218,6 +249,7 @@ class ServiceTest : public testing::EngineFixture {
 
   FakeProvider provider_;
   Metrics metrics_;
+  http::BlockingPool pool_{4};
   std::unique_ptr<Payments> payments_;
   std::unique_ptr<IdempotencyFilter> filter_;
   std::unique_ptr<SwitchableStore> switchable_;
@@ -328,6 +360,19 @@ TEST_F(ServiceTest, HealthzAndReadyzAnswer200WithoutAuthentication) {
     EXPECT_EQ(ready.body, R"({"status":"ready"})");
     EXPECT_EQ(context_.route, "readyz");
   }
+}
+
+// A ping that does not return (every store thread held by a stalled database, or a driver that
+// ignores its bound) still gets the probe an answer: 503 not-ready while the ping runs on.
+TEST_F(ServiceTest, ReadyzAnswersWhileThePingIsStuck) {
+  switchable_->ping_stall_ms = 2500;  // longer than the probe waits (2 x 800 ms)
+  const http::Response r = Handle(Req("GET", "/readyz", ""));
+  const int ended = switchable_->pings_ended_after_stall;
+  EXPECT_EQ(r.status, 503);
+  EXPECT_EQ(TypeOf(r), "urn:idem:problem:not-ready");
+  EXPECT_EQ(ended, 0) << "the probe waited for the stuck ping";
+  switchable_->ping_stall_ms = 0;
+  pool_.Join();  // the stuck ping ends before the store goes
 }
 
 TEST_F(ServiceTest, ReadyzIs503NotReadyWhileTheStoreIsUnreachable) {
@@ -800,16 +845,16 @@ TEST_F(ServiceTest, AKeyRetriedAfterItsOrderWasReleasedPaysItOnce) {
 // A provider that declares a 5xx a proof that nothing was charged: the order is released at
 // once, without waiting for the reconciler, and the failure stays retryable.
 TEST_F(ServiceTest, ADeclared5xxReleasesTheOrderAtOnce) {
-  Payments declared(*store_, provider_, clock_, monotonic_, random_, metrics_,
+  Payments declared(*store_, pool_, provider_, clock_, monotonic_, random_, metrics_,
                     std::vector<std::string>{"CNY"}, kChargeCover,
                     /*provider_5xx_means_nothing_charged=*/true);
   IdempotencyFilter filter(
-      *engine_, monotonic_, metrics_,
+      *engine_, pool_, monotonic_, metrics_,
       PaymentsPolicy(KeyPolicy{}, kLease, kRetention, 100, 1000, Millis(10000)), declared);
   auto handle = [&](std::string_view key) {
     http::RequestContext context;
-    context.spawn = [](std::function<void()> task) { task(); };
-    return filter.Handle(Pay(key, "alice-key", "ORD-X4"), {"acme", "alice"}, context);
+    return http::RunSync(
+        filter.Handle(Pay(key, "alice-key", "ORD-X4"), {"acme", "alice"}, context));
   };
   provider_.create_error = MakeError(Errc::kUnavailable, "provider answered 503");
   const http::Response failed = handle("declared-0001");
@@ -1013,6 +1058,32 @@ TEST_F(ServiceTest, NoChargeIsSentWhenTheCoveredAdvanceAnsweredAfterTheMargin) {
   EXPECT_EQ(paid.status, 201) << paid.body;
   EXPECT_EQ(provider_.Calls(), 1);
   EXPECT_EQ(provider_.Charges().size(), 1u);
+  service_.reset();
+  filter_.reset();
+  engine_.reset();
+}
+
+// The charge must leave within what is left of the margin after the covered advance: a store that
+// took most of the margin leaves the provider call little time to get a connection and send.
+TEST_F(ServiceTest, TheChargeMustLeaveWithinWhatIsLeftOfTheMargin) {
+  auto advanced = std::make_shared<bool>(false);
+  testing::FaultyStore slow(
+      *store_,
+      {.plan = testing::FaultPlan([advanced](const testing::StoreCall& call) {
+         const bool commit_of_advance = call.op == testing::StoreOp::kCommit && *advanced;
+         *advanced = call.op == testing::StoreOp::kAdvanceCovered;
+         return commit_of_advance ? testing::Fault::Delay(kMargin - Millis(300))
+                                  : testing::Fault::Pass();
+       }),
+       .clock = &clock_,
+       .on_delay = [this](const testing::StoreCall&, Millis d) { monotonic_.Advance(d); }});
+  engine_ = std::make_unique<Engine>(slow, *fingerprinter_, *sealer_, clock_);
+  Build(false, Millis(3000));
+
+  const http::Response paid = Handle(Pay("margin-left-1", "alice-key", "ORD-LEFT"));
+  EXPECT_EQ(paid.status, 201) << paid.body;
+  ASSERT_EQ(provider_.SendWithins().size(), 1u);
+  EXPECT_EQ(provider_.SendWithins()[0], Millis(300)) << "the margin less the advance's 1.7 s";
   service_.reset();
   filter_.reset();
   engine_.reset();

@@ -156,6 +156,30 @@ Result<Decision> Engine::Start(const RoutePolicy& policy, const Request& request
   return decided;
 }
 
+Result<std::optional<Decision>> Engine::ReplayFromMemory(const RoutePolicy& policy,
+                                                         const Request& request,
+                                                         Timestamp* mismatch_expires) {
+  if (!request.key_header) return std::optional<Decision>();  // Start says what is wrong
+  auto key = ParseIdempotencyKey(*request.key_header, policy.key_policy);
+  if (!key) return std::optional<Decision>();
+  const Scope scope{request.principal.tenant, request.principal.user, policy.route, *key};
+  auto hash = scope.Hash();
+  if (!hash) return std::optional<Decision>();
+  std::optional<Record> held = store_.ReadCached(*hash);
+  if (!held || !IsReplayable(held->state) || held->expires_at <= held->observed_at) {
+    return std::optional<Decision>();
+  }
+  IDEM_ASSIGN_OR_RETURN(CanonicalRequest canonical,
+                        MakeCanonicalRequest(FactsOf(policy, request), policy.rules));
+  IDEM_RETURN_IF_ERROR(
+      VerifyRecord(policy, request, canonical, fingerprinter_, *held, mismatch_expires));
+  Decision decision;
+  decision.key = std::move(*key);
+  decision.record = std::move(*held);
+  IDEM_ASSIGN_OR_RETURN(Decision replay, Replay(*hash, std::move(decision)));
+  return std::optional<Decision>(std::move(replay));
+}
+
 void Engine::ReleaseMarker(const ScopeHash& scope, const std::optional<MarkerToken>& token) {
   if (markers_ != nullptr && token) markers_->Release(scope, *token);
 }

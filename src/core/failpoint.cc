@@ -85,6 +85,8 @@ void ClearFailpoints() {
   g_any_armed = false;
 }
 
+bool FailpointsArmed() { return g_any_armed.load(std::memory_order_relaxed); }
+
 namespace internal {
 
 Status HitFailpoint(std::string_view name) {

@@ -24,8 +24,9 @@ Heartbeat::Heartbeat(Engine& engine, const Ticket& ticket, MonotonicClock& clock
       interval_(IntervalFor(ticket.lease_ttl, options.interval)),
       poll_(std::max(options.poll, Millis(1))),
       ticket_(ticket),
-      due_(clock.Now() + interval_),
-      thread_([this] { Run(); }) {}
+      due_(clock.Now() + interval_) {
+  if (options.own_thread) thread_ = std::thread([this] { Run(); });
+}
 
 Heartbeat::~Heartbeat() {
   {
@@ -33,7 +34,7 @@ Heartbeat::~Heartbeat() {
     stop_ = true;
   }
   wake_.notify_all();
-  thread_.join();
+  if (thread_.joinable()) thread_.join();
 }
 
 Status Heartbeat::Check() {

@@ -94,7 +94,7 @@ void IdemdTest::SetUp() {
 
 void IdemdTest::WriteConfig(const std::string& config, const IdemdOptions& options) {
   std::ofstream out(config);
-  out << "[server]\nlisten = \"127.0.0.1:0\"\nworker_threads = 16\nread_timeout_ms = 2000\n"
+  out << "[server]\nlisten = \"127.0.0.1:0\"\nread_timeout_ms = 2000\n"
       << "drain_timeout_ms = 5000\n"
       << options.extra_server << "\n"
       << "[store]\nurl = \""

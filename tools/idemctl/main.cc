@@ -252,8 +252,8 @@ int Reconcile(const Args& a) {
   if (a.Has("o") && !json_out) return Fail("-o takes json");
   auto opened = OpenFromConfig(a);
   if (!opened) return Fail(opened.error().message);
-  auto provider =
-      idemd::MakeHttpProvider(opened->config.provider_url, opened->config.provider_timeout);
+  auto provider = idemd::MakeHttpProvider(opened->config.provider_url,
+                                          idemd::ProviderOptionsOf(opened->config));
   if (!provider) return Fail(provider.error().message);
   idemd::Reconciliation books = MakeReconciliation(*opened, **provider);
   if (a.words.size() > 1) {  // reconcile report

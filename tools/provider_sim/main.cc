@@ -199,7 +199,15 @@ class ProviderSim final : public http::Handler {
     late_cv_.notify_all();
   }
 
-  http::Response Handle(const http::Request& request, http::RequestContext& context) override {
+  // Answers at once, on the I/O thread: the simulator's state is in memory, and a slow answer is
+  // context.delay, which the server waits out without a thread.
+  http::Async<http::Response> Handle(const http::Request& request,
+                                     http::RequestContext& context) override {
+    co_return Serve(request, context);
+  }
+
+ private:
+  http::Response Serve(const http::Request& request, http::RequestContext& context) {
     const std::string_view path = request.Path();
     context.route = std::string(path);
     if (path == "/v1/charges" && request.method == "POST") return CreateCharge(request, context);
@@ -219,7 +227,6 @@ class ProviderSim final : public http::Handler {
     return Json(404, json::object{{"error", "not_found"}});
   }
 
- private:
   // The fault that applies to `reference` now (consuming one use), if any. Caller holds mu_.
   std::optional<Fault> TakeFault(const std::string& reference) {
     auto take = [](std::optional<Fault>& f) -> std::optional<Fault> {
@@ -549,7 +556,7 @@ class StderrLog final : public http::AccessLog {
 int main(int argc, char** argv) {
   http::ServerOptions options;
   options.port = 8090;
-  options.worker_threads = 4;
+  options.io_threads = 2;
   options.drain_timeout = Millis(2000);
   std::size_t max_records = kDefaultMaxRecords;
   for (int i = 1; i < argc; ++i) {

@@ -34,8 +34,10 @@ struct RedisCacheOptions {
   // Per command; a slower Redis is skipped (the database answers).
   Millis timeout{50};
   int pool_size = 8;
-  // Entries of the in-process LRU in front of Redis (0 turns it off).
+  // Entries and bytes of the in-process LRU in front of Redis (either 0 turns it off); it also
+  // answers Store::ReadCached.
   std::size_t lru_entries = 10000;
+  std::size_t lru_bytes = 64u << 20;
   // Cache entries are <prefix><hex scope hash>, markers <prefix>lock:<hex scope hash>.
   std::string key_prefix = "idem:rec:";
   // Called on every fallback to the database after a Redis failure, and for every cache entry

@@ -1,12 +1,9 @@
 // src/store/redis/redis_cache.cc — the replay cache decorator (see redis.h for the rule that keeps
 // it from ever overriding the database), and redis.h's factories.
-#include <list>
-#include <mutex>
-#include <unordered_map>
-
 #include "include/idem/failpoint.h"
 #include "include/idem/store/redis.h"
 #include "src/core/wire.h"
+#include "src/store/cache/replay_lru.h"
 #include "src/store/redis/redis_client.h"
 
 namespace idem {
@@ -74,57 +71,6 @@ std::optional<Record> DecodeRecord(std::string_view bytes) {
   return r;
 }
 
-// ---- In-process LRU -------------------------------------------------------------------------
-
-// Entries live until a deadline on the monotonic clock, set from the store's own reckoning of
-// how long the record has left (expires_at - observed_at): no wall clock decides.
-class Lru {
- public:
-  explicit Lru(std::size_t capacity) : capacity_(capacity) {}
-  // The entry of `scope` alive at `now`, its observed_at moved on by the time it has spent here.
-  std::optional<Record> Get(const ScopeHash& scope, SteadyTime now) {
-    if (capacity_ == 0) return std::nullopt;
-    std::lock_guard lock(mu_);
-    auto it = index_.find(Key(scope));
-    if (it == index_.end()) return std::nullopt;
-    const Entry& entry = it->second->second;
-    if (entry.deadline <= now) {
-      order_.erase(it->second);
-      index_.erase(it);
-      return std::nullopt;
-    }
-    order_.splice(order_.begin(), order_, it->second);
-    Record r = entry.record;
-    r.observed_at = r.expires_at - std::chrono::duration_cast<Millis>(entry.deadline - now);
-    return r;
-  }
-  void Put(const ScopeHash& scope, const Record& record, SteadyTime deadline) {
-    if (capacity_ == 0) return;
-    std::lock_guard lock(mu_);
-    const std::string key = Key(scope);
-    if (auto it = index_.find(key); it != index_.end()) order_.erase(it->second);
-    order_.emplace_front(key, Entry{record, deadline});
-    index_[key] = order_.begin();
-    while (order_.size() > capacity_) {
-      index_.erase(order_.back().first);
-      order_.pop_back();
-    }
-  }
-
- private:
-  struct Entry {
-    Record record;
-    SteadyTime deadline;
-  };
-  static std::string Key(const ScopeHash& s) {
-    return std::string(reinterpret_cast<const char*>(s.data()), s.size());
-  }
-  std::size_t capacity_;
-  std::mutex mu_;
-  std::list<std::pair<std::string, Entry>> order_;
-  std::unordered_map<std::string, std::list<std::pair<std::string, Entry>>::iterator> index_;
-};
-
 // ---- The decorator --------------------------------------------------------------------------
 
 // The cache entry of KEYS[1] and how many milliseconds it still lives by Redis's clock, or nil.
@@ -140,7 +86,7 @@ class RedisCachedStore final : public StoreWrapper {
         inner_(std::move(inner)),
         client_(std::move(client)),
         clock_(clock),
-        lru_(client_->options().lru_entries) {
+        lru_(client_->options().lru_entries, client_->options().lru_bytes) {
     caps_ = inner_->capabilities();
     caps_.name = "redis+" + caps_.name;
   }
@@ -155,23 +101,31 @@ class RedisCachedStore final : public StoreWrapper {
   // read and the fill (a slow Redis, a descheduled or stalled thread) comes off it, never on top.
   // This instance's clock can only shorten that: a clock running behind keeps no entry alive past
   // its expiry; one running ahead only costs database reads.
+  std::optional<Record> ReadCached(const ScopeHash& scope) override {
+    auto hit = lru_.Get(scope, client_->Now());
+    if (hit && OfScope(*hit, scope) && cache::Usable(*hit, clock_.Now())) return hit;
+    return std::nullopt;
+  }
+
   Result<std::optional<Record>> Read(const ScopeHash& scope) override {
     const Timestamp local = clock_.Now();
     const SteadyTime asked = client_->Now();
-    if (auto hit = lru_.Get(scope, asked); hit && OfScope(*hit, scope) && Usable(*hit, local)) {
+    if (auto hit = lru_.Get(scope, asked);
+        hit && OfScope(*hit, scope) && cache::Usable(*hit, local)) {
       return hit;
     }
     const std::string key = client_->options().key_prefix + ToHex(scope);
-    if (auto cached = FromRedis(key); cached && OfScope(*cached, scope) && Usable(*cached, local)) {
-      lru_.Put(scope, *cached, asked + Left(*cached));
+    if (auto cached = FromRedis(key);
+        cached && OfScope(*cached, scope) && cache::Usable(*cached, local)) {
+      lru_.Put(scope, *cached, asked + cache::Left(*cached));
       return cached;
     }
     IDEM_ASSIGN_OR_RETURN(std::optional<Record> record, inner_->Read(scope));
     // The database answered and the cache does not know yet (a failpoint's `error` skips the
     // fill, as a Redis failure would).
-    if (record && record->scope == scope && Usable(*record, local) &&
+    if (record && record->scope == scope && cache::Usable(*record, local) &&
         IDEM_FAILPOINT("cache_before_fill")) {
-      const Millis left = Left(*record);
+      const Millis left = cache::Left(*record);
       lru_.Put(scope, *record, asked + left);
       // Redis counts a TTL from the SET: what is left now, not what was left at the read.
       ToRedis(key, *record, left - std::chrono::ceil<Millis>(client_->Now() - asked));
@@ -180,15 +134,6 @@ class RedisCachedStore final : public StoreWrapper {
   }
 
  private:
-  // The rule: only finished records, only before their expiry by the store's clock, and by the
-  // local one.
-  static bool Usable(const Record& r, Timestamp local) {
-    return IsReplayable(r.state) && r.expires_at > r.observed_at && r.expires_at > local;
-  }
-  static Millis Left(const Record& r) {
-    return std::chrono::duration_cast<Millis>(r.expires_at - r.observed_at);
-  }
-
   // Whether a cache entry is the record of `scope`; counts a fallback when it is not.
   bool OfScope(const Record& r, const ScopeHash& scope) const {
     if (r.scope == scope) return true;
@@ -222,7 +167,7 @@ class RedisCachedStore final : public StoreWrapper {
   std::unique_ptr<Store> inner_;
   std::shared_ptr<RedisClient> client_;
   Clock& clock_;
-  Lru lru_;
+  cache::Lru lru_;
   StoreCapabilities caps_;
 };
 

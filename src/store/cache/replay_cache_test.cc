@@ -1,0 +1,164 @@
+// src/store/cache/replay_cache_test.cc — the in-process replay cache over SQLite files: the
+// contract suite unchanged, and what the cache adds (it answers from memory, and only by the rule
+// in replay_cache.h).
+#include "include/idem/store/replay_cache.h"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+
+#include "include/idem/store/sqlite.h"
+#include "testing/fakes.h"
+#include "testing/store_contract.h"
+
+namespace idem::testing {
+namespace {
+
+SqliteStoreOptions Options(const std::string& path) {
+  SqliteStoreOptions options;
+  options.path = path;
+  options.pool_size = 2;
+  return WithContractTables(options);
+}
+
+INSTANTIATE_TEST_SUITE_P(Cached, StoreContractTest,
+                         ::testing::Values(StoreFactory{
+                             "CachedSqlite",
+                             [](StoreTestEnv& env) -> Result<std::unique_ptr<Store>> {
+                               IDEM_ASSIGN_OR_RETURN(
+                                   std::unique_ptr<Store> sqlite,
+                                   OpenSqliteStore(Options(env.dir.File("idem.db")), env.clock,
+                                                   env.random));
+                               return WrapWithReplayCache(std::move(sqlite), {}, env.clock);
+                             }}),
+                         FactoryName);
+
+// Counts the reads that reach the database.
+class CountingReads final : public StoreWrapper {
+ public:
+  explicit CountingReads(std::unique_ptr<Store> inner)
+      : StoreWrapper(*inner), inner_(std::move(inner)) {}
+  Result<std::optional<Record>> Read(const ScopeHash& scope) override {
+    ++reads;
+    return inner_->Read(scope);
+  }
+  std::atomic<int> reads{0};
+
+ private:
+  std::unique_ptr<Store> inner_;
+};
+
+constexpr Millis kRetention{3600 * 1000};
+
+class ReplayCacheTest : public ::testing::Test {
+ protected:
+  void Open(ReplayCacheOptions options = {}) {
+    auto sqlite = OpenSqliteStore(Options(dir_.File("idem.db")), clock_, random_);
+    ASSERT_TRUE(sqlite.has_value()) << sqlite.error().message;
+    auto counting = std::make_unique<CountingReads>(std::move(*sqlite));
+    counting_ = counting.get();
+    options.monotonic = &monotonic_;
+    store_ = WrapWithReplayCache(std::move(counting), options, clock_);
+  }
+
+  // A record of `key` claimed and finished with `answer` (or left running when `finish` is false).
+  ScopeHash Make(const std::string& key, const std::string& answer, bool finish = true) {
+    ClaimSpec spec;
+    spec.scope = *Scope{"acme", "alice", "payments.create", key}.Hash();
+    spec.tenant = "acme";
+    spec.user = "alice";
+    spec.route = "payments.create";
+    spec.fingerprint.rules_version = 1;
+    spec.fingerprint.secret_id = 1;
+    spec.lease_ttl = Millis(30000);
+    spec.retention = kRetention;
+    auto txn = store_->Begin();
+    EXPECT_TRUE(txn.has_value());
+    auto claim = (*txn)->Claim(spec);
+    EXPECT_TRUE(claim.has_value() && claim->claimed);
+    if (finish) {
+      EXPECT_TRUE((*txn)
+                      ->Finish(spec.scope, claim->record.lease,
+                               Outcome{RecordState::kSucceeded, 201, answer, "done"})
+                      .has_value());
+    }
+    EXPECT_TRUE((*txn)->Commit().has_value());
+    return spec.scope;
+  }
+
+  TempDir dir_;
+  FakeClock clock_;
+  FakeMonotonicClock monotonic_;
+  SeededRandom random_{7};
+  CountingReads* counting_ = nullptr;
+  std::unique_ptr<Store> store_;
+};
+
+TEST_F(ReplayCacheTest, AFinishedRecordReadOnceIsAnsweredFromMemoryAfterwards) {
+  Open();
+  const ScopeHash scope = Make("key-mem-1", "answer");
+  EXPECT_FALSE(store_->ReadCached(scope).has_value()) << "nothing is cached before a read";
+  ASSERT_TRUE(store_->Read(scope)->has_value());
+  EXPECT_EQ(counting_->reads, 1);
+  const std::optional<Record> held = store_->ReadCached(scope);
+  ASSERT_TRUE(held.has_value());
+  EXPECT_EQ(held->response, "answer");
+  ASSERT_TRUE(store_->Read(scope)->has_value());
+  EXPECT_EQ(counting_->reads, 1) << "the second read came from memory";
+}
+
+TEST_F(ReplayCacheTest, ARunningRecordIsNeverCached) {
+  Open();
+  const ScopeHash scope = Make("key-mem-2", "", /*finish=*/false);
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(store_->Read(scope)->has_value());
+  EXPECT_EQ(counting_->reads, 3);
+  EXPECT_FALSE(store_->ReadCached(scope).has_value());
+}
+
+// An entry lives for what the store said the record had left, on the monotonic clock: even with
+// the wall clock stopped (or running behind), it is gone at the record's expiry.
+TEST_F(ReplayCacheTest, AnEntryEndsAtTheRecordsExpiryByTheMonotonicClock) {
+  Open();
+  const ScopeHash scope = Make("key-mem-3", "answer");
+  ASSERT_TRUE(store_->Read(scope)->has_value());
+  monotonic_.Advance(kRetention - Millis(1));
+  EXPECT_TRUE(store_->ReadCached(scope).has_value());
+  monotonic_.Advance(Millis(1));
+  EXPECT_FALSE(store_->ReadCached(scope).has_value());
+}
+
+TEST_F(ReplayCacheTest, ALocalClockPastTheExpiryEndsAnEntry) {
+  Open();
+  const ScopeHash scope = Make("key-mem-4", "answer");
+  ASSERT_TRUE(store_->Read(scope)->has_value());
+  clock_.Advance(kRetention);
+  EXPECT_FALSE(store_->ReadCached(scope).has_value());
+}
+
+// The byte bound: with room for about one record, the least recently used goes.
+TEST_F(ReplayCacheTest, TheByteBoundEvictsTheLeastRecentlyUsed) {
+  Open({.max_bytes = 1500});
+  const ScopeHash first = Make("key-mem-5", std::string(600, 'a'));
+  const ScopeHash second = Make("key-mem-6", std::string(600, 'b'));
+  ASSERT_TRUE(store_->Read(first)->has_value());
+  ASSERT_TRUE(store_->ReadCached(first).has_value());
+  ASSERT_TRUE(store_->Read(second)->has_value());
+  EXPECT_TRUE(store_->ReadCached(second).has_value());
+  EXPECT_FALSE(store_->ReadCached(first).has_value()) << "evicted for the second";
+  const ScopeHash huge = Make("key-mem-7", std::string(4000, 'c'));
+  ASSERT_TRUE(store_->Read(huge)->has_value());
+  EXPECT_FALSE(store_->ReadCached(huge).has_value()) << "larger than the bound: not kept";
+  EXPECT_TRUE(store_->ReadCached(second).has_value()) << "and it evicted nothing";
+}
+
+TEST_F(ReplayCacheTest, ZeroBytesTurnsTheCacheOff) {
+  Open({.max_bytes = 0});
+  const ScopeHash scope = Make("key-mem-8", "answer");
+  ASSERT_TRUE(store_->Read(scope)->has_value());
+  ASSERT_TRUE(store_->Read(scope)->has_value());
+  EXPECT_EQ(counting_->reads, 2);
+  EXPECT_FALSE(store_->ReadCached(scope).has_value());
+}
+
+}  // namespace
+}  // namespace idem::testing
