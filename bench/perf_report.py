@@ -437,7 +437,7 @@ def main():
     end = next((e for e in entries if e["id"] == "end"), None)
     md.append(f"- Load average (1, 5, 15 min) when the measurements began: {meta.get('loadavg', '?')}"
               + (f"; when they ended: {end.get('loadavg', '?')}" if end else "")
-              + " — above 0 means other work shared the machine")
+              + " (the first shows what else ran on the machine; the second includes this run)")
     md.append(f"- Commit: `{info['commit']}` {info['commit_subject'] or ''}"
               + (" — with uncommitted changes" if info["dirty"] else ""))
     md.append(f"- Date: {when} (UTC)" + (f"; the measurements took {end['elapsed_s'] / 60:.1f} "
