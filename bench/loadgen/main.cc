@@ -131,10 +131,14 @@ int CheckOnly(const Options& options, const http::Url& provider) {
 }
 
 int Run(const Options& options) {
-  auto provider = http::ParseHttpUrl(options.provider);
-  if (!provider) {
-    std::fprintf(stderr, "idem-bench: --provider: %s\n", provider.error().message.c_str());
-    return kExitUsage;
+  // --no-check may run without a provider (then the slow scenario is refused by ParseOptions).
+  Result<http::Url> provider = MakeError(Errc::kInvalidArgument, "no --provider");
+  if (!options.provider.empty() || !options.no_check) {
+    provider = http::ParseHttpUrl(options.provider);
+    if (!provider) {
+      std::fprintf(stderr, "idem-bench: --provider: %s\n", provider.error().message.c_str());
+      return kExitUsage;
+    }
   }
   if (options.check_only) return CheckOnly(options, *provider);
   auto target = http::ParseHttpUrl(options.url);
@@ -143,10 +147,14 @@ int Run(const Options& options) {
     return kExitUsage;
   }
 
-  auto before = ProviderCharges(*provider);
-  if (!before) {
-    std::fprintf(stderr, "idem-bench: provider stats: %s\n", before.error().message.c_str());
-    return kExitFail;
+  ChargeCounts before;
+  if (!options.no_check) {
+    auto charges = ProviderCharges(*provider);
+    if (!charges) {
+      std::fprintf(stderr, "idem-bench: provider stats: %s\n", charges.error().message.c_str());
+      return kExitFail;
+    }
+    before = std::move(*charges);
   }
   const std::string run_id = RunId();
   LoadConfig config;
@@ -179,7 +187,9 @@ int Run(const Options& options) {
     std::fprintf(stderr, "idem-bench: replay setup: %s\n", s.error().message.c_str());
     return kExitFail;
   }
-  GlobalFault fault(*provider);
+  // Unused (never set) when there is no provider: only slow sets a fault, and it needs one.
+  const http::Url no_provider;
+  GlobalFault fault(provider ? *provider : no_provider);
   if (options.scenario == Scenario::kSlow) {
     const std::string body =
         R"({"fault":"slow","delay_ms":)" + std::to_string(options.provider_delay_ms) + "}";
@@ -191,6 +201,18 @@ int Run(const Options& options) {
   load.Run();
   // Retries after the window are the client finishing its business, not part of the scenario.
   fault.Clear();
+  Report report;
+  report.options = &options;
+  report.run_id = run_id;
+  if (options.no_check) {
+    report.figures = load.MeasuredFigures();
+    report.totals = load.RunTotals();
+    report.checked = false;
+    std::fputs(FormatTable(report).c_str(), stdout);
+    const bool written =
+        options.json_path.empty() || WriteFile(options.json_path, ReportJson(report));
+    return Succeeded(report.figures) > 0 && written ? 0 : kExitFail;
+  }
   load.Resolve(options.resolve_s);
 
   auto after = ProviderCharges(*provider);
@@ -198,12 +220,9 @@ int Run(const Options& options) {
     std::fprintf(stderr, "idem-bench: provider stats: %s\n", after.error().message.c_str());
     return kExitFail;
   }
-  Report report;
-  report.options = &options;
-  report.run_id = run_id;
   report.figures = load.MeasuredFigures();
   report.totals = load.RunTotals();
-  IntentsFile intents{*before, report.totals.replay_violations, load.Intents()};
+  IntentsFile intents{before, report.totals.replay_violations, load.Intents()};
   report.check =
       CheckExactlyOnce(intents.intents, intents.provider_before, *after, intents.replay_violations);
   std::fputs(FormatTable(report).c_str(), stdout);

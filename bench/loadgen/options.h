@@ -41,6 +41,9 @@ struct Options {
   std::string json_path;     // every figure, as JSON
   std::string intents_path;  // every intent and what it got, for --check-only
   bool check_only = false;   // no load: the exactly-once check of --intents against --provider
+  // Load only: no provider-sim, no retries after the window, no check (for a server that is not
+  // idemd, such as the fixed answer scripts/bench measures as the HTTP ceiling).
+  bool no_check = false;
   bool help = false;
 };
 

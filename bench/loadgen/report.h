@@ -16,7 +16,11 @@ struct Report {
   Figures figures;
   Totals totals;
   CheckResult check;
+  bool checked = true;  // false under --no-check: `check` is empty and reported as not made
 };
+
+// Measured answers that were 200 or 201.
+uint64_t Succeeded(const Figures& figures);
 
 std::string FormatTable(const Report& report);
 // Just the exactly-once part, with its PASS or FAIL line (also all that --check-only prints).

@@ -214,7 +214,9 @@ CREATE TRIGGER idem_retained_delete AFTER DELETE ON idem_records BEGIN
   UPDATE idem_retained SET records = records - 1
     WHERE tenant = OLD.tenant AND user_id = OLD.user_id;
 END;
-)sql"};
+)sql",
+                                // BEGIN IMMEDIATE already holds the database's write lock.
+                                ""};
   return kDialect;
 }
 
@@ -249,7 +251,10 @@ CREATE TRIGGER idem_retained_insert AFTER INSERT ON idem_records
   FOR EACH ROW EXECUTE FUNCTION idem_retained_insert();
 CREATE TRIGGER idem_retained_delete AFTER DELETE ON idem_records
   REFERENCING OLD TABLE AS gone FOR EACH STATEMENT EXECUTE FUNCTION idem_retained_delete();
-)sql"};
+)sql",
+      // Claims of one principal on several connections (or instances) serialise their quota
+      // counts here, until their transactions end.
+      "SELECT pg_advisory_xact_lock(hashtext(?))"};
   return kDialect;
 }
 
@@ -347,6 +352,7 @@ RecordSql::RecordSql(const Dialect& d) : dialect(d) {
              "recovery_point = CASE WHEN ? = '' THEN recovery_point ELSE ? END, updated_at = {now} "
              "WHERE scope_hash = ? AND owner_token = ? AND fence = ? AND state = 'PROCESSING'" +
                  std::string(d.on_finish));
+  lock_principal = d.lock_principal.empty() ? std::string() : Render(d, d.lock_principal);
   // One row, whatever the history (migration 4); capped at the limit by SqlTxn::Count.
   count_any = Render(d,
                      "SELECT coalesce((SELECT records FROM idem_retained WHERE tenant = ? AND "

@@ -39,6 +39,9 @@ struct Dialect {
   // Schema text: the triggers that keep idem_retained (each principal's number of records) in
   // step with every insert into and delete from idem_records, in the same transaction.
   std::string_view retained_triggers;
+  // Serialises one principal's quota counts until the transaction ends, where the backend's write
+  // lock does not already (TxnSession::LockPrincipal); one '?', the principal. Empty: no lock.
+  std::string_view lock_principal;
 };
 
 const Dialect& SqliteDialect();
@@ -69,6 +72,7 @@ struct RecordSql {
   std::string advance;
   std::string advance_covered;
   std::string finish;
+  std::string lock_principal;  // (tenant 0x1F user); empty where the dialect needs no lock
   std::string count_any;
   std::string count_state;
   std::string list_stale;

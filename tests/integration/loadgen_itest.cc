@@ -169,12 +169,39 @@ TEST_F(LoadgenTest, CheckFailsOnAChargeNoSuccessAccountsFor) {
   EXPECT_NE(broken_out.find("pay_00000000000000000000beef"), std::string::npos) << broken_out;
 }
 
+// --no-check: load without the provider and without a check (scripts/bench measures nginx this
+// way); the report says nothing was checked, its JSON has no check, and the run still counts.
+TEST_F(LoadgenTest, NoCheckLoadsWithoutTheProvider) {
+  const std::string report = dir_.File("no-check.json");
+  const auto [status, out] =
+      RunBench({"--no-check", "--url", "http://127.0.0.1:" + std::to_string(idemd_url_.port),
+                "--api-key", kAlice, "--duration", "1", "--connections", "2", "--json", report});
+  ASSERT_EQ(status, 0) << out;
+  EXPECT_NE(out.find("exactly-once   not checked (--no-check)"), std::string::npos) << out;
+  EXPECT_EQ(out.find("PASS"), std::string::npos) << out;
+  json::object r = ReadJson(report);
+  EXPECT_TRUE(r["check"].is_null()) << out;
+  EXPECT_TRUE(r["config"].as_object().at("no_check").as_bool());
+  const json::object& measured = r["measured"].as_object();
+  EXPECT_GT(measured.at("requests").to_number<int64_t>(), 0) << out;
+  EXPECT_EQ(measured.at("errors").to_number<int64_t>(), 0) << out;
+
+  // Nothing answered 200/201: exit status 1.
+  const auto [refused, refused_out] =
+      RunBench({"--no-check", "--url", "http://127.0.0.1:" + std::to_string(idemd_url_.port),
+                "--api-key", "not-a-key", "--duration", "0.5", "--connections", "1"});
+  EXPECT_EQ(refused, 1) << refused_out;
+  EXPECT_NE(refused_out.find("FAIL: nothing succeeded"), std::string::npos) << refused_out;
+}
+
 TEST_F(LoadgenTest, UsageErrorsExitWithTwo) {
   EXPECT_EQ(RunBench({"--scenario", "nope"}).first, 2);
   std::vector<std::string> args = Targets();
   args.insert(args.end(), {"--scenario", "burst", "--connections", "5", "--burst", "2"});
   EXPECT_EQ(RunBench(args).first, 2);  // connections not a multiple of the burst
   EXPECT_EQ(RunBench({"--url", "http://127.0.0.1:1"}).first, 2);  // no --provider
+  EXPECT_EQ(RunBench({"--no-check", "--url", "http://127.0.0.1:1", "--scenario", "slow"}).first,
+            2);  // slow sets the provider's fault
 }
 
 }  // namespace

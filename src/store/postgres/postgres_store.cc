@@ -546,7 +546,7 @@ class PostgresSession final : public store_internal::LentSession<Connection> {
   }
 
   Status LockPrincipal(std::string_view tenant, std::string_view user) override {
-    IDEM_RETURN_IF_ERROR(conn_->Run("SELECT pg_advisory_xact_lock(hashtext($1))",
+    IDEM_RETURN_IF_ERROR(conn_->Run(Sql().lock_principal,
                                     {std::string(tenant) + '\x1f' + std::string(user)}, nullptr));
     return Ok();
   }

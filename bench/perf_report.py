@@ -1,0 +1,758 @@
+#!/usr/bin/env python3
+"""bench/perf_report.py — the report of one scripts/bench run.
+
+Reads the run's raw results (WORK/manifest.jsonl and the files it names: idem-bench JSON, Google
+Benchmark JSON, pgbench output and per-transaction logs, memory samples) and writes, to OUT:
+performance.md (method, machine, targets met or not, every run), performance-throughput.svg and
+performance-latency.svg (gnuplot), and performance.json (every figure the report uses). Nothing is
+typed in: a figure that a run did not produce is reported as missing, never guessed.
+
+  bench/perf_report.py --work WORK --out docs --root REPO --idemd BUILD/server/idemd
+"""
+import argparse
+import datetime
+import glob
+import json
+import math
+import os
+import platform
+import re
+import sqlite3
+import subprocess
+import sys
+
+MIB = 1024.0  # KiB per MiB
+
+
+# ---- Reading the raw results ----------------------------------------------------------------------
+
+def read_manifest(work):
+    entries = []
+    with open(os.path.join(work, "manifest.jsonl")) as f:
+        for line in f:
+            line = line.strip()
+            if line:
+                entries.append(json.loads(line))
+    return entries
+
+
+def quantile(sorted_values, q):
+    """The value of rank max(1, ceil(q * n)), as idem-bench's histogram defines its quantiles."""
+    if not sorted_values:
+        return None
+    rank = max(1, math.ceil(q * len(sorted_values)))
+    return sorted_values[min(rank, len(sorted_values)) - 1]
+
+
+def idem_bench_run(work, entry):
+    with open(os.path.join(work, entry["json"])) as f:
+        j = json.load(f)
+    m = j["measured"]
+    statuses = {int(k): v for k, v in m["statuses"].items()}
+    successes = statuses.get(200, 0) + statuses.get(201, 0)
+    seconds = max(m["seconds"], m.get("sending_seconds", 0))
+    lat = m["latency_us"]
+    check = j.get("check")
+    return {
+        "loop": j["config"]["loop"],
+        "rate": j["config"]["rate"],
+        "connections": j["config"]["connections"],
+        "duration_s": j["config"]["duration_s"],
+        "seconds": seconds,
+        "requests": m["requests"],
+        "rps": m["rps"],
+        "successes": successes,
+        "replayed": m["replayed"],
+        "ok_rps": successes / seconds if seconds > 0 else 0.0,
+        "first_rps": (successes - m["replayed"]) / seconds if seconds > 0 else 0.0,
+        "errors": m["errors"],
+        "statuses": m["statuses"],
+        "transport_errors": m["transport_errors"],
+        "missed_slots": m.get("missed_slots", 0),
+        "latency_ms": {k: lat[k] / 1000.0 for k in ("p50", "p90", "p99", "p99_9", "max", "mean")},
+        "check": None if check is None else ("PASS" if check["pass"] else "FAIL"),
+        "exit_status": entry.get("status", 0),
+    }
+
+
+def gbench_runs(work, entry):
+    with open(os.path.join(work, entry["json"])) as f:
+        j = json.load(f)
+    out = {}
+    scale = {"ns": 1e-6, "us": 1e-3, "ms": 1.0, "s": 1e3}
+    for b in j.get("benchmarks", []):
+        name = b["name"]
+        if not name.startswith("BM_SqliteClaimAndFinish/") or b.get("error_occurred"):
+            continue
+        arg = name.split("/")[1]
+        out["full" if arg == "1" else "normal"] = {
+            "name": name,
+            "label": b.get("label", ""),
+            "iterations": b["iterations"],
+            "per_s": b["items_per_second"],
+            "mean_ms": b["real_time"] * scale[b.get("time_unit", "ns")],
+        }
+    out["context"] = j.get("context", {})
+    return out
+
+
+def pgbench_run(work, entry):
+    with open(os.path.join(work, entry["out"])) as f:
+        text = f.read()
+    tps = re.search(r"^tps = ([0-9.]+) \(without initial connection time\)", text, re.M)
+    processed = re.search(r"^number of transactions actually processed: (\d+)", text, re.M)
+    failed = re.search(r"^number of failed transactions: (\d+)", text, re.M)
+    latencies = []
+    for path in glob.glob(os.path.join(work, entry["log_prefix"]) + ".*"):
+        with open(path) as f:
+            for line in f:
+                fields = line.split()
+                # client_id transaction_no time script_no time_epoch time_us; time in µs
+                if len(fields) >= 6 and fields[2].isdigit():
+                    latencies.append(int(fields[2]) / 1000.0)
+    latencies.sort()
+    run = {
+        "clients": entry["clients"],
+        "threads": entry["threads"],
+        "duration_s": entry["duration_s"],
+        "tps": float(tps.group(1)) if tps else None,
+        "processed": int(processed.group(1)) if processed else None,
+        "failed": int(failed.group(1)) if failed else None,
+        "latency_ms": None,
+    }
+    if latencies:
+        run["latency_ms"] = {
+            "p50": quantile(latencies, 0.5),
+            "p90": quantile(latencies, 0.9),
+            "p99": quantile(latencies, 0.99),
+            "p99_9": quantile(latencies, 0.999),
+            "max": latencies[-1],
+            "mean": sum(latencies) / len(latencies),
+        }
+    return run
+
+
+def samples(work, path):
+    rows = []
+    with open(os.path.join(work, path)) as f:
+        for line in f:
+            fields = line.split()
+            if len(fields) == 4:
+                rows.append([float(fields[0])] + [int(x) for x in fields[1:]])
+    if not rows:
+        return None
+    return {
+        "count": len(rows),
+        "peak_rss_kb": max(r[1] for r in rows),
+        "peak_hwm_kb": max(r[2] for r in rows),
+        "peak_provider_connections": max(r[3] for r in rows),
+    }
+
+
+# ---- The machine ----------------------------------------------------------------------------------
+
+def command_output(args, cwd=None):
+    try:
+        r = subprocess.run(args, cwd=cwd, capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    text = (r.stdout + r.stderr).strip()
+    return text.splitlines()[0] if text else None
+
+
+def machine(root, idemd):
+    info = {"nproc": os.cpu_count()}
+    with open("/proc/cpuinfo") as f:
+        models = [l.split(":", 1)[1].strip() for l in f if l.startswith("model name")]
+    info["cpu"] = models[0] if models else "unknown"
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemTotal:"):
+                info["memory_gib"] = int(line.split()[1]) / 1024.0 / 1024.0
+    info["kernel"] = platform.release()
+    try:
+        with open("/etc/debian_version") as f:
+            info["debian"] = f.read().strip()
+    except OSError:
+        info["debian"] = None
+    info["commit"] = command_output(["git", "rev-parse", "HEAD"], cwd=root)
+    info["commit_subject"] = command_output(["git", "log", "-1", "--format=%s"], cwd=root)
+    # The report's own files do not count: an earlier run may have rewritten them.
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".",
+                            ":(exclude)docs/performance*"], cwd=root,
+                           capture_output=True, text=True).stdout.strip()
+    info["dirty"] = bool(dirty)
+    info["branch"] = command_output(["git", "rev-parse", "--abbrev-ref", "HEAD"], cwd=root)
+    info["nginx"] = command_output(["nginx", "-v"])
+    info["postgres"] = command_output(["/usr/lib/postgresql/15/bin/postgres", "--version"])
+    info["pgbench"] = command_output(["pgbench", "--version"])
+    info["redis"] = command_output(["redis-server", "--version"])
+    info["sqlite"] = sqlite3.sqlite_version
+    info["gnuplot"] = command_output(["gnuplot", "--version"])
+    cache = os.path.join(os.path.dirname(os.path.dirname(idemd)), "CMakeCache.txt")
+    info["build_type"] = None
+    info["compiler"] = None
+    if os.path.exists(cache):
+        with open(cache) as f:
+            for line in f:
+                if line.startswith("CMAKE_BUILD_TYPE:"):
+                    info["build_type"] = line.split("=", 1)[1].strip()
+                if line.startswith("CMAKE_CXX_COMPILER:"):
+                    info["compiler"] = command_output([line.split("=", 1)[1].strip(), "--version"])
+    return info
+
+
+# ---- Formatting -----------------------------------------------------------------------------------
+
+def num(x, digits=0):
+    if x is None:
+        return "—"
+    return f"{x:,.{digits}f}"
+
+
+def ms(x):
+    if x is None:
+        return "—"
+    if x < 1:
+        return f"{x:.3f}"
+    if x < 10:
+        return f"{x:.2f}"
+    if x < 100:
+        return f"{x:.1f}"
+    return f"{x:,.0f}"
+
+
+def mib(kb):
+    return None if kb is None else kb / MIB
+
+
+def ratio(a, b):
+    if a is None or b is None or b == 0:
+        return None
+    return a / b
+
+
+STORE_NAMES = {"sqlite": "SQLite", "postgres": "PostgreSQL", "postgres-redis": "PostgreSQL + Redis"}
+
+
+# ---- The report -----------------------------------------------------------------------------------
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--work", required=True)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--root", required=True)
+    ap.add_argument("--idemd", required=True)
+    args = ap.parse_args()
+    work, out = args.work, args.out
+    os.makedirs(out, exist_ok=True)
+
+    entries = read_manifest(work)
+    meta = next(e for e in entries if e["id"] == "meta")
+    runs = {}      # id -> summary of an HTTP load run (idem-bench)
+    memory = {}    # store -> idle memory
+    gbench = None
+    pgbench = None
+    sampled = {}   # id -> memory samples
+    inflight_entry = None
+    for e in entries:
+        kind = e.get("kind")
+        if kind == "idem-bench":
+            runs[e["id"]] = dict(idem_bench_run(work, e), system=e["system"], store=e["store"],
+                                 scenario=e["scenario"])
+            if "samples" in e:
+                sampled[e["id"]] = samples(work, e["samples"])
+            if e["id"] == "inflight":
+                inflight_entry = e
+        elif kind == "gbench":
+            gbench = gbench_runs(work, e)
+        elif kind == "pgbench":
+            pgbench = pgbench_run(work, e)
+        elif kind == "memory":
+            memory[e["store"]] = e
+    info = machine(args.root, args.idemd)
+    stores = [s for s in ("sqlite", "postgres", "postgres-redis") if f"{s}/replay" in runs]
+
+    # ---- Targets ----
+    targets = []
+
+    def target(name, figure, against, value, bound, met, note=""):
+        # value: a ratio (bound "≥ 0.5"), or the figure itself (MiB, per second)
+        if value is None:
+            shown = "—"
+        elif "MiB" in bound:
+            shown = f"{value:,.1f} MiB"
+        elif "/s" in bound:
+            shown = f"{value:,.0f}/s"
+        else:
+            shown = f"{value:.2f}"
+        targets.append({"target": name, "figure": figure, "against": against, "value": value,
+                        "shown": shown, "bound": bound, "met": bool(met), "note": note})
+
+    nginx = runs.get("nginx")
+    for s in stores:
+        r = runs.get(f"{s}/replay")
+        if nginx and r:
+            v = ratio(r["ok_rps"], nginx["ok_rps"])
+            target(f"Replays ≥ 0.5 × nginx's requests/s ({STORE_NAMES[s]})",
+                   f"{num(r['ok_rps'])}/s", f"nginx {num(nginx['ok_rps'])}/s",
+                   v, "≥ 0.5", v is not None and v >= 0.5)
+    for s in stores:
+        r = runs.get(f"{s}/replay")
+        if nginx and r:
+            v = ratio(r["latency_ms"]["p99"], nginx["latency_ms"]["p99"])
+            target(f"Replays' p99 ≤ 2 × nginx's p99 ({STORE_NAMES[s]})",
+                   f"{ms(r['latency_ms']['p99'])} ms", f"nginx {ms(nginx['latency_ms']['p99'])} ms",
+                   v, "≤ 2", v is not None and v <= 2)
+    full = gbench.get("full") if gbench else None
+    r = runs.get("sqlite/unique")
+    if r and full:
+        v = ratio(r["first_rps"], full["per_s"])
+        target("First executions on SQLite (durable commits) ≥ 5 × one commit per request",
+               f"{num(r['first_rps'])}/s",
+               f"{num(full['per_s'])}/s (claim + completion, each committed alone, synchronous=FULL)",
+               v, "≥ 5", v is not None and v >= 5)
+    for s in ("postgres", "postgres-redis"):
+        r = runs.get(f"{s}/unique")
+        if r and pgbench and pgbench["tps"]:
+            v = ratio(r["first_rps"], pgbench["tps"])
+            target(f"First executions on {STORE_NAMES[s]} ≥ 0.7 × pgbench, same statements",
+                   f"{num(r['first_rps'])}/s", f"pgbench {num(pgbench['tps'])}/s", v, "≥ 0.7",
+                   v is not None and v >= 0.7)
+    for s in stores:
+        r = runs.get(f"{s}/slow")
+        if r:
+            target(f"Provider answering in {meta['slow_delay_ms']} ms: ≥ 1,000 first executions/s "
+                   f"({STORE_NAMES[s]})",
+                   f"{num(r['first_rps'])}/s", f"{num(meta['slow_rate'])}/s scheduled",
+                   r["first_rps"], "≥ 1,000/s", r["first_rps"] >= 1000)
+    for s in stores:
+        alone, beside = runs.get(f"{s}/replay-alone"), runs.get(f"{s}/replay-beside-slow")
+        if alone and beside:
+            v = ratio(beside["latency_ms"]["p99"], alone["latency_ms"]["p99"])
+            target(f"Replays' p99 beside the slow run ≤ 1.5 × unloaded ({STORE_NAMES[s]})",
+                   f"{ms(beside['latency_ms']['p99'])} ms",
+                   f"alone {ms(alone['latency_ms']['p99'])} ms", v, "≤ 1.5",
+                   v is not None and v <= 1.5)
+    for s in stores:
+        m = memory.get(s)
+        if m:
+            v = mib(m["rss_kb"])
+            target(f"RSS < 100 MiB at {num(m['connections'])} open connections ({STORE_NAMES[s]})",
+                   f"{v:.1f} MiB", f"fresh {mib(m['fresh_rss_kb']):.1f} MiB", v, "< 100 MiB",
+                   v < 100)
+    inflight = runs.get("inflight")
+    if inflight and inflight_entry:
+        smp = sampled.get("inflight")
+        peak_conns = smp["peak_provider_connections"] if smp else 0
+        peak_kb = max(inflight_entry["final_hwm_kb"], smp["peak_rss_kb"] if smp else 0)
+        v = mib(peak_kb)
+        reached = peak_conns >= 10000
+        if reached:
+            note = ""
+        elif peak_conns < 0.95 * meta["inflight"]:
+            note = (f"idemd had only {num(peak_conns)} provider calls in flight at once, with "
+                    f"{num(meta['inflight'])} requests waiting")
+        else:
+            note = f"not measurable here: {meta['inflight_note']}" if meta.get("inflight_note") else ""
+        target("RSS < 300 MiB with 10,000 provider calls in flight",
+               f"{v:.1f} MiB peak", f"{num(peak_conns)} provider connections at the peak", v,
+               "< 300 MiB and 10,000 in flight", reached and v < 300, note)
+
+    # ---- Plots ----
+    plot_rows = []  # (label, requests/s, colour 1 ceiling / 2 idemd)
+    if nginx:
+        plot_rows.append(("nginx fixed 201", nginx["ok_rps"], 1))
+    if full:
+        plot_rows.append(("SQLite claim+finish FULL", full["per_s"], 1))
+    if pgbench and pgbench["tps"]:
+        plot_rows.append(("pgbench same statements", pgbench["tps"], 1))
+    short = {"sqlite": "SQLite", "postgres": "PG", "postgres-redis": "PG+Redis"}
+    for s in stores:
+        for sc, label in (("replay", "replay"), ("unique", "unique"), ("mix", "mix"),
+                          ("slow", "slow 500 ms")):
+            r = runs.get(f"{s}/{sc}")
+            if r:
+                plot_rows.append((f"{short[s]} {label}", r["ok_rps"], 2))
+    lat_rows = []  # (label, p50, p90, p99, p99.9)
+    if nginx:
+        lat_rows.append(("nginx", nginx["latency_ms"]))
+    if pgbench and pgbench["latency_ms"]:
+        lat_rows.append(("pgbench", pgbench["latency_ms"]))
+    for s in stores:
+        for sc, label in (("replay", "replay"), ("unique", "unique"), ("mix", "mix"),
+                          ("replay-alone", "replay alone"), ("slow", "slow"),
+                          ("replay-beside-slow", "replay+slow")):
+            r = runs.get(f"{s}/{sc}")
+            if r:
+                lat_rows.append((f"{short[s]} {label}", r["latency_ms"]))
+    plots_ok, plot_error = draw(work, out, plot_rows, lat_rows, meta["mode"])
+
+    # ---- performance.json ----
+    summary = {"meta": meta, "machine": info, "targets": targets, "runs": runs,
+               "sqlite_ceiling": gbench, "pgbench": pgbench, "memory": memory,
+               "memory_samples": sampled}
+    with open(os.path.join(out, "performance.json"), "w") as f:
+        json.dump(summary, f, indent=1, sort_keys=True, default=str)
+        f.write("\n")
+
+    # ---- performance.md ----
+    md = []
+    quick = meta["mode"] == "quick"
+    when = meta["started"]
+    commit = (info["commit"] or "unknown")[:12] + (" (with uncommitted changes)" if info["dirty"] else "")
+    md.append("# idemd performance\n")
+    md.append(f"Written by `scripts/bench{' --quick' if quick else ''}`, started {when} on commit "
+              f"`{commit}` ({info['branch']}). Every figure on this page comes from the raw results of "
+              "that one run (the script prints where it kept them); nothing is typed in. Run "
+              "`scripts/bench` again to replace the page.\n")
+    if quick:
+        md.append(f"> **A quick run** (`--quick`): each measurement lasted {meta['duration_s']} s "
+                  f"after a {meta['warmup_s']} s warmup. It shows that the script works end to end; "
+                  "its figures are noisy and are not the project's measurement. The full run "
+                  "(`scripts/bench`, about 10 minutes, on a quiet machine) replaces them.\n")
+    md.append("Read the ratios, not the absolutes: every ceiling and every idemd run was measured on "
+              "the same machine in the same sitting, but the machine is a small shared VM (below), "
+              "and the load generator, the database and idemd share its cores.\n")
+
+    md.append("## Targets\n")
+    md.append("| target | idemd | against | ratio / figure | bound | met |")
+    md.append("|---|---|---|---|---|---|")
+    for t in targets:
+        met = "**met**" if t["met"] else "**not met**"
+        if t["note"]:
+            met += f" — {t['note']}"
+        md.append(f"| {t['target']} | {t['figure']} | {t['against']} | {t['shown']} | {t['bound']} "
+                  f"| {met} |")
+    met_count = sum(1 for t in targets if t["met"])
+    md.append(f"\n{met_count} of {len(targets)} met.\n")
+
+    md.append("## Machine\n")
+    md.append(f"- CPU: {info['cpu']}, {info['nproc']} logical CPUs (`nproc`)")
+    md.append(f"- Memory: {info['memory_gib']:.1f} GiB; kernel {info['kernel']}; Debian {info['debian']}")
+    md.append(f"- Build: {info['build_type']} (CMake preset `release`), {info['compiler']}")
+    md.append(f"- nginx: {info['nginx']}; PostgreSQL: {info['postgres']}; pgbench: {info['pgbench']}")
+    md.append(f"- Redis: {info['redis']}; SQLite {info['sqlite']}; plots: {info['gnuplot']}")
+    md.append(f"- Open-files limit of the run: {meta['nofile']}")
+    end = next((e for e in entries if e["id"] == "end"), None)
+    md.append(f"- Load average (1, 5, 15 min) when the measurements began: {meta.get('loadavg', '?')}"
+              + (f"; when they ended: {end.get('loadavg', '?')}" if end else "")
+              + " (the first shows what else ran on the machine; the second includes this run)")
+    md.append(f"- Commit: `{info['commit']}` {info['commit_subject'] or ''}"
+              + (" — with uncommitted changes" if info["dirty"] else ""))
+    md.append(f"- Date: {when} (UTC)" + (f"; the measurements took {end['elapsed_s'] / 60:.1f} "
+                                           "minutes" if end else "") + "\n")
+
+    md.append("## Method\n")
+    md.append(method_text(meta, nginx_workers=next((e.get("workers") for e in entries
+                                                      if e["id"] == "nginx"), None)))
+
+    md.append("## Every run\n")
+    md.append("Requests/s counts every answer in the measured window; ok/s the 200s and 201s "
+              "(first executions and replays); first/s the 200s and 201s not marked "
+              "`Idempotent-Replayed`. Latency in milliseconds: closed loop from the send, open loop "
+              "from the scheduled time (idem-bench, coordinated omission counted); pgbench per "
+              "script (one first execution: three transactions); Google Benchmark the mean per "
+              "iteration.\n")
+    md.append("| run | load | requests/s | ok/s | first/s | p50 | p90 | p99 | p99.9 | max | "
+              "errors | exactly-once |")
+    md.append("|---|---|---|---|---|---|---|---|---|---|---|---|")
+
+    def load_of(r):
+        if r["loop"] == "open":
+            return f"open {num(r['rate'])}/s, {num(r['connections'])} conn"
+        return f"closed, {num(r['connections'])} conn"
+
+    def run_row(label, r):
+        l = r["latency_ms"]
+        err = num(r["errors"])
+        if r["errors"]:
+            kinds = ", ".join(f"{k}: {v}" for k, v in sorted(r["statuses"].items())
+                              if k not in ("200", "201"))
+            kinds += (", " if kinds and r["transport_errors"] else "") + ", ".join(
+                f"{k}: {v}" for k, v in sorted(r["transport_errors"].items()))
+            err += f" ({kinds})"
+        check = r["check"] or "not checked"
+        if r["exit_status"] and r["check"] != "FAIL":
+            check += f" (exit {r['exit_status']})"
+        md.append(f"| {label} | {load_of(r)} | {num(r['rps'])} | {num(r['ok_rps'])} | "
+                  f"{num(r['first_rps'])} | {ms(l['p50'])} | {ms(l['p90'])} | {ms(l['p99'])} | "
+                  f"{ms(l['p99_9'])} | {ms(l['max'])} | {err} | {check} |")
+
+    if nginx:
+        run_row("nginx, fixed 201 (HTTP ceiling)", nginx)
+    if gbench:
+        for k, label in (("full", "synchronous=FULL (idemd's; the SQLite ceiling)"),
+                         ("normal", "synchronous=NORMAL (for comparison)")):
+            g = gbench.get(k)
+            if g:
+                md.append(f"| SQLite claim + completion, {label} | 1 thread, "
+                          f"{num(g['iterations'])} iterations | {num(g['per_s'])} | — | "
+                          f"{num(g['per_s'])} | mean {ms(g['mean_ms'])} | | | | | | |")
+    if pgbench:
+        l = pgbench["latency_ms"] or {}
+        md.append(f"| pgbench, same statements (PostgreSQL ceiling) | {pgbench['clients']} clients, "
+                  f"{pgbench['threads']} threads, -M prepared | {num(pgbench['tps'])} | — | "
+                  f"{num(pgbench['tps'])} | {ms(l.get('p50'))} | {ms(l.get('p90'))} | "
+                  f"{ms(l.get('p99'))} | {ms(l.get('p99_9'))} | {ms(l.get('max'))} | "
+                  f"{num(pgbench['failed'])} failed | — |")
+    names = {"replay": "replays", "unique": "first executions",
+             "replay-alone": "replays alone (baseline)",
+             "mix": f"mix ({meta['mix_duplicates']} % repeats)",
+             "slow": f"first executions, provider {meta['slow_delay_ms']} ms",
+             "replay-beside-slow": "replays beside the slow run"}
+    for s in stores:
+        for sc in ("replay", "unique", "mix", "replay-alone", "slow", "replay-beside-slow"):
+            r = runs.get(f"{s}/{sc}")
+            if r:
+                run_row(f"idemd {STORE_NAMES[s]}: {names[sc]}", r)
+    if inflight:
+        run_row(f"idemd SQLite: {num(meta['inflight'])} requests waiting "
+                f"{num(meta['inflight_delay_ms'])} ms for the provider", inflight)
+    md.append("")
+
+    md.append("## Memory\n")
+    md.append("idemd's resident set (`VmRSS`) and its peak (`VmHWM`) from `/proc/PID/status`; "
+              "provider connections are the TCP connections open to provider-sim at once, sampled "
+              f"every {meta['sample_s']} s from `/proc/net/tcp` (each is a provider call in flight, "
+              "or an idle kept-alive connection of a client pool).\n")
+    md.append("| when | VmRSS MiB | VmHWM MiB | provider connections (peak) |")
+    md.append("|---|---|---|---|")
+    for s in stores:
+        m = memory.get(s)
+        if m:
+            md.append(f"| {STORE_NAMES[s]}: fresh process | {mib(m['fresh_rss_kb']):.1f} | "
+                      f"{mib(m['fresh_hwm_kb']):.1f} | — |")
+            md.append(f"| {STORE_NAMES[s]}: {num(m['connections'])} idle connections open | "
+                      f"{mib(m['rss_kb']):.1f} | {mib(m['hwm_kb']):.1f} | — |")
+        smp = sampled.get(f"{s}/slow")
+        if smp:
+            md.append(f"| {STORE_NAMES[s]}: slow run (peak of {smp['count']} samples) | "
+                      f"{mib(smp['peak_rss_kb']):.1f} | {mib(smp['peak_hwm_kb']):.1f} | "
+                      f"{num(smp['peak_provider_connections'])} |")
+    if inflight_entry:
+        smp = sampled.get("inflight")
+        md.append(f"| SQLite, fresh process before the in-flight run | "
+                  f"{mib(inflight_entry['fresh_rss_kb']):.1f} | — | — |")
+        if smp:
+            md.append(f"| SQLite: {num(meta['inflight'])} requests held at the provider (peak of "
+                      f"{smp['count']} samples) | {mib(smp['peak_rss_kb']):.1f} | "
+                      f"{mib(smp['peak_hwm_kb']):.1f} | {num(smp['peak_provider_connections'])} |")
+        md.append(f"| SQLite: after that run | {mib(inflight_entry['final_rss_kb']):.1f} | "
+                  f"{mib(inflight_entry['final_hwm_kb']):.1f} | — |")
+    md.append("")
+
+    md.append("## Plots\n")
+    if plots_ok:
+        md.append("Throughput (successful answers per second; ceilings in the first colour, log scale):\n")
+        md.append("![Throughput of every run](performance-throughput.svg)\n")
+        md.append("Latency percentiles of every load run (milliseconds, log scale):\n")
+        md.append("![Latency percentiles of every run](performance-latency.svg)\n")
+    else:
+        md.append(f"The plots could not be drawn: {plot_error}\n")
+
+    md.append("## Caveats\n")
+    md.append(caveats_text(meta, info))
+
+    md.append("## idemd's configuration in these runs\n")
+    md.append("`config/idemd.dev.toml` with the store, the secrets file, and the keys `scripts/bench` "
+              "sets (its `make_config`: connection, in-flight and per-principal bounds, the "
+              "PostgreSQL pool, provider timeout and lease for the in-flight run, no periodic "
+              "reconciliation). The tables that matter, as given to idemd on SQLite (the "
+              "PostgreSQL runs differ only in the store's url, and with Redis its `[redis]` url); "
+              "keys this build does not know are ignored by it:\n")
+    cfg = os.path.join(work, "idemd-sqlite.toml")
+    if os.path.exists(cfg):
+        md.append("```toml")
+        md.append(config_tables(cfg, ("server", "store", "provider", "idempotency")))
+        md.append("```\n")
+
+    with open(os.path.join(out, "performance.md"), "w") as f:
+        f.write("\n".join(md).rstrip() + "\n")
+    return 0
+
+
+def config_tables(path, wanted):
+    keep, out = False, []
+    with open(path) as f:
+        for line in f:
+            stripped = line.strip()
+            if stripped.startswith("["):
+                header = stripped.split("#", 1)[0].strip()
+                keep = header.strip("[]") in wanted and not header.startswith("[[")
+            if keep:
+                if stripped.startswith("#") or not stripped:
+                    continue
+                if stripped.startswith("[") and out:
+                    out.append("")
+                out.append(line.rstrip())
+    return "\n".join(out)
+
+
+def method_text(meta, nginx_workers):
+    d, w = meta["duration_s"], meta["warmup_s"]
+    lines = [
+        f"One `scripts/bench{' --quick' if meta['mode'] == 'quick' else ''}` run on loopback with "
+        "free ports, in the order nginx, the SQLite ceiling, idemd on SQLite, the PostgreSQL "
+        "ceiling, idemd on PostgreSQL, on PostgreSQL + Redis, the in-flight run: each ceiling just "
+        "before the idemd runs compared with it. PostgreSQL 15 and Redis are the throwaway instances of "
+        "`scripts/with-services` (PostgreSQL with its default durability: `fsync` and "
+        "`synchronous_commit` on). Each HTTP measurement is `idem-bench` "
+        f"(`bench/loadgen/`, one event-loop thread) measuring {d} s after a {w} s warmup.\n",
+        f"1. **HTTP ceiling**: nginx ({nginx_workers if nginx_workers is not None else '?'} worker "
+        "processes, `bench/nginx.conf`) answers `POST /v1/payments` with a fixed 201 and a "
+        "payment body of the size idemd sends, keep-alive, no access log; `idem-bench --no-check "
+        f"--scenario unique`, closed loop on {meta['connections']} connections: the same requests "
+        "as idemd's first executions.",
+        "2. **SQLite ceiling**: `BM_SqliteClaimAndFinish` (`bench/store_bench.cc`, Google "
+        "Benchmark, at least " f"{meta['gbench_min_s']} s each): per iteration one claim transaction and one "
+        "completion transaction through the real SQLite store (WAL), each its own commit, one "
+        "request after the other: one request's writes per commit, no grouping. `synchronous=FULL` "
+        "is idemd's setting (the store's default; idemd has no switch for it) and the ceiling; "
+        "NORMAL is shown for comparison. Its file lies on the same file system as idemd's.",
+        "3. **PostgreSQL ceiling**: `pgbench -M prepared` (idemd prepares its statements) with "
+        f"{meta['pg_clients']} clients — idemd's `[store] pool_size` in the PostgreSQL runs — for "
+        f"{d} s after a {w} s warmup, on a database whose schema idemd created. The script is "
+        "printed by `idem-pgbench-script` (`bench/pgbench_script.cc`) from the statement texts of "
+        "`src/store/sql.cc` (`RecordSql` for PostgreSQL), so it cannot drift from the store: the "
+        "three transactions of one first execution in idemd's order — the claim (insert, principal "
+        "lock, both quota counts, the advance to `claimed`, the read back), the covered advance "
+        "before the provider call (renew + advance to `charge_sent`), the completion (finish with "
+        "the sealed 201, which notifies listeners). Latency percentiles come from pgbench's "
+        "per-transaction log.",
+        "4. **idemd** on SQLite (a file in the run's directory), on PostgreSQL and on PostgreSQL + "
+        "Redis (a fresh database each), each with a provider-sim of its own, each store in this "
+        "order:",
+        f"   - memory of the fresh process, and with {meta['idle_connections']} connections open "
+        "and idle, each having made one `GET /healthz` (`bench/hold_connections.py`);",
+        f"   - replays: `--scenario replay`, {meta['keys']} payments created first, then only "
+        f"retried, closed loop on {meta['connections']} connections;",
+        f"   - first executions: `--scenario unique`, closed loop on {meta['connections']} "
+        f"connections; and `--scenario mix` ({meta['mix_duplicates']} % of requests repeat an "
+        "earlier payment);",
+        f"   - replays alone, open loop at {meta['replay_rate']}/s on "
+        f"{meta['replay_connections']} connections ({meta['replay_keys']} payments): the unloaded "
+        "baseline;",
+        f"   - first executions with provider-sim answering every charge {meta['slow_delay_ms']} ms "
+        f"late (`--scenario slow`), open loop at {meta['slow_rate']}/s "
+        f"({(meta['slow_rate'] / 1000 - 1) * 100:+.0f} % against the 1,000/s target) on "
+        f"{meta['slow_connections']} connections, and beside it the same replays as "
+        "the baseline (a second idem-bench, `--no-check`, its window inside the slow run's); "
+        f"idemd's memory and its connections to the provider sampled every {meta['sample_s']} s. "
+        f"Each answer may take up to {meta['slow_timeout_ms'] / 1000:g} s here (a backlog shows in "
+        "the latency instead of as timeouts).",
+        f"5. **Memory with provider calls in flight**: a fresh idemd on the SQLite store, "
+        f"`--scenario slow` closed loop on {meta['inflight']} connections with the provider "
+        f"answering {meta['inflight_delay_ms']} ms late, for {meta['inflight_s']} s, memory and "
+        f"provider connections sampled every {meta['sample_s']} s."
+        + " Memory only, no check."
+        + (f" Here {meta['inflight_note']}." if meta.get("inflight_note") else ""),
+        "6. This report (`bench/perf_report.py`) and its plots (gnuplot).\n",
+        "Every idemd run but the replays beside the slow run and the in-flight run ends with "
+        "idem-bench's exactly-once check against provider-sim's books (docs/testing.md): each "
+        "payment that succeeded was charged once, and no other charge was made. Before it, "
+        f"payments left without a final answer are retried with their key for up to "
+        f"{meta['resolve_s']} s ({meta['slow_resolve_s']} s after the slow runs).\n",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def caveats_text(meta, info):
+    lines = [
+        f"- The machine is a shared VM with {info['nproc']} logical CPUs, and other work may have "
+        "run during the measurement. idem-bench, pgbench, provider-sim, PostgreSQL and Redis run on "
+        "the same cores as idemd (and nginx), so every figure is lower than on a machine of its "
+        "own; the ratios between runs of the same sitting are what this page is for.",
+        "- The PostgreSQL ceiling runs libidem's record statements only. idemd also writes its "
+        "payment row (an insert in the claim, an update in the completion, each inside a savepoint) "
+        "and calls provider-sim between the transactions, so the ceiling is higher than the "
+        "database work idemd really does per request: the ratio understates idemd.",
+        "- The SQLite ceiling commits two transactions per request (claim, completion). idemd "
+        "commits three per first execution (the covered advance before the provider call too) plus "
+        "its payment row.",
+        "- pgbench cannot bind a NULL, so the script binds the store's time (`{now}`, which idemd "
+        "binds to NULL so that PostgreSQL's clock decides) to the time it was generated, and uses "
+        "the decimal text of a random 63-bit integer as each record's scope hash (idemd's are 32 "
+        "bytes).",
+        "- Provider calls in flight are counted as TCP connections open to provider-sim. A client "
+        "that keeps idle connections to the provider would show more connections than calls.",
+        "- Open-loop runs count latency from each request's scheduled time: when idemd falls "
+        "behind, the wait for a free connection is part of the latency, as a real client's would "
+        "be. Closed-loop runs count from the send.",
+    ]
+    if meta["mode"] == "quick":
+        lines.append(f"- Quick run: {meta['duration_s']} s per measurement, {meta['keys']} replay "
+                     "keys, the in-flight run's provider delay "
+                     f"{meta['inflight_delay_ms']} ms for {meta['inflight_s']} s. Short windows make "
+                     "p99 and above rest on few samples.")
+    return "\n".join(lines) + "\n"
+
+
+# ---- Plots ------------------------------------------------------------------------------------------
+
+def draw(work, out, plot_rows, lat_rows, mode):
+    if not plot_rows or not lat_rows:
+        return False, "no runs to plot"
+    data_t = os.path.join(work, "plot-throughput.dat")
+    with open(data_t, "w") as f:
+        f.write("# index value colour label\n")
+        for i, (label, value, colour) in enumerate(plot_rows):
+            f.write(f'{i} {max(value, 1):.3f} {colour} "{label}" {value:.0f}\n')
+    data_l = os.path.join(work, "plot-latency.dat")
+    with open(data_l, "w") as f:
+        f.write('"run" "p50" "p90" "p99" "p99.9"\n')
+        for label, l in lat_rows:
+            vals = [max(l[k], 0.001) for k in ("p50", "p90", "p99", "p99_9")]
+            f.write(f'"{label}" ' + " ".join(f"{v:.4f}" for v in vals) + "\n")
+    title_suffix = " (quick run)" if mode == "quick" else ""
+    script = f"""
+set terminal svg size 1000,560 dynamic enhanced font "sans,12" background rgb "white"
+set output "{os.path.join(out, 'performance-throughput.svg')}"
+set title "Throughput: successful answers per second{title_suffix}" noenhanced
+set logscale y
+set yrange [1:*]
+set ylabel "per second (log scale)"
+set grid ytics
+set style fill solid 0.8 border -1
+set boxwidth 0.7
+set xtics rotate by -40 left nomirror noenhanced font ",10"
+set xrange [-0.7:{len(plot_rows) - 0.3}]
+set bmargin 10
+set rmargin 14
+set key top right
+set linetype 1 lc rgb "#999999"
+set linetype 2 lc rgb "#3366aa"
+plot "{data_t}" using 1:2:3:xtic(4) with boxes lc variable notitle, \\
+     "" using 1:2:(sprintf("%.0f", $5)) with labels offset 0,0.7 font ",9" notitle, \\
+     keyentry with boxes lc 1 title "ceiling", keyentry with boxes lc 2 title "idemd"
+
+set output "{os.path.join(out, 'performance-latency.svg')}"
+set terminal svg size 1100,600 dynamic enhanced font "sans,12" background rgb "white"
+set title "Latency percentiles (ms){title_suffix}" noenhanced
+set logscale y
+set yrange [0.01:*]
+set ylabel "milliseconds (log scale)"
+set style data histograms
+set style histogram clustered gap 1
+set style fill solid 0.85 border -1
+set boxwidth 0.9
+set xrange [*:*]
+set rmargin 14
+set key top left noenhanced
+set linetype 1 lc rgb "#9ecae1"
+set linetype 2 lc rgb "#4292c6"
+set linetype 3 lc rgb "#08519c"
+set linetype 4 lc rgb "#08306b"
+plot for [i=2:5] "{data_l}" using i:xtic(1) title columnheader(i)
+"""
+    script_path = os.path.join(work, "plots.gp")
+    with open(script_path, "w") as f:
+        f.write(script)
+    r = subprocess.run(["gnuplot", script_path], capture_output=True, text=True)
+    if r.returncode != 0:
+        return False, "gnuplot: " + r.stderr.strip()
+    return True, ""
+
+
+if __name__ == "__main__":
+    sys.exit(main())
