@@ -34,13 +34,8 @@ std::unique_ptr<Store> StoreContractTest::Open() {
   return store ? std::move(*store) : nullptr;
 }
 
-namespace {
-
-constexpr Millis kLease{30000};
-constexpr Millis kRetention{3600 * 1000};
-
-ClaimSpec Spec(const std::string& key, const std::string& tenant = "acme",
-               const std::string& user = "alice", uint8_t fp_byte = 1) {
+ClaimSpec ContractSpec(const std::string& key, const std::string& tenant, const std::string& user,
+                       uint8_t fp_byte) {
   ClaimSpec spec;
   spec.scope = *Scope{tenant, user, "payments.create", key}.Hash();
   spec.tenant = tenant;
@@ -49,10 +44,15 @@ ClaimSpec Spec(const std::string& key, const std::string& tenant = "acme",
   spec.fingerprint.rules_version = 1;
   spec.fingerprint.secret_id = 7;
   spec.fingerprint.mac.fill(fp_byte);
-  spec.lease_ttl = kLease;
-  spec.retention = kRetention;
+  spec.lease_ttl = kContractLease;
+  spec.retention = kContractRetention;
   return spec;
 }
+
+namespace {
+
+constexpr Millis kLease = kContractLease;
+constexpr Millis kRetention = kContractRetention;
 
 std::unique_ptr<StoreTxn> MustBegin(Store& store) {
   auto txn = store.Begin();
@@ -103,7 +103,7 @@ int64_t BusinessRows(Store& store, const std::string& k) {
 }
 
 TEST_P(StoreContractTest, ClaimInsertsProcessingRecordOnce) {
-  const ClaimSpec spec = Spec("key-claim-1");
+  const ClaimSpec spec = ContractSpec("key-claim-1");
   const Timestamp now = env_.clock.Now();
   Record first = MustClaim(*store_, spec);
   EXPECT_EQ(first.state, RecordState::kProcessing);
@@ -113,7 +113,7 @@ TEST_P(StoreContractTest, ClaimInsertsProcessingRecordOnce) {
   EXPECT_EQ(first.recovery_point, "");
 
   auto txn = MustBegin(*store_);
-  auto again = txn->Claim(Spec("key-claim-1", "acme", "alice", /*fp_byte=*/9));
+  auto again = txn->Claim(ContractSpec("key-claim-1", "acme", "alice", /*fp_byte=*/9));
   ASSERT_TRUE(again.has_value()) << again.error().message;
   EXPECT_FALSE(again->claimed);
   // The existing record comes back untouched: the first owner and fingerprint.
@@ -125,13 +125,13 @@ TEST_P(StoreContractTest, ClaimInsertsProcessingRecordOnce) {
 }
 
 TEST_P(StoreContractTest, ScopesOfOtherPrincipalsDoNotCollide) {
-  MustClaim(*store_, Spec("same-key-1", "acme", "alice"));
-  MustClaim(*store_, Spec("same-key-1", "acme", "bob"));
-  MustClaim(*store_, Spec("same-key-1", "globex", "alice"));
+  MustClaim(*store_, ContractSpec("same-key-1", "acme", "alice"));
+  MustClaim(*store_, ContractSpec("same-key-1", "acme", "bob"));
+  MustClaim(*store_, ContractSpec("same-key-1", "globex", "alice"));
 }
 
 TEST_P(StoreContractTest, UncommittedClaimLeavesNothing) {
-  const ClaimSpec spec = Spec("key-rollback");
+  const ClaimSpec spec = ContractSpec("key-rollback");
   const bool business_sql = store_->capabilities().business_sql;
   {
     auto txn = MustBegin(*store_);
@@ -156,7 +156,8 @@ TEST_P(StoreContractTest, ClaimRaceHasExactlyOneWinner) {
   std::unique_ptr<Store> second = Open();
   ASSERT_NE(second, nullptr);
   std::vector<ClaimSpec> specs;
-  for (int r = 0; r < kRounds; ++r) specs.push_back(Spec("race-" + std::to_string(r) + "-key"));
+  for (int r = 0; r < kRounds; ++r)
+    specs.push_back(ContractSpec("race-" + std::to_string(r) + "-key"));
 
   std::vector<std::atomic<int>> winners(kRounds);
   std::atomic<int> errors{0};
@@ -189,7 +190,7 @@ TEST_P(StoreContractTest, ClaimRaceHasExactlyOneWinner) {
 }
 
 TEST_P(StoreContractTest, ReclaimTakesOverOnlyAnExpiredLeaseAtTheSeenFence) {
-  const ClaimSpec spec = Spec("key-takeover");
+  const ClaimSpec spec = ContractSpec("key-takeover");
   Record first = MustClaim(*store_, spec);
   {
     auto txn = MustBegin(*store_);
@@ -232,7 +233,7 @@ TEST_P(StoreContractTest, ReclaimTakesOverOnlyAnExpiredLeaseAtTheSeenFence) {
 
 // Without business SQL (capabilities), only the record half: the fenced finish changes nothing.
 TEST_P(StoreContractTest, FencedFinishIsRejectedAndItsBusinessWriteRollsBack) {
-  const ClaimSpec spec = Spec("key-fenced");
+  const ClaimSpec spec = ContractSpec("key-fenced");
   const bool business_sql = store_->capabilities().business_sql;
   Record old_owner = MustClaim(*store_, spec);
   env_.clock.Advance(kLease + Millis(1));
@@ -287,7 +288,7 @@ TEST_P(StoreContractTest, FencedFinishIsRejectedAndItsBusinessWriteRollsBack) {
 }
 
 TEST_P(StoreContractTest, RenewExtendsTheLeaseOfItsOwnerOnly) {
-  const ClaimSpec spec = Spec("key-renew");
+  const ClaimSpec spec = ContractSpec("key-renew");
   Record rec = MustClaim(*store_, spec);
   env_.clock.Advance(Millis(20000));
   {
@@ -318,7 +319,7 @@ TEST_P(StoreContractTest, RenewExtendsTheLeaseOfItsOwnerOnly) {
 }
 
 TEST_P(StoreContractTest, AdvanceBeforeACallRequiresALeaseThatCoversTheCall) {
-  const ClaimSpec spec = Spec("key-cover");
+  const ClaimSpec spec = ContractSpec("key-cover");
   Record rec = MustClaim(*store_, spec);
   env_.clock.Advance(kLease - Millis(10000));  // 10 s of the lease left
   {
@@ -373,7 +374,7 @@ TEST_P(StoreContractTest, AdvanceBeforeACallRequiresALeaseThatCoversTheCall) {
 // what Read answers: never a running record, never one past its expiry, and a finished one only
 // as Read has it.
 TEST_P(StoreContractTest, ReadCachedAnswersOnlyFinishedUnexpiredRecordsAsReadHasThem) {
-  const ClaimSpec spec = Spec("key-cached-1");
+  const ClaimSpec spec = ContractSpec("key-cached-1");
   const Record rec = MustClaim(*store_, spec);
   ASSERT_TRUE(MustRead(*store_, spec.scope).has_value());
   EXPECT_FALSE(store_->ReadCached(spec.scope).has_value()) << "a running record is not cached";
@@ -388,13 +389,13 @@ TEST_P(StoreContractTest, ReadCachedAnswersOnlyFinishedUnexpiredRecordsAsReadHas
     EXPECT_EQ(cached->expires_at, read->expires_at);
     EXPECT_EQ(cached->status_code, read->status_code);
   }
-  EXPECT_FALSE(store_->ReadCached(Spec("key-cached-2").scope).has_value());
+  EXPECT_FALSE(store_->ReadCached(ContractSpec("key-cached-2").scope).has_value());
   env_.clock.Advance(kRetention + Millis(1));
   EXPECT_FALSE(store_->ReadCached(spec.scope).has_value()) << "not past its expiry";
 }
 
 TEST_P(StoreContractTest, FinishedRecordsCannotBeRenewedOrFinishedAgain) {
-  const ClaimSpec spec = Spec("key-finished");
+  const ClaimSpec spec = ContractSpec("key-finished");
   Record rec = MustClaim(*store_, spec);
   MustFinish(*store_, spec, rec.lease, Succeeded());
   auto txn = MustBegin(*store_);
@@ -405,7 +406,7 @@ TEST_P(StoreContractTest, FinishedRecordsCannotBeRenewedOrFinishedAgain) {
 }
 
 TEST_P(StoreContractTest, RetryableFailureMayBeClaimedAgainAtOnceFinalMayNot) {
-  const ClaimSpec retry = Spec("key-retryable");
+  const ClaimSpec retry = ContractSpec("key-retryable");
   Record r1 = MustClaim(*store_, retry);
   {
     auto txn = MustBegin(*store_);
@@ -424,7 +425,7 @@ TEST_P(StoreContractTest, RetryableFailureMayBeClaimedAgainAtOnceFinalMayNot) {
     ASSERT_TRUE(txn->Commit().has_value());
   }
 
-  const ClaimSpec final_spec = Spec("key-final");
+  const ClaimSpec final_spec = ContractSpec("key-final");
   Record f1 = MustClaim(*store_, final_spec);
   MustFinish(*store_, final_spec, f1.lease,
              Outcome{RecordState::kFailedFinal, 402, "declined", "done"});
@@ -436,7 +437,7 @@ TEST_P(StoreContractTest, RetryableFailureMayBeClaimedAgainAtOnceFinalMayNot) {
 }
 
 TEST_P(StoreContractTest, ExpiredRecordIsReclaimedAsANewOperation) {
-  const ClaimSpec spec = Spec("key-expired");
+  const ClaimSpec spec = ContractSpec("key-expired");
   Record old = MustClaim(*store_, spec);
   {
     auto txn = MustBegin(*store_);
@@ -445,7 +446,7 @@ TEST_P(StoreContractTest, ExpiredRecordIsReclaimedAsANewOperation) {
     ASSERT_TRUE(txn->Commit().has_value());
   }
   env_.clock.Advance(kRetention);
-  const ClaimSpec next = Spec("key-expired", "acme", "alice", /*fp_byte=*/5);
+  const ClaimSpec next = ContractSpec("key-expired", "acme", "alice", /*fp_byte=*/5);
   auto txn = MustBegin(*store_);
   auto fresh = txn->Reclaim(next, old.lease.fence);
   ASSERT_TRUE(fresh.has_value()) << fresh.error().message;
@@ -460,7 +461,7 @@ TEST_P(StoreContractTest, ExpiredRecordIsReclaimedAsANewOperation) {
 }
 
 TEST_P(StoreContractTest, ExpiredProcessingRecordIsOnlyTakenOver) {
-  const ClaimSpec spec = Spec("key-expired-processing");
+  const ClaimSpec spec = ContractSpec("key-expired-processing");
   Record old = MustClaim(*store_, spec);
   {
     auto txn = MustBegin(*store_);
@@ -469,7 +470,8 @@ TEST_P(StoreContractTest, ExpiredProcessingRecordIsOnlyTakenOver) {
   }
   env_.clock.Advance(kRetention);
   auto txn = MustBegin(*store_);
-  auto taken = txn->Reclaim(Spec("key-expired-processing", "acme", "alice", 5), old.lease.fence);
+  auto taken =
+      txn->Reclaim(ContractSpec("key-expired-processing", "acme", "alice", 5), old.lease.fence);
   ASSERT_TRUE(taken.has_value()) << taken.error().message;
   // The charge may have left: progress and ids survive, and so does the original fingerprint.
   EXPECT_EQ(taken->recovery_point, "charge_sent");
@@ -482,10 +484,10 @@ TEST_P(StoreContractTest, ExpiredProcessingRecordIsOnlyTakenOver) {
 // operation, so the key is honoured for a full retention after it: a finished outcome must stay
 // replayable however late the resume came.
 TEST_P(StoreContractTest, AResumeExtendsRetentionToAtLeastAFullPeriodFromNow) {
-  const ClaimSpec retry = Spec("key-late-retry");
+  const ClaimSpec retry = ContractSpec("key-late-retry");
   Record r1 = MustClaim(*store_, retry);
   MustFinish(*store_, retry, r1.lease, Outcome{RecordState::kFailedRetryable, 503, "", ""});
-  const ClaimSpec takeover = Spec("key-late-takeover");
+  const ClaimSpec takeover = ContractSpec("key-late-takeover");
   Record t1 = MustClaim(*store_, takeover);
   env_.clock.Advance(kRetention - Millis(1000));  // a second before both expire
   for (const auto& [spec, seen] : {std::pair{retry, r1}, std::pair{takeover, t1}}) {
@@ -501,7 +503,7 @@ TEST_P(StoreContractTest, AResumeExtendsRetentionToAtLeastAFullPeriodFromNow) {
   }
 
   // Extended, never shortened: a resume under a shorter retention keeps the longer expiry.
-  const ClaimSpec early = Spec("key-early-retry");
+  const ClaimSpec early = ContractSpec("key-early-retry");
   Record e1 = MustClaim(*store_, early);
   MustFinish(*store_, early, e1.lease, Outcome{RecordState::kFailedRetryable, 503, "", ""});
   ClaimSpec shorter = early;
@@ -513,7 +515,7 @@ TEST_P(StoreContractTest, AResumeExtendsRetentionToAtLeastAFullPeriodFromNow) {
 }
 
 TEST_P(StoreContractTest, AResumedThenFinishedRecordSurvivesASweepAtItsOldExpiry) {
-  const ClaimSpec spec = Spec("key-resumed-kept");
+  const ClaimSpec spec = ContractSpec("key-resumed-kept");
   Record first = MustClaim(*store_, spec);
   MustFinish(*store_, spec, first.lease, Outcome{RecordState::kFailedRetryable, 503, "", ""});
   env_.clock.Advance(kRetention - Millis(1000));
@@ -543,13 +545,13 @@ TEST_P(StoreContractTest, AResumedThenFinishedRecordSurvivesASweepAtItsOldExpiry
 }
 
 TEST_P(StoreContractTest, CountsPerPrincipalAndStateAreBoundedByTheLimit) {
-  for (int i = 0; i < 5; ++i) MustClaim(*store_, Spec("alice-run-" + std::to_string(i)));
+  for (int i = 0; i < 5; ++i) MustClaim(*store_, ContractSpec("alice-run-" + std::to_string(i)));
   for (int i = 0; i < 3; ++i) {
-    ClaimSpec spec = Spec("alice-done-" + std::to_string(i));
+    ClaimSpec spec = ContractSpec("alice-done-" + std::to_string(i));
     MustFinish(*store_, spec, MustClaim(*store_, spec).lease, Succeeded());
   }
-  MustClaim(*store_, Spec("bob-run-00", "acme", "bob"));
-  MustClaim(*store_, Spec("alice-other", "globex", "alice"));
+  MustClaim(*store_, ContractSpec("bob-run-00", "acme", "bob"));
+  MustClaim(*store_, ContractSpec("alice-other", "globex", "alice"));
 
   auto txn = MustBegin(*store_);
   EXPECT_EQ(*txn->Count("acme", "alice", RecordState::kProcessing, 100), 5);
@@ -574,21 +576,21 @@ TEST_P(StoreContractTest, TheRetainedCountFollowsClaimsRollbacksReclaimsAndSweep
   };
   std::vector<Record> done;
   for (int i = 0; i < 4; ++i) {
-    const ClaimSpec spec = Spec("retained-" + std::to_string(i));
+    const ClaimSpec spec = ContractSpec("retained-" + std::to_string(i));
     done.push_back(MustClaim(*store_, spec));
     MustFinish(*store_, spec, done.back().lease, Succeeded());
   }
-  MustClaim(*store_, Spec("retained-bob", "acme", "bob"));
+  MustClaim(*store_, ContractSpec("retained-bob", "acme", "bob"));
   EXPECT_EQ(retained("alice"), 4);
   {
     auto txn = MustBegin(*store_);
-    ASSERT_TRUE(txn->Claim(Spec("retained-rolled-back")).has_value());
+    ASSERT_TRUE(txn->Claim(ContractSpec("retained-rolled-back")).has_value());
     EXPECT_EQ(*txn->Count("acme", "alice", std::nullopt, 1'000'000), 5) << "its own claim counts";
   }  // dropped uncommitted: rolled back
   EXPECT_EQ(retained("alice"), 4);
   {
     auto txn = MustBegin(*store_);
-    auto again = txn->Claim(Spec("retained-0"));
+    auto again = txn->Claim(ContractSpec("retained-0"));
     ASSERT_TRUE(again.has_value()) << again.error().message;
     EXPECT_FALSE(again->claimed);
     ASSERT_TRUE(txn->Commit().has_value());
@@ -598,7 +600,7 @@ TEST_P(StoreContractTest, TheRetainedCountFollowsClaimsRollbacksReclaimsAndSweep
   env_.clock.Advance(kRetention);
   {
     auto txn = MustBegin(*store_);
-    auto fresh = txn->Reclaim(Spec("retained-0"), done[0].lease.fence);
+    auto fresh = txn->Reclaim(ContractSpec("retained-0"), done[0].lease.fence);
     ASSERT_TRUE(fresh.has_value()) << fresh.error().message;
     ASSERT_TRUE(txn->Commit().has_value());
   }
@@ -616,14 +618,14 @@ TEST_P(StoreContractTest, TheRetainedCountFollowsClaimsRollbacksReclaimsAndSweep
 TEST_P(StoreContractTest, SweeperDeletesExpiredFinishedRecordsInBatchesOnly) {
   std::vector<ClaimSpec> expired, live;
   for (int i = 0; i < 7; ++i) {
-    expired.push_back(Spec("old-" + std::to_string(i) + "-key"));
+    expired.push_back(ContractSpec("old-" + std::to_string(i) + "-key"));
     MustFinish(*store_, expired.back(), MustClaim(*store_, expired.back()).lease, Succeeded());
   }
-  const ClaimSpec stuck = Spec("old-processing");
+  const ClaimSpec stuck = ContractSpec("old-processing");
   MustClaim(*store_, stuck);
   env_.clock.Advance(kRetention);
   for (int i = 0; i < 2; ++i) {
-    live.push_back(Spec("new-" + std::to_string(i) + "-key"));
+    live.push_back(ContractSpec("new-" + std::to_string(i) + "-key"));
     MustFinish(*store_, live.back(), MustClaim(*store_, live.back()).lease, Succeeded());
   }
 
@@ -640,11 +642,11 @@ TEST_P(StoreContractTest, SweeperDeletesExpiredFinishedRecordsInBatchesOnly) {
 }
 
 TEST_P(StoreContractTest, ListStaleFindsExpiredLeasesOfItsRouteOnly) {
-  const ClaimSpec live = Spec("stale-live-key");
-  const ClaimSpec stale = Spec("stale-old-key");
-  const ClaimSpec done = Spec("stale-done-key");
+  const ClaimSpec live = ContractSpec("stale-live-key");
+  const ClaimSpec stale = ContractSpec("stale-old-key");
+  const ClaimSpec done = ContractSpec("stale-done-key");
   // Older stale records of another route come first by lease, and must not crowd this one out.
-  ClaimSpec other = Spec("stale-other-route");
+  ClaimSpec other = ContractSpec("stale-other-route");
   other.route = "orders.create";
   other.scope = *Scope{"acme", "alice", other.route, "stale-other-route"}.Hash();
   MustClaim(*store_, other);
@@ -678,9 +680,9 @@ TEST_P(StoreContractTest, ListStaleFindsRetryableFailuresPastTheSendOnly) {
                     .has_value());
     ASSERT_TRUE(txn->Commit().has_value());
   };
-  const ClaimSpec sent = Spec("failed-after-send");
-  const ClaimSpec before = Spec("failed-before-send");
-  const ClaimSpec fresh = Spec("failed-after-send-live");
+  const ClaimSpec sent = ContractSpec("failed-after-send");
+  const ClaimSpec before = ContractSpec("failed-before-send");
+  const ClaimSpec fresh = ContractSpec("failed-after-send-live");
   fail_at(sent, "charge_sent");
   fail_at(before, "claimed");
   env_.clock.Advance(kLease + Millis(1));
@@ -746,7 +748,7 @@ TEST_P(StoreContractTest, ExecReportsUniqueViolationsAsAlreadyExists) {
 
 TEST_P(StoreContractTest, RecordsSurviveReopeningTheStore) {
   if (!store_->capabilities().durable) GTEST_SKIP() << "store is not durable";
-  const ClaimSpec spec = Spec("key-durable");
+  const ClaimSpec spec = ContractSpec("key-durable");
   Record rec = MustClaim(*store_, spec);
   MustFinish(*store_, spec, rec.lease, Succeeded("kept"));
   store_.reset();
@@ -855,7 +857,7 @@ TEST_P(StoreContractTest, BusinessSqlErrorsAreTheSameOnEveryBackend) {
 }
 
 TEST_P(StoreContractTest, RecordErrorsAreTheSameOnEveryBackend) {
-  const ClaimSpec spec = Spec("key-errors");
+  const ClaimSpec spec = ContractSpec("key-errors");
   auto txn = MustBegin(*store_);
   auto missing = txn->Reclaim(spec, 1);
   ASSERT_FALSE(missing.has_value());
@@ -870,7 +872,7 @@ TEST_P(StoreContractTest, RecordErrorsAreTheSameOnEveryBackend) {
 }
 
 TEST_P(StoreContractTest, RecoveryPointsAndResourceIdsAreBounded) {
-  const ClaimSpec spec = Spec("key-bounded-progress");
+  const ClaimSpec spec = ContractSpec("key-bounded-progress");
   Record rec = MustClaim(*store_, spec);
   const std::string point(limits::kRecoveryPointMaxLength, 'p');
   const std::string resource(limits::kResourceIdMaxLength, 'r');
@@ -907,7 +909,7 @@ TEST_P(StoreContractTest, PingAnswersOnAHealthyStore) {
 // The time of the last send is what a settle window counts from: set by the covered advance
 // only, kept by renewals (which move updated_at), cleared by a fresh claim.
 TEST_P(StoreContractTest, TheCoveredAdvanceRecordsWhenTheRequestLeft) {
-  const ClaimSpec spec = Spec("key-sent-at");
+  const ClaimSpec spec = ContractSpec("key-sent-at");
   Record rec = MustClaim(*store_, spec);
   EXPECT_EQ(rec.sent_at, Timestamp{});
   env_.clock.Advance(Millis(10));

@@ -39,6 +39,15 @@ Options WithContractTables(Options options) {
   return options;
 }
 
+// The lease and retention of the suite's claims (Spec).
+inline constexpr Millis kContractLease{30000};
+inline constexpr Millis kContractRetention{3600 * 1000};
+
+// A claim of `key` for tenant/user on route "payments.create", with a fingerprint of `fp_byte`s,
+// the suite's lease and retention.
+ClaimSpec ContractSpec(const std::string& key, const std::string& tenant = "acme",
+                       const std::string& user = "alice", uint8_t fp_byte = 1);
+
 struct StoreFactory {
   std::string name;
   // Opens a store on this test's data. Called again, it opens another instance (other

@@ -407,46 +407,71 @@ TEST(ClientPoolTest, AClosedPortIsUnavailable) {
   EXPECT_EQ(blocking.error().code, Errc::kUnavailable) << blocking.error().message;
 }
 
-// With its one connection busy, a second call waits for it at most connect_timeout, then gives up
-// with kUnavailable without sending anything.
-TEST(ClientPoolTest, WaitingForABusyPoolIsBoundedByTheConnectTimeout) {
+// A pool of one connection whose upstream never answers: the first call takes the connection
+// (and ends kDeadlineExceeded after 3 s), the second waits for it with `waiter`'s options.
+struct BusyPoolWait {
+  std::optional<Result<Response>> busy, waited;
+  Clock::duration waited_for{};
+  std::vector<Seen> seen;
+};
+BusyPoolWait WaitOnABusyPool(CallOptions waiter) {
   Upstream upstream(Behaviour{.never_answer = true});
   PoolOptions options;
   options.max_connections = 1;
   auto pool = MakePool(Local(upstream.port()), options);
   CallOptions slow;
   slow.timeout = milliseconds(3000);
-  CallOptions impatient;
-  impatient.connect_timeout = milliseconds(200);
-  std::optional<Result<Response>> busy, waited;
-  Clock::duration waited_for{};
+  BusyPoolWait out;
   {
     net::io_context ioc;
     // co_spawn runs them in this order: the first takes the only slot.
     net::co_spawn(
-        ioc, [&]() -> Async<void> { busy = co_await pool->Call(Post("/busy", ""), slow); },
+        ioc, [&]() -> Async<void> { out.busy = co_await pool->Call(Post("/busy", ""), slow); },
         net::detached);
     net::co_spawn(
         ioc,
         [&]() -> Async<void> {
           const auto start = Clock::now();
-          waited = co_await pool->Call(Post("/waited", ""), impatient);
-          waited_for = Clock::now() - start;
+          out.waited = co_await pool->Call(Post("/waited", ""), waiter);
+          out.waited_for = Clock::now() - start;
         },
         net::detached);
     ioc.run();
   }
-  ASSERT_TRUE(waited.has_value());
-  ASSERT_FALSE(*waited);
-  EXPECT_EQ(waited->error().code, Errc::kUnavailable) << waited->error().message;
-  EXPECT_GE(waited_for, milliseconds(200));
-  EXPECT_LT(waited_for, milliseconds(2000));  // not released by the busy call's end at 3 s
-  ASSERT_TRUE(busy.has_value());
-  ASSERT_FALSE(*busy);
-  EXPECT_EQ(busy->error().code, Errc::kDeadlineExceeded);
-  const auto seen = upstream.SeenRequests();
-  ASSERT_EQ(seen.size(), 1u);
-  EXPECT_EQ(seen[0].target, "/busy");
+  out.seen = upstream.SeenRequests();
+  return out;
+}
+
+// With its one connection busy, a second call waits for it at most connect_timeout, then gives up
+// with kUnavailable without sending anything.
+TEST(ClientPoolTest, WaitingForABusyPoolIsBoundedByTheConnectTimeout) {
+  CallOptions impatient;
+  impatient.connect_timeout = milliseconds(200);
+  const BusyPoolWait w = WaitOnABusyPool(impatient);
+  ASSERT_TRUE(w.waited.has_value());
+  ASSERT_FALSE(*w.waited);
+  EXPECT_EQ(w.waited->error().code, Errc::kUnavailable) << w.waited->error().message;
+  EXPECT_GE(w.waited_for, milliseconds(200));
+  EXPECT_LT(w.waited_for, milliseconds(2000));  // not released by the busy call's end at 3 s
+  ASSERT_TRUE(w.busy.has_value());
+  ASSERT_FALSE(*w.busy);
+  EXPECT_EQ(w.busy->error().code, Errc::kDeadlineExceeded);
+  ASSERT_EQ(w.seen.size(), 1u);
+  EXPECT_EQ(w.seen[0].target, "/busy");
+}
+
+// send_by ends the wait for a busy pool before connect_timeout (2 s here) would.
+TEST(ClientPoolTest, WaitingForABusyPoolEndsAtSendBy) {
+  CallOptions bounded;
+  bounded.send_by = Clock::now() + milliseconds(200);
+  const BusyPoolWait w = WaitOnABusyPool(bounded);
+  ASSERT_TRUE(w.waited.has_value());
+  ASSERT_FALSE(*w.waited);
+  EXPECT_EQ(w.waited->error().code, Errc::kUnavailable) << w.waited->error().message;
+  EXPECT_GE(w.waited_for, milliseconds(150));
+  EXPECT_LT(w.waited_for, milliseconds(1500)) << "ended by send_by, not by connect_timeout";
+  ASSERT_EQ(w.seen.size(), 1u);
+  EXPECT_EQ(w.seen[0].target, "/busy");
 }
 
 // send_by: a request that cannot leave by then is not sent at all (kUnavailable), whether it
@@ -476,42 +501,6 @@ TEST(ClientPoolTest, ARequestThatCannotLeaveBySendByIsNotSent) {
   const auto seen = upstream.SeenRequests();
   ASSERT_EQ(seen.size(), 2u);
   EXPECT_EQ(seen[1].target, "/in-time");
-}
-
-TEST(ClientPoolTest, WaitingForABusyPoolEndsAtSendBy) {
-  Upstream upstream(Behaviour{.never_answer = true});
-  PoolOptions options;
-  options.max_connections = 1;
-  auto pool = MakePool(Local(upstream.port()), options);
-  CallOptions slow;
-  slow.timeout = milliseconds(3000);
-  CallOptions bounded;  // connect_timeout stays 2 s; send_by ends the wait first
-  std::optional<Result<Response>> busy, waited;
-  Clock::duration waited_for{};
-  {
-    net::io_context ioc;
-    net::co_spawn(
-        ioc, [&]() -> Async<void> { busy = co_await pool->Call(Post("/busy", ""), slow); },
-        net::detached);
-    net::co_spawn(
-        ioc,
-        [&]() -> Async<void> {
-          const auto start = Clock::now();
-          bounded.send_by = start + milliseconds(200);
-          waited = co_await pool->Call(Post("/waited", ""), bounded);
-          waited_for = Clock::now() - start;
-        },
-        net::detached);
-    ioc.run();
-  }
-  ASSERT_TRUE(waited.has_value());
-  ASSERT_FALSE(*waited);
-  EXPECT_EQ(waited->error().code, Errc::kUnavailable) << waited->error().message;
-  EXPECT_GE(waited_for, milliseconds(200));
-  EXPECT_LT(waited_for, milliseconds(1500)) << "ended by send_by, not by connect_timeout";
-  const auto seen = upstream.SeenRequests();
-  ASSERT_EQ(seen.size(), 1u);
-  EXPECT_EQ(seen[0].target, "/busy");
 }
 
 // A response over max_response_bytes: the upstream acted, its answer is unusable.

@@ -48,7 +48,7 @@ class CountingReads final : public StoreWrapper {
   std::unique_ptr<Store> inner_;
 };
 
-constexpr Millis kRetention{3600 * 1000};
+constexpr Millis kRetention = kContractRetention;
 
 class ReplayCacheTest : public ::testing::Test {
  protected:
@@ -63,15 +63,7 @@ class ReplayCacheTest : public ::testing::Test {
 
   // A record of `key` claimed and finished with `answer` (or left running when `finish` is false).
   ScopeHash Make(const std::string& key, const std::string& answer, bool finish = true) {
-    ClaimSpec spec;
-    spec.scope = *Scope{"acme", "alice", "payments.create", key}.Hash();
-    spec.tenant = "acme";
-    spec.user = "alice";
-    spec.route = "payments.create";
-    spec.fingerprint.rules_version = 1;
-    spec.fingerprint.secret_id = 1;
-    spec.lease_ttl = Millis(30000);
-    spec.retention = kRetention;
+    const ClaimSpec spec = ContractSpec(key);
     auto txn = store_->Begin();
     EXPECT_TRUE(txn.has_value());
     auto claim = (*txn)->Claim(spec);
