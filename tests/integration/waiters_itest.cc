@@ -1,6 +1,6 @@
 // tests/integration/waiters_itest.cc — a flood of Prefer: wait duplicates from one principal,
 // parked on one slow payment, must not delay another principal's new payments: parked requests
-// hold no worker and have their own bound, apart from the admission limit of executing ones.
+// hold no thread and have their own bound, apart from the admission limit of executing ones.
 #include <sys/resource.h>
 
 #include <atomic>
