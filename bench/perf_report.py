@@ -452,7 +452,7 @@ def main():
               "(first executions and replays); first/s the 200s and 201s not marked "
               "`Idempotent-Replayed`. Latency in milliseconds: closed loop from the send, open loop "
               "from the scheduled time (idem-bench, coordinated omission counted); pgbench per "
-              "script (one first execution: three transactions); Google Benchmark the mean per "
+              "script (one first execution: two transactions); Google Benchmark the mean per "
               "iteration.\n")
     md.append("| run | load | requests/s | ok/s | first/s | p50 | p90 | p99 | p99.9 | max | "
               "errors | exactly-once |")
@@ -615,11 +615,10 @@ def method_text(meta, nginx_workers):
         f"{d} s after a {w} s warmup, on a database whose schema idemd created. The script is "
         "printed by `idem-pgbench-script` (`bench/pgbench_script.cc`) from the statement texts of "
         "`src/store/sql.cc` (`RecordSql` for PostgreSQL), so it cannot drift from the store: the "
-        "three transactions of one first execution in idemd's order — the claim (insert, principal "
-        "lock, both quota counts, the advance to `claimed`, the read back), the covered advance "
-        "before the provider call (renew + advance to `charge_sent`), the completion (finish with "
-        "the sealed 201, which notifies listeners). Latency percentiles come from pgbench's "
-        "per-transaction log.",
+        "two transactions of one first execution in idemd's order — the claim (insert, principal "
+        "lock, both quota counts, the advance to `claimed`, the covered advance to `charge_sent` "
+        "before the provider call, the read back), the completion (finish with the sealed 201, "
+        "which notifies listeners). Latency percentiles come from pgbench's per-transaction log.",
         "4. **idemd** on SQLite (a file in the run's directory), on PostgreSQL and on PostgreSQL + "
         "Redis (a fresh database each), each with a provider-sim of its own, each store in this "
         "order:",
@@ -667,9 +666,9 @@ def caveats_text(meta, info):
         "payment row (an insert in the claim, an update in the completion, each inside a savepoint) "
         "and calls provider-sim between the transactions, so the ceiling is higher than the "
         "database work idemd really does per request: the ratio understates idemd.",
-        "- The SQLite ceiling commits two transactions per request (claim, completion). idemd "
-        "commits three per first execution (the covered advance before the provider call too) plus "
-        "its payment row.",
+        "- The SQLite ceiling commits two transactions per request (claim, completion), one after "
+        "the other, each alone. idemd commits the same two per first execution, plus its payment "
+        "row, and shares each commit with the transactions waiting for the writer (group commit).",
         "- pgbench cannot bind a NULL, so the script binds the store's time (`{now}`, which idemd "
         "binds to NULL so that PostgreSQL's clock decides) to the time it was generated, and uses "
         "the decimal text of a random 63-bit integer as each record's scope hash (idemd's are 32 "

@@ -7,11 +7,10 @@
 //   idem-pgbench-script --defines FILE > first_execution.sql
 //   pgbench -n -M prepared -c 8 -j 2 -T 30 $(cat FILE) -f first_execution.sql DBURL
 //
-// The script is the three transactions of a first execution, in idemd's order (Engine::Start with
-// the payments hook, Engine::AdvanceBeforeCall, Engine::Finish):
-//   claim:      BEGIN; claim; lock principal; count PROCESSING; lock principal; count retained;
-//               advance to `claimed`; get; COMMIT
-//   before the provider call: BEGIN; renew; covered advance to `charge_sent`; COMMIT
+// The script is the two transactions of a first execution, in idemd's order (Engine::Start with
+// the payments hook, which makes the covered advance before the provider call; Engine::Finish):
+//   claim:      BEGIN; claim; lock principal; count PROCESSING; count retained;
+//               advance to `claimed`; covered advance to `charge_sent`; get; COMMIT
 //   completion: BEGIN; finish SUCCEEDED with the sealed 201; COMMIT
 // Left out: idemd's own business rows (the payments insert and update, each inside a savepoint),
 // which are not libidem's statements; the ceiling is therefore a little higher than the work idemd
@@ -242,24 +241,18 @@ int main(int argc, char** argv) {
   std::printf("%s\n", WithVariables("count state", sql.count_state,
                                     {"tenant", "user_id", "processing", "processing_limit"})
                           .c_str());
-  std::printf("%s\n", lock.c_str());
+  // The second count needs no second lock: the transaction holds it (PostgresSession).
   // SqlTxn::Count caps the retained count itself: the statement takes no limit.
   std::printf("%s\n", WithVariables("count any", sql.count_any, {"tenant", "user_id"}).c_str());
   std::printf("%s\n", WithVariables(
                           "advance", sql.advance,
                           {"claimed", "payment_id", "payment_id", "now", "scope", "owner", "fence"})
                           .c_str());
-  std::printf("%s\n", WithVariables("get", sql.get, {"now", "scope"}).c_str());
-  std::printf("COMMIT;\n");
-
-  std::printf("BEGIN;\n");
-  std::printf("%s\n", WithVariables("renew", sql.renew,
-                                    {"now", "lease_ttl", "now", "scope", "owner", "fence"})
-                          .c_str());
   std::printf("%s\n", WithVariables("advance covered", sql.advance_covered,
                                     {"charge_sent", "now", "now", "scope", "owner", "fence", "now",
                                      "must_cover"})
                           .c_str());
+  std::printf("%s\n", WithVariables("get", sql.get, {"now", "scope"}).c_str());
   std::printf("COMMIT;\n");
 
   std::printf("BEGIN;\n");

@@ -4,6 +4,7 @@
 #include <benchmark/benchmark.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 
@@ -78,6 +79,25 @@ void BM_SqliteClaimAndFinish(benchmark::State& state) {
   state.SetLabel(state.range(0) == 1 ? "synchronous=FULL" : "synchronous=NORMAL");
 }
 BENCHMARK(BM_SqliteClaimAndFinish)->Arg(1)->Arg(0)->UseRealTime();
+
+// The same from several threads at once on one store, as idemd's store threads run it: with
+// group commit, transactions waiting to write share one commit (one sync) with the one before.
+void BM_SqliteClaimAndFinishConcurrent(benchmark::State& state) {
+  static Fixture f(/*synchronous_full=*/true);
+  static std::atomic<int64_t> next{0};
+  for (auto _ : state) {
+    const std::string key = "bench-concurrent-" + std::to_string(next++);
+    auto d = f.engine->Start(f.policy, f.Req(key));
+    if (!d || d->kind != Decision::Kind::kExecute ||
+        !f.engine->Finish(d->ticket, RecordState::kSucceeded, kCreated)) {
+      state.SkipWithError("claim or finish failed");
+      break;
+    }
+  }
+  state.SetItemsProcessed(state.iterations());
+  state.SetLabel("synchronous=FULL");
+}
+BENCHMARK(BM_SqliteClaimAndFinishConcurrent)->Threads(1)->Threads(4)->Threads(16)->UseRealTime();
 
 bool Report(const Error& e) {
   std::fprintf(stderr, "filling the history: %s\n", e.message.c_str());

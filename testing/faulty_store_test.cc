@@ -439,5 +439,43 @@ TEST_P(FaultyStoreTest, TheEngineNeverAnswersTwoExecutionsForOneKey) {
   }
 }
 
+// An answer the claim transaction reads (in progress, a mismatch) is given only after that
+// transaction's Commit: a store that commits in groups may have shown it writes not yet durable.
+// With the Commit failing, the engine answers the failure instead.
+TEST_P(FaultyStoreTest, TheEngineAnswersFromTheClaimTransactionOnlyAfterItsCommit) {
+  auto fingerprinter = std::move(*Fingerprinter::Create({{1, std::string(32, 'h')}}, 1));
+  auto sealer = std::move(*Sealer::Create({{1, std::string(32, 's')}}, 1, random_));
+  RoutePolicy policy;
+  policy.route = "payments.create";
+  policy.lease = Millis(10'000);
+  // Commits 2 and 3 (the duplicate's and the mismatch's claim transactions) fail.
+  auto store = Faulty(FaultPlan([](const StoreCall& call) {
+    return call.op == StoreOp::kCommit && call.n_of_op > 1 ? Fault::FailBefore() : Fault::Pass();
+  }));
+  Engine engine(*store, *fingerprinter, *sealer, clock_);
+  auto first = engine.Start(policy, Req("key-00001"));
+  ASSERT_TRUE(first.has_value()) << first.error().message;
+  ASSERT_EQ(first->kind, Decision::Kind::kExecute);
+
+  auto duplicate = engine.Start(policy, Req("key-00001"));
+  ASSERT_FALSE(duplicate.has_value()) << "answered in progress without a commit";
+  EXPECT_TRUE(Injected(duplicate.error())) << duplicate.error().message;
+  Request other = Req("key-00001");
+  other.body = R"({"amount":"200.00"})";
+  auto mismatch = engine.Start(policy, other);
+  ASSERT_FALSE(mismatch.has_value());
+  EXPECT_TRUE(Injected(mismatch.error())) << mismatch.error().message;
+
+  // With the commits passing again, the same requests get their answers.
+  auto healthy = Faulty(FaultPlan());
+  Engine again(*healthy, *fingerprinter, *sealer, clock_);
+  auto in_progress = again.Start(policy, Req("key-00001"));
+  ASSERT_TRUE(in_progress.has_value()) << in_progress.error().message;
+  EXPECT_EQ(in_progress->kind, Decision::Kind::kInProgress);
+  auto refused = again.Start(policy, other);
+  ASSERT_FALSE(refused.has_value());
+  EXPECT_EQ(refused.error().code, Errc::kFingerprintMismatch);
+}
+
 }  // namespace
 }  // namespace idem::testing

@@ -81,6 +81,11 @@ struct Ticket {
   // How long each renewal extends the lease (AdvanceBeforeCall, Heartbeat): the route's lease
   // when the ticket was issued. Set by the engine.
   Millis lease_ttl{0};
+  // When the claim that issued this ticket began, by the caller's monotonic clock: set by the
+  // caller (never by the engine), no later than the claim's first statement. An operation whose
+  // claim hook advanced the record past an external call (StoreTxn::AdvanceCovered) counts the
+  // time left to send from here.
+  SteadyTime claim_began{};
 };
 
 struct Decision {

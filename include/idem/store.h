@@ -165,7 +165,10 @@ class StoreTxn {
                                            const std::vector<SqlValue>& params = {}) = 0;
 
   // Makes every write of this transaction durable. After an error nothing was committed unless
-  // the error is kDeadlineExceeded (outcome unknown: re-read before acting).
+  // the error is kDeadlineExceeded (outcome unknown: re-read before acting). A store may commit
+  // transactions in groups (SQLite does): a transaction can then read what an earlier member of
+  // its group wrote before that is durable, so a decision taken on what a transaction read stands
+  // only once its Commit has succeeded, even for a transaction that wrote nothing.
   virtual Status Commit() = 0;
 };
 

@@ -42,8 +42,7 @@ struct Config {
   http::ServerOptions server;
   std::string store_url;  // "sqlite:///path/idem.db"
   int store_pool_size = 4;
-  // Threads that run the store's blocking calls; 0: pool_size + 1 (SQLite's readers and its
-  // writer; PostgreSQL's connections and one more to queue on them). See StoreThreads.
+  // Threads that run the store's blocking calls; 0: a default by backend (StoreThreads).
   int store_threads = 0;
   // Bytes of finished records kept in memory for replays (Redis or not); 0 turns it off.
   int64_t replay_cache_bytes = 64 << 20;
@@ -107,9 +106,17 @@ struct Config {
 // the secrets. Errors: kInvalidArgument naming the file, key and problem.
 Result<Config> LoadConfig(const std::string& path, const std::vector<std::string>& overrides);
 
-// The threads for the store's blocking calls: store_threads, or pool_size + 1 when it is 0.
+// Writers a SQLite store lets wait for its writer by default: those waiting when one commits
+// share the next commit (group commit), so more waiting writers mean fewer syncs per write.
+inline constexpr int kSqliteGroupWriters = 16;
+
+// The threads for the store's blocking calls: store_threads; when it is 0, pool_size + 1 on
+// PostgreSQL (its connections and one more to queue on them), pool_size + kSqliteGroupWriters on
+// SQLite (its readers, and writers to share each commit).
 inline int StoreThreads(const Config& c) {
-  return c.store_threads > 0 ? c.store_threads : c.store_pool_size + 1;
+  if (c.store_threads > 0) return c.store_threads;
+  const bool sqlite = c.store_url.rfind("sqlite:", 0) == 0;
+  return c.store_pool_size + (sqlite ? kSqliteGroupWriters : 1);
 }
 
 // Parses secrets from TOML text: hmac_current, seal_current, [[hmac]] / [[seal]] tables with

@@ -109,7 +109,11 @@ TEST_F(ConfigTest, DefaultsWhenKeysAreAbsent) {
   EXPECT_EQ(c->max_waiters_per_principal, 100);
   EXPECT_EQ(c->server.max_parked, 1024);
   EXPECT_EQ(c->server.max_in_flight, 4096);
-  EXPECT_EQ(StoreThreads(*c), c->store_pool_size + 1) << "0: the pool size and one more";
+  EXPECT_EQ(StoreThreads(*c), c->store_pool_size + kSqliteGroupWriters)
+      << "0 on SQLite: the readers, and writers to share each commit";
+  c->store_url = "postgresql://idem@localhost/idem";
+  EXPECT_EQ(StoreThreads(*c), c->store_pool_size + 1)
+      << "0 on PostgreSQL: the connections and one more";
 }
 
 TEST_F(ConfigTest, GeneratesDevelopmentSecretsOnceAndPrivately) {

@@ -276,6 +276,7 @@ http::Async<http::Response> IdempotencyFilter::Decide(const http::Request& reque
       break;
   }
 
+  decision->ticket.claim_began = started;
   if (decision->ticket.resumed) metrics_.CountTakeover();
   if (prefer.respond_async) {
     count("accepted");

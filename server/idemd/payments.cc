@@ -391,7 +391,14 @@ Status Payments::OnClaim(StoreTxn& txn, const Record& record, const http::Reques
                    "DO NOTHING RETURNING id",
                    {id, principal.tenant, p->merchant_order_no, p->amount_minor, p->currency, now,
                     now}));
-      if (!inserted.empty()) return txn.Advance(record.scope, record.lease, kClaimed, id);
+      if (!inserted.empty()) {
+        IDEM_RETURN_IF_ERROR(txn.Advance(record.scope, record.lease, kClaimed, id));
+        if (!record.resource_id.empty()) return Ok();
+        // A new record whose first step is the charge: its covered advance is made here, in the
+        // claim's transaction, not in one of its own (ChargeOnce sends without another).
+        return txn.AdvanceCovered(record.scope, record.lease, kChargeSent,
+                                  cover_.call_timeout + cover_.margin);
+      }
     }
     IDEM_ASSIGN_OR_RETURN(auto holder, txn.Exec("SELECT id FROM payments WHERE tenant = ? AND "
                                                 "merchant_order_no = ? AND status <> 'abandoned'",
@@ -587,8 +594,11 @@ http::Async<Execution> Payments::ChargeOnce(Ticket& ticket, Payment payment, Eng
     }
   }
   std::optional<Execution> stopped;
-  SteadyTime advanced{};
-  co_await pool_.Run([&] { stopped = BeforeSend(ticket, engine, heartbeat, &advanced); });
+  // A fresh claim was advanced past the send in its own transaction (OnClaim): the cover runs
+  // from the claim, which began no later than claim_began.
+  const bool covered = !ticket.resumed && ticket.record.recovery_point == kChargeSent;
+  SteadyTime advanced = ticket.claim_began;
+  co_await pool_.Run([&] { stopped = BeforeSend(ticket, engine, heartbeat, covered, &advanced); });
   if (stopped) co_return std::move(*stopped);
   // The charge leaves within the margin after the covered advance or not at all (then it is
   // kUnavailable, nothing sent): the lease covers the call's timeout from then.
@@ -604,7 +614,7 @@ http::Async<Execution> Payments::ChargeOnce(Ticket& ticket, Payment payment, Eng
 }
 
 std::optional<Execution> Payments::BeforeSend(Ticket& ticket, Engine& engine, Heartbeat& heartbeat,
-                                              SteadyTime* advanced) {
+                                              bool covered, SteadyTime* advanced) {
   Execution e;
   if (auto held = heartbeat.Check(); !held) {
     e.response = http::ProblemFor(held.error());
@@ -612,15 +622,17 @@ std::optional<Execution> Payments::BeforeSend(Ticket& ticket, Engine& engine, He
     return e;
   }
   // The charge cannot be called back: it is sent only under a lease that outlasts the call.
-  const SteadyTime advancing = monotonic_.Now();
-  *advanced = advancing;
-  if (auto covered =
-          engine.AdvanceBeforeCall(ticket, kChargeSent, cover_.call_timeout + cover_.margin);
-      !covered) {
-    e.response = http::ProblemFor(covered.error());
-    e.outcome_unknown = true;
-    return e;
+  if (!covered) {
+    *advanced = monotonic_.Now();
+    if (auto advance =
+            engine.AdvanceBeforeCall(ticket, kChargeSent, cover_.call_timeout + cover_.margin);
+        !advance) {
+      e.response = http::ProblemFor(advance.error());
+      e.outcome_unknown = true;
+      return e;
+    }
   }
+  const SteadyTime advancing = *advanced;
   // The advance proved that cover from the moment its statement ran. When the store answered
   // later than the margin (a slow commit, a pause of this process), the lease may end before the
   // call does, and a charge sent now may land after the settle window counted from sent_at, when

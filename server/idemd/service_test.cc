@@ -6,11 +6,13 @@
 #include <gtest/gtest.h>
 #include <openssl/sha.h>
 
+#include <algorithm>
 #include <atomic>
 #include <boost/json.hpp>
 #include <map>
 #include <mutex>
 #include <thread>
+#include <utility>
 
 #include "include/idem/failpoint.h"
 #include "include/idem/store/sqlite.h"
@@ -1023,6 +1025,46 @@ TEST_F(ServiceTest, AProviderThatDeduplicatesByKeyIsAskedAgainAtOnce) {
   EXPECT_EQ(provider_.Charges().size(), 1u);
 }
 
+// A new key's first execution commits twice: the claim, which also makes the covered advance to
+// charge_sent before the provider call, and the completion.
+TEST_F(ServiceTest, ANewKeysChargeIsCoveredByTheClaimTransaction) {
+  auto calls = std::make_shared<std::vector<testing::StoreOp>>();
+  testing::FaultyStore counted(*store_, {.plan = testing::FaultPlan([calls](const auto& call) {
+                                           calls->push_back(call.op);
+                                           return testing::Fault::Pass();
+                                         }),
+                                         .clock = &clock_,
+                                         .on_delay = {}});
+  engine_ = std::make_unique<Engine>(counted, *fingerprinter_, *sealer_, clock_);
+  Build(false, Millis(3000));
+
+  const http::Response paid = Handle(Pay("covered-by-claim", "alice-key", "ORD-COVER"));
+  EXPECT_EQ(paid.status, 201) << paid.body;
+  EXPECT_EQ(provider_.Calls(), 1);
+  const auto count = [&](testing::StoreOp op) {
+    return std::count(calls->begin(), calls->end(), op);
+  };
+  EXPECT_EQ(count(testing::StoreOp::kBegin), 2);
+  EXPECT_EQ(count(testing::StoreOp::kCommit), 2);
+  EXPECT_EQ(count(testing::StoreOp::kRenew), 0) << "no transaction of its own before the call";
+  const auto covered = std::find(calls->begin(), calls->end(), testing::StoreOp::kAdvanceCovered);
+  const auto claimed = std::find(calls->begin(), calls->end(), testing::StoreOp::kClaim);
+  const auto first_commit = std::find(calls->begin(), calls->end(), testing::StoreOp::kCommit);
+  EXPECT_TRUE(claimed < covered && covered < first_commit)
+      << "the covered advance belongs to the claim's transaction";
+  service_.reset();
+  filter_.reset();
+  engine_.reset();
+}
+
+// Whether `call` commits a transaction that made the covered advance (a new key's claim makes it
+// in the claim transaction; a resumed attempt in one of its own). `advanced` tracks the open one.
+bool CommitOfAdvance(const testing::StoreCall& call, bool& advanced) {
+  if (call.op == testing::StoreOp::kAdvanceCovered) advanced = true;
+  if (call.op != testing::StoreOp::kCommit) return false;
+  return std::exchange(advanced, false);
+}
+
 // The covered advance proves that the lease outlasts the call and the margin from the moment its
 // statement ran. A store that answers it later than the margin (a slow commit; a pause of this
 // process) may leave the lease shorter than the call, and a charge sent then may land after the
@@ -1035,8 +1077,7 @@ TEST_F(ServiceTest, NoChargeIsSentWhenTheCoveredAdvanceAnsweredAfterTheMargin) {
   testing::FaultyStore slow(
       *store_,
       {.plan = testing::FaultPlan([advanced, slowed](const testing::StoreCall& call) {
-         const bool commit_of_advance = call.op == testing::StoreOp::kCommit && *advanced;
-         *advanced = call.op == testing::StoreOp::kAdvanceCovered;
+         const bool commit_of_advance = CommitOfAdvance(call, *advanced);
          if (!commit_of_advance || *slowed) return testing::Fault::Pass();
          *slowed = true;
          return testing::Fault::Delay(kMargin + Millis(1));
@@ -1070,8 +1111,7 @@ TEST_F(ServiceTest, TheChargeMustLeaveWithinWhatIsLeftOfTheMargin) {
   testing::FaultyStore slow(
       *store_,
       {.plan = testing::FaultPlan([advanced](const testing::StoreCall& call) {
-         const bool commit_of_advance = call.op == testing::StoreOp::kCommit && *advanced;
-         *advanced = call.op == testing::StoreOp::kAdvanceCovered;
+         const bool commit_of_advance = CommitOfAdvance(call, *advanced);
          return commit_of_advance ? testing::Fault::Delay(kMargin - Millis(300))
                                   : testing::Fault::Pass();
        }),

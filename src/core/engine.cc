@@ -206,13 +206,22 @@ Result<Decision> Engine::ClaimInTxn(const RoutePolicy& policy, const Request& re
     // PROCESSING record is never forgotten; it is decided below like a live one.)
     const bool forgotten = record.expires_at <= now && record.state != RecordState::kProcessing;
     if (!forgotten) {
-      IDEM_RETURN_IF_ERROR(
-          VerifyRecord(policy, request, canonical, fingerprinter_, record, mismatch_expires));
+      // An answer taken from what this transaction read is given only once that is durable: a
+      // store that commits transactions in groups (SQLite) shows a transaction the writes of the
+      // group's earlier members, and commits them with its own Commit, or fails it.
+      if (Status verified =
+              VerifyRecord(policy, request, canonical, fingerprinter_, record, mismatch_expires);
+          !verified) {
+        IDEM_RETURN_IF_ERROR(txn->Commit());
+        return std::move(verified).error();
+      }
       if (IsReplayable(record.state)) {
+        IDEM_RETURN_IF_ERROR(txn->Commit());
         decision.record = std::move(record);
         return Replay(spec.scope, std::move(decision));
       }
       if (record.state == RecordState::kProcessing && record.lease.until >= now) {
+        IDEM_RETURN_IF_ERROR(txn->Commit());
         decision.kind = Decision::Kind::kInProgress;
         decision.retry_after =
             std::clamp(std::chrono::duration_cast<Millis>(record.lease.until - now), Millis(1),

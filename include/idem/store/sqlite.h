@@ -24,6 +24,11 @@ struct SqliteStoreOptions : SchemaOptions {
   // FULL survives power loss; NORMAL in WAL mode may lose the last commits on power loss but not
   // on a process crash.
   bool synchronous_full = true;
+  // Write transactions of this process that may share one commit (group commit): those waiting
+  // to write when one finishes run inside the same SQLite transaction, in savepoints, and one
+  // COMMIT (one sync) ends them all; each Commit() answers after that COMMIT. 1: each
+  // transaction commits alone.
+  int max_group = 64;
 };
 
 // Opens (creating if needed) the store and applies pending migrations in one IMMEDIATE

@@ -546,8 +546,11 @@ class PostgresSession final : public store_internal::LentSession<Connection> {
   }
 
   Status LockPrincipal(std::string_view tenant, std::string_view user) override {
-    IDEM_RETURN_IF_ERROR(conn_->Run(Sql().lock_principal,
-                                    {std::string(tenant) + '\x1f' + std::string(user)}, nullptr));
+    std::string principal = std::string(tenant) + '\x1f' + std::string(user);
+    // Held until the transaction ends: the claim's second quota count needs no second statement.
+    if (principal == locked_) return Ok();
+    IDEM_RETURN_IF_ERROR(conn_->Run(Sql().lock_principal, {principal}, nullptr));
+    locked_ = std::move(principal);
     return Ok();
   }
 
@@ -555,6 +558,9 @@ class PostgresSession final : public store_internal::LentSession<Connection> {
 
   // Whether BEGIN (or a later statement) timed out rather than finding the connection dead.
   bool TimedOut() const { return conn_->TimedOut(); }
+
+ private:
+  std::string locked_;  // the principal whose advisory lock this transaction holds
 };
 
 // LISTENs on its own connection (not the pool's) on a thread, reconnecting with back-off. Its

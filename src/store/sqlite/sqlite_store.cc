@@ -94,6 +94,8 @@ class Connection final : public SqlRunner {
   // SQLite connections do not break the way network connections do.
   bool Broken() const { return false; }
 
+  sqlite3* Handle() const { return db_; }
+
   // Runs statements without parameters or results.
   Status Script(const std::string& sql) {
     char* err = nullptr;
@@ -208,30 +210,190 @@ class Connection final : public SqlRunner {
 using Pool = store_internal::Pool<Connection>;
 using PooledConnection = store_internal::Lent<Connection>;
 
+// ---- Group commit ----------------------------------------------------------------------------
+
+// The writer connection of this process, shared by all its write transactions. Each transaction
+// runs in a savepoint inside one SQLite transaction, which stays open while other transactions
+// wait to write: a group. The group commits when its last member leaves and nobody is waiting (or
+// max_group have joined), so one WAL append and one sync serve the whole group. A member's Commit
+// answers only after the group's COMMIT, with its result: nothing is acknowledged before it is
+// durable, and a member that read another's writes learns at its Commit whether they held.
+class WriteGroups {
+ public:
+  // What members of one group learn when it ends.
+  struct Group {
+    bool done = false;
+    Status status = Ok();
+  };
+
+  WriteGroups(std::unique_ptr<Connection> conn, Millis wait, int max_group)
+      : conn_(std::move(conn)), wait_(wait), max_group_(max_group) {}
+
+  // Lends the connection (waiting up to `wait`), inside a savepoint of the open group; opens one
+  // with BEGIN IMMEDIATE when none is. Errors: kUnavailable (no turn within the wait; the file
+  // locked by another process).
+  Result<std::shared_ptr<Group>> Join() {
+    std::unique_lock lock(mu_);
+    ++waiting_;
+    const bool turn = free_.wait_for(lock, wait_, [&] { return !held_; });
+    --waiting_;
+    // A waiter that gives up leaves the group to whoever holds the connection: its Leave sees
+    // the waiter gone and commits.
+    if (!turn) {
+      return MakeError(Errc::kUnavailable,
+                       "sqlite: no turn to write within " + std::to_string(wait_.count()) + " ms");
+    }
+    held_ = true;
+    if (!open_) {
+      lock.unlock();
+      Status begun = conn_->Script("BEGIN IMMEDIATE");
+      lock.lock();
+      if (!begun) {
+        PassOn();
+        return std::move(begun).error();
+      }
+      open_ = std::make_shared<Group>();
+      members_ = 0;
+    }
+    ++members_;
+    std::shared_ptr<Group> group = open_;
+    lock.unlock();
+    if (Status saved = conn_->Script("SAVEPOINT idem_member"); !saved) {
+      (void)Leave(group, /*keep=*/false);
+      return std::move(saved).error();
+    }
+    return group;
+  }
+
+  // Ends the holder's member of `group`: keeps its writes in the group (`keep`) or undoes them,
+  // and commits the group when nobody waits to join it. Returns, for a kept member, the group's
+  // commit status once it is known: kUnavailable when nothing was committed.
+  Status Leave(const std::shared_ptr<Group>& group, bool keep) {
+    Status ended = InTransaction() ? End(keep) : Ok();
+    std::unique_lock lock(mu_);
+    if (!InTransaction()) {
+      // SQLite rolled the whole transaction back (SQLITE_FULL, an I/O error, ...): every
+      // member's writes are gone.
+      Finish(*group, MakeError(Errc::kUnavailable,
+                               "sqlite: the write transaction was rolled back by the database; "
+                               "nothing was committed"));
+      PassOn();
+      return keep ? group->status : Ok();
+    }
+    if (!ended) keep = false;  // its writes are undone (End), the group goes on
+    if (waiting_ > 0 && members_ < max_group_) {
+      PassOn();  // the next member joins the open group; the last one commits it
+      if (!keep) return ended;
+      done_.wait(lock, [&] { return group->done; });
+      return group->status;
+    }
+    lock.unlock();
+    Status committed = conn_->Script("COMMIT");
+    if (!committed) {
+      if (InTransaction()) (void)conn_->Script("ROLLBACK");
+      committed =
+          MakeError(Errc::kUnavailable, "nothing was committed: " + committed.error().message);
+    }
+    lock.lock();
+    Finish(*group, std::move(committed));
+    PassOn();
+    if (!ended) return ended;
+    return keep ? group->status : Ok();
+  }
+
+  Connection& Conn() const { return *conn_; }
+
+ private:
+  bool InTransaction() const { return sqlite3_get_autocommit(conn_->Handle()) == 0; }
+
+  // Releases the member's savepoint (its writes join the group) or rolls back to it.
+  Status End(bool keep) {
+    if (keep) {
+      Status released = conn_->Script("RELEASE idem_member");
+      if (released) return released;
+      (void)End(/*keep=*/false);
+      return released;
+    }
+    return conn_->Script("ROLLBACK TO idem_member; RELEASE idem_member");
+  }
+
+  // Under mu_: the group is over with `status`; its members are told.
+  void Finish(Group& group, Status status) {
+    group.done = true;
+    group.status = std::move(status);
+    if (open_.get() == &group) open_.reset();
+    members_ = 0;
+    done_.notify_all();
+  }
+
+  // Under mu_: gives the connection up, to a waiter if any.
+  void PassOn() {
+    held_ = false;
+    free_.notify_one();
+  }
+
+  std::unique_ptr<Connection> conn_;
+  const Millis wait_;
+  const int max_group_;
+  std::mutex mu_;
+  std::condition_variable free_;  // the connection was given up
+  std::condition_variable done_;  // a group ended
+  bool held_ = false;             // a member (or a committing leader) uses the connection
+  int waiting_ = 0;               // Join calls waiting for their turn
+  int members_ = 0;               // members of the open group so far
+  std::shared_ptr<Group> open_;   // the open group; null outside a transaction
+};
+
 // ---- Transaction ---------------------------------------------------------------------------
 
-// The writer connection inside BEGIN IMMEDIATE: the database's write lock is held from the start,
-// so claims never upgrade a read lock and quota counts need no lock of their own.
-class SqliteSession final : public store_internal::LentSession<Connection> {
+// One member of a write group: BEGIN IMMEDIATE holds the database's write lock from the group's
+// start, so claims never upgrade a read lock and quota counts need no lock of their own.
+class SqliteSession final : public store_internal::TxnSession {
  public:
-  using LentSession::LentSession;
+  SqliteSession(WriteGroups& groups, std::shared_ptr<WriteGroups::Group> group)
+      : groups_(groups), group_(std::move(group)) {}
+  ~SqliteSession() override {
+    if (group_) (void)groups_.Leave(group_, /*keep=*/false);
+  }
 
-  // A failed statement leaves an SQLite transaction usable as it is.
+  Result<std::vector<SqlRow>> Run(std::string_view sql, const std::vector<SqlValue>& params,
+                                  int* changed) override {
+    IDEM_RETURN_IF_ERROR(Usable());
+    return groups_.Conn().Run(sql, params, changed);
+  }
+  // A failed statement leaves an SQLite transaction usable as it is, unless SQLite rolled it all
+  // back (then every later statement fails: none runs outside the transaction).
   Result<std::vector<SqlRow>> Exec(std::string_view sql,
                                    const std::vector<SqlValue>& params) override {
-    return conn_->Run(sql, params, nullptr);
+    return Run(sql, params, nullptr);
   }
   Status LockPrincipal(std::string_view, std::string_view) override { return Ok(); }
-  Status Commit() override { return CommitOnce(); }
+  Status Commit() override {
+    IDEM_CHECK(group_ != nullptr);
+    return groups_.Leave(std::exchange(group_, nullptr), /*keep=*/true);
+  }
+
+ private:
+  Status Usable() const {
+    if (group_ == nullptr) return MakeError(Errc::kInternal, "sqlite: transaction has ended");
+    if (sqlite3_get_autocommit(groups_.Conn().Handle()) != 0) {
+      return MakeError(Errc::kUnavailable,
+                       "sqlite: the write transaction was rolled back by the database");
+    }
+    return Ok();
+  }
+
+  WriteGroups& groups_;
+  std::shared_ptr<WriteGroups::Group> group_;
 };
 
 // ---- Store ---------------------------------------------------------------------------------
 
 class SqliteStore final : public Store {
  public:
-  SqliteStore(std::unique_ptr<Pool> writer, std::unique_ptr<Pool> readers,
+  SqliteStore(std::unique_ptr<Connection> writer, std::unique_ptr<Pool> readers,
               const SqliteStoreOptions& options, Clock& clock, Random& random)
-      : writer_(std::move(writer)),
+      : writer_(std::move(writer), options.pool_wait, options.max_group),
         readers_(std::move(readers)),
         options_(options),
         clock_(clock),
@@ -244,9 +406,8 @@ class SqliteStore final : public Store {
   const StoreCapabilities& capabilities() const override { return caps_; }
 
   Result<std::unique_ptr<StoreTxn>> Begin() override {
-    IDEM_ASSIGN_OR_RETURN(PooledConnection conn, Lend(*writer_));
-    auto session = std::make_unique<SqliteSession>(std::move(conn));
-    IDEM_RETURN_IF_ERROR(session->Begin("BEGIN IMMEDIATE"));
+    IDEM_ASSIGN_OR_RETURN(std::shared_ptr<WriteGroups::Group> group, writer_.Join());
+    auto session = std::make_unique<SqliteSession>(writer_, std::move(group));
     return std::unique_ptr<StoreTxn>(
         std::make_unique<SqlTxn>(std::move(session), Sql(), StoreTime::Of(clock_), random_));
   }
@@ -275,9 +436,13 @@ class SqliteStore final : public Store {
   }
 
   Result<int> Sweep(int batch) override {
-    // One DELETE in autocommit: atomic on its own, on the writer connection like every write.
-    IDEM_ASSIGN_OR_RETURN(PooledConnection conn, Lend(*writer_));
-    return store_internal::SweepRecords(*conn, Sql(), StoreTime::Of(clock_), batch);
+    // One DELETE, a member of a write group like every write.
+    IDEM_ASSIGN_OR_RETURN(std::shared_ptr<WriteGroups::Group> group, writer_.Join());
+    SqliteSession session(writer_, std::move(group));
+    IDEM_ASSIGN_OR_RETURN(
+        int deleted, store_internal::SweepRecords(session, Sql(), StoreTime::Of(clock_), batch));
+    IDEM_RETURN_IF_ERROR(session.Commit());
+    return deleted;
   }
 
  private:
@@ -286,8 +451,9 @@ class SqliteStore final : public Store {
   }
 
   // SQLite admits one writer at a time, so this process queues its writers on one connection in
-  // memory instead of spinning in SQLite's busy handler; other processes still meet the file lock.
-  std::unique_ptr<Pool> writer_;
+  // memory instead of spinning in SQLite's busy handler, and commits them in groups; other
+  // processes still meet the file lock.
+  WriteGroups writer_;
   std::unique_ptr<Pool> readers_;
   SqliteStoreOptions options_;
   Clock& clock_;
@@ -316,6 +482,9 @@ Result<std::unique_ptr<Store>> OpenSqliteStore(const SqliteStoreOptions& options
   if (options.pool_size < 1 || options.pool_size > 64) {
     return MakeError(Errc::kInvalidArgument, "sqlite: pool_size must be 1..64");
   }
+  if (options.max_group < 1 || options.max_group > 1024) {
+    return MakeError(Errc::kInvalidArgument, "sqlite: max_group must be 1..1024");
+  }
   IDEM_RETURN_IF_ERROR(
       store_internal::CheckAppName("sqlite", options.app_name, options.app_migrations));
   std::vector<std::unique_ptr<Connection>> conns;
@@ -325,12 +494,11 @@ Result<std::unique_ptr<Store>> OpenSqliteStore(const SqliteStoreOptions& options
     conns.push_back(std::move(conn));
   }
   IDEM_RETURN_IF_ERROR(PrepareSchema(*conns.front(), options, clock));
-  std::vector<std::unique_ptr<Connection>> writer;
-  writer.push_back(std::move(conns.front()));
+  std::unique_ptr<Connection> writer = std::move(conns.front());
   conns.erase(conns.begin());
   return std::unique_ptr<Store>(std::make_unique<SqliteStore>(
-      std::make_unique<Pool>("sqlite", std::move(writer)),
-      std::make_unique<Pool>("sqlite", std::move(conns)), options, clock, random));
+      std::move(writer), std::make_unique<Pool>("sqlite", std::move(conns)), options, clock,
+      random));
 }
 
 }  // namespace idem
