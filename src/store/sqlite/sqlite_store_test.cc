@@ -237,19 +237,8 @@ TEST(SqliteStore, WriteLockHeldByAnotherStoreTimesOutAsUnavailable) {
   EXPECT_TRUE((*b)->Begin().has_value());
 }
 
-ClaimSpec SpecFor(const std::string& key) {
-  ClaimSpec spec;
-  spec.scope = *Scope{"acme", "alice", "payments.create", key}.Hash();
-  spec.tenant = "acme";
-  spec.user = "alice";
-  spec.route = "payments.create";
-  spec.lease_ttl = Millis(30000);
-  spec.retention = Millis(3'600'000);
-  return spec;
-}
-
 bool Stored(Store& store, const std::string& key) {
-  auto read = store.Read(SpecFor(key).scope);
+  auto read = store.Read(ContractSpec(key).scope);
   EXPECT_TRUE(read.has_value()) << read.error().message;
   return read && read->has_value();
 }
@@ -274,78 +263,80 @@ std::vector<Status> WaitBehind(Store& store, StoreTxn& first, Status* first_comm
   return results;
 }
 
+// A store whose writer is held by `first_`, a transaction that has claimed "k0".
+class SqliteGroupCommit : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto opened = OpenSqliteStore(Options(env_.dir.File("idem.db"), 2), env_.clock, env_.random);
+    ASSERT_TRUE(opened.has_value()) << opened.error().message;
+    store_ = std::move(*opened);
+    auto first = store_->Begin();
+    ASSERT_TRUE(first.has_value() && (*first)->Claim(ContractSpec("k0")).has_value());
+    first_ = std::move(*first);
+  }
+
+  // WaitBehind first_, which commits into first_commit_.
+  std::vector<Status> RunBehind(const std::function<Status(StoreTxn&, int)>& each) {
+    return WaitBehind(*store_, *first_, &first_commit_, each);
+  }
+
+  StoreTestEnv env_;
+  std::unique_ptr<Store> store_;
+  std::unique_ptr<StoreTxn> first_;
+  Status first_commit_ = Ok();
+};
+
 // Group commit: write transactions waiting for the writer when one commits run inside its SQLite
 // transaction and share its COMMIT, so the first one's Commit answers only once theirs are
 // durable too (one sync for the group).
-TEST(SqliteStore, TransactionsWaitingToWriteShareTheCommitOfTheOneBefore) {
-  StoreTestEnv env;
-  auto store = OpenSqliteStore(Options(env.dir.File("idem.db"), 2), env.clock, env.random);
-  ASSERT_TRUE(store.has_value()) << store.error().message;
-  auto first = (*store)->Begin();
-  ASSERT_TRUE(first.has_value() && (*first)->Claim(SpecFor("k0")).has_value());
-  Status first_commit = Ok();
-  std::vector<Status> results =
-      WaitBehind(**store, **first, &first_commit, [&](StoreTxn& txn, int i) -> Status {
-        IDEM_RETURN_IF_ERROR(txn.Claim(SpecFor("k" + std::to_string(i + 1))));
-        // Not durable yet: another connection does not see it before the group commits.
-        EXPECT_FALSE(Stored(**store, "k0"));
-        return txn.Commit();
-      });
-  ASSERT_TRUE(first_commit.has_value()) << first_commit.error().message;
+TEST_F(SqliteGroupCommit, TransactionsWaitingToWriteShareTheCommitOfTheOneBefore) {
+  std::vector<Status> results = RunBehind([&](StoreTxn& txn, int i) -> Status {
+    IDEM_RETURN_IF_ERROR(txn.Claim(ContractSpec("k" + std::to_string(i + 1))));
+    // Not durable yet: another connection does not see it before the group commits.
+    EXPECT_FALSE(Stored(*store_, "k0"));
+    return txn.Commit();
+  });
+  ASSERT_TRUE(first_commit_.has_value()) << first_commit_.error().message;
   for (const Status& s : results) EXPECT_TRUE(s.has_value()) << s.error().message;
-  for (const char* key : {"k0", "k1", "k2", "k3"}) EXPECT_TRUE(Stored(**store, key)) << key;
+  for (const char* key : {"k0", "k1", "k2", "k3"}) EXPECT_TRUE(Stored(*store_, key)) << key;
 }
 
 // A member that rolls back undoes only its own writes; the rest of its group commits.
-TEST(SqliteStore, AGroupMemberThatRollsBackTakesOnlyItsOwnWritesWithIt) {
-  StoreTestEnv env;
-  auto store = OpenSqliteStore(Options(env.dir.File("idem.db"), 2), env.clock, env.random);
-  ASSERT_TRUE(store.has_value()) << store.error().message;
-  auto first = (*store)->Begin();
-  ASSERT_TRUE(first.has_value() && (*first)->Claim(SpecFor("k0")).has_value());
-  Status first_commit = Ok();
-  std::vector<Status> results =
-      WaitBehind(**store, **first, &first_commit, [&](StoreTxn& txn, int i) -> Status {
-        IDEM_RETURN_IF_ERROR(txn.Claim(SpecFor("k" + std::to_string(i + 1))));
-        if (i == 1) return Ok();  // destroyed uncommitted: rolled back
-        return txn.Commit();
-      });
-  ASSERT_TRUE(first_commit.has_value()) << first_commit.error().message;
+TEST_F(SqliteGroupCommit, AGroupMemberThatRollsBackTakesOnlyItsOwnWritesWithIt) {
+  std::vector<Status> results = RunBehind([&](StoreTxn& txn, int i) -> Status {
+    IDEM_RETURN_IF_ERROR(txn.Claim(ContractSpec("k" + std::to_string(i + 1))));
+    if (i == 1) return Ok();  // destroyed uncommitted: rolled back
+    return txn.Commit();
+  });
+  ASSERT_TRUE(first_commit_.has_value()) << first_commit_.error().message;
   for (const Status& s : results) EXPECT_TRUE(s.has_value()) << s.error().message;
-  EXPECT_TRUE(Stored(**store, "k0"));
-  EXPECT_TRUE(Stored(**store, "k1"));
-  EXPECT_FALSE(Stored(**store, "k2"));
-  EXPECT_TRUE(Stored(**store, "k3"));
-  auto txn = (*store)->Begin();
+  EXPECT_TRUE(Stored(*store_, "k0"));
+  EXPECT_TRUE(Stored(*store_, "k1"));
+  EXPECT_FALSE(Stored(*store_, "k2"));
+  EXPECT_TRUE(Stored(*store_, "k3"));
+  auto txn = store_->Begin();
   ASSERT_TRUE(txn.has_value());
   EXPECT_EQ(*(*txn)->Count("acme", "alice", std::nullopt, 100), 3);
 }
 
 // When the database rolls the whole transaction back, every member of the group learns at its
 // Commit that nothing was committed; the next transaction starts a new group.
-TEST(SqliteStore, WhenTheGroupIsRolledBackEveryMembersCommitFails) {
-  StoreTestEnv env;
-  auto store = OpenSqliteStore(Options(env.dir.File("idem.db"), 2), env.clock, env.random);
-  ASSERT_TRUE(store.has_value()) << store.error().message;
-  auto first = (*store)->Begin();
-  ASSERT_TRUE(first.has_value() && (*first)->Claim(SpecFor("k0")).has_value());
+TEST_F(SqliteGroupCommit, WhenTheGroupIsRolledBackEveryMembersCommitFails) {
   std::atomic<int> turns{0};
   std::vector<int> turn_of(3, -1);
-  Status first_commit = Ok();
-  std::vector<Status> results =
-      WaitBehind(**store, **first, &first_commit, [&](StoreTxn& txn, int i) -> Status {
-        const int turn = turns++;  // in the order they hold the writer
-        turn_of[i] = turn;
-        IDEM_RETURN_IF_ERROR(txn.Claim(SpecFor("t" + std::to_string(turn))));
-        if (turn == 1) {
-          EXPECT_TRUE(txn.Exec("ROLLBACK").has_value());  // business SQL ends it all
-          // No statement runs outside the transaction after that.
-          EXPECT_FALSE(txn.Exec("INSERT INTO contract_business (k, v) VALUES ('x', 'y')"));
-        }
-        return txn.Commit();
-      });
-  ASSERT_FALSE(first_commit.has_value());
-  EXPECT_EQ(first_commit.error().code, Errc::kUnavailable);
+  std::vector<Status> results = RunBehind([&](StoreTxn& txn, int i) -> Status {
+    const int turn = turns++;  // in the order they hold the writer
+    turn_of[i] = turn;
+    IDEM_RETURN_IF_ERROR(txn.Claim(ContractSpec("t" + std::to_string(turn))));
+    if (turn == 1) {
+      EXPECT_TRUE(txn.Exec("ROLLBACK").has_value());  // business SQL ends it all
+      // No statement runs outside the transaction after that.
+      EXPECT_FALSE(txn.Exec("INSERT INTO contract_business (k, v) VALUES ('x', 'y')"));
+    }
+    return txn.Commit();
+  });
+  ASSERT_FALSE(first_commit_.has_value());
+  EXPECT_EQ(first_commit_.error().code, Errc::kUnavailable);
   for (int i = 0; i < 3; ++i) {
     if (turn_of[i] < 2) {  // in the group that was rolled back
       ASSERT_FALSE(results[i].has_value()) << "turn " << turn_of[i];
@@ -354,9 +345,9 @@ TEST(SqliteStore, WhenTheGroupIsRolledBackEveryMembersCommitFails) {
       EXPECT_TRUE(results[i].has_value()) << results[i].error().message;
     }
   }
-  for (const char* key : {"k0", "t0", "t1"}) EXPECT_FALSE(Stored(**store, key)) << key;
-  EXPECT_TRUE(Stored(**store, "t2"));
-  EXPECT_FALSE(QueryInt(env.dir.File("idem.db"), "SELECT count(*) FROM contract_business") != 0);
+  for (const char* key : {"k0", "t0", "t1"}) EXPECT_FALSE(Stored(*store_, key)) << key;
+  EXPECT_TRUE(Stored(*store_, "t2"));
+  EXPECT_EQ(QueryInt(env_.dir.File("idem.db"), "SELECT count(*) FROM contract_business"), 0);
 }
 
 // Several processes claim the same scopes in one file: each scope has exactly one winner.
