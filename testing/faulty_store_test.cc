@@ -453,14 +453,15 @@ TEST_P(FaultyStoreTest, TheEngineAnswersFromTheClaimTransactionOnlyAfterItsCommi
     return call.op == StoreOp::kCommit && call.n_of_op > 1 ? Fault::FailBefore() : Fault::Pass();
   }));
   Engine engine(*store, *fingerprinter, *sealer, clock_);
-  auto first = engine.Start(policy, Req("key-00001"));
+  const std::string key = "key-00001";  // Request::key_header views it
+  auto first = engine.Start(policy, Req(key));
   ASSERT_TRUE(first.has_value()) << first.error().message;
   ASSERT_EQ(first->kind, Decision::Kind::kExecute);
 
-  auto duplicate = engine.Start(policy, Req("key-00001"));
+  auto duplicate = engine.Start(policy, Req(key));
   ASSERT_FALSE(duplicate.has_value()) << "answered in progress without a commit";
   EXPECT_TRUE(Injected(duplicate.error())) << duplicate.error().message;
-  Request other = Req("key-00001");
+  Request other = Req(key);
   other.body = R"({"amount":"200.00"})";
   auto mismatch = engine.Start(policy, other);
   ASSERT_FALSE(mismatch.has_value());
@@ -469,7 +470,7 @@ TEST_P(FaultyStoreTest, TheEngineAnswersFromTheClaimTransactionOnlyAfterItsCommi
   // With the commits passing again, the same requests get their answers.
   auto healthy = Faulty(FaultPlan());
   Engine again(*healthy, *fingerprinter, *sealer, clock_);
-  auto in_progress = again.Start(policy, Req("key-00001"));
+  auto in_progress = again.Start(policy, Req(key));
   ASSERT_TRUE(in_progress.has_value()) << in_progress.error().message;
   EXPECT_EQ(in_progress->kind, Decision::Kind::kInProgress);
   auto refused = again.Start(policy, other);
