@@ -81,10 +81,12 @@ struct Ticket {
   // How long each renewal extends the lease (AdvanceBeforeCall, Heartbeat): the route's lease
   // when the ticket was issued. Set by the engine.
   Millis lease_ttl{0};
-  // When the claim that issued this ticket began, by the caller's monotonic clock: set by the
-  // caller (never by the engine), no later than the claim's first statement. An operation whose
-  // claim hook advanced the record past an external call (StoreTxn::AdvanceCovered) counts the
-  // time left to send from here.
+  // A moment inside the claim's transaction, by the caller's monotonic clock, no later than the
+  // claim hook's first statement and the read back (so no later than the store reckoned
+  // record.observed_at): set by the caller (idemd's filter takes it as its hook starts), never
+  // by the engine; left unset, nothing uses it. An operation whose claim hook advanced the record
+  // past an external call (StoreTxn::AdvanceCovered) counts the time left to send from here;
+  // Engine::Finish hands the finished record to the store's cache as read at this moment.
   SteadyTime claim_began{};
 };
 

@@ -221,6 +221,13 @@ class Store {
   // cache (the default). What Read would answer for a finished record, never anything else.
   virtual std::optional<Record> ReadCached(const ScopeHash& /*scope*/) { return std::nullopt; }
 
+  // Told, after the transaction that finished `record` committed, what the record now is (as
+  // Read would answer it, with observed_at the store's time at the claim): a cache in front of
+  // the store may keep it as if read at `as_of`, which must be no later than the store reckoned
+  // observed_at, on the monotonic clock the cache counts lifetimes on (the system's unless the
+  // cache was given another). The first replay then needs no read. The default keeps nothing.
+  virtual void KeepFinished(const Record& /*record*/, SteadyTime /*as_of*/) {}
+
   // Runs one read-only business SQL statement ('?' placeholders) outside any write transaction,
   // on a consistent snapshot. Errors: kInvalidArgument for SQL the database rejects (or that
   // writes); kUnavailable when no connection is free in time.
@@ -265,6 +272,9 @@ class StoreWrapper : public Store {
   }
   std::optional<Record> ReadCached(const ScopeHash& scope) override {
     return target_.ReadCached(scope);
+  }
+  void KeepFinished(const Record& record, SteadyTime as_of) override {
+    target_.KeepFinished(record, as_of);
   }
   Result<std::vector<SqlRow>> Query(std::string_view sql,
                                     const std::vector<SqlValue>& params = {}) override {

@@ -225,6 +225,7 @@ http::Async<http::Response> IdempotencyFilter::Decide(const http::Request& reque
     }
     // Finished, its lease ended, gone, or the read failed: Start decides.
   }
+  SteadyTime claim_began{};  // Ticket::claim_began
   Result<Decision> decision = held ? MakeError(Errc::kInternal, "undecided") : held.error();
   if (held && *held) {
     decision = std::move(**held);
@@ -233,6 +234,7 @@ http::Async<http::Response> IdempotencyFilter::Decide(const http::Request& reque
       return engine_.Start(
           policy_.route, engine_request,
           [&](StoreTxn& txn, const Record& record) {
+            claim_began = monotonic_.Now();  // inside the claim's transaction, before the hook
             return operation_.OnClaim(txn, record, request, principal);
           },
           &mismatch_expires);
@@ -276,7 +278,7 @@ http::Async<http::Response> IdempotencyFilter::Decide(const http::Request& reque
       break;
   }
 
-  decision->ticket.claim_began = started;
+  decision->ticket.claim_began = claim_began;
   if (decision->ticket.resumed) metrics_.CountTakeover();
   if (prefer.respond_async) {
     count("accepted");

@@ -594,8 +594,8 @@ http::Async<Execution> Payments::ChargeOnce(Ticket& ticket, Payment payment, Eng
     }
   }
   std::optional<Execution> stopped;
-  // A fresh claim was advanced past the send in its own transaction (OnClaim): the cover runs
-  // from the claim, which began no later than claim_began.
+  // A fresh claim was advanced past the send in its own transaction (OnClaim), no earlier than
+  // claim_began: the margin is counted from there.
   const bool covered = !ticket.resumed && ticket.record.recovery_point == kChargeSent;
   SteadyTime advanced = ticket.claim_began;
   co_await pool_.Run([&] { stopped = BeforeSend(ticket, engine, heartbeat, covered, &advanced); });
@@ -621,7 +621,11 @@ std::optional<Execution> Payments::BeforeSend(Ticket& ticket, Engine& engine, He
     e.outcome_unknown = true;
     return e;
   }
-  // The charge cannot be called back: it is sent only under a lease that outlasts the call.
+  // The charge cannot be called back: it is sent only under a lease that outlasts the call. The
+  // claim's cover serves while at most half the margin has gone since; after a longer wait (a
+  // deep queue for the store's threads) the advance is made again here, which moves sent_at
+  // later (nothing has been sent) and gives the send the whole margin.
+  if (covered && monotonic_.Now() - *advanced > cover_.margin / 2) covered = false;
   if (!covered) {
     *advanced = monotonic_.Now();
     if (auto advance =

@@ -97,8 +97,9 @@ class Payments final : public Operation {
                                     Heartbeat& heartbeat);
   // What must hold before the charge is sent (on the pool): the lease, the covered advance
   // within the margin, the after_charge_sent failpoint. An answer when the charge must not go.
-  // `covered`: the claim made the covered advance (OnClaim), no later than *advanced; otherwise
-  // it is made here and *advanced is set to when it was asked for.
+  // `covered`: the claim made the covered advance (OnClaim), no earlier than *advanced; unless
+  // half the margin has gone since, it serves; otherwise the advance is made here and *advanced
+  // is set to when it was asked for.
   std::optional<Execution> BeforeSend(Ticket& ticket, Engine& engine, Heartbeat& heartbeat,
                                       bool covered, SteadyTime* advanced);
   // What the charge's answer (and the after_provider_charge failpoint's status) settles.

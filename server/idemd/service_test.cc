@@ -1057,12 +1057,84 @@ TEST_F(ServiceTest, ANewKeysChargeIsCoveredByTheClaimTransaction) {
   engine_.reset();
 }
 
-// Whether `call` commits a transaction that made the covered advance (a new key's claim makes it
-// in the claim transaction; a resumed attempt in one of its own). `advanced` tracks the open one.
-bool CommitOfAdvance(const testing::StoreCall& call, bool& advanced) {
-  if (call.op == testing::StoreOp::kAdvanceCovered) advanced = true;
-  if (call.op != testing::StoreOp::kCommit) return false;
-  return std::exchange(advanced, false);
+// The commits a test slows down: the first claim transaction's (which makes a new key's covered
+// advance) and the first covered advance made in a transaction of its own (renew + advance), each
+// on the test's clocks. Tells what it slowed.
+struct SlowCommits {
+  Millis claim{0};
+  Millis advance{0};
+  struct State {
+    bool claim = false, renew = false, covered = false;  // in the open transaction
+    bool claim_slowed = false, advance_slowed = false;
+  };
+  std::shared_ptr<State> state = std::make_shared<State>();
+
+  testing::FaultPlan Plan() const {
+    return testing::FaultPlan([*this](const testing::StoreCall& call) {
+      State& s = *state;
+      switch (call.op) {
+        case testing::StoreOp::kBegin:
+          s.claim = s.renew = s.covered = false;
+          break;
+        case testing::StoreOp::kClaim:
+          s.claim = true;
+          break;
+        case testing::StoreOp::kRenew:
+          s.renew = true;
+          break;
+        case testing::StoreOp::kAdvanceCovered:
+          s.covered = true;
+          break;
+        case testing::StoreOp::kCommit:
+          if (s.covered && s.claim && !s.claim_slowed) {
+            s.claim_slowed = true;
+            return testing::Fault::Delay(claim);
+          }
+          if (s.covered && s.renew && !s.claim && !s.advance_slowed) {
+            s.advance_slowed = true;
+            return testing::Fault::Delay(advance);
+          }
+          break;
+        default:
+          break;
+      }
+      return testing::Fault::Pass();
+    });
+  }
+};
+
+class SlowStoreTest : public ServiceTest {
+ protected:
+  void UseSlowStore(const SlowCommits& slow) {
+    slow_ = std::make_unique<testing::FaultyStore>(
+        *store_,
+        testing::FaultyStoreOptions{
+            .plan = slow.Plan(),
+            .clock = &clock_,
+            .on_delay = [this](const testing::StoreCall&, Millis d) { monotonic_.Advance(d); }});
+    engine_ = std::make_unique<Engine>(*slow_, *fingerprinter_, *sealer_, clock_);
+    Build(false, Millis(3000));
+  }
+  void TearDown() override {
+    service_.reset();
+    filter_.reset();
+    engine_.reset();
+    slow_.reset();
+  }
+  std::unique_ptr<testing::FaultyStore> slow_;
+};
+
+// A new key's claim makes the covered advance: its cover serves the send while at most half the
+// margin has gone since, and the send gets what is left of the margin.
+TEST_F(SlowStoreTest, AClaimsCoverServesTheSendWithWhatIsLeftOfTheMargin) {
+  const SlowCommits slow{.claim = kMargin / 2 - Millis(1)};
+  UseSlowStore(slow);
+  const http::Response paid = Handle(Pay("claim-cover-1", "alice-key", "ORD-CC1"));
+  EXPECT_EQ(paid.status, 201) << paid.body;
+  ASSERT_TRUE(slow.state->claim_slowed);
+  EXPECT_FALSE(slow.state->advance_slowed) << "no advance of its own";
+  ASSERT_EQ(provider_.SendWithins().size(), 1u);
+  EXPECT_EQ(provider_.SendWithins()[0], kMargin / 2 + Millis(1));
 }
 
 // The covered advance proves that the lease outlasts the call and the margin from the moment its
@@ -1070,25 +1142,13 @@ bool CommitOfAdvance(const testing::StoreCall& call, bool& advanced) {
 // process) may leave the lease shorter than the call, and a charge sent then may land after the
 // settle window counted from sent_at, where another executor's lookup finds nothing and charges
 // again (the simulator found this: docs/testing.md). Nothing is sent; the attempt ends retryable
-// at charge_sent, so the retry looks the charge up and, finding none, sends it once.
-TEST_F(ServiceTest, NoChargeIsSentWhenTheCoveredAdvanceAnsweredAfterTheMargin) {
-  auto advanced = std::make_shared<bool>(false);
-  auto slowed = std::make_shared<bool>(false);
-  testing::FaultyStore slow(
-      *store_,
-      {.plan = testing::FaultPlan([advanced, slowed](const testing::StoreCall& call) {
-         const bool commit_of_advance = CommitOfAdvance(call, *advanced);
-         if (!commit_of_advance || *slowed) return testing::Fault::Pass();
-         *slowed = true;
-         return testing::Fault::Delay(kMargin + Millis(1));
-       }),
-       .clock = &clock_,
-       .on_delay = [this](const testing::StoreCall&, Millis d) { monotonic_.Advance(d); }});
-  engine_ = std::make_unique<Engine>(slow, *fingerprinter_, *sealer_, clock_);
-  Build(false, Millis(3000));
-
+// at charge_sent, so the retry looks the charge up and, finding none, sends it once. (The claim's
+// commit is slowed past half the margin first, so the attempt advances again on its own.)
+TEST_F(SlowStoreTest, NoChargeIsSentWhenTheCoveredAdvanceAnsweredAfterTheMargin) {
+  const SlowCommits slow{.claim = kMargin / 2 + Millis(1), .advance = kMargin + Millis(1)};
+  UseSlowStore(slow);
   const http::Response first = Handle(Pay("slow-advance-1", "alice-key", "ORD-SLOW"));
-  ASSERT_TRUE(*slowed) << "the advance's commit was not slowed";
+  ASSERT_TRUE(slow.state->claim_slowed && slow.state->advance_slowed);
   EXPECT_EQ(first.status, 503) << first.body;
   EXPECT_EQ(TypeOf(first), "urn:idem:problem:unavailable");
   EXPECT_EQ(provider_.Calls(), 0) << "a charge left under a lease that may not outlast it";
@@ -1099,34 +1159,20 @@ TEST_F(ServiceTest, NoChargeIsSentWhenTheCoveredAdvanceAnsweredAfterTheMargin) {
   EXPECT_EQ(paid.status, 201) << paid.body;
   EXPECT_EQ(provider_.Calls(), 1);
   EXPECT_EQ(provider_.Charges().size(), 1u);
-  service_.reset();
-  filter_.reset();
-  engine_.reset();
 }
 
-// The charge must leave within what is left of the margin after the covered advance: a store that
-// took most of the margin leaves the provider call little time to get a connection and send.
-TEST_F(ServiceTest, TheChargeMustLeaveWithinWhatIsLeftOfTheMargin) {
-  auto advanced = std::make_shared<bool>(false);
-  testing::FaultyStore slow(
-      *store_,
-      {.plan = testing::FaultPlan([advanced](const testing::StoreCall& call) {
-         const bool commit_of_advance = CommitOfAdvance(call, *advanced);
-         return commit_of_advance ? testing::Fault::Delay(kMargin - Millis(300))
-                                  : testing::Fault::Pass();
-       }),
-       .clock = &clock_,
-       .on_delay = [this](const testing::StoreCall&, Millis d) { monotonic_.Advance(d); }});
-  engine_ = std::make_unique<Engine>(slow, *fingerprinter_, *sealer_, clock_);
-  Build(false, Millis(3000));
-
+// A claim whose cover has lost more than half the margin (a deep queue for the store's threads)
+// is advanced again on its own, and the charge must leave within what is left of the margin after
+// that advance: a store that took most of it leaves the provider call little time.
+TEST_F(SlowStoreTest, TheChargeMustLeaveWithinWhatIsLeftOfTheMargin) {
+  const SlowCommits slow{.claim = kMargin / 2 + Millis(1), .advance = kMargin - Millis(300)};
+  UseSlowStore(slow);
   const http::Response paid = Handle(Pay("margin-left-1", "alice-key", "ORD-LEFT"));
   EXPECT_EQ(paid.status, 201) << paid.body;
+  ASSERT_TRUE(slow.state->claim_slowed && slow.state->advance_slowed);
   ASSERT_EQ(provider_.SendWithins().size(), 1u);
   EXPECT_EQ(provider_.SendWithins()[0], Millis(300)) << "the margin less the advance's 1.7 s";
-  service_.reset();
-  filter_.reset();
-  engine_.reset();
+  EXPECT_EQ(provider_.Charges().size(), 1u);
 }
 
 }  // namespace

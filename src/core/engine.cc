@@ -408,6 +408,17 @@ Status Engine::Finish(const Ticket& ticket, RecordState state, const StoredRespo
   IDEM_RETURN_IF_ERROR(txn->Commit());
   IDEM_RETURN_IF_ERROR(IDEM_FAILPOINT("after_complete_commit"));
   ReleaseMarker(ticket.scope, ticket.marker);
+  if (IsReplayable(state) && ticket.claim_began != SteadyTime{}) {
+    // What the record is now: the claim's, as this finish left it (nothing else changes a
+    // record under a held lease), observed no later than the claim began.
+    Record finished = ticket.record;
+    finished.lease = ticket.lease;
+    finished.state = state;
+    finished.status_code = response.status;
+    finished.response = std::move(outcome.sealed_response);
+    finished.recovery_point = std::move(outcome.recovery_point);
+    store_.KeepFinished(finished, ticket.claim_began);
+  }
   return Ok();
 }
 

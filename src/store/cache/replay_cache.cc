@@ -7,7 +7,8 @@
 namespace idem {
 namespace {
 
-// Owns the store it wraps; only Read and ReadCached differ, everything else is forwarded.
+// Owns the store it wraps; only Read, ReadCached and KeepFinished differ, everything else is
+// forwarded.
 class ReplayCachedStore final : public StoreWrapper {
  public:
   ReplayCachedStore(std::unique_ptr<Store> inner, const ReplayCacheOptions& options, Clock& clock)
@@ -26,6 +27,12 @@ class ReplayCachedStore final : public StoreWrapper {
     auto hit = lru_.Get(scope, monotonic_.Now());
     if (hit && hit->scope == scope && cache::Usable(*hit, clock_.Now())) return hit;
     return std::nullopt;
+  }
+
+  void KeepFinished(const Record& record, SteadyTime as_of) override {
+    if (cache::Usable(record, clock_.Now())) {
+      lru_.Put(record.scope, record, as_of + cache::Left(record));
+    }
   }
 
   // An entry lives for what the store said the record had left, counted from before the read.

@@ -107,6 +107,36 @@ TEST_F(ReplayCacheTest, ARunningRecordIsNeverCached) {
   EXPECT_FALSE(store_->ReadCached(scope).has_value());
 }
 
+// The execution that finished a record hands it over (Store::KeepFinished): it is held from
+// as_of, the claim's start, for what the store said it had left, and answered with no read.
+// A running record is never kept.
+TEST_F(ReplayCacheTest, AKeptFinishedRecordIsHeldFromAsOfForWhatItHadLeft) {
+  Open();
+  const ScopeHash scope = Make("key-mem-k", "answer");
+  auto finished = counting_->Read(scope);  // as the engine knows it; the cache does not see this
+  ASSERT_TRUE(finished.has_value() && finished->has_value());
+  const ScopeHash running = Make("key-mem-r", "", /*finish=*/false);
+  auto unfinished = counting_->Read(running);
+  ASSERT_TRUE(unfinished.has_value() && unfinished->has_value());
+  const int reads = counting_->reads;
+
+  const SteadyTime claim_began = monotonic_.Now() - Millis(1000);
+  store_->KeepFinished(**finished, claim_began);
+  store_->KeepFinished(**unfinished, claim_began);
+  const std::optional<Record> held = store_->ReadCached(scope);
+  ASSERT_TRUE(held.has_value());
+  EXPECT_EQ(held->response, "answer");
+  ASSERT_TRUE(store_->Read(scope)->has_value());
+  EXPECT_EQ(counting_->reads, reads) << "answered from memory";
+  EXPECT_FALSE(store_->ReadCached(running).has_value());
+
+  monotonic_.Advance(kRetention - Millis(1000) - Millis(1));
+  EXPECT_TRUE(store_->ReadCached(scope).has_value());
+  monotonic_.Advance(Millis(1));
+  EXPECT_FALSE(store_->ReadCached(scope).has_value())
+      << "counted from as_of, not from the hand-over";
+}
+
 // An entry lives for what the store said the record had left, on the monotonic clock: even with
 // the wall clock stopped (or running behind), it is gone at the record's expiry.
 TEST_F(ReplayCacheTest, AnEntryEndsAtTheRecordsExpiryByTheMonotonicClock) {
