@@ -410,7 +410,8 @@ Status Engine::Finish(const Ticket& ticket, RecordState state, const StoredRespo
   ReleaseMarker(ticket.scope, ticket.marker);
   if (IsReplayable(state) && ticket.claim_began != SteadyTime{}) {
     // What the record is now: the claim's, as this finish left it (nothing else changes a
-    // record under a held lease), observed no later than the claim began.
+    // record under a held lease), kept as if read at claim_began, which came before the claim
+    // read it back (observed_at).
     Record finished = ticket.record;
     finished.lease = ticket.lease;
     finished.state = state;
