@@ -303,9 +303,10 @@ class WriteGroups {
 
   Connection& Conn() const { return *conn_; }
 
- private:
+  // Whether the group's SQLite transaction is open; false once SQLite rolled it back.
   bool InTransaction() const { return sqlite3_get_autocommit(conn_->Handle()) == 0; }
 
+ private:
   // Releases the member's savepoint (its writes join the group) or rolls back to it.
   Status End(bool keep) {
     if (keep) {
@@ -376,7 +377,7 @@ class SqliteSession final : public store_internal::TxnSession {
  private:
   Status Usable() const {
     if (group_ == nullptr) return MakeError(Errc::kInternal, "sqlite: transaction has ended");
-    if (sqlite3_get_autocommit(groups_.Conn().Handle()) != 0) {
+    if (!groups_.InTransaction()) {
       return MakeError(Errc::kUnavailable,
                        "sqlite: the write transaction was rolled back by the database");
     }
