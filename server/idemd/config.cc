@@ -1,14 +1,17 @@
 // server/idemd/config.cc — TOML (toml++) into Config, flag overrides, secrets.
 #include "server/idemd/config.h"
 
+#include <sched.h>
 #include <sys/stat.h>
 #include <toml++/toml.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <limits>
 #include <sstream>
+#include <thread>
 #include <utility>
 
 namespace idem::idemd {
@@ -163,6 +166,15 @@ std::string GenerateSecretsToml(Random& random) {
          fresh() + "\"\n\n[[seal]]\nid = 1\nkey = \"" + fresh() + "\"\n";
 }
 
+int IoThreadsPerCpu() {
+  cpu_set_t allowed;
+  CPU_ZERO(&allowed);
+  if (sched_getaffinity(0, sizeof allowed, &allowed) == 0 && CPU_COUNT(&allowed) > 0) {
+    return std::min(CPU_COUNT(&allowed), kIoThreadsCeiling);
+  }
+  return std::clamp(static_cast<int>(std::thread::hardware_concurrency()), 1, kIoThreadsCeiling);
+}
+
 Result<Config> LoadConfig(const std::string& path, const std::vector<std::string>& overrides) {
   Config c;
   IDEM_ASSIGN_OR_RETURN(const toml::table t, ParseToml({}, path, true));
@@ -171,6 +183,7 @@ Result<Config> LoadConfig(const std::string& path, const std::vector<std::string
   std::string listen;
   IDEM_RETURN_IF_ERROR(Read(t, "server", "listen", listen, o));
   if (!listen.empty()) IDEM_RETURN_IF_ERROR(ParseListen(listen, c.server, o));
+  c.server.io_threads = 0;  // one per CPU unless the file says
   IDEM_RETURN_IF_ERROR(Read(t, "server", "io_threads", c.server.io_threads, o));
   IDEM_RETURN_IF_ERROR(Read(t, "server", "max_in_flight", c.server.max_in_flight, o));
   // Keys of the thread-per-request model: still type-checked, then ignored with a warning, so an
@@ -315,6 +328,11 @@ Result<Config> LoadConfig(const std::string& path, const std::vector<std::string
   if (c.replay_cache_bytes > kReplayCacheCeiling) {
     return Bad(o, "store.replay_cache_bytes must be 0.." + std::to_string(kReplayCacheCeiling));
   }
+  if (c.server.io_threads < 0 || c.server.io_threads > kIoThreadsCeiling) {
+    return Bad(o, "server.io_threads must be 0.." + std::to_string(kIoThreadsCeiling) +
+                      " (0: one per CPU)");
+  }
+  if (c.server.io_threads == 0) c.server.io_threads = IoThreadsPerCpu();
   if (c.store_threads > kStoreThreadsCeiling) {
     return Bad(o, "store.threads must be 0.." + std::to_string(kStoreThreadsCeiling));
   }

@@ -33,7 +33,8 @@ struct Secrets {
   uint32_t seal_current = 0;
 };
 
-// Bounds of [server] max_in_flight and [store] threads.
+// Bounds of [server] io_threads, max_in_flight and [store] threads.
+inline constexpr int kIoThreadsCeiling = 256;
 inline constexpr int kMaxInFlightCeiling = 1'000'000;
 inline constexpr int kStoreThreadsCeiling = 1024;
 inline constexpr int64_t kReplayCacheCeiling = int64_t{1} << 40;
@@ -109,6 +110,9 @@ Result<Config> LoadConfig(const std::string& path, const std::vector<std::string
 // Writers a SQLite store lets wait for its writer by default: those waiting when one commits
 // share the next commit (group commit), so more waiting writers mean fewer syncs per write.
 inline constexpr int kSqliteGroupWriters = 16;
+
+// [server] io_threads = 0: one I/O thread per CPU the process may run on, at least one.
+int IoThreadsPerCpu();
 
 // The threads for the store's blocking calls: store_threads; when it is 0, pool_size + 1 on
 // PostgreSQL (its connections and one more to queue on them), pool_size + kSqliteGroupWriters on

@@ -35,6 +35,7 @@ TEST_F(ConfigTest, ReadsTheFileAndFlagsOverrideIt) {
   const std::string path = Write("c.toml", Minimal(R"(
 [server]
 listen = "127.0.0.1:7000"
+io_threads = 3
 max_in_flight = 3
 max_parked = 300
 [store]
@@ -66,6 +67,7 @@ user = "alice"
   ASSERT_TRUE(c.has_value()) << c.error().message;
   EXPECT_EQ(c->server.host, "0.0.0.0");
   EXPECT_EQ(c->server.port, 0);
+  EXPECT_EQ(c->server.io_threads, 3);
   EXPECT_EQ(c->server.max_in_flight, 3);
   EXPECT_EQ(StoreThreads(*c), 6);
   EXPECT_EQ(c->store_url, "sqlite:///tmp/b.db");
@@ -109,6 +111,8 @@ TEST_F(ConfigTest, DefaultsWhenKeysAreAbsent) {
   EXPECT_EQ(c->max_waiters_per_principal, 100);
   EXPECT_EQ(c->server.max_parked, 1024);
   EXPECT_EQ(c->server.max_in_flight, 4096);
+  EXPECT_EQ(c->server.io_threads, IoThreadsPerCpu()) << "0: one I/O thread per CPU";
+  EXPECT_GE(IoThreadsPerCpu(), 1);
   EXPECT_EQ(StoreThreads(*c), c->store_pool_size + kSqliteGroupWriters)
       << "0 on SQLite: the readers, and writers to share each commit";
   c->store_url = "postgresql://idem@localhost/idem";
@@ -195,6 +199,8 @@ TEST_F(ConfigTest, LimitsHoldAtTheirValueAndOnePast) {
       {"[idempotency]\nmax_waiters_per_principal = " + parked + "\n",
        "[idempotency]\nmax_waiters_per_principal = " + parked_past + "\n",
        "max_waiters_per_principal"},
+      {"[server]\nio_threads = 256\n", "[server]\nio_threads = 257\n", "io_threads"},
+      {"[server]\nio_threads = 0\n", "[server]\nio_threads = -1\n", "io_threads"},
       {"[server]\nmax_parked = " + parked + "\n", "[server]\nmax_parked = " + parked_past + "\n",
        "max_parked"},
       {"[idempotency]\nmax_retained = 1\n", "[idempotency]\nmax_retained = 0\n", "quotas"},
