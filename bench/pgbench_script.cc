@@ -9,8 +9,8 @@
 //
 // The script is the two transactions of a first execution, in idemd's order (Engine::Start with
 // the payments hook, which makes the covered advance before the provider call; Engine::Finish):
-//   claim:      BEGIN; claim; lock principal; count PROCESSING; count retained;
-//               advance to `claimed`; covered advance to `charge_sent`; get; COMMIT
+//   claim:      BEGIN; claim; advance to `claimed`; covered advance to `charge_sent`; get;
+//               lock principal; count PROCESSING; count retained; COMMIT
 //   completion: BEGIN; finish SUCCEEDED with the sealed 201; COMMIT
 // Left out: idemd's own business rows (the payments insert and update, each inside a savepoint),
 // which are not libidem's statements; the ceiling is therefore a little higher than the work idemd
@@ -237,13 +237,6 @@ int main(int argc, char** argv) {
                                      "fp_version", "secret_id", "owner", "fence", "now",
                                      "lease_ttl", "now", "now", "now", "retention", "now"})
                           .c_str());
-  std::printf("%s\n", lock.c_str());
-  std::printf("%s\n", WithVariables("count state", sql.count_state,
-                                    {"tenant", "user_id", "processing", "processing_limit"})
-                          .c_str());
-  // The second count needs no second lock: the transaction holds it (PostgresSession).
-  // SqlTxn::Count caps the retained count itself: the statement takes no limit.
-  std::printf("%s\n", WithVariables("count any", sql.count_any, {"tenant", "user_id"}).c_str());
   std::printf("%s\n", WithVariables(
                           "advance", sql.advance,
                           {"claimed", "payment_id", "payment_id", "now", "scope", "owner", "fence"})
@@ -253,6 +246,14 @@ int main(int argc, char** argv) {
                                      "must_cover"})
                           .c_str());
   std::printf("%s\n", WithVariables("get", sql.get, {"now", "scope"}).c_str());
+  // Last, as Engine::Start counts (the lock is held from here to the commit).
+  std::printf("%s\n", lock.c_str());
+  std::printf("%s\n", WithVariables("count state", sql.count_state,
+                                    {"tenant", "user_id", "processing", "processing_limit"})
+                          .c_str());
+  // The second count needs no second lock: the transaction holds it (PostgresSession).
+  // SqlTxn::Count caps the retained count itself: the statement takes no limit.
+  std::printf("%s\n", WithVariables("count any", sql.count_any, {"tenant", "user_id"}).c_str());
   std::printf("COMMIT;\n");
 
   std::printf("BEGIN;\n");

@@ -154,7 +154,9 @@ class StoreTxn {
 
   // Records of one principal, in `state` or in any state when nullopt, counting at most `limit`.
   // The cost does not grow with the principal's history: for a state it is bounded by the quota
-  // being checked; for any state the SQL stores read one counter row (idem_retained).
+  // being checked; for any state the SQL stores read one counter row (idem_retained). Records
+  // this transaction wrote count. Counting serialises the principal's transactions until they end
+  // (a lock on PostgreSQL; SQLite's one writer), so a transaction counts last, just before Commit.
   virtual Result<int64_t> Count(std::string_view tenant, std::string_view user,
                                 std::optional<RecordState> state, int64_t limit) = 0;
 

@@ -245,13 +245,15 @@ Result<Decision> Engine::ClaimInTxn(const RoutePolicy& policy, const Request& re
       return std::move(reclaimed).error();
     }
   }
-  IDEM_RETURN_IF_ERROR(CheckQuota(policy, *txn, request.principal));
   if (on_claim) {
     IDEM_RETURN_IF_ERROR(RunHook(on_claim, *txn, record));
     IDEM_ASSIGN_OR_RETURN(std::optional<Record> updated, txn->Get(spec.scope));
     if (!updated) return MakeError(Errc::kInternal, "claim hook deleted its own record");
     record = std::move(*updated);
   }
+  // Last before the commit: the count serialises the claims of one principal until they commit
+  // (StoreTxn::Count), so nothing else of this transaction runs while it holds them up.
+  IDEM_RETURN_IF_ERROR(CheckQuota(policy, *txn, request.principal));
   IDEM_RETURN_IF_ERROR(txn->Commit());
   IDEM_RETURN_IF_ERROR(IDEM_FAILPOINT("after_claim"));
   decision.kind = Decision::Kind::kExecute;

@@ -74,6 +74,10 @@ CREATE TABLE idem_retained (
 INSERT INTO idem_retained (tenant, user_id, records)
   SELECT tenant, user_id, count(*) FROM idem_records GROUP BY tenant, user_id;
 )sql"},
+      // A claim's insert counts in idem_retained as it commits (where the dialect says so).
+      {5, R"sql(
+{retained_insert_at_commit}
+)sql"},
   };
   return kTemplate;
 }
@@ -90,6 +94,7 @@ std::string RenderSchema(const Dialect& d, std::string text) {
   text = ReplaceAll(std::move(text), "{int}", d.integer_type);
   text = ReplaceAll(std::move(text), "{bytes}", d.bytes_type);
   text = ReplaceAll(std::move(text), "{retained_triggers}", d.retained_triggers);
+  text = ReplaceAll(std::move(text), "{retained_insert_at_commit}", d.retained_insert_at_commit);
   return ReplaceAll(std::move(text), "{table_options}", d.record_table_options);
 }
 
@@ -215,6 +220,9 @@ CREATE TRIGGER idem_retained_delete AFTER DELETE ON idem_records BEGIN
     WHERE tenant = OLD.tenant AND user_id = OLD.user_id;
 END;
 )sql",
+                                // One writer at a time: nothing to gain from counting later.
+                                "-- the insert trigger stays as migration 4 made it",
+                                false,
                                 // BEGIN IMMEDIATE already holds the database's write lock.
                                 ""};
   return kDialect;
@@ -252,6 +260,18 @@ CREATE TRIGGER idem_retained_insert AFTER INSERT ON idem_records
 CREATE TRIGGER idem_retained_delete AFTER DELETE ON idem_records
   REFERENCING OLD TABLE AS gone FOR EACH STATEMENT EXECUTE FUNCTION idem_retained_delete();
 )sql",
+      // Fired immediately, the insert trigger took the principal's counter row at a claim's first
+      // statement and held it to the commit: every claim of one principal waited for the whole of
+      // the one before. Deferred, it runs as the claim commits, under the principal's lock
+      // (lock_principal), which the quota count takes last. (A record inserted and deleted in one
+      // transaction of a principal without a counter row leaves it one too high: a quota only
+      // ever errs towards refusing.)
+      R"sql(
+DROP TRIGGER idem_retained_insert ON idem_records;
+CREATE CONSTRAINT TRIGGER idem_retained_insert AFTER INSERT ON idem_records
+  DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION idem_retained_insert();
+)sql",
+      true,
       // Claims of one principal on several connections (or instances) serialise their quota
       // counts here, until their transactions end.
       "SELECT pg_advisory_xact_lock(hashtext(?))"};
@@ -405,6 +425,7 @@ Result<ClaimResult> SqlTxn::Claim(const ClaimSpec& spec) {
                     nullptr));
   if (!rows.empty()) {
     IDEM_ASSIGN_OR_RETURN(Record r, RecordFromRow(rows[0]));
+    inserted_.emplace_back(spec.tenant, spec.user);
     return ClaimResult{true, std::move(r)};
   }
   // The conflicting insert has committed (the insert waited for it), so this read sees it,
@@ -517,6 +538,11 @@ Result<int64_t> SqlTxn::Count(std::string_view tenant, std::string_view user,
   if (!state) {
     IDEM_ASSIGN_OR_RETURN(auto rows, session_->Run(sql_.count_any, params, nullptr));
     IDEM_ASSIGN_OR_RETURN(int64_t records, SingleInteger(rows, "count"));
+    if (sql_.dialect.retained_counted_at_commit) {
+      records += std::count_if(inserted_.begin(), inserted_.end(), [&](const auto& p) {
+        return p.first == tenant && p.second == user;
+      });
+    }
     return limit < 0 ? records : std::min(records, limit);  // as LIMIT reads a negative one
   }
   params.emplace_back(std::string(RecordStateName(*state)));

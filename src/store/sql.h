@@ -39,6 +39,13 @@ struct Dialect {
   // Schema text: the triggers that keep idem_retained (each principal's number of records) in
   // step with every insert into and delete from idem_records, in the same transaction.
   std::string_view retained_triggers;
+  // Schema text run after them (migration 5): where the insert trigger is moved to the commit, so
+  // that a claim holds its principal's counter row only while it commits (PostgreSQL). A comment
+  // where it stays as it is.
+  std::string_view retained_insert_at_commit;
+  // Whether idem_retained counts a transaction's inserts only as it commits (above): its quota
+  // count then adds the records this transaction inserted itself.
+  bool retained_counted_at_commit = false;
   // Serialises one principal's quota counts until the transaction ends, where the backend's write
   // lock does not already (TxnSession::LockPrincipal); one '?', the principal. Empty: no lock.
   std::string_view lock_principal;
@@ -198,6 +205,8 @@ class SqlTxn final : public StoreTxn {
   StoreTime time_;
   Random& random_;
   bool committed_ = false;
+  // The principals (tenant, user) of the records this transaction inserted, one entry each.
+  std::vector<std::pair<std::string, std::string>> inserted_;
 };
 
 // Store-level reads and deletes outside a write transaction, on any connection.

@@ -109,7 +109,7 @@ TEST(PostgresStore, ManyProcessesMigratingAtOnceApplyEachMigrationOnce) {
     EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
   }
   EXPECT_EQ(QueryInt("SELECT count(*) FROM " + schema + ".idem_schema WHERE component = 'idem'"),
-            4);
+            5);
   EXPECT_EQ(
       QueryInt("SELECT count(*) FROM " + schema + ".idem_schema WHERE component = 'contract'"),
       static_cast<int64_t>(ContractMigrations().size()));
@@ -543,6 +543,54 @@ TEST(PostgresStore, ARowLockedByAStuckTransactionIsUnavailableWithinTheLockTimeo
     EXPECT_TRUE((*txn)->Commit());
   }
   EXPECT_EQ(BackendPid(**store), backend) << "a lock timeout cost the connection";
+}
+
+// Two claims of one principal, each in its transaction: the second claims, counts and commits
+// while the first is still open, and waits for nothing. Before migration 5 the counter's insert
+// trigger took the principal's idem_retained row at the first claim's insert and held it to its
+// commit, so the second claim's insert waited for the whole first transaction (here: until its
+// lock timeout, 500 ms, and then failed). Both still count exactly: each its own insert and what
+// had committed before it counted.
+TEST(PostgresStore, ClaimsOfOnePrincipalWaitForEachOtherOnlyFromTheirCount) {
+  REQUIRE_POSTGRES();
+  FakeClock clock;
+  SeededRandom random(5);
+  PostgresStoreOptions options = Options(FreshSchema(), 2, true);
+  options.timeouts.lock = milliseconds(500);
+  auto store = OpenPostgresStore(options, clock, random);
+  ASSERT_TRUE(store.has_value()) << store.error().message;
+
+  auto first = (*store)->Begin();
+  ASSERT_TRUE(first.has_value()) << first.error().message;
+  auto claimed = (*first)->Claim(Spec("open-claim"));
+  ASSERT_TRUE(claimed.has_value() && claimed->claimed) << Describe(claimed);
+
+  auto second = CallWithin(
+      kGiveUp,
+      [&]() -> Result<int64_t> {
+        IDEM_ASSIGN_OR_RETURN(auto txn, (*store)->Begin());
+        IDEM_ASSIGN_OR_RETURN(ClaimResult claim, txn->Claim(Spec("committed-claim")));
+        if (!claim.claimed) return MakeError(Errc::kInternal, "not claimed");
+        IDEM_ASSIGN_OR_RETURN(int64_t retained, txn->Count("acme", "alice", std::nullopt, 100));
+        IDEM_RETURN_IF_ERROR(txn->Commit());
+        return retained;
+      },
+      [&] { first->reset(); });
+  ASSERT_FALSE(second.overran) << "the second claim waited for the first transaction";
+  ASSERT_TRUE(second.value.has_value()) << Describe(second.value);
+  EXPECT_EQ(*second.value, 1) << "its own insert; the open claim has not committed";
+  EXPECT_LT(second.elapsed, kSlack);
+
+  auto counted = (*first)->Count("acme", "alice", std::nullopt, 100);
+  ASSERT_TRUE(counted.has_value()) << Describe(counted);
+  EXPECT_EQ(*counted, 2) << "the committed claim and its own insert";
+  ASSERT_TRUE((*first)->Commit());
+
+  auto after = (*store)->Begin();
+  ASSERT_TRUE(after.has_value());
+  auto total = (*after)->Count("acme", "alice", std::nullopt, 100);
+  ASSERT_TRUE(total.has_value()) << Describe(total);
+  EXPECT_EQ(*total, 2) << "each insert counted once, as its transaction committed";
 }
 
 // The backend serving the store's only connection stops (SIGSTOP) while idle: the next call sends
