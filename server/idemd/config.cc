@@ -5,6 +5,8 @@
 #include <sys/stat.h>
 #include <toml++/toml.h>
 
+#include <boost/url/parse.hpp>
+
 #include <algorithm>
 #include <cstdlib>
 #include <filesystem>
@@ -166,6 +168,204 @@ std::string GenerateSecretsToml(Random& random) {
          fresh() + "\"\n\n[[seal]]\nid = 1\nkey = \"" + fresh() + "\"\n";
 }
 
+// "file:LINE: [[routes]] NAME: what".
+Error BadRoute(const std::string& origin, int64_t line, const std::string& name,
+               const std::string& what) {
+  return MakeError(Errc::kInvalidArgument, origin + ":" + std::to_string(line) + ": [[routes]]" +
+                                               (name.empty() ? "" : " " + name) + ": " + what);
+}
+
+// An array of strings of at most kMaxRouteListEntries; `lower` folds them to lower case.
+Result<std::vector<std::string>> RouteStrings(const toml::node& node, bool lower) {
+  const toml::array* array = node.as_array();
+  if (array == nullptr || array->size() > kMaxRouteListEntries) {
+    return MakeError(Errc::kInvalidArgument, "must be an array of at most " +
+                                                 std::to_string(kMaxRouteListEntries) +
+                                                 " strings");
+  }
+  std::vector<std::string> out;
+  for (const toml::node& n : *array) {
+    auto text = n.value<std::string>();
+    if (!text || text->empty() || text->size() > 255) {
+      return MakeError(Errc::kInvalidArgument,
+                       "must hold non-empty strings of at most 255 bytes");
+    }
+    if (lower) std::transform(text->begin(), text->end(), text->begin(), ::tolower);
+    out.push_back(std::move(*text));
+  }
+  return out;
+}
+
+// "2xx" or a status code 100..599 (a number, or its digits as a string).
+Status RouteStatuses(const toml::node& node, GatewayRoute& route) {
+  const toml::array* array = node.as_array();
+  if (array == nullptr || array->size() > kMaxRouteListEntries) {
+    return MakeError(Errc::kInvalidArgument, "must be an array of \"2xx\" and status codes");
+  }
+  route.success_final = false;
+  for (const toml::node& n : *array) {
+    std::optional<int64_t> code = n.value<int64_t>();
+    if (auto text = n.value<std::string>()) {
+      if (*text == "2xx") {
+        route.success_final = true;
+        continue;
+      }
+      if (text->size() == 3 && std::all_of(text->begin(), text->end(), ::isdigit)) {
+        code = std::stoi(*text);
+      }
+    }
+    if (!code || *code < 100 || *code > 599) {
+      const std::string shown = n.is_string()    ? "\"" + *n.value<std::string>() + "\""
+                                : n.is_integer() ? std::to_string(*n.value<int64_t>())
+                                                 : "an entry of another type";
+      return MakeError(Errc::kInvalidArgument,
+                       shown + " is neither \"2xx\" nor a status 100..599");
+    }
+    route.final_statuses.push_back(static_cast<int>(*code));
+  }
+  return Ok();
+}
+
+// Whether `route` could match one of idemd's own paths (with any method).
+bool ShadowsIdemd(const GatewayRoute& route) {
+  for (const char* own : {"/healthz", "/readyz", "/metrics", "/v1/payments", "/v1/payments/{id}",
+                          "/v1/operations/{key}"}) {
+    GatewayRoute idemd;
+    if (ParseGatewayMatch(route.method + " " + own, idemd).empty() &&
+        GatewayRoutesOverlap(route, idemd)) {
+      return true;
+    }
+  }
+  return false;
+}
+
+Result<GatewayRoute> ReadGatewayRoute(const toml::table& t, const std::string& origin) {
+  GatewayRoute r;
+  r.line = t.source().begin.line;
+  if (auto name = t["name"].value<std::string>()) r.name = *name;
+  auto bad = [&](const std::string& what) { return BadRoute(origin, r.line, r.name, what); };
+  const bool name_ok =
+      !r.name.empty() && r.name.size() <= kMaxRouteNameLength &&
+      std::all_of(r.name.begin(), r.name.end(), [](char ch) {
+        return (ch >= 'a' && ch <= 'z') || (ch >= '0' && ch <= '9') || ch == '.' || ch == '_' ||
+               ch == '-';
+      });
+  if (!name_ok) {
+    return bad("name must be 1.." + std::to_string(kMaxRouteNameLength) +
+               " characters of a-z 0-9 . _ -");
+  }
+  for (const auto& [key, node] : t) {
+    auto at = [&, line = node.source().begin.line](const std::string& what) {
+      return BadRoute(origin, line, r.name, std::string(key.str()) + ": " + what);
+    };
+    const std::string_view k = key.str();
+    if (k == "name") continue;
+    if (k == "match") {
+      auto text = node.value<std::string>();
+      if (!text) return at("must be a string");
+      if (std::string error = ParseGatewayMatch(*text, r); !error.empty()) return at(error);
+    } else if (k == "upstream") {
+      auto text = node.value<std::string>();
+      if (!text) return at("must be a string");
+      auto url = boost::urls::parse_absolute_uri(*text);
+      if (!url || (url->scheme() != "http" && url->scheme() != "https") || url->host().empty() ||
+          !(url->path().empty() || url->path() == "/") || url->has_query() ||
+          url->has_userinfo()) {
+        return at("must be http://host[:port] or https://host[:port], without a path, got '" +
+                  *text + "'");
+      }
+      r.upstream = std::string(url->scheme()) + "://" + std::string(url->encoded_host_and_port());
+    } else if (k == "key") {
+      auto text = node.value<std::string>();
+      if (!text || (*text != "required" && *text != "optional")) {
+        return at("must be \"required\" or \"optional\"");
+      }
+      r.key_required = *text == "required";
+    } else if (k == "fingerprint") {
+      const toml::table* f = node.as_table();
+      if (f == nullptr) return at("must be a table (fingerprint.ignore, fingerprint.decimals)");
+      for (const auto& [fk, fn] : *f) {
+        auto field = RouteStrings(fn, false);
+        if (fk.str() == "ignore" && field) {
+          r.fingerprint_ignore = std::move(*field);
+        } else if (fk.str() == "decimals" && field) {
+          r.fingerprint_decimals = std::move(*field);
+        } else {
+          const std::string sub = "fingerprint." + std::string(fk.str());
+          return BadRoute(origin, fn.source().begin.line, r.name,
+                          fk.str() == "ignore" || fk.str() == "decimals"
+                              ? sub + ": " + field.error().message
+                              : "unknown key " + sub);
+        }
+      }
+    } else if (k == "final_statuses") {
+      if (Status s = RouteStatuses(node, r); !s) return at(s.error().message);
+    } else if (k == "store_headers") {
+      auto headers = RouteStrings(node, true);
+      if (!headers) return at(headers.error().message);
+      for (const std::string& h : *headers) {
+        if (IsUnforwardableHeader(h)) return at("'" + h + "' is never stored or replayed");
+      }
+      r.store_headers = std::move(*headers);
+    } else if (k == "forward_key_header") {
+      auto text = node.value<std::string>();
+      if (!text || text->size() > 64) return at("must be a header name");
+      r.forward_key_header = *text;
+    } else if (k == "lease_ms" || k == "timeout_ms" || k == "retention_hours") {
+      auto value = node.value<int64_t>();
+      const int64_t max = k == "retention_hours" ? 10LL * 365 * 24 : 3'600'000;
+      if (!node.is_integer() || !value || *value < 1 || *value > max) {
+        return at("must be an integer 1.." + std::to_string(max));
+      }
+      (k == "lease_ms"     ? r.lease
+       : k == "timeout_ms" ? r.timeout
+                           : r.retention) = Millis(k == "retention_hours" ? *value * 3'600'000
+                                                                          : *value);
+    } else {
+      return at("unknown key");
+    }
+  }
+  if (r.method.empty()) return bad("needs match = \"METHOD /path\"");
+  if (r.upstream.empty()) return bad("needs upstream = \"http://host:port\"");
+  if (ShadowsIdemd(r)) return bad("match " + r.pattern + " would shadow idemd's own paths");
+  if (r.lease <= r.timeout) {
+    return bad("lease_ms (" + std::to_string(r.lease.count()) + ") must be longer than timeout_ms (" +
+               std::to_string(r.timeout.count()) + ")");
+  }
+  if (r.retention <= r.lease) return bad("retention_hours must be longer than lease_ms");
+  return r;
+}
+
+Status ReadGatewayRoutes(const toml::table& t, const std::string& origin,
+                         std::vector<GatewayRoute>& out) {
+  const toml::node* node = t.get("routes");
+  if (node == nullptr) return Ok();
+  const toml::array* routes = node->as_array();
+  if (routes == nullptr || routes->size() > kMaxGatewayRoutes) {
+    return Bad(origin, "routes must be [[routes]] tables, at most " +
+                           std::to_string(kMaxGatewayRoutes));
+  }
+  for (const toml::node& n : *routes) {
+    const toml::table* table = n.as_table();
+    if (table == nullptr) return Bad(origin, "[[routes]] entries must be tables");
+    IDEM_ASSIGN_OR_RETURN(GatewayRoute route, ReadGatewayRoute(*table, origin));
+    for (const GatewayRoute& before : out) {
+      if (before.name == route.name) {
+        return BadRoute(origin, route.line, route.name,
+                        "name already used at line " + std::to_string(before.line));
+      }
+      if (GatewayRoutesOverlap(before, route)) {
+        return BadRoute(origin, route.line, route.name,
+                        route.method + " " + route.pattern + " overlaps " + before.name + " (" +
+                            before.method + " " + before.pattern + ", line " +
+                            std::to_string(before.line) + ")");
+      }
+    }
+    out.push_back(std::move(route));
+  }
+  return Ok();
+}
+
 int IoThreadsPerCpu() {
   cpu_set_t allowed;
   CPU_ZERO(&allowed);
@@ -286,6 +486,8 @@ Result<Config> LoadConfig(const std::string& path, const std::vector<std::string
       c.principals.push_back(std::move(e));
     }
   }
+
+  IDEM_RETURN_IF_ERROR(ReadGatewayRoutes(t, o, c.routes));
 
   for (std::size_t i = 0; i < overrides.size(); ++i) {
     const std::string& flag = overrides[i];

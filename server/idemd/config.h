@@ -12,6 +12,7 @@
 #include "include/idem/secret.h"
 #include "include/idem/store/postgres.h"
 #include "server/http/server.h"
+#include "server/idemd/gateway_routes.h"
 
 namespace idem::idemd {
 
@@ -101,6 +102,9 @@ struct Config {
   Millis books_lease{60'000};  // a crashed runner's window is taken over this long after it
 
   std::vector<PrincipalEntry> principals;
+
+  // The gateway's routes ([[routes]], docs/gateway.md), in the file's order.
+  std::vector<GatewayRoute> routes;
 };
 
 // Reads `path` (TOML), applies `overrides` (--listen, --store, --redis, --provider), then loads

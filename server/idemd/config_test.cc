@@ -345,3 +345,130 @@ TEST_F(ConfigTest, SecretsMustBeLongEnough) {
 
 }  // namespace
 }  // namespace idem::idemd
+
+namespace idem::idemd {
+namespace {
+
+// Minimal() takes three lines: a route's table written right after it begins on line 4.
+constexpr const char* kOrders = R"([[routes]]
+name = "orders.create"
+match = "POST /v1/orders"
+upstream = "http://127.0.0.1:3000"
+key = "optional"
+fingerprint.ignore = ["trace_id", "client_ts"]
+fingerprint.decimals = ["amount"]
+final_statuses = ["2xx", 400, "402", 404, 409, 422]
+store_headers = ["Location", "Content-Type"]
+forward_key_header = "Idempotency-Key"
+lease_ms = 20000
+timeout_ms = 5000
+retention_hours = 24
+)";
+
+TEST_F(ConfigTest, GatewayRoutesAreReadWithEverySetting) {
+  auto c = LoadConfig(Write("c.toml", Minimal(std::string(kOrders) + R"(
+[[routes]]
+name = "orders.capture"
+match = "PUT /v1/orders/{id}/capture"
+upstream = "https://orders.internal:8443/"
+)")),
+                      {});
+  ASSERT_TRUE(c.has_value()) << c.error().message;
+  ASSERT_EQ(c->routes.size(), 2u);
+  const GatewayRoute& r = c->routes[0];
+  EXPECT_EQ(r.name, "orders.create");
+  EXPECT_EQ(r.RouteId(), "gw.orders.create");
+  EXPECT_EQ(r.method, "POST");
+  EXPECT_EQ(r.pattern, "/v1/orders");
+  EXPECT_EQ(r.upstream, "http://127.0.0.1:3000");
+  EXPECT_FALSE(r.key_required);
+  EXPECT_EQ(r.fingerprint_ignore, (std::vector<std::string>{"trace_id", "client_ts"}));
+  EXPECT_EQ(r.fingerprint_decimals, std::vector<std::string>{"amount"});
+  EXPECT_TRUE(r.success_final);
+  EXPECT_EQ(r.final_statuses, (std::vector<int>{400, 402, 404, 409, 422}));
+  EXPECT_EQ(r.store_headers, (std::vector<std::string>{"location", "content-type"}));
+  EXPECT_EQ(r.forward_key_header, "Idempotency-Key");
+  EXPECT_EQ(r.lease, Millis(20000));
+  EXPECT_EQ(r.timeout, Millis(5000));
+  EXPECT_EQ(r.retention, Millis(24LL * 3600 * 1000));
+  EXPECT_EQ(r.line, 4);
+  const GatewayRoute& capture = c->routes[1];
+  EXPECT_TRUE(capture.key_required) << "keys are required unless the route says otherwise";
+  EXPECT_EQ(capture.upstream, "https://orders.internal:8443");
+  EXPECT_EQ(capture.line, 18);
+
+  EXPECT_EQ(MatchGatewayRoute(c->routes, "POST", "/v1/orders"), &c->routes[0]);
+  EXPECT_EQ(MatchGatewayRoute(c->routes, "PUT", "/v1/orders/o-17/capture"), &c->routes[1]);
+  EXPECT_EQ(MatchGatewayRoute(c->routes, "GET", "/v1/orders"), nullptr) << "another method";
+  EXPECT_EQ(MatchGatewayRoute(c->routes, "POST", "/v1/orders/"), nullptr) << "trailing slash";
+  EXPECT_EQ(MatchGatewayRoute(c->routes, "PUT", "/v1/orders//capture"), nullptr)
+      << "an empty segment is no {id}";
+  EXPECT_EQ(MatchGatewayRoute(c->routes, "PUT", "/v1/orders/a/b/capture"), nullptr);
+  EXPECT_EQ(MatchGatewayRoute(c->routes, "POST", "/v1/order"), nullptr);
+}
+
+TEST_F(ConfigTest, BadGatewayRoutesAreStartUpErrorsWithTheirLine) {
+  struct Case {
+    std::string routes;  // from line 4
+    std::string expect;
+  };
+  const std::string orders(kOrders);
+  const std::vector<Case> cases = {
+      {orders + "color = \"blue\"\n", ":17: [[routes]] orders.create: color: unknown key"},
+      {"[[routes]]\nname = \"a\"\nmatch = \"POST /a\"\nupstream = \"http://h:1\"\n"
+       "final_statuses = [\"2xx\", 700]\n",
+       ":8: [[routes]] a: final_statuses: 700 is neither"},
+      {"[[routes]]\nname = \"a\"\nmatch = \"POST /a\"\nupstream = \"http://h:1\"\n"
+       "final_statuses = [\"3xx\"]\n",
+       "final_statuses: \"3xx\" is neither"},
+      {orders + "[[routes]]\nname = \"b\"\nmatch = \"POST /{v}/orders\"\nupstream = \"http://h:1\"\n",
+       ":17: [[routes]] b: POST /{v}/orders overlaps orders.create (POST /v1/orders, line 4)"},
+      {"[[routes]]\nname = \"p\"\nmatch = \"PATCH /v1/{kind}\"\nupstream = \"http://h:1\"\n",
+       "would shadow idemd's own paths"},
+      {orders + "[[routes]]\nname = \"orders.create\"\nmatch = \"PUT /x\"\nupstream = \"http://h:1\"\n",
+       ":17: [[routes]] orders.create: name already used at line 4"},
+      {"[[routes]]\nname = \"p\"\nmatch = \"POST /v1/payments\"\nupstream = \"http://h:1\"\n",
+       "would shadow idemd's own paths"},
+      {"[[routes]]\nname = \"p\"\nmatch = \"POST /healthz\"\nupstream = \"http://h:1\"\n",
+       "would shadow idemd's own paths"},
+      {"[[routes]]\nname = \"a\"\nmatch = \"GET /a\"\nupstream = \"http://h:1\"\n",
+       "method must be POST, PUT, PATCH or DELETE"},
+      {"[[routes]]\nname = \"a\"\nmatch = \"POST a\"\nupstream = \"http://h:1\"\n",
+       "must start with '/'"},
+      {"[[routes]]\nname = \"a\"\nmatch = \"POST /a/b%20c\"\nupstream = \"http://h:1\"\n",
+       "bad segment 'b%20c'"},
+      {"[[routes]]\nname = \"a\"\nmatch = \"POST /a\"\nupstream = \"ftp://h:1\"\n",
+       ":7: [[routes]] a: upstream: must be http://host[:port]"},
+      {"[[routes]]\nname = \"a\"\nmatch = \"POST /a\"\nupstream = \"http://h:1/base\"\n",
+       "without a path"},
+      {"[[routes]]\nname = \"a\"\nmatch = \"POST /a\"\n", "needs upstream"},
+      {"[[routes]]\nname = \"a\"\nupstream = \"http://h:1\"\n", "needs match"},
+      {"[[routes]]\nname = \"A B\"\nmatch = \"POST /a\"\nupstream = \"http://h:1\"\n",
+       ":4: [[routes]] A B: name must be"},
+      {"[[routes]]\nname = \"a\"\nmatch = \"POST /a\"\nupstream = \"http://h:1\"\nkey = \"maybe\"\n",
+       "key: must be \"required\" or \"optional\""},
+      {"[[routes]]\nname = \"a\"\nmatch = \"POST /a\"\nupstream = \"http://h:1\"\n"
+       "store_headers = [\"Set-Cookie\"]\n",
+       "'set-cookie' is never stored or replayed"},
+      {"[[routes]]\nname = \"a\"\nmatch = \"POST /a\"\nupstream = \"http://h:1\"\n"
+       "fingerprint.sort = [\"x\"]\n",
+       ":8: [[routes]] a: unknown key fingerprint.sort"},
+      {"[[routes]]\nname = \"a\"\nmatch = \"POST /a\"\nupstream = \"http://h:1\"\n"
+       "lease_ms = 5000\ntimeout_ms = 5000\n",
+       "lease_ms (5000) must be longer than timeout_ms (5000)"},
+      {"[[routes]]\nname = \"a\"\nmatch = \"POST /a\"\nupstream = \"http://h:1\"\n"
+       "timeout_ms = 0\n",
+       "timeout_ms: must be an integer 1..3600000"},
+      {"[routes]\nname = \"a\"\n", "routes must be [[routes]] tables"},
+  };
+  for (const Case& k : cases) {
+    auto c = LoadConfig(Write("c.toml", Minimal(k.routes)), {});
+    ASSERT_FALSE(c.has_value()) << k.routes;
+    EXPECT_EQ(c.error().code, Errc::kInvalidArgument);
+    EXPECT_NE(c.error().message.find(k.expect), std::string::npos)
+        << "expected: " << k.expect << "\ngot: " << c.error().message;
+  }
+}
+
+}  // namespace
+}  // namespace idem::idemd

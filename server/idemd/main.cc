@@ -80,6 +80,12 @@ int Run(int argc, char** argv) {
   if (config_path.empty()) return Fail("--config FILE is required (see config/idemd.dev.toml)");
   auto config = LoadConfig(config_path, overrides);
   if (!config) return Fail(config.error().message);
+  if (!config->routes.empty()) {
+    // Checked in full by LoadConfig (docs/config.md), so a file with routes fails on its mistakes
+    // first; forwarding them is not built yet, and idemd must not start as if it were.
+    return Fail(config_path + ": [[routes]] (gateway mode) are checked but not served by this "
+                "build yet; remove them to start");
+  }
 
   // Signals are taken by this thread only, through sigwait; every other thread blocks them.
   http::BlockStopSignals();

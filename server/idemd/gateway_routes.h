@@ -1,0 +1,63 @@
+// server/idemd/gateway_routes.h — the gateway's routes ([[routes]] in idemd.toml, docs/gateway.md):
+// what each one matches, where it forwards, and how its answers are kept. Read and checked by
+// LoadConfig; matched here.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "include/idem/clock.h"
+
+namespace idem::idemd {
+
+// Bounds of a route's settings.
+inline constexpr std::size_t kMaxGatewayRoutes = 256;
+inline constexpr std::size_t kMaxRouteNameLength = 64;
+inline constexpr std::size_t kMaxRouteSegments = 32;
+inline constexpr std::size_t kMaxRouteListEntries = 64;
+
+struct GatewayRoute {
+  std::string name;     // [a-z0-9._-], unique: metrics, logs, and the records' route id
+  std::string method;   // upper case: POST, PUT, PATCH or DELETE
+  std::string pattern;  // as written: /v1/orders/{id}/capture
+  // The pattern's segments between slashes; nullopt for a {name} segment, which matches any
+  // one non-empty segment.
+  std::vector<std::optional<std::string>> segments;
+  std::string upstream;  // http://host[:port] or https://host[:port], no path
+  bool key_required = true;
+  std::vector<std::string> fingerprint_ignore;    // JSON members left out of the fingerprint
+  std::vector<std::string> fingerprint_decimals;  // exact decimals: 10.50 equals "10.5"
+  bool success_final = true;                      // "2xx" listed in final_statuses
+  std::vector<int> final_statuses;                // replayed; every other status is retryable
+  std::vector<std::string> store_headers;         // response headers kept and replayed
+  std::string forward_key_header;                 // "" sends none
+  Millis lease{30000};
+  Millis retention{24LL * 3600 * 1000};
+  Millis timeout{10000};  // the upstream exchange's deadline
+  int64_t line = 0;       // where its [[routes]] table begins in the file
+
+  // The records' route id: "gw." + name. Part of every record's scope: renaming a route forgets
+  // its keys.
+  std::string RouteId() const { return "gw." + name; }
+};
+
+// The route `method` and `path` (no query) belong to, or nullptr. Routes never overlap (checked
+// at start), so at most one matches.
+const GatewayRoute* MatchGatewayRoute(const std::vector<GatewayRoute>& routes,
+                                      std::string_view method, std::string_view path);
+
+// Whether a request could match both routes.
+bool GatewayRoutesOverlap(const GatewayRoute& a, const GatewayRoute& b);
+
+// Parses a route's `match` ("POST /v1/orders/{id}") into method, pattern and segments; an
+// error message, or "".
+std::string ParseGatewayMatch(std::string_view match, GatewayRoute& route);
+
+// Headers that are never stored, replayed or forwarded as they came: hop-by-hop headers,
+// credentials and cookies (lower case).
+bool IsUnforwardableHeader(std::string_view lower_name);
+
+}  // namespace idem::idemd
