@@ -61,6 +61,7 @@ struct Request {
   std::string_view content_type;  // as sent: only its media type is fingerprinted (MediaTypeOf)
   std::string_view api_version;
   std::string_view body;
+  std::string_view target = {};  // RequestFacts::target: "" where the route fixes the path
 };
 
 // The right to execute one claimed operation, and what the claim saw.

@@ -22,6 +22,9 @@ struct RequestFacts {
   std::string_view api_version;
   std::string_view body;  // JSON text
   std::string_view user;
+  // The request's path and query where the route's pattern leaves parts of them open (gateway
+  // routes); "" adds nothing, so fingerprints made without it are unchanged.
+  std::string_view target = {};
 };
 
 // The MAC input of one request: everything in RequestFacts with the body canonicalised under the
@@ -34,6 +37,7 @@ struct CanonicalRequest {
   std::string api_version;
   std::string body;
   std::string user;
+  std::string target;  // RequestFacts::target
 };
 
 // The media type of a Content-Type value: the text before the first ';', without the white space

@@ -81,6 +81,11 @@ ProblemSpec Spec(ProblemKind kind) {
       return {409, "urn:idem:problem:order-in-progress", "Conflict", kRetry1s, kExpires};
     case K::kOrderConflict:
       return {409, "urn:idem:problem:order-conflict", "Conflict", kNoRetry, kExpires};
+
+    case K::kUpstreamUnavailable:
+      return {502, "urn:idem:problem:upstream-unavailable", "Bad Gateway", kRetry1s, kExpires};
+    case K::kUpstreamTimeout:
+      return {504, "urn:idem:problem:upstream-timeout", "Gateway Timeout", kNoRetry, kExpires};
   }
   Unknown("ProblemKind", static_cast<int>(kind));
 }

@@ -55,7 +55,11 @@ enum class ProblemKind : uint8_t {
   kOrderInProgress,      // the merchant order is being paid under another key; retry
   kOrderConflict,        // the merchant order is already paid differently
 
-  kLast = kOrderConflict,  // keep naming the last kind: tests walk every kind up to it
+  // Gateway routes.
+  kUpstreamUnavailable,  // the upstream could not be reached and nothing was sent; retry
+  kUpstreamTimeout,      // the upstream did not answer; retry with the same key to learn more
+
+  kLast = kUpstreamTimeout,  // keep naming the last kind: tests walk every kind up to it
 };
 
 // One row of the problem table. Value type.

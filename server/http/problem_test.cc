@@ -102,6 +102,8 @@ TEST(ProblemTable, KeepsThePublishedStatusTypeAndTitleOfEveryKind) {
       {K::kProviderTimeout, {504, "provider-timeout", "Gateway Timeout", 0, true}},
       {K::kOrderInProgress, {409, "order-in-progress", "Conflict", 1, true}},
       {K::kOrderConflict, {409, "order-conflict", "Conflict", 0, true}},
+      {K::kUpstreamUnavailable, {502, "upstream-unavailable", "Bad Gateway", 1, true}},
+      {K::kUpstreamTimeout, {504, "upstream-timeout", "Gateway Timeout", 0, true}},
   };
   EXPECT_EQ(published.size(), AllKinds().size()) << "a new kind needs its published row here";
   for (ProblemKind kind : AllKinds()) {

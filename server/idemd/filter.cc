@@ -97,8 +97,32 @@ class IdempotencyFilter::WaiterPlace {
   std::string who_;
 };
 
+std::optional<http::Response> RefuseUnlessJson(const http::Request& request) {
+  if (MediaTypeOf(request.headers.Get("content-type").value_or(std::string_view())) !=
+      "application/json") {
+    return http::Problem(http::ProblemKind::kUnsupportedMediaType,
+                         "send the body as application/json");
+  }
+  for (std::string_view coding : request.headers.List("content-encoding")) {
+    if (http::ToLower(coding) == "identity") continue;
+    http::Response refusal = http::Problem(http::ProblemKind::kUnsupportedMediaType,
+                                           "send the body without a content coding");
+    refusal.headers.Set("Accept-Encoding", "identity");
+    return refusal;
+  }
+  return std::nullopt;
+}
+
 RecordState FailurePolicy::Classify(int status) const {
-  if (status >= 200 && status < 300) return RecordState::kSucceeded;
+  const bool success = status >= 200 && status < 300;
+  if (only_listed_final) {
+    if (success && success_final) return RecordState::kSucceeded;
+    const bool listed =
+        std::find(final_statuses.begin(), final_statuses.end(), status) != final_statuses.end();
+    if (!listed) return RecordState::kFailedRetryable;
+    return success ? RecordState::kSucceeded : RecordState::kFailedFinal;
+  }
+  if (success) return RecordState::kSucceeded;
   if (std::find(final_statuses.begin(), final_statuses.end(), status) != final_statuses.end()) {
     return RecordState::kFailedFinal;
   }
@@ -201,6 +225,7 @@ http::Async<http::Response> IdempotencyFilter::Decide(const http::Request& reque
   engine_request.content_type = request.headers.Get("content-type").value_or(std::string_view());
   engine_request.api_version = policy_.api_version;
   engine_request.body = request.body;
+  if (policy_.fingerprint_target) engine_request.target = request.target;
   const Preferences prefer = ParsePrefer(request.headers);
 
   Timestamp mismatch_expires{};  // set by the engine with kFingerprintMismatch

@@ -60,11 +60,20 @@ class Operation {
   virtual Execution Reconcile(Ticket& ticket, Engine& engine) = 0;
 };
 
+// 415 unless the body is application/json (the media type as the fingerprint sees it:
+// parameters and case do not count) without a content coding (idemd decodes none, and a coded
+// body read as it is would be taken for the JSON it is not).
+std::optional<http::Response> RefuseUnlessJson(const http::Request& request);
+
 // Which finished outcomes are final (replayed) and which retryable, by status code. 2xx is
 // SUCCEEDED; listed codes follow the lists; any other 4xx is final and any other 5xx retryable.
 struct FailurePolicy {
   std::vector<int> final_statuses;
   std::vector<int> retryable_statuses;
+  // Gateway routes: only 2xx when success_final, and the final_statuses, are final; every other
+  // status is retryable.
+  bool only_listed_final = false;
+  bool success_final = true;
   RecordState Classify(int status) const;
 };
 
@@ -80,6 +89,9 @@ struct FilterPolicy {
   std::string api_version = "v1";
   // Response headers kept with a stored response (besides the status and body).
   std::vector<std::string> stored_headers = {"Location", "Content-Type"};
+  // The request's target (path and query) is part of its fingerprint: for routes whose pattern
+  // leaves parts of it open (gateway routes).
+  bool fingerprint_target = false;
 };
 
 // Thread-safe. Borrows the engine, the pool, the clock, the metrics and the operation; talks to

@@ -17,6 +17,7 @@
 #include "server/http/server.h"
 #include "server/idemd/config.h"
 #include "server/idemd/filter.h"
+#include "server/idemd/proxy.h"
 #include "server/idemd/metrics.h"
 #include "server/idemd/payments.h"
 #include "server/idemd/provider.h"
@@ -80,12 +81,6 @@ int Run(int argc, char** argv) {
   if (config_path.empty()) return Fail("--config FILE is required (see config/idemd.dev.toml)");
   auto config = LoadConfig(config_path, overrides);
   if (!config) return Fail(config.error().message);
-  if (!config->routes.empty()) {
-    // Checked in full by LoadConfig (docs/config.md), so a file with routes fails on its mistakes
-    // first; forwarding them is not built yet, and idemd must not start as if it were.
-    return Fail(config_path + ": [[routes]] (gateway mode) are checked but not served by this "
-                "build yet; remove them to start");
-  }
 
   // Signals are taken by this thread only, through sigwait; every other thread blocks them.
   http::BlockStopSignals();
@@ -148,7 +143,32 @@ int Run(int argc, char** argv) {
   payments_policy.max_waiters_per_principal = config->max_waiters_per_principal;
   IdempotencyFilter filter(engine, store_pool, SystemMonotonicClock(), metrics,
                            std::move(payments_policy), payments);
-  Service service(config->principals, **store, store_pool, metrics, filter, payments);
+  // The gateway's routes (docs/gateway.md): each a filter in front of a proxy to its upstream,
+  // with a keep-alive pool per route.
+  std::vector<std::unique_ptr<http::ClientPool>> upstreams;
+  std::vector<std::unique_ptr<ProxyOperation>> proxies;
+  std::vector<std::unique_ptr<IdempotencyFilter>> gateway_filters;
+  std::vector<GatewayEndpoint> gateway;
+  for (const GatewayRoute& route : config->routes) {
+    auto url = http::ParseHttpUrl(route.upstream);
+    if (!url) return Fail("route " + route.name + ": " + url.error().message);
+    auto pool = http::ClientPool::Make(
+        *url, {.max_connections = config->provider_max_connections,
+               .tls = {.ca_file = config->provider_ca_file}});
+    if (!pool) return Fail("route " + route.name + ": " + pool.error().message);
+    upstreams.push_back(std::move(*pool));
+    proxies.push_back(std::make_unique<ProxyOperation>(route, *upstreams.back(), store_pool,
+                                                       SystemMonotonicClock(), metrics,
+                                                       config->lease_margin));
+    FilterPolicy policy = GatewayPolicy(route, keys, config->max_processing, config->max_retained,
+                                        config->wait_max);
+    policy.max_waiters_per_principal = config->max_waiters_per_principal;
+    gateway_filters.push_back(std::make_unique<IdempotencyFilter>(
+        engine, store_pool, SystemMonotonicClock(), metrics, std::move(policy), *proxies.back()));
+    gateway.push_back({&route, gateway_filters.back().get(), proxies.back().get()});
+  }
+  Service service(config->principals, **store, store_pool, metrics, filter, payments,
+                  std::move(gateway));
   JsonAccessLog log;
   auto server = http::Server::Start(config->server, service, &log);
   if (!server) return Fail(server.error().message);
@@ -170,6 +190,9 @@ int Run(int argc, char** argv) {
     Loop sweeper(config->sweep_interval, [&] { (void)SweepExpired(**store); });
     Loop reconciler(config->reconcile_interval, [&] {
       filter.ReconcileOnce(100, [&](const std::string& key) { (*server)->Notify(key); });
+      for (auto& g : gateway_filters) {
+        g->ReconcileOnce(100, [&](const std::string& key) { (*server)->Notify(key); });
+      }
     });
     // The books: the provider's charges against the payments (docs/reconciliation.md).
     Reconciliation books(**store, **provider, SystemClock(), SystemRandom(), &metrics,

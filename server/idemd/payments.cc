@@ -49,15 +49,6 @@ bool IsPlainDecimal(std::string_view s) {
   return digits(s.substr(0, point)) && digits(s.substr(point + 1));
 }
 
-// Whether the body carries a content coding other than identity (RFC 9110 §8.4): idemd decodes
-// none, and a coded body read as it is would be taken for the JSON it is not.
-bool HasContentCoding(const http::Headers& headers) {
-  for (std::string_view coding : headers.List("content-encoding")) {
-    if (http::ToLower(coding) != "identity") return true;
-  }
-  return false;
-}
-
 // Exact decimal text (CanonicalDecimal output) → minor units, or an error message. Zero only
 // when `allow_zero`.
 std::optional<std::string> ToMinor(const std::string& canonical, int digits, int64_t* out,
@@ -327,18 +318,7 @@ Payments::ParseResult Payments::Parse(const std::string& body) const {
 }
 
 std::optional<http::Response> Payments::Validate(const http::Request& request, const Principal&) {
-  // The media type as the fingerprint sees it (parameters and case do not count).
-  if (MediaTypeOf(request.headers.Get("content-type").value_or(std::string_view())) !=
-      "application/json") {
-    return http::Problem(http::ProblemKind::kUnsupportedMediaType,
-                         "send the body as application/json");
-  }
-  if (HasContentCoding(request.headers)) {
-    http::Response refusal = http::Problem(http::ProblemKind::kUnsupportedMediaType,
-                                           "send the body without a content coding");
-    refusal.headers.Set("Accept-Encoding", "identity");
-    return refusal;
-  }
+  if (auto refused = RefuseUnlessJson(request)) return refused;
   ParseResult parsed = Parse(request.body);
   if (auto* malformed = std::get_if<MalformedJson>(&parsed)) {
     return http::Problem(http::ProblemKind::kMalformedJson,

@@ -28,13 +28,15 @@ http::Response MethodNotAllowed(const char* allow) {
 
 Service::Service(const std::vector<PrincipalEntry>& principals, Store& store,
                  http::BlockingPool& pool, Metrics& metrics, IdempotencyFilter& payments_filter,
-                 Payments& payments)
+                 Payments& payments, std::vector<GatewayEndpoint> gateway)
     : store_(store),
       pool_(pool),
       metrics_(metrics),
       payments_filter_(payments_filter),
-      payments_(payments) {
+      payments_(payments),
+      gateway_(std::move(gateway)) {
   for (const PrincipalEntry& p : principals) principals_[p.api_key_sha256] = {p.tenant, p.user};
+  for (const GatewayEndpoint& g : gateway_) gateway_routes_.push_back(*g.route);
 }
 
 std::optional<Principal> Service::Authenticate(const http::Request& request) const {
@@ -53,6 +55,14 @@ std::optional<Principal> Service::Authenticate(const http::Request& request) con
   auto it = principals_.find(ToHex(digest));
   if (it == principals_.end()) return std::nullopt;
   return it->second;
+}
+
+http::Response Service::Unauthorized(http::RequestContext& context) {
+  context.outcome = "unauthorized";
+  metrics_.CountRequest(context.route, "unauthorized");
+  auto r = http::Problem(http::ProblemKind::kUnauthorized, "send Authorization: Bearer <api key>");
+  r.headers.Set("WWW-Authenticate", "Bearer");
+  return r;
 }
 
 http::Async<http::Response> Service::Handle(const http::Request& request,
@@ -90,6 +100,21 @@ http::Async<http::Response> Service::Handle(const http::Request& request,
     co_return r;
   }
 
+  if (const GatewayRoute* route = MatchGatewayRoute(gateway_routes_, request.method, path)) {
+    const GatewayEndpoint& gateway =
+        gateway_[static_cast<std::size_t>(route - gateway_routes_.data())];
+    context.route = route->name;
+    auto principal = Authenticate(request);
+    if (!principal) {
+      co_return Unauthorized(context);
+    }
+    if (!route->key_required && request.headers.Count("idempotency-key") == 0) {
+      context.outcome = "forwarded_without_key";
+      co_return co_await gateway.proxy->ForwardWithoutKey(request);
+    }
+    co_return co_await gateway.filter->Handle(request, *principal, context);
+  }
+
   const bool payments = path == "/v1/payments";
   const bool payment = path.rfind("/v1/payments/", 0) == 0 && path.size() > 13;
   const bool operation = path.rfind("/v1/operations/", 0) == 0 && path.size() > 15;
@@ -100,12 +125,7 @@ http::Async<http::Response> Service::Handle(const http::Request& request,
   context.route = payments ? "payments.create" : payment ? "payments.get" : "operations.get";
   auto principal = Authenticate(request);
   if (!principal) {
-    context.outcome = "unauthorized";
-    metrics_.CountRequest(context.route, "unauthorized");
-    auto r =
-        http::Problem(http::ProblemKind::kUnauthorized, "send Authorization: Bearer <api key>");
-    r.headers.Set("WWW-Authenticate", "Bearer");
-    co_return r;
+    co_return Unauthorized(context);
   }
   if (payments) {
     if (request.method != "POST") co_return MethodNotAllowed("POST");

@@ -9,6 +9,7 @@
 #include "server/idemd/filter.h"
 #include "server/idemd/metrics.h"
 #include "server/idemd/payments.h"
+#include "server/idemd/proxy.h"
 
 namespace idem::idemd {
 
@@ -16,11 +17,19 @@ namespace idem::idemd {
 // second whatever the database does, 503 not-ready when the database does not answer in time.
 inline constexpr Millis kReadyTimeout{800};
 
+// A gateway route as the service serves it: the filter in front of its proxy.
+struct GatewayEndpoint {
+  const GatewayRoute* route;
+  IdempotencyFilter* filter;
+  ProxyOperation* proxy;
+};
+
 // Thread-safe. Borrows everything. Store calls run on `pool`.
 class Service final : public http::Handler {
  public:
   Service(const std::vector<PrincipalEntry>& principals, Store& store, http::BlockingPool& pool,
-          Metrics& metrics, IdempotencyFilter& payments_filter, Payments& payments);
+          Metrics& metrics, IdempotencyFilter& payments_filter, Payments& payments,
+          std::vector<GatewayEndpoint> gateway = {});
 
   http::Async<http::Response> Handle(const http::Request& request,
                                      http::RequestContext& context) override;
@@ -29,6 +38,8 @@ class Service final : public http::Handler {
   // The principal of a bearer API key, or nullopt. Keys are compared by SHA-256, so no key is
   // kept in memory and lookups do not depend on the key's bytes.
   std::optional<Principal> Authenticate(const http::Request& request) const;
+  // 401 with WWW-Authenticate, counted under context.route.
+  http::Response Unauthorized(http::RequestContext& context);
 
   std::map<std::string, Principal> principals_;  // by hex SHA-256 of the API key
   Store& store_;
@@ -36,6 +47,8 @@ class Service final : public http::Handler {
   Metrics& metrics_;
   IdempotencyFilter& payments_filter_;
   Payments& payments_;
+  std::vector<GatewayEndpoint> gateway_;
+  std::vector<GatewayRoute> gateway_routes_;  // gateway_'s routes, for MatchGatewayRoute
 };
 
 // One JSON line per request on stderr: route, outcome, status, latency, request id.

@@ -45,7 +45,8 @@ const CanonicalRules* RulesOfVersion(const RoutePolicy& policy, uint32_t version
 
 RequestFacts FactsOf(const RoutePolicy& policy, const Request& request) {
   return RequestFacts{request.method,      policy.route, request.content_type,
-                      request.api_version, request.body, request.principal.user};
+                      request.api_version, request.body, request.principal.user,
+                      request.target};
 }
 
 // Whether `stored` fingerprints this request, under the rules and secret that made it.

@@ -114,6 +114,7 @@ class HmacFingerprinter final : public Fingerprinter {
     std::string input;
     input.reserve(total);
     for (std::string_view f : fields) AppendField(input, f);
+    if (!r.target.empty()) AppendField(input, r.target);  // none: the input as before it existed
     return input;
   }
 
@@ -144,7 +145,8 @@ Result<CanonicalRequest> MakeCanonicalRequest(const RequestFacts& facts,
                           MediaTypeOf(facts.content_type),
                           std::string(facts.api_version),
                           std::move(body),
-                          std::string(facts.user)};
+                          std::string(facts.user),
+                          std::string(facts.target)};
 }
 
 Result<std::unique_ptr<Fingerprinter>> Fingerprinter::Create(std::vector<Secret> secrets,

@@ -1,0 +1,226 @@
+// tests/integration/gateway_itest.cc — idemd's gateway routes in front of upstream-sim, a service
+// that executes every request it gets and counts them (tools/upstream_sim): real processes over
+// loopback. Every test asserts the upstream's execution count.
+#include <atomic>
+#include <thread>
+
+#include "tests/integration/idemd_fixture.h"
+
+namespace idem::itest {
+namespace {
+
+class GatewayTest : public IdemdTest {
+ public:
+  void SetUp() override {
+    auto upstream = testing::ChildProcess::Spawn({UPSTREAM_SIM_PATH, "--listen", "127.0.0.1:0"},
+                                                 {}, dir_.path().string(), dir_.File("up.log"));
+    ASSERT_TRUE(upstream.has_value()) << upstream.error().message;
+    upstream_.emplace(std::move(*upstream));
+    auto url = upstream_->WaitForLine("upstream-sim listening on ", std::chrono::seconds(10));
+    ASSERT_TRUE(url.has_value()) << url.error().message;
+    upstream_url_ = *http::ParseHttpUrl(*url);
+    IdemdTest::SetUp();
+    if (HasFatalFailure()) return;
+    StartIdemd(WithRoutes());
+  }
+
+  IdemdOptions WithRoutes() const {
+    const std::string upstream = "http://127.0.0.1:" + std::to_string(upstream_url_.port);
+    IdemdOptions o;
+    o.extra_tables = "[[routes]]\nname = \"orders.create\"\nmatch = \"POST /v1/orders\"\n"
+                     "upstream = \"" + upstream + "\"\n"
+                     "fingerprint.ignore = [\"trace_id\"]\n"
+                     "fingerprint.decimals = [\"amount\"]\n"
+                     "final_statuses = [\"2xx\", 400, 404, 422]\n"
+                     "store_headers = [\"Location\", \"Content-Type\"]\n"
+                     "forward_key_header = \"Idempotency-Key\"\n"
+                     "lease_ms = 2000\ntimeout_ms = 500\n"
+                     "[[routes]]\nname = \"orders.capture\"\n"
+                     "match = \"PUT /v1/orders/{id}/capture\"\n"
+                     "upstream = \"" + upstream + "\"\n"
+                     "store_headers = [\"Content-Type\"]\n"
+                     "[[routes]]\nname = \"notes.create\"\nmatch = \"POST /v1/notes\"\n"
+                     "upstream = \"" + upstream + "\"\nkey = \"optional\"\n";
+    return o;
+  }
+
+  http::Response Call(const std::string& method, const std::string& target,
+                      const std::string& key, const std::string& body,
+                      const std::vector<std::pair<std::string, std::string>>& headers = {},
+                      const std::string& api_key = kAlice) {
+    http::Request req;
+    req.method = method;
+    req.target = target;
+    req.headers.Set("Authorization", "Bearer " + api_key);
+    req.headers.Set("Content-Type", "application/json");
+    req.headers.Set("Cookie", "client-session=secret");
+    if (!key.empty()) req.headers.Set("Idempotency-Key", key);
+    for (const auto& [n, v] : headers) req.headers.Set(n, v);
+    req.body = body;
+    return Send(std::move(req));
+  }
+
+  // upstream-sim's books.
+  boost::json::object Executions() {
+    http::Request req{"GET", "/admin/executions", {}, ""};
+    auto r = http::Call(upstream_url_, std::move(req));
+    EXPECT_TRUE(r.has_value() && r->status == 200);
+    return r ? ParseObject(r->body) : boost::json::object{};
+  }
+  int64_t Total() { return Executions().at("total").as_int64(); }
+
+  std::optional<testing::ChildProcess> upstream_;
+  http::Url upstream_url_;
+};
+
+TEST_F(GatewayTest, TheFirstRequestIsForwardedOnceAndEveryRetryGetsItsAnswer) {
+  auto first = Call("POST", "/v1/orders", "order-key-0001", R"({"sku":"A1","amount":"10.50"})");
+  ASSERT_EQ(first.status, 201) << first.body;
+  EXPECT_FALSE(first.headers.Get("Idempotent-Replayed").has_value());
+  EXPECT_EQ(first.headers.Get("Location"), "/things/1");
+  EXPECT_FALSE(first.headers.Get("Set-Cookie").has_value()) << "cookies are never passed on";
+  EXPECT_FALSE(first.headers.Get("X-Upstream-Execution").has_value())
+      << "only the route's store_headers are kept, so a replay is the same answer";
+  EXPECT_EQ(ParseObject(first.body).at("execution").as_int64(), 1);
+
+  // A retry, with the amount written differently and another trace id: the same request.
+  for (int i = 0; i < 3; ++i) {
+    auto retry = Call("POST", "/v1/orders", "order-key-0001",
+                      R"({"amount":10.5,"sku":"A1","trace_id":")" + std::to_string(i) + "\"}");
+    ASSERT_EQ(retry.status, 201) << retry.body;
+    EXPECT_EQ(retry.headers.Get("Idempotent-Replayed"), "true");
+    EXPECT_EQ(retry.body, first.body);
+    EXPECT_EQ(retry.headers.Get("Location"), "/things/1");
+  }
+  const boost::json::object books = Executions();
+  EXPECT_EQ(books.at("total").as_int64(), 1);
+  EXPECT_EQ(books.at("credentials_seen").as_int64(), 0)
+      << "Authorization and Cookie are never forwarded";
+  // The upstream got a stable key of the operation, not the client's.
+  const boost::json::object& keys = books.at("keys").as_object();
+  ASSERT_EQ(keys.size(), 1u);
+  EXPECT_EQ(keys.begin()->key().size(), 64u);
+  EXPECT_FALSE(keys.contains("order-key-0001"));
+}
+
+TEST_F(GatewayTest, TheSameKeyWithAnotherRequestIs422AndExecutesNothing) {
+  ASSERT_EQ(Call("POST", "/v1/orders", "order-key-0002", R"({"sku":"A1"})").status, 201);
+  auto other = Call("POST", "/v1/orders", "order-key-0002", R"({"sku":"B2"})");
+  EXPECT_EQ(other.status, 422) << other.body;
+  EXPECT_NE(other.body.find("idempotency-key-reused"), std::string::npos) << other.body;
+  // The path is part of the request: the same key on another order's capture is another request.
+  ASSERT_EQ(Call("PUT", "/v1/orders/1/capture", "capture-key-1", "{}").status, 201);
+  EXPECT_EQ(Call("PUT", "/v1/orders/2/capture", "capture-key-1", "{}").status, 422);
+  // Another principal's identical key is its own operation.
+  EXPECT_EQ(Call("POST", "/v1/orders", "order-key-0002", R"({"sku":"B2"})", {}, kCarol).status,
+            201);
+  EXPECT_EQ(Total(), 3);
+}
+
+TEST_F(GatewayTest, ConcurrentDuplicatesExecuteOnce) {
+  constexpr int kCopies = 20;
+  std::atomic<int> created{0}, in_progress{0}, other{0};
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kCopies; ++i) {
+    threads.emplace_back([&] {
+      auto r = Call("POST", "/v1/orders", "order-key-0003", R"({"sku":"C3"})",
+                    {{"X-Upstream-Delay-Ms", "300"}});
+      (r.status == 201 ? created : r.status == 409 ? in_progress : other)++;
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(other.load(), 0);
+  EXPECT_GE(created.load(), 1);
+  EXPECT_EQ(created.load() + in_progress.load(), kCopies);
+  EXPECT_EQ(Total(), 1);
+}
+
+TEST_F(GatewayTest, AnUpstreamTimeoutLeavesTheOutcomeUnknownAndTheRetryForwardsWithTheSameKey) {
+  auto slow = Call("POST", "/v1/orders", "order-key-0004", R"({"sku":"D4"})",
+                   {{"X-Upstream-Delay-Ms", "1500"}});
+  EXPECT_EQ(slow.status, 504) << slow.body;
+  EXPECT_NE(slow.body.find("upstream-timeout"), std::string::npos) << slow.body;
+  auto retry = Call("POST", "/v1/orders", "order-key-0004", R"({"sku":"D4"})");
+  ASSERT_EQ(retry.status, 201) << retry.body;
+  EXPECT_FALSE(retry.headers.Get("Idempotent-Replayed").has_value());
+  const boost::json::object books = Executions();
+  EXPECT_EQ(books.at("total").as_int64(), 2) << "this upstream does not deduplicate by key";
+  const boost::json::object& keys = books.at("keys").as_object();
+  ASSERT_EQ(keys.size(), 1u) << "both forwards carried the same upstream key";
+  EXPECT_EQ(keys.begin()->value().as_int64(), 2);
+  EXPECT_EQ(Call("POST", "/v1/orders", "order-key-0004", R"({"sku":"D4"})").body, retry.body);
+}
+
+// idemd is killed (SIGKILL) while a request is at the upstream, and restarted. Until the lease
+// ends a retry is told the operation is running; then the reconciler makes the record retryable,
+// and the retry forwards again with the same upstream key.
+TEST_F(GatewayTest, AKilledGatewayForwardsAgainWithTheSameKeyOnceTheLeaseHasEnded) {
+  std::thread killer([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(150));
+    KillIdemd();
+  });
+  http::Request req{"POST", "/v1/orders", {}, R"({"sku":"E5"})"};
+  req.headers.Set("Authorization", std::string("Bearer ") + kAlice);
+  req.headers.Set("Content-Type", "application/json");
+  req.headers.Set("Idempotency-Key", "order-key-0009");
+  req.headers.Set("X-Upstream-Delay-Ms", "400");
+  auto lost = http::Call(idemd_url_, req);
+  killer.join();
+  EXPECT_FALSE(lost.has_value()) << "answered before the kill: " << lost->status;
+
+  IdemdOptions restart = WithRoutes();
+  restart.reconcile_interval_ms = 200;
+  StartIdemd(restart);
+  auto running = Call("POST", "/v1/orders", "order-key-0009", R"({"sku":"E5"})");
+  EXPECT_EQ(running.status, 409) << "the dead forward's lease is still live: " << running.body;
+  std::this_thread::sleep_for(std::chrono::milliseconds(2500));  // lease_ms = 2000
+  auto retry = Call("POST", "/v1/orders", "order-key-0009", R"({"sku":"E5"})");
+  ASSERT_EQ(retry.status, 201) << retry.body;
+  const boost::json::object books = Executions();
+  EXPECT_EQ(books.at("total").as_int64(), 2) << "the killed forward executed, and the retry";
+  ASSERT_EQ(books.at("keys").as_object().size(), 1u) << "both carried the same upstream key";
+  EXPECT_EQ(Call("POST", "/v1/orders", "order-key-0009", R"({"sku":"E5"})").body, retry.body);
+  EXPECT_EQ(Total(), 2);
+}
+
+TEST_F(GatewayTest, RetryableAndFinalStatusesFollowTheRoute) {
+  // 503 is not listed: retryable, so the retry executes again.
+  auto failed = Call("POST", "/v1/orders", "order-key-0005", "{}", {{"X-Upstream-Status", "503"}});
+  EXPECT_EQ(failed.status, 503);
+  auto again = Call("POST", "/v1/orders", "order-key-0005", "{}");
+  EXPECT_EQ(again.status, 201);
+  // 404 is listed: final, replayed.
+  ASSERT_EQ(Call("POST", "/v1/orders", "order-key-0006", "{}", {{"X-Upstream-Status", "404"}})
+                .status,
+            404);
+  auto replayed = Call("POST", "/v1/orders", "order-key-0006", "{}");
+  EXPECT_EQ(replayed.status, 404);
+  EXPECT_EQ(replayed.headers.Get("Idempotent-Replayed"), "true");
+  EXPECT_EQ(Total(), 3);
+}
+
+TEST_F(GatewayTest, KeysAndCredentialsAreEnforced) {
+  // Required key, none sent: refused, nothing forwarded.
+  EXPECT_EQ(Call("POST", "/v1/orders", "", "{}").status, 400);
+  // No API key.
+  http::Request anonymous{"POST", "/v1/orders", {}, "{}"};
+  anonymous.headers.Set("Content-Type", "application/json");
+  anonymous.headers.Set("Idempotency-Key", "order-key-0007");
+  EXPECT_EQ(Send(std::move(anonymous)).status, 401);
+  // Not JSON.
+  EXPECT_EQ(Call("POST", "/v1/orders", "order-key-0008", "sku=A1",
+                 {{"Content-Type", "application/x-www-form-urlencoded"}})
+                .status,
+            415);
+  EXPECT_EQ(Total(), 0);
+  // An optional key: without one, each request is forwarded as it is.
+  EXPECT_EQ(Call("POST", "/v1/notes", "", R"({"text":"hi"})").status, 201);
+  EXPECT_EQ(Call("POST", "/v1/notes", "", R"({"text":"hi"})").status, 201);
+  EXPECT_EQ(Total(), 2);
+  // A path no route matches is not forwarded.
+  EXPECT_EQ(Call("POST", "/v1/unknown", "k-00000001", "{}").status, 404);
+  EXPECT_EQ(Total(), 2);
+}
+
+}  // namespace
+}  // namespace idem::itest

@@ -1,0 +1,150 @@
+// tools/upstream_sim/main.cc — a service that is not idempotent, for the gateway's tests and demos
+// (docs/gateway.md): every POST, PUT, PATCH or DELETE executes again, and it counts executions.
+//
+//   <METHOD> <any target but /admin/…>   → the status of X-Upstream-Status (default 201) after
+//       X-Upstream-Delay-Ms (default 0, at most 60000), body
+//       {"execution":N,"method":M,"target":T,"key":K|null,"body":B} where N counts every
+//       execution, K is the Idempotency-Key it received and B the body as text; headers
+//       Location: /things/N, X-Upstream-Execution: N and Set-Cookie (which a gateway must not
+//       keep). X-Upstream-Drop: true executes, then closes the connection without an answer.
+//   GET /admin/executions  → {"total":N,"by_target":{T:N,…},"keys":{K:N,…},
+//       "credentials_seen":N} — credentials_seen counts executions that received an
+//       Authorization or Cookie header.
+#include <atomic>
+#include <boost/json.hpp>
+#include <charconv>
+#include <cstdio>
+#include <map>
+#include <mutex>
+#include <string>
+
+#include "server/http/async.h"
+#include "server/http/server.h"
+
+namespace idem {
+namespace {
+
+constexpr int64_t kMaxDelayMs = 60000;
+
+std::optional<int64_t> Number(std::optional<std::string_view> text, int64_t low, int64_t high) {
+  if (!text) return std::nullopt;
+  int64_t value = 0;
+  const auto [end, error] = std::from_chars(text->data(), text->data() + text->size(), value);
+  if (error != std::errc() || end != text->data() + text->size() || value < low || value > high) {
+    return std::nullopt;
+  }
+  return value;
+}
+
+class UpstreamSim final : public http::Handler {
+ public:
+  http::Async<http::Response> Handle(const http::Request& request,
+                                     http::RequestContext& context) override {
+    if (request.Path().rfind("/admin/", 0) == 0) co_return Admin(request);
+    if (request.method == "GET" || request.method == "HEAD") {
+      co_return http::Response{405, {}, "this upstream only executes\n"};
+    }
+    const int64_t status =
+        Number(request.headers.Get("x-upstream-status"), 100, 599).value_or(201);
+    const int64_t delay = Number(request.headers.Get("x-upstream-delay-ms"), 0, kMaxDelayMs)
+                              .value_or(0);
+    const std::optional<std::string_view> key = request.headers.Get("idempotency-key");
+    int64_t n = 0;
+    {
+      std::lock_guard lock(mu_);
+      n = ++total_;
+      ++by_target_[request.target];
+      if (key) ++keys_[std::string(*key)];
+      if (request.headers.Count("authorization") > 0 || request.headers.Count("cookie") > 0) {
+        ++credentials_seen_;
+      }
+    }
+    if (delay > 0) co_await http::SleepFor(Millis(delay));
+    if (request.headers.Get("x-upstream-drop") == "true") {
+      context.drop = true;
+      co_return http::Response{500, {}, ""};
+    }
+    boost::json::object body{{"execution", n},
+                             {"method", request.method},
+                             {"target", request.target},
+                             {"body", request.body}};
+    if (key) {
+      body["key"] = *key;
+    } else {
+      body["key"] = nullptr;
+    }
+    http::Response r{static_cast<int>(status), {}, boost::json::serialize(body)};
+    r.headers.Set("Content-Type", "application/json");
+    r.headers.Set("Location", "/things/" + std::to_string(n));
+    r.headers.Set("X-Upstream-Execution", std::to_string(n));
+    r.headers.Set("Set-Cookie", "upstream-session=" + std::to_string(n));
+    co_return r;
+  }
+
+ private:
+  http::Response Admin(const http::Request& request) {
+    if (request.Path() != "/admin/executions" || request.method != "GET") {
+      return http::Response{404, {}, "no such admin resource\n"};
+    }
+    boost::json::object by_target;
+    boost::json::object keys;
+    boost::json::object out;
+    std::lock_guard lock(mu_);
+    for (const auto& [target, count] : by_target_) by_target[target] = count;
+    for (const auto& [key, count] : keys_) keys[key] = count;
+    out["total"] = total_;
+    out["by_target"] = std::move(by_target);
+    out["keys"] = std::move(keys);
+    out["credentials_seen"] = credentials_seen_;
+    http::Response r{200, {}, boost::json::serialize(out)};
+    r.headers.Set("Content-Type", "application/json");
+    return r;
+  }
+
+  std::mutex mu_;
+  int64_t total_ = 0;
+  int64_t credentials_seen_ = 0;
+  std::map<std::string, int64_t> by_target_;
+  std::map<std::string, int64_t> keys_;
+};
+
+}  // namespace
+}  // namespace idem
+
+int main(int argc, char** argv) {
+  using namespace idem;
+  http::ServerOptions options;
+  options.port = 3000;
+  options.io_threads = 2;
+  options.drain_timeout = Millis(2000);
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    const std::size_t colon = i + 1 < argc ? std::string_view(argv[i + 1]).rfind(':') : 0;
+    if (arg == "--listen" && i + 1 < argc && colon != std::string_view::npos) {
+      const std::string value = argv[++i];
+      auto port = Number(std::string_view(value).substr(colon + 1), 0, 65535);
+      if (!port) {
+        std::fprintf(stderr, "upstream-sim: --listen HOST:PORT\n");
+        return 2;
+      }
+      options.host = value.substr(0, colon);
+      options.port = static_cast<uint16_t>(*port);
+    } else {
+      std::fprintf(stderr, "usage: upstream-sim [--listen HOST:PORT]\n");
+      return 2;
+    }
+  }
+  http::BlockStopSignals();
+  UpstreamSim sim;
+  auto server = http::Server::Start(options, sim, nullptr);
+  if (!server) {
+    std::fprintf(stderr, "upstream-sim: %s\n", server.error().message.c_str());
+    return 1;
+  }
+  std::printf("upstream-sim listening on http://%s:%u\n", options.host.c_str(),
+              static_cast<unsigned>((*server)->port()));
+  std::fflush(stdout);
+  http::WaitForStopSignal();
+  (*server)->Drain();
+  return 0;
+}
