@@ -5,9 +5,8 @@
 #include <sys/stat.h>
 #include <toml++/toml.h>
 
-#include <boost/url/parse.hpp>
-
 #include <algorithm>
+#include <boost/url/parse.hpp>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -180,15 +179,13 @@ Result<std::vector<std::string>> RouteStrings(const toml::node& node, bool lower
   const toml::array* array = node.as_array();
   if (array == nullptr || array->size() > kMaxRouteListEntries) {
     return MakeError(Errc::kInvalidArgument, "must be an array of at most " +
-                                                 std::to_string(kMaxRouteListEntries) +
-                                                 " strings");
+                                                 std::to_string(kMaxRouteListEntries) + " strings");
   }
   std::vector<std::string> out;
   for (const toml::node& n : *array) {
     auto text = n.value<std::string>();
     if (!text || text->empty() || text->size() > 255) {
-      return MakeError(Errc::kInvalidArgument,
-                       "must hold non-empty strings of at most 255 bytes");
+      return MakeError(Errc::kInvalidArgument, "must hold non-empty strings of at most 255 bytes");
     }
     if (lower) std::transform(text->begin(), text->end(), text->begin(), ::tolower);
     out.push_back(std::move(*text));
@@ -218,8 +215,7 @@ Status RouteStatuses(const toml::node& node, GatewayRoute& route) {
       const std::string shown = n.is_string()    ? "\"" + *n.value<std::string>() + "\""
                                 : n.is_integer() ? std::to_string(*n.value<int64_t>())
                                                  : "an entry of another type";
-      return MakeError(Errc::kInvalidArgument,
-                       shown + " is neither \"2xx\" nor a status 100..599");
+      return MakeError(Errc::kInvalidArgument, shown + " is neither \"2xx\" nor a status 100..599");
     }
     route.final_statuses.push_back(static_cast<int>(*code));
   }
@@ -244,21 +240,20 @@ Result<GatewayRoute> ReadGatewayRoute(const toml::table& t, const std::string& o
   r.line = t.source().begin.line;
   if (auto name = t["name"].value<std::string>()) r.name = *name;
   auto bad = [&](const std::string& what) { return BadRoute(origin, r.line, r.name, what); };
-  const bool name_ok =
-      !r.name.empty() && r.name.size() <= kMaxRouteNameLength &&
-      std::all_of(r.name.begin(), r.name.end(), [](char ch) {
-        return (ch >= 'a' && ch <= 'z') || (ch >= '0' && ch <= '9') || ch == '.' || ch == '_' ||
-               ch == '-';
-      });
+  const bool name_ok = !r.name.empty() && r.name.size() <= kMaxRouteNameLength &&
+                       std::all_of(r.name.begin(), r.name.end(), [](char ch) {
+                         return (ch >= 'a' && ch <= 'z') || (ch >= '0' && ch <= '9') || ch == '.' ||
+                                ch == '_' || ch == '-';
+                       });
   if (!name_ok) {
     return bad("name must be 1.." + std::to_string(kMaxRouteNameLength) +
                " characters of a-z 0-9 . _ -");
   }
   for (const auto& [key, node] : t) {
+    const std::string k(key.str());
     auto at = [&, line = node.source().begin.line](const std::string& what) {
-      return BadRoute(origin, line, r.name, std::string(key.str()) + ": " + what);
+      return BadRoute(origin, line, r.name, k + ": " + what);
     };
-    const std::string_view k = key.str();
     if (k == "name") continue;
     if (k == "match") {
       auto text = node.value<std::string>();
@@ -269,8 +264,7 @@ Result<GatewayRoute> ReadGatewayRoute(const toml::table& t, const std::string& o
       if (!text) return at("must be a string");
       auto url = boost::urls::parse_absolute_uri(*text);
       if (!url || (url->scheme() != "http" && url->scheme() != "https") || url->host().empty() ||
-          !(url->path().empty() || url->path() == "/") || url->has_query() ||
-          url->has_userinfo()) {
+          !(url->path().empty() || url->path() == "/") || url->has_query() || url->has_userinfo()) {
         return at("must be http://host[:port] or https://host[:port], without a path, got '" +
                   *text + "'");
       }
@@ -319,8 +313,8 @@ Result<GatewayRoute> ReadGatewayRoute(const toml::table& t, const std::string& o
       }
       (k == "lease_ms"     ? r.lease
        : k == "timeout_ms" ? r.timeout
-                           : r.retention) = Millis(k == "retention_hours" ? *value * 3'600'000
-                                                                          : *value);
+                           : r.retention) =
+          Millis(k == "retention_hours" ? *value * 3'600'000 : *value);
     } else {
       return at("unknown key");
     }
@@ -329,8 +323,8 @@ Result<GatewayRoute> ReadGatewayRoute(const toml::table& t, const std::string& o
   if (r.upstream.empty()) return bad("needs upstream = \"http://host:port\"");
   if (ShadowsIdemd(r)) return bad("match " + r.pattern + " would shadow idemd's own paths");
   if (r.lease <= r.timeout) {
-    return bad("lease_ms (" + std::to_string(r.lease.count()) + ") must be longer than timeout_ms (" +
-               std::to_string(r.timeout.count()) + ")");
+    return bad("lease_ms (" + std::to_string(r.lease.count()) +
+               ") must be longer than timeout_ms (" + std::to_string(r.timeout.count()) + ")");
   }
   if (r.retention <= r.lease) return bad("retention_hours must be longer than lease_ms");
   return r;
@@ -342,8 +336,8 @@ Status ReadGatewayRoutes(const toml::table& t, const std::string& origin,
   if (node == nullptr) return Ok();
   const toml::array* routes = node->as_array();
   if (routes == nullptr || routes->size() > kMaxGatewayRoutes) {
-    return Bad(origin, "routes must be [[routes]] tables, at most " +
-                           std::to_string(kMaxGatewayRoutes));
+    return Bad(origin,
+               "routes must be [[routes]] tables, at most " + std::to_string(kMaxGatewayRoutes));
   }
   for (const toml::node& n : *routes) {
     const toml::table* table = n.as_table();

@@ -421,11 +421,13 @@ TEST_F(ConfigTest, BadGatewayRoutesAreStartUpErrorsWithTheirLine) {
       {"[[routes]]\nname = \"a\"\nmatch = \"POST /a\"\nupstream = \"http://h:1\"\n"
        "final_statuses = [\"3xx\"]\n",
        "final_statuses: \"3xx\" is neither"},
-      {orders + "[[routes]]\nname = \"b\"\nmatch = \"POST /{v}/orders\"\nupstream = \"http://h:1\"\n",
+      {orders +
+           "[[routes]]\nname = \"b\"\nmatch = \"POST /{v}/orders\"\nupstream = \"http://h:1\"\n",
        ":17: [[routes]] b: POST /{v}/orders overlaps orders.create (POST /v1/orders, line 4)"},
       {"[[routes]]\nname = \"p\"\nmatch = \"PATCH /v1/{kind}\"\nupstream = \"http://h:1\"\n",
        "would shadow idemd's own paths"},
-      {orders + "[[routes]]\nname = \"orders.create\"\nmatch = \"PUT /x\"\nupstream = \"http://h:1\"\n",
+      {orders +
+           "[[routes]]\nname = \"orders.create\"\nmatch = \"PUT /x\"\nupstream = \"http://h:1\"\n",
        ":17: [[routes]] orders.create: name already used at line 4"},
       {"[[routes]]\nname = \"p\"\nmatch = \"POST /v1/payments\"\nupstream = \"http://h:1\"\n",
        "would shadow idemd's own paths"},
@@ -445,7 +447,8 @@ TEST_F(ConfigTest, BadGatewayRoutesAreStartUpErrorsWithTheirLine) {
       {"[[routes]]\nname = \"a\"\nupstream = \"http://h:1\"\n", "needs match"},
       {"[[routes]]\nname = \"A B\"\nmatch = \"POST /a\"\nupstream = \"http://h:1\"\n",
        ":4: [[routes]] A B: name must be"},
-      {"[[routes]]\nname = \"a\"\nmatch = \"POST /a\"\nupstream = \"http://h:1\"\nkey = \"maybe\"\n",
+      {"[[routes]]\nname = \"a\"\nmatch = \"POST /a\"\nupstream = \"http://h:1\"\nkey = "
+       "\"maybe\"\n",
        "key: must be \"required\" or \"optional\""},
       {"[[routes]]\nname = \"a\"\nmatch = \"POST /a\"\nupstream = \"http://h:1\"\n"
        "store_headers = [\"Set-Cookie\"]\n",

@@ -72,8 +72,8 @@ std::string ParseGatewayMatch(std::string_view match, GatewayRoute& route) {
   auto segments = Split(pattern);
   if (!segments) {
     return "match's path must start with '/' and have at most " +
-           std::to_string(kMaxRouteSegments) + " non-empty segments, got '" +
-           std::string(pattern) + "'";
+           std::to_string(kMaxRouteSegments) + " non-empty segments, got '" + std::string(pattern) +
+           "'";
   }
   route.method = std::string(method);
   route.pattern = std::string(pattern);
@@ -96,11 +96,20 @@ std::string ParseGatewayMatch(std::string_view match, GatewayRoute& route) {
 }
 
 bool IsUnforwardableHeader(std::string_view lower_name) {
-  constexpr std::array<std::string_view, 14> kNever = {
-      "connection", "keep-alive",    "proxy-authenticate", "proxy-authorization",
-      "te",         "trailer",       "transfer-encoding",  "upgrade",
-      "host",       "authorization", "cookie",             "set-cookie",
-      "content-length", "idempotency-key"};
+  constexpr std::array<std::string_view, 14> kNever = {"connection",
+                                                       "keep-alive",
+                                                       "proxy-authenticate",
+                                                       "proxy-authorization",
+                                                       "te",
+                                                       "trailer",
+                                                       "transfer-encoding",
+                                                       "upgrade",
+                                                       "host",
+                                                       "authorization",
+                                                       "cookie",
+                                                       "set-cookie",
+                                                       "content-length",
+                                                       "idempotency-key"};
   return std::find(kNever.begin(), kNever.end(), lower_name) != kNever.end();
 }
 

@@ -17,10 +17,10 @@
 #include "server/http/server.h"
 #include "server/idemd/config.h"
 #include "server/idemd/filter.h"
-#include "server/idemd/proxy.h"
 #include "server/idemd/metrics.h"
 #include "server/idemd/payments.h"
 #include "server/idemd/provider.h"
+#include "server/idemd/proxy.h"
 #include "server/idemd/reconciliation.h"
 #include "server/idemd/service.h"
 #include "server/idemd/store_url.h"
@@ -152,16 +152,15 @@ int Run(int argc, char** argv) {
   for (const GatewayRoute& route : config->routes) {
     auto url = http::ParseHttpUrl(route.upstream);
     if (!url) return Fail("route " + route.name + ": " + url.error().message);
-    auto pool = http::ClientPool::Make(
-        *url, {.max_connections = config->provider_max_connections,
-               .tls = {.ca_file = config->provider_ca_file}});
+    auto pool = http::ClientPool::Make(*url, {.max_connections = config->provider_max_connections,
+                                              .tls = {.ca_file = config->provider_ca_file}});
     if (!pool) return Fail("route " + route.name + ": " + pool.error().message);
     upstreams.push_back(std::move(*pool));
     proxies.push_back(std::make_unique<ProxyOperation>(route, *upstreams.back(), store_pool,
                                                        SystemMonotonicClock(), metrics,
                                                        config->lease_margin));
-    FilterPolicy policy = GatewayPolicy(route, keys, config->max_processing, config->max_retained,
-                                        config->wait_max);
+    FilterPolicy policy =
+        GatewayPolicy(route, keys, config->max_processing, config->max_retained, config->wait_max);
     policy.max_waiters_per_principal = config->max_waiters_per_principal;
     gateway_filters.push_back(std::make_unique<IdempotencyFilter>(
         engine, store_pool, SystemMonotonicClock(), metrics, std::move(policy), *proxies.back()));

@@ -108,10 +108,10 @@ http::Async<Execution> ProxyOperation::Execute(Ticket& ticket, const http::Reque
   const Timestamp expires = ticket.record.expires_at;
   if (answer.error().code == Errc::kUnavailable) {
     // Not sent: the upstream cannot have acted. Retryable at once.
-    e.response = http::Problem(http::ProblemKind::kUpstreamUnavailable,
-                               "the upstream could not be reached and nothing was sent: " +
-                                   answer.error().message,
-                               {.key_expires = expires});
+    e.response = http::Problem(
+        http::ProblemKind::kUpstreamUnavailable,
+        "the upstream could not be reached and nothing was sent: " + answer.error().message,
+        {.key_expires = expires});
     e.state = RecordState::kFailedRetryable;
     co_return e;
   }

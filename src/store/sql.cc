@@ -221,8 +221,7 @@ CREATE TRIGGER idem_retained_delete AFTER DELETE ON idem_records BEGIN
 END;
 )sql",
                                 // One writer at a time: nothing to gain from counting later.
-                                "-- the insert trigger stays as migration 4 made it",
-                                false,
+                                "-- the insert trigger stays as migration 4 made it", false,
                                 // BEGIN IMMEDIATE already holds the database's write lock.
                                 ""};
   return kDialect;

@@ -12,8 +12,8 @@ namespace {
 class GatewayTest : public IdemdTest {
  public:
   void SetUp() override {
-    auto upstream = testing::ChildProcess::Spawn({UPSTREAM_SIM_PATH, "--listen", "127.0.0.1:0"},
-                                                 {}, dir_.path().string(), dir_.File("up.log"));
+    auto upstream = testing::ChildProcess::Spawn({UPSTREAM_SIM_PATH, "--listen", "127.0.0.1:0"}, {},
+                                                 dir_.path().string(), dir_.File("up.log"));
     ASSERT_TRUE(upstream.has_value()) << upstream.error().message;
     upstream_.emplace(std::move(*upstream));
     auto url = upstream_->WaitForLine("upstream-sim listening on ", std::chrono::seconds(10));
@@ -27,25 +27,31 @@ class GatewayTest : public IdemdTest {
   IdemdOptions WithRoutes() const {
     const std::string upstream = "http://127.0.0.1:" + std::to_string(upstream_url_.port);
     IdemdOptions o;
-    o.extra_tables = "[[routes]]\nname = \"orders.create\"\nmatch = \"POST /v1/orders\"\n"
-                     "upstream = \"" + upstream + "\"\n"
-                     "fingerprint.ignore = [\"trace_id\"]\n"
-                     "fingerprint.decimals = [\"amount\"]\n"
-                     "final_statuses = [\"2xx\", 400, 404, 422]\n"
-                     "store_headers = [\"Location\", \"Content-Type\"]\n"
-                     "forward_key_header = \"Idempotency-Key\"\n"
-                     "lease_ms = 2000\ntimeout_ms = 500\n"
-                     "[[routes]]\nname = \"orders.capture\"\n"
-                     "match = \"PUT /v1/orders/{id}/capture\"\n"
-                     "upstream = \"" + upstream + "\"\n"
-                     "store_headers = [\"Content-Type\"]\n"
-                     "[[routes]]\nname = \"notes.create\"\nmatch = \"POST /v1/notes\"\n"
-                     "upstream = \"" + upstream + "\"\nkey = \"optional\"\n";
+    o.extra_tables =
+        "[[routes]]\nname = \"orders.create\"\nmatch = \"POST /v1/orders\"\n"
+        "upstream = \"" +
+        upstream +
+        "\"\n"
+        "fingerprint.ignore = [\"trace_id\"]\n"
+        "fingerprint.decimals = [\"amount\"]\n"
+        "final_statuses = [\"2xx\", 400, 404, 422]\n"
+        "store_headers = [\"Location\", \"Content-Type\"]\n"
+        "forward_key_header = \"Idempotency-Key\"\n"
+        "lease_ms = 2000\ntimeout_ms = 500\n"
+        "[[routes]]\nname = \"orders.capture\"\n"
+        "match = \"PUT /v1/orders/{id}/capture\"\n"
+        "upstream = \"" +
+        upstream +
+        "\"\n"
+        "store_headers = [\"Content-Type\"]\n"
+        "[[routes]]\nname = \"notes.create\"\nmatch = \"POST /v1/notes\"\n"
+        "upstream = \"" +
+        upstream + "\"\nkey = \"optional\"\n";
     return o;
   }
 
-  http::Response Call(const std::string& method, const std::string& target,
-                      const std::string& key, const std::string& body,
+  http::Response Call(const std::string& method, const std::string& target, const std::string& key,
+                      const std::string& body,
                       const std::vector<std::pair<std::string, std::string>>& headers = {},
                       const std::string& api_key = kAlice) {
     http::Request req;
@@ -190,9 +196,9 @@ TEST_F(GatewayTest, RetryableAndFinalStatusesFollowTheRoute) {
   auto again = Call("POST", "/v1/orders", "order-key-0005", "{}");
   EXPECT_EQ(again.status, 201);
   // 404 is listed: final, replayed.
-  ASSERT_EQ(Call("POST", "/v1/orders", "order-key-0006", "{}", {{"X-Upstream-Status", "404"}})
-                .status,
-            404);
+  ASSERT_EQ(
+      Call("POST", "/v1/orders", "order-key-0006", "{}", {{"X-Upstream-Status", "404"}}).status,
+      404);
   auto replayed = Call("POST", "/v1/orders", "order-key-0006", "{}");
   EXPECT_EQ(replayed.status, 404);
   EXPECT_EQ(replayed.headers.Get("Idempotent-Replayed"), "true");

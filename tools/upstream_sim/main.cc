@@ -44,10 +44,9 @@ class UpstreamSim final : public http::Handler {
     if (request.method == "GET" || request.method == "HEAD") {
       co_return http::Response{405, {}, "this upstream only executes\n"};
     }
-    const int64_t status =
-        Number(request.headers.Get("x-upstream-status"), 100, 599).value_or(201);
-    const int64_t delay = Number(request.headers.Get("x-upstream-delay-ms"), 0, kMaxDelayMs)
-                              .value_or(0);
+    const int64_t status = Number(request.headers.Get("x-upstream-status"), 100, 599).value_or(201);
+    const int64_t delay =
+        Number(request.headers.Get("x-upstream-delay-ms"), 0, kMaxDelayMs).value_or(0);
     const std::optional<std::string_view> key = request.headers.Get("idempotency-key");
     int64_t n = 0;
     {
