@@ -145,8 +145,19 @@ class Engine {
   // With kFingerprintMismatch, and only then, *mismatch_expires (when not null) is set to the
   // expiry of the record that holds the key, which a caller may tell the client; every other
   // outcome leaves it untouched.
+  // Start begins with a snapshot read, which answers a finished record without the claim's write
+  // transaction; `read_first` = false leaves it out, for a caller that has just made it
+  // (ReplayFromStore found nothing to replay).
   Result<Decision> Start(const RoutePolicy& policy, const Request& request,
-                         const TxnHook& on_claim = {}, Timestamp* mismatch_expires = nullptr);
+                         const TxnHook& on_claim = {}, Timestamp* mismatch_expires = nullptr,
+                         bool read_first = true);
+
+  // Start's snapshot read alone: the replay of a finished, unexpired record, or the error Start
+  // would return for it (a mismatch); nullopt when the record is not finished or not there (then
+  // Start decides, read_first = false). No write transaction: a caller can run it where claims do
+  // not queue, so a replay never waits behind executions. Errors: as Start's.
+  Result<std::optional<Decision>> ReplayFromStore(const RoutePolicy& policy, const Request& request,
+                                                  Timestamp* mismatch_expires = nullptr);
 
   // Start's answer for a request whose record is finished and held in memory by the store's
   // cache (Store::ReadCached): the replay, or the error Start would return for it (a mismatch),
@@ -242,6 +253,11 @@ class Engine {
 
   // Removes the marker `token` placed, if any.
   void ReleaseMarker(const ScopeHash& scope, const std::optional<MarkerToken>& token);
+  // ReplayFromMemory and ReplayFromStore: the record `read` returns for the request's scope,
+  // replayed if it is finished and unexpired and the request is the same.
+  Result<std::optional<Decision>> ReplayOf(
+      const RoutePolicy& policy, const Request& request, Timestamp* mismatch_expires,
+      const std::function<Result<std::optional<Record>>(const ScopeHash&)>& read);
 
   Store& store_;
   const Fingerprinter& fingerprinter_;

@@ -401,6 +401,7 @@ Result<Config> LoadConfig(const std::string& path, const std::vector<std::string
   IDEM_RETURN_IF_ERROR(Read(t, "store", "url", c.store_url, o));
   IDEM_RETURN_IF_ERROR(Read(t, "store", "pool_size", c.store_pool_size, o));
   IDEM_RETURN_IF_ERROR(Read(t, "store", "threads", c.store_threads, o));
+  IDEM_RETURN_IF_ERROR(Read(t, "store", "read_threads", c.store_read_threads, o));
   IDEM_RETURN_IF_ERROR(Read(t, "store", "replay_cache_bytes", c.replay_cache_bytes, o));
   IDEM_RETURN_IF_ERROR(Read(t, "store", "prepared_statements", c.store_prepared_statements, o));
   PostgresTimeouts& timeouts = c.store_timeouts;
@@ -529,6 +530,9 @@ Result<Config> LoadConfig(const std::string& path, const std::vector<std::string
                       " (0: one per CPU)");
   }
   if (c.server.io_threads == 0) c.server.io_threads = IoThreadsPerCpu();
+  if (c.store_read_threads < 1 || c.store_read_threads > kStoreThreadsCeiling) {
+    return Bad(o, "store.read_threads must be 1.." + std::to_string(kStoreThreadsCeiling));
+  }
   if (c.store_threads > kStoreThreadsCeiling) {
     return Bad(o, "store.threads must be 0.." + std::to_string(kStoreThreadsCeiling));
   }

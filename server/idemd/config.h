@@ -46,6 +46,9 @@ struct Config {
   int store_pool_size = 4;
   // Threads that run the store's blocking calls; 0: a default by backend (StoreThreads).
   int store_threads = 0;
+  // Threads of their own for snapshot reads (replays not held in memory, parked requests' polls,
+  // GETs), so that they never queue behind claims and completions.
+  int store_read_threads = 2;
   // Bytes of finished records kept in memory for replays (Redis or not); 0 turns it off.
   int64_t replay_cache_bytes = 64 << 20;
   // PostgreSQL: server-side prepared statements (off behind PgBouncer transaction pooling).

@@ -112,6 +112,7 @@ TEST_F(ConfigTest, DefaultsWhenKeysAreAbsent) {
   EXPECT_EQ(c->server.max_parked, 1024);
   EXPECT_EQ(c->server.max_in_flight, 4096);
   EXPECT_EQ(c->server.io_threads, IoThreadsPerCpu()) << "0: one I/O thread per CPU";
+  EXPECT_EQ(c->store_read_threads, 2);
   EXPECT_GE(IoThreadsPerCpu(), 1);
   EXPECT_EQ(StoreThreads(*c), c->store_pool_size + kSqliteGroupWriters)
       << "0 on SQLite: the readers, and writers to share each commit";
@@ -200,6 +201,7 @@ TEST_F(ConfigTest, LimitsHoldAtTheirValueAndOnePast) {
        "[idempotency]\nmax_waiters_per_principal = " + parked_past + "\n",
        "max_waiters_per_principal"},
       {"[server]\nio_threads = 256\n", "[server]\nio_threads = 257\n", "io_threads"},
+      {"[store]\nread_threads = 1\n", "[store]\nread_threads = 0\n", "read_threads"},
       {"[server]\nio_threads = 0\n", "[server]\nio_threads = -1\n", "io_threads"},
       {"[server]\nmax_parked = " + parked + "\n", "[server]\nmax_parked = " + parked_past + "\n",
        "max_parked"},

@@ -135,9 +135,11 @@ RecordState FailurePolicy::Classify(int status) const {
 
 IdempotencyFilter::IdempotencyFilter(Engine& engine, http::BlockingPool& pool,
                                      MonotonicClock& monotonic, Metrics& metrics,
-                                     FilterPolicy policy, Operation& operation)
+                                     FilterPolicy policy, Operation& operation,
+                                     http::BlockingPool* reads)
     : engine_(engine),
       pool_(pool),
+      reads_(reads != nullptr ? *reads : pool),
       monotonic_(monotonic),
       metrics_(metrics),
       policy_(std::move(policy)),
@@ -237,7 +239,7 @@ http::Async<http::Response> IdempotencyFilter::Decide(const http::Request& reque
     // A parked request polls with a snapshot read: while the operation it waits for still holds
     // its lease, Start would only take the write lock (the claim transaction) to say so again.
     // The first call verified this request against the record, which a PROCESSING record keeps.
-    auto found = co_await pool_.Call(
+    auto found = co_await reads_.Call(
         [&] { return engine_.Lookup(principal, policy_.route, *engine_request.key_header); });
     metrics_.ObserveStore(monotonic_.SecondsSince(started));
     if (found && *found && (*found)->lease_left) {
@@ -251,20 +253,29 @@ http::Async<http::Response> IdempotencyFilter::Decide(const http::Request& reque
     // Finished, its lease ended, gone, or the read failed: Start decides.
   }
   SteadyTime claim_began{};  // Ticket::claim_began
-  Result<Decision> decision = held ? MakeError(Errc::kInternal, "undecided") : held.error();
+  Result<Decision> decision = MakeError(Errc::kInternal, "undecided");
+  if (held && !*held) {
+    // Not in memory: a snapshot read, on the reads' threads, answers a finished record; only
+    // what it cannot answer goes to the claim, which queues with the other writes.
+    held = co_await reads_.Call(
+        [&] { return engine_.ReplayFromStore(policy_.route, engine_request, &mismatch_expires); });
+    if (held && !*held) {
+      decision = co_await pool_.Call([&] {
+        return engine_.Start(
+            policy_.route, engine_request,
+            [&](StoreTxn& txn, const Record& record) {
+              claim_began = monotonic_.Now();  // inside the claim's transaction, before the hook
+              return operation_.OnClaim(txn, record, request, principal);
+            },
+            &mismatch_expires, /*read_first=*/false);
+      });
+    }
+    metrics_.ObserveStore(monotonic_.SecondsSince(started));
+  }
   if (held && *held) {
     decision = std::move(**held);
-  } else if (held) {
-    decision = co_await pool_.Call([&] {
-      return engine_.Start(
-          policy_.route, engine_request,
-          [&](StoreTxn& txn, const Record& record) {
-            claim_began = monotonic_.Now();  // inside the claim's transaction, before the hook
-            return operation_.OnClaim(txn, record, request, principal);
-          },
-          &mismatch_expires);
-    });
-    metrics_.ObserveStore(monotonic_.SecondsSince(started));
+  } else if (!held) {
+    decision = held.error();
   }
   if (!decision) {
     const Errc code = decision.error().code;

@@ -94,13 +94,16 @@ struct FilterPolicy {
   bool fingerprint_target = false;
 };
 
-// Thread-safe. Borrows the engine, the pool, the clock, the metrics and the operation; talks to
-// records only through the engine, whose calls run on `pool`. `monotonic` times Prefer: wait
-// deadlines, the latency metrics and the heartbeat that renews each execution's lease.
+// Thread-safe. Borrows the engine, the pools, the clock, the metrics and the operation; talks to
+// records only through the engine, whose calls run on `pool`, and its snapshot reads (a replay
+// not held in memory, a parked request's poll) on `reads` (default: `pool`), so that with a pool
+// of their own they never queue behind claims. `monotonic` times Prefer: wait deadlines, the
+// latency metrics and the heartbeat that renews each execution's lease.
 class IdempotencyFilter {
  public:
   IdempotencyFilter(Engine& engine, http::BlockingPool& pool, MonotonicClock& monotonic,
-                    Metrics& metrics, FilterPolicy policy, Operation& operation);
+                    Metrics& metrics, FilterPolicy policy, Operation& operation,
+                    http::BlockingPool* reads = nullptr);
 
   // Prefer: wait parks a duplicate of a running operation (context.park) when its principal has
   // fewer than policy.max_waiters_per_principal parked and the server has room
@@ -159,6 +162,7 @@ class IdempotencyFilter {
 
   Engine& engine_;
   http::BlockingPool& pool_;
+  http::BlockingPool& reads_;
   MonotonicClock& monotonic_;
   Metrics& metrics_;
   FilterPolicy policy_;

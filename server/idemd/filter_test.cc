@@ -11,6 +11,7 @@
 #include <atomic>
 #include <boost/json.hpp>
 #include <functional>
+#include <future>
 #include <latch>
 #include <mutex>
 #include <thread>
@@ -715,6 +716,35 @@ TEST_F(FilterTest, AFinishedRecordHeldInMemoryIsAnsweredWithoutAStoreCall) {
   EXPECT_EQ(op_.Executed(), 1);
   EXPECT_EQ(Requests("replayed"), 4);
   EXPECT_EQ(Requests("mismatch"), 1);
+}
+
+// A replay of a finished record that memory does not hold (another instance finished it, or this
+// one restarted) is read on the reads' threads: it does not wait while every thread of the
+// claims' pool is taken (claims queued behind a slow database). Before the reads had threads of
+// their own, the snapshot read ran inside Start on the claims' pool, and this replay waited for
+// the blocked thread until the test gave up (5 s).
+TEST_F(FilterTest, AReplayNotHeldInMemoryDoesNotQueueBehindClaims) {
+  http::BlockingPool claims(1);
+  http::BlockingPool reads(1);
+  IdempotencyFilter filter(*engine_, claims, monotonic_, metrics_, policy_, op_, &reads);
+  auto handle = [&](const http::Request& request) {
+    http::RequestContext context = Context();
+    return http::RunSync(filter.Handle(request, kAlice, context));
+  };
+  const http::Response first = handle(Post("key-00000001"));
+  ASSERT_EQ(first.status, 201);
+
+  std::latch release(1);
+  claims.Post([&] { release.wait(); });  // the claims' only thread, taken
+  auto replay = std::async(std::launch::async, [&] { return handle(Post("key-00000001")); });
+  const bool answered = replay.wait_for(std::chrono::seconds(5)) == std::future_status::ready;
+  release.count_down();
+  EXPECT_TRUE(answered) << "the replay waited for the claims' pool";
+  const http::Response r = replay.get();
+  EXPECT_EQ(r.status, 201);
+  EXPECT_EQ(HeaderOf(r, "Idempotent-Replayed"), "true");
+  EXPECT_EQ(r.body, first.body);
+  EXPECT_EQ(op_.Executed(), 1);
 }
 
 // A parked request polls with snapshot reads: while the first execution holds its lease, a poll

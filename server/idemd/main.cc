@@ -132,6 +132,9 @@ int Run(int argc, char** argv) {
   keys.max_length = config->key_max_length;
   // Every blocking store call of a request runs here; requests themselves hold no thread.
   http::BlockingPool store_pool(StoreThreads(*config));
+  // Snapshot reads (replays not held in memory, parked requests' polls, GETs) on threads of their
+  // own: they never queue behind claims and completions.
+  http::BlockingPool read_pool(config->store_read_threads);
   Payments payments(**store, store_pool, **provider, SystemClock(), SystemMonotonicClock(),
                     SystemRandom(), metrics, config->currencies,
                     ChargeCover{config->provider_timeout, config->lease_margin},
@@ -142,7 +145,7 @@ int Run(int argc, char** argv) {
                      config->max_retained, config->wait_max);
   payments_policy.max_waiters_per_principal = config->max_waiters_per_principal;
   IdempotencyFilter filter(engine, store_pool, SystemMonotonicClock(), metrics,
-                           std::move(payments_policy), payments);
+                           std::move(payments_policy), payments, &read_pool);
   // The gateway's routes (docs/gateway.md): each a filter in front of a proxy to its upstream,
   // with a keep-alive pool per route.
   std::vector<std::unique_ptr<http::ClientPool>> upstreams;
@@ -162,12 +165,13 @@ int Run(int argc, char** argv) {
     FilterPolicy policy =
         GatewayPolicy(route, keys, config->max_processing, config->max_retained, config->wait_max);
     policy.max_waiters_per_principal = config->max_waiters_per_principal;
-    gateway_filters.push_back(std::make_unique<IdempotencyFilter>(
-        engine, store_pool, SystemMonotonicClock(), metrics, std::move(policy), *proxies.back()));
+    gateway_filters.push_back(
+        std::make_unique<IdempotencyFilter>(engine, store_pool, SystemMonotonicClock(), metrics,
+                                            std::move(policy), *proxies.back(), &read_pool));
     gateway.push_back({&route, gateway_filters.back().get(), proxies.back().get()});
   }
   Service service(config->principals, **store, store_pool, metrics, filter, payments,
-                  std::move(gateway));
+                  std::move(gateway), &read_pool);
   JsonAccessLog log;
   auto server = http::Server::Start(config->server, service, &log);
   if (!server) return Fail(server.error().message);

@@ -28,9 +28,11 @@ http::Response MethodNotAllowed(const char* allow) {
 
 Service::Service(const std::vector<PrincipalEntry>& principals, Store& store,
                  http::BlockingPool& pool, Metrics& metrics, IdempotencyFilter& payments_filter,
-                 Payments& payments, std::vector<GatewayEndpoint> gateway)
+                 Payments& payments, std::vector<GatewayEndpoint> gateway,
+                 http::BlockingPool* reads)
     : store_(store),
       pool_(pool),
+      reads_(reads != nullptr ? *reads : pool),
       metrics_(metrics),
       payments_filter_(payments_filter),
       payments_(payments),
@@ -133,8 +135,8 @@ http::Async<http::Response> Service::Handle(const http::Request& request,
   }
   if (request.method != "GET") co_return MethodNotAllowed("GET");
   if (payment)
-    co_return co_await pool_.Call([&] { return payments_.Get(path.substr(13), *principal); });
-  co_return co_await pool_.Call(
+    co_return co_await reads_.Call([&] { return payments_.Get(path.substr(13), *principal); });
+  co_return co_await reads_.Call(
       [&] { return payments_filter_.GetOperation(path.substr(15), *principal); });
 }
 

@@ -24,12 +24,13 @@ struct GatewayEndpoint {
   ProxyOperation* proxy;
 };
 
-// Thread-safe. Borrows everything. Store calls run on `pool`.
+// Thread-safe. Borrows everything. Store calls run on `pool`; reads (GETs) on `reads` (default:
+// `pool`), so that with threads of their own they never queue behind claims.
 class Service final : public http::Handler {
  public:
   Service(const std::vector<PrincipalEntry>& principals, Store& store, http::BlockingPool& pool,
           Metrics& metrics, IdempotencyFilter& payments_filter, Payments& payments,
-          std::vector<GatewayEndpoint> gateway = {});
+          std::vector<GatewayEndpoint> gateway = {}, http::BlockingPool* reads = nullptr);
 
   http::Async<http::Response> Handle(const http::Request& request,
                                      http::RequestContext& context) override;
@@ -44,6 +45,7 @@ class Service final : public http::Handler {
   std::map<std::string, Principal> principals_;  // by hex SHA-256 of the API key
   Store& store_;
   http::BlockingPool& pool_;
+  http::BlockingPool& reads_;
   Metrics& metrics_;
   IdempotencyFilter& payments_filter_;
   Payments& payments_;

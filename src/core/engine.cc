@@ -88,7 +88,8 @@ Status VerifyRecord(const RoutePolicy& policy, const Request& request,
 }  // namespace
 
 Result<Decision> Engine::Start(const RoutePolicy& policy, const Request& request,
-                               const TxnHook& on_claim, Timestamp* mismatch_expires) {
+                               const TxnHook& on_claim, Timestamp* mismatch_expires,
+                               bool read_first) {
   if (!request.key_header) {
     return MakeError(Errc::kInvalidArgument, "the Idempotency-Key header is required");
   }
@@ -101,12 +102,14 @@ Result<Decision> Engine::Start(const RoutePolicy& policy, const Request& request
 
   // A finished, unexpired record never changes again: answer it from a snapshot read, without
   // taking the write lock.
-  IDEM_ASSIGN_OR_RETURN(std::optional<Record> seen, store_.Read(hash));
-  if (seen && IsReplayable(seen->state) && seen->expires_at > seen->observed_at) {
-    IDEM_RETURN_IF_ERROR(
-        VerifyRecord(policy, request, canonical, fingerprinter_, *seen, mismatch_expires));
-    decision.record = std::move(*seen);
-    return Replay(hash, std::move(decision));
+  if (read_first) {
+    IDEM_ASSIGN_OR_RETURN(std::optional<Record> seen, store_.Read(hash));
+    if (seen && IsReplayable(seen->state) && seen->expires_at > seen->observed_at) {
+      IDEM_RETURN_IF_ERROR(
+          VerifyRecord(policy, request, canonical, fingerprinter_, *seen, mismatch_expires));
+      decision.record = std::move(*seen);
+      return Replay(hash, std::move(decision));
+    }
   }
 
   ClaimSpec spec{hash,
@@ -160,13 +163,29 @@ Result<Decision> Engine::Start(const RoutePolicy& policy, const Request& request
 Result<std::optional<Decision>> Engine::ReplayFromMemory(const RoutePolicy& policy,
                                                          const Request& request,
                                                          Timestamp* mismatch_expires) {
+  return ReplayOf(policy, request, mismatch_expires,
+                  [&](const ScopeHash& scope) -> Result<std::optional<Record>> {
+                    return store_.ReadCached(scope);
+                  });
+}
+
+Result<std::optional<Decision>> Engine::ReplayFromStore(const RoutePolicy& policy,
+                                                        const Request& request,
+                                                        Timestamp* mismatch_expires) {
+  return ReplayOf(policy, request, mismatch_expires,
+                  [&](const ScopeHash& scope) { return store_.Read(scope); });
+}
+
+Result<std::optional<Decision>> Engine::ReplayOf(
+    const RoutePolicy& policy, const Request& request, Timestamp* mismatch_expires,
+    const std::function<Result<std::optional<Record>>(const ScopeHash&)>& read) {
   if (!request.key_header) return std::optional<Decision>();  // Start says what is wrong
   auto key = ParseIdempotencyKey(*request.key_header, policy.key_policy);
   if (!key) return std::optional<Decision>();
   const Scope scope{request.principal.tenant, request.principal.user, policy.route, *key};
   auto hash = scope.Hash();
   if (!hash) return std::optional<Decision>();
-  std::optional<Record> held = store_.ReadCached(*hash);
+  IDEM_ASSIGN_OR_RETURN(std::optional<Record> held, read(*hash));
   if (!held || !IsReplayable(held->state) || held->expires_at <= held->observed_at) {
     return std::optional<Decision>();
   }
