@@ -12,13 +12,8 @@ namespace {
 class GatewayTest : public IdemdTest {
  public:
   void SetUp() override {
-    auto upstream = testing::ChildProcess::Spawn({UPSTREAM_SIM_PATH, "--listen", "127.0.0.1:0"}, {},
-                                                 dir_.path().string(), dir_.File("up.log"));
-    ASSERT_TRUE(upstream.has_value()) << upstream.error().message;
-    upstream_.emplace(std::move(*upstream));
-    auto url = upstream_->WaitForLine("upstream-sim listening on ", std::chrono::seconds(10));
-    ASSERT_TRUE(url.has_value()) << url.error().message;
-    upstream_url_ = *http::ParseHttpUrl(*url);
+    StartService(UPSTREAM_SIM_PATH, "upstream-sim", "upstream.log", &upstream_, &upstream_url_);
+    if (HasFatalFailure()) return;
     IdemdTest::SetUp();
     if (HasFatalFailure()) return;
     StartIdemd(WithRoutes());

@@ -77,14 +77,20 @@ std::unique_ptr<Store> OpenExistingStore(const std::string& store_url) {
   return store ? std::move(*store) : nullptr;
 }
 
+void IdemdTest::StartService(const char* path, const std::string& name, const std::string& log,
+                             std::optional<testing::ChildProcess>* process, http::Url* url) {
+  auto started = testing::ChildProcess::Spawn({path, "--listen", "127.0.0.1:0"}, {},
+                                              dir_.path().string(), dir_.File(log));
+  ASSERT_TRUE(started.has_value()) << started.error().message;
+  process->emplace(std::move(*started));
+  auto line = (*process)->WaitForLine(name + " listening on ", std::chrono::seconds(10));
+  ASSERT_TRUE(line.has_value()) << line.error().message;
+  *url = *http::ParseHttpUrl(*line);
+}
+
 void IdemdTest::SetUp() {
-  auto provider = testing::ChildProcess::Spawn({PROVIDER_SIM_PATH, "--listen", "127.0.0.1:0"}, {},
-                                               dir_.path().string(), dir_.File("provider.log"));
-  ASSERT_TRUE(provider.has_value()) << provider.error().message;
-  provider_.emplace(std::move(*provider));
-  auto url = provider_->WaitForLine("provider-sim listening on ", std::chrono::seconds(10));
-  ASSERT_TRUE(url.has_value()) << url.error().message;
-  provider_url_ = *http::ParseHttpUrl(*url);
+  StartService(PROVIDER_SIM_PATH, "provider-sim", "provider.log", &provider_, &provider_url_);
+  if (HasFatalFailure()) return;
   testing::SeededRandom random(99);
   secrets_toml_ = "hmac_current = 1\nseal_current = 1\n[[hmac]]\nid = 1\nkey = \"" +
                   std::string(64, 'a') + "\"\n[[seal]]\nid = 1\nkey = \"" + std::string(64, 'b') +

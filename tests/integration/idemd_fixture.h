@@ -58,6 +58,12 @@ class IdemdTest : public ::testing::Test {
  public:
   void SetUp() override;
 
+  // Starts one of the test services (provider-sim, upstream-sim) on a free loopback port, its
+  // output in `log` of the test's directory, into *process, and sets *url once it has printed
+  // "<name> listening on URL". Fails the test (fatally) otherwise.
+  void StartService(const char* path, const std::string& name, const std::string& log,
+                    std::optional<testing::ChildProcess>* process, http::Url* url);
+
   struct IdemdOptions {
     std::string extra_idempotency{};  // lines appended to [idempotency], e.g. "max_retained = 3"
     std::string extra_server{};       // lines appended to [server], e.g. "max_parked = 10"
