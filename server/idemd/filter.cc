@@ -191,7 +191,7 @@ http::Response IdempotencyFilter::InProgress(const Running& running, bool respon
   }
   context.outcome = "in_progress";
   metrics_.CountRequest(policy_.route_label, "in_progress");
-  const std::string location = policy_.operations_prefix + running.key;
+  const std::string location = policy_.operations_prefix + running.key + policy_.operations_suffix;
   if (respond_async) return Accepted(running.key, location, running.key_expires);
   http::Response response =
       http::Problem(http::ProblemKind::kRequestInProgress,
@@ -294,7 +294,8 @@ http::Async<http::Response> IdempotencyFilter::Decide(const http::Request& reque
     co_return http::ProblemFor(decision.error());
   }
 
-  const std::string location = policy_.operations_prefix + decision->key;
+  const std::string location =
+      policy_.operations_prefix + decision->key + policy_.operations_suffix;
   switch (decision->kind) {
     case Decision::Kind::kReplay: {
       count("replayed");

@@ -84,8 +84,11 @@ struct FilterPolicy {
   // Requests one principal may have parked on Prefer: wait at once; beyond, a would-be waiter gets
   // the answer it would get without Prefer: wait (409 + Retry-After) at once.
   int64_t max_waiters_per_principal = limits::kMaxWaitersPerPrincipal;
-  std::string route_label;        // for metrics and logs, e.g. "payments.create"
-  std::string operations_prefix;  // Location of running operations, e.g. "/v1/operations/"
+  std::string route_label;  // for metrics and logs, e.g. "payments.create"
+  // The URL of a running operation is operations_prefix + key + operations_suffix, e.g.
+  // "/v1/operations/" + key, or with "?route=orders.create" for a gateway route.
+  std::string operations_prefix;
+  std::string operations_suffix;
   std::string api_version = "v1";
   // Response headers kept with a stored response (besides the status and body).
   std::vector<std::string> stored_headers = {"Location", "Content-Type"};
@@ -115,7 +118,8 @@ class IdempotencyFilter {
   http::Async<http::Response> Handle(const http::Request& request, const Principal& principal,
                                      http::RequestContext& context);
 
-  // GET {operations_prefix}{key}: the caller's own record for `key` on this route (blocking).
+  // GET {operations_prefix}{key}{operations_suffix}: the caller's own record for `key` on this
+  // route (blocking).
   http::Response GetOperation(std::string_view key, const Principal& principal);
 
   // Resolves up to `limit` stale records of this route; returns how many it resolved.

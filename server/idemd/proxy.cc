@@ -25,7 +25,9 @@ FilterPolicy GatewayPolicy(const GatewayRoute& route, const KeyPolicy& keys, int
   p.failures.final_statuses = route.final_statuses;
   p.wait_max = wait_max;
   p.route_label = route.name;
+  // Keys are per route: the operation's URL names it (route names need no encoding).
   p.operations_prefix = "/v1/operations/";
+  p.operations_suffix = "?route=" + route.name;
   p.stored_headers = route.store_headers;
   p.fingerprint_target = true;
   return p;

@@ -3,6 +3,7 @@
 
 #include <openssl/sha.h>
 
+#include <algorithm>
 #include <boost/json.hpp>
 #include <cstdio>
 #include <mutex>
@@ -136,8 +137,18 @@ http::Async<http::Response> Service::Handle(const http::Request& request,
   if (request.method != "GET") co_return MethodNotAllowed("GET");
   if (payment)
     co_return co_await reads_.Call([&] { return payments_.Get(path.substr(13), *principal); });
-  co_return co_await reads_.Call(
-      [&] { return payments_filter_.GetOperation(path.substr(15), *principal); });
+  // Keys are per route: ?route= names a gateway route's (its operations' Location says so);
+  // without it, the payments route's.
+  IdempotencyFilter* filter = &payments_filter_;
+  if (auto route = request.QueryParam("route")) {
+    auto named = std::find_if(gateway_.begin(), gateway_.end(),
+                              [&](const GatewayEndpoint& g) { return g.route->name == *route; });
+    if (named == gateway_.end()) {
+      co_return http::Problem(http::ProblemKind::kNotFound, "no gateway route with this name");
+    }
+    filter = named->filter;
+  }
+  co_return co_await reads_.Call([&] { return filter->GetOperation(path.substr(15), *principal); });
 }
 
 void JsonAccessLog::Write(const Entry& e) {

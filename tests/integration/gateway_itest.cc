@@ -119,7 +119,7 @@ TEST_F(GatewayTest, TheSameKeyWithAnotherRequestIs422AndExecutesNothing) {
 }
 
 TEST_F(GatewayTest, ConcurrentDuplicatesExecuteOnce) {
-  constexpr int kCopies = 20;
+  constexpr int kCopies = 50;
   std::atomic<int> created{0}, in_progress{0}, other{0};
   std::vector<std::thread> threads;
   for (int i = 0; i < kCopies; ++i) {
@@ -133,6 +133,61 @@ TEST_F(GatewayTest, ConcurrentDuplicatesExecuteOnce) {
   EXPECT_EQ(other.load(), 0);
   EXPECT_GE(created.load(), 1);
   EXPECT_EQ(created.load() + in_progress.load(), kCopies);
+  EXPECT_EQ(Total(), 1);
+}
+
+// A duplicate of a request the upstream is still executing: Prefer: wait holds it until the answer
+// is in; Prefer: respond-async answers 202 with the operation's URL, which shows it running, then
+// its answer. One execution.
+TEST_F(GatewayTest, ASlowUpstreamsDuplicatesWaitForItsAnswerOrComeBackToItsOperation) {
+  std::optional<http::Response> first;
+  std::thread slow([&] {
+    first = Call("POST", "/v1/orders", "order-key-0010", R"({"sku":"F6"})",
+                 {{"X-Upstream-Delay-Ms", "400"}});
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  auto later = Call("POST", "/v1/orders", "order-key-0010", R"({"sku":"F6"})",
+                    {{"Prefer", "respond-async"}});
+  EXPECT_EQ(later.status, 202) << later.body;
+  const std::string location(later.headers.Get("Location").value_or(""));
+  EXPECT_EQ(location, "/v1/operations/order-key-0010?route=orders.create");
+  auto running = Get(location);
+  EXPECT_EQ(running.status, 200) << running.body;
+  EXPECT_EQ(ParseObject(running.body).at("state").as_string(), "PROCESSING") << running.body;
+  EXPECT_EQ(ParseObject(running.body).at("recovery_point").as_string(), "forwarded");
+  auto waited =
+      Call("POST", "/v1/orders", "order-key-0010", R"({"sku":"F6"})", {{"Prefer", "wait=5"}});
+  slow.join();
+  ASSERT_TRUE(first.has_value());
+  ASSERT_EQ(first->status, 201) << first->body;
+  EXPECT_EQ(waited.status, 201) << waited.body;
+  EXPECT_EQ(waited.headers.Get("Idempotent-Replayed"), "true");
+  EXPECT_EQ(waited.body, first->body);
+  auto done = Get(location);
+  ASSERT_EQ(done.status, 200) << done.body;
+  const boost::json::object operation = ParseObject(done.body);
+  EXPECT_EQ(operation.at("state").as_string(), "SUCCEEDED");
+  EXPECT_EQ(operation.at("status_code").as_int64(), 201);
+  EXPECT_EQ(operation.at("recovery_point").as_string(), "done");
+  EXPECT_EQ(boost::json::serialize(operation.at("response")), first->body);
+  // The operation is the caller's own, and on its own route.
+  EXPECT_EQ(Get(location, kCarol).status, 404);
+  EXPECT_EQ(Get("/v1/operations/order-key-0010").status, 404) << "payments has no such key";
+  EXPECT_EQ(Get("/v1/operations/order-key-0010?route=no.such.route").status, 404);
+  EXPECT_EQ(Total(), 1);
+}
+
+TEST_F(GatewayTest, OversizedAndMalformedRequestsAreRefusedAndNothingIsForwarded) {
+  auto oversized = Call("POST", "/v1/orders", "order-key-0011",
+                        R"({"sku":")" + std::string(70 * 1024, 'x') + "\"}");
+  EXPECT_EQ(oversized.status, 413) << oversized.body;
+  auto malformed = Call("POST", "/v1/orders", "order-key-0012", R"({"sku":)");
+  EXPECT_EQ(malformed.status, 400) << malformed.body;
+  EXPECT_NE(malformed.body.find("invalid JSON at byte 7"), std::string::npos) << malformed.body;
+  auto bad_key = Call("POST", "/v1/orders", "bad key!", R"({"sku":"G7"})");
+  EXPECT_EQ(bad_key.status, 400) << bad_key.body;
+  // Refused requests hold no key: the same key with a good request is its first execution.
+  EXPECT_EQ(Call("POST", "/v1/orders", "order-key-0012", R"({"sku":"G7"})").status, 201);
   EXPECT_EQ(Total(), 1);
 }
 
