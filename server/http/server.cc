@@ -440,23 +440,24 @@ class ServerImpl final : public Server {
 }  // namespace
 
 namespace {
-sigset_t StopSignals() {
+sigset_t WaitedSignals() {
   sigset_t signals;
   sigemptyset(&signals);
   sigaddset(&signals, SIGTERM);
   sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGHUP);
   return signals;
 }
 }  // namespace
 
-void BlockStopSignals() {
-  const sigset_t signals = StopSignals();
+void BlockSignals() {
+  const sigset_t signals = WaitedSignals();
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
   signal(SIGPIPE, SIG_IGN);
 }
 
-int WaitForStopSignal() {
-  const sigset_t signals = StopSignals();
+int WaitForSignal() {
+  const sigset_t signals = WaitedSignals();
   int sig = 0;
   sigwait(&signals, &sig);
   return sig;

@@ -123,10 +123,10 @@ class Server {
   virtual void Drain() = 0;
 };
 
-// For main(): blocks SIGTERM and SIGINT in the calling thread and every thread it starts later
-// (so only WaitForStopSignal sees them) and ignores SIGPIPE. Call before starting threads.
-void BlockStopSignals();
-// Waits for SIGTERM or SIGINT and returns it.
-int WaitForStopSignal();
+// For main(): blocks SIGTERM, SIGINT and SIGHUP in the calling thread and every thread it starts
+// later (so only WaitForSignal sees them) and ignores SIGPIPE. Call before starting threads.
+void BlockSignals();
+// Waits for SIGTERM, SIGINT (stop) or SIGHUP (reload) and returns it.
+int WaitForSignal();
 
 }  // namespace idem::http

@@ -222,6 +222,18 @@ Status RouteStatuses(const toml::node& node, GatewayRoute& route) {
   return Ok();
 }
 
+// An upstream's URL as "scheme://host[:port]": http or https, a host, no path, query or user.
+Result<std::string> ParseUpstream(const std::string& text) {
+  auto url = boost::urls::parse_absolute_uri(text);
+  if (!url || (url->scheme() != "http" && url->scheme() != "https") || url->host().empty() ||
+      !(url->path().empty() || url->path() == "/") || url->has_query() || url->has_userinfo()) {
+    return MakeError(
+        Errc::kInvalidArgument,
+        "must be http://host[:port] or https://host[:port], without a path, got '" + text + "'");
+  }
+  return std::string(url->scheme()) + "://" + std::string(url->encoded_host_and_port());
+}
+
 // Whether `route` could match one of idemd's own paths (with any method).
 bool ShadowsIdemd(const GatewayRoute& route) {
   for (const char* own : {"/healthz", "/readyz", "/metrics", "/v1/payments", "/v1/payments/{id}",
@@ -262,13 +274,9 @@ Result<GatewayRoute> ReadGatewayRoute(const toml::table& t, const std::string& o
     } else if (k == "upstream") {
       auto text = node.value<std::string>();
       if (!text) return at("must be a string");
-      auto url = boost::urls::parse_absolute_uri(*text);
-      if (!url || (url->scheme() != "http" && url->scheme() != "https") || url->host().empty() ||
-          !(url->path().empty() || url->path() == "/") || url->has_query() || url->has_userinfo()) {
-        return at("must be http://host[:port] or https://host[:port], without a path, got '" +
-                  *text + "'");
-      }
-      r.upstream = std::string(url->scheme()) + "://" + std::string(url->encoded_host_and_port());
+      auto upstream = ParseUpstream(*text);
+      if (!upstream) return at(upstream.error().message);
+      r.upstream = std::move(*upstream);
     } else if (k == "key") {
       auto text = node.value<std::string>();
       if (!text || (*text != "required" && *text != "optional")) {
@@ -328,6 +336,61 @@ Result<GatewayRoute> ReadGatewayRoute(const toml::table& t, const std::string& o
   }
   if (r.retention <= r.lease) return bad("retention_hours must be longer than lease_ms");
   return r;
+}
+
+// [gateway]: what happens to requests no route matches, where principals come from, and the
+// upstream pools' bounds. Unknown keys are errors, with their line.
+Status ReadGatewaySection(const toml::table& t, const std::string& origin, GatewayConfig& out) {
+  const toml::node* node = t.get("gateway");
+  if (node == nullptr) return Ok();
+  const toml::table* g = node->as_table();
+  if (g == nullptr) return Bad(origin, "gateway must be a table");
+  for (const auto& [key, n] : *g) {
+    const std::string k(key.str());
+    if (k != "unmatched" && k != "upstream" && k != "timeout_ms" && k != "principal_header" &&
+        k != "max_connections" && k != "ca_file") {
+      return Bad(origin + ":" + std::to_string(n.source().begin.line),
+                 "gateway." + k + ": unknown key");
+    }
+  }
+  std::string unmatched = "not_found";
+  IDEM_RETURN_IF_ERROR(Read(t, "gateway", "unmatched", unmatched, origin));
+  if (unmatched != "not_found" && unmatched != "forward") {
+    return Bad(origin,
+               "gateway.unmatched must be \"not_found\" or \"forward\", got '" + unmatched + "'");
+  }
+  out.forward_unmatched = unmatched == "forward";
+  std::string upstream;
+  IDEM_RETURN_IF_ERROR(Read(t, "gateway", "upstream", upstream, origin));
+  if (!upstream.empty()) {
+    auto parsed = ParseUpstream(upstream);
+    if (!parsed) return Bad(origin, "gateway.upstream " + parsed.error().message);
+    out.unmatched_upstream = std::move(*parsed);
+  }
+  if (out.forward_unmatched && out.unmatched_upstream.empty()) {
+    return Bad(origin, "gateway.unmatched = \"forward\" needs gateway.upstream");
+  }
+  IDEM_RETURN_IF_ERROR(ReadMillis(t, "gateway", "timeout_ms", out.unmatched_timeout, origin));
+  if (out.unmatched_timeout < Millis(1) || out.unmatched_timeout > Millis(3'600'000)) {
+    return Bad(origin, "gateway.timeout_ms must be 1..3600000");
+  }
+  IDEM_RETURN_IF_ERROR(Read(t, "gateway", "principal_header", out.principal_header, origin));
+  std::transform(out.principal_header.begin(), out.principal_header.end(),
+                 out.principal_header.begin(), ::tolower);
+  const bool token =
+      std::all_of(out.principal_header.begin(), out.principal_header.end(),
+                  [](unsigned char ch) { return std::isalnum(ch) != 0 || ch == '-' || ch == '_'; });
+  if (!token || out.principal_header.size() > 64 || IsUnforwardableHeader(out.principal_header)) {
+    return Bad(origin,
+               "gateway.principal_header must be a header name of at most 64 letters, "
+               "digits, - and _, and not a credential or hop-by-hop header");
+  }
+  IDEM_RETURN_IF_ERROR(Read(t, "gateway", "max_connections", out.max_connections, origin));
+  if (out.max_connections < 1 || out.max_connections > kMaxInFlightCeiling) {
+    return Bad(origin, "gateway.max_connections must be 1.." + std::to_string(kMaxInFlightCeiling));
+  }
+  IDEM_RETURN_IF_ERROR(Read(t, "gateway", "ca_file", out.ca_file, origin));
+  return Ok();
 }
 
 Status ReadGatewayRoutes(const toml::table& t, const std::string& origin,
@@ -482,7 +545,8 @@ Result<Config> LoadConfig(const std::string& path, const std::vector<std::string
     }
   }
 
-  IDEM_RETURN_IF_ERROR(ReadGatewayRoutes(t, o, c.routes));
+  IDEM_RETURN_IF_ERROR(ReadGatewaySection(t, o, c.gateway));
+  IDEM_RETURN_IF_ERROR(ReadGatewayRoutes(t, o, c.gateway.routes));
 
   for (std::size_t i = 0; i < overrides.size(); ++i) {
     const std::string& flag = overrides[i];

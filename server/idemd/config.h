@@ -106,8 +106,8 @@ struct Config {
 
   std::vector<PrincipalEntry> principals;
 
-  // The gateway's routes ([[routes]], docs/gateway.md), in the file's order.
-  std::vector<GatewayRoute> routes;
+  // The gateway ([gateway] and [[routes]], docs/gateway.md).
+  GatewayConfig gateway;
 };
 
 // Reads `path` (TOML), applies `overrides` (--listen, --store, --redis, --provider), then loads

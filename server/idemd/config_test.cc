@@ -376,8 +376,8 @@ upstream = "https://orders.internal:8443/"
 )")),
                       {});
   ASSERT_TRUE(c.has_value()) << c.error().message;
-  ASSERT_EQ(c->routes.size(), 2u);
-  const GatewayRoute& r = c->routes[0];
+  ASSERT_EQ(c->gateway.routes.size(), 2u);
+  const GatewayRoute& r = c->gateway.routes[0];
   EXPECT_EQ(r.name, "orders.create");
   EXPECT_EQ(r.RouteId(), "gw.orders.create");
   EXPECT_EQ(r.method, "POST");
@@ -394,19 +394,21 @@ upstream = "https://orders.internal:8443/"
   EXPECT_EQ(r.timeout, Millis(5000));
   EXPECT_EQ(r.retention, Millis(24LL * 3600 * 1000));
   EXPECT_EQ(r.line, 4);
-  const GatewayRoute& capture = c->routes[1];
+  const GatewayRoute& capture = c->gateway.routes[1];
   EXPECT_TRUE(capture.key_required) << "keys are required unless the route says otherwise";
   EXPECT_EQ(capture.upstream, "https://orders.internal:8443");
   EXPECT_EQ(capture.line, 18);
 
-  EXPECT_EQ(MatchGatewayRoute(c->routes, "POST", "/v1/orders"), &c->routes[0]);
-  EXPECT_EQ(MatchGatewayRoute(c->routes, "PUT", "/v1/orders/o-17/capture"), &c->routes[1]);
-  EXPECT_EQ(MatchGatewayRoute(c->routes, "GET", "/v1/orders"), nullptr) << "another method";
-  EXPECT_EQ(MatchGatewayRoute(c->routes, "POST", "/v1/orders/"), nullptr) << "trailing slash";
-  EXPECT_EQ(MatchGatewayRoute(c->routes, "PUT", "/v1/orders//capture"), nullptr)
+  EXPECT_EQ(MatchGatewayRoute(c->gateway.routes, "POST", "/v1/orders"), &c->gateway.routes[0]);
+  EXPECT_EQ(MatchGatewayRoute(c->gateway.routes, "PUT", "/v1/orders/o-17/capture"),
+            &c->gateway.routes[1]);
+  EXPECT_EQ(MatchGatewayRoute(c->gateway.routes, "GET", "/v1/orders"), nullptr) << "another method";
+  EXPECT_EQ(MatchGatewayRoute(c->gateway.routes, "POST", "/v1/orders/"), nullptr)
+      << "trailing slash";
+  EXPECT_EQ(MatchGatewayRoute(c->gateway.routes, "PUT", "/v1/orders//capture"), nullptr)
       << "an empty segment is no {id}";
-  EXPECT_EQ(MatchGatewayRoute(c->routes, "PUT", "/v1/orders/a/b/capture"), nullptr);
-  EXPECT_EQ(MatchGatewayRoute(c->routes, "POST", "/v1/order"), nullptr);
+  EXPECT_EQ(MatchGatewayRoute(c->gateway.routes, "PUT", "/v1/orders/a/b/capture"), nullptr);
+  EXPECT_EQ(MatchGatewayRoute(c->gateway.routes, "POST", "/v1/order"), nullptr);
 }
 
 TEST_F(ConfigTest, BadGatewayRoutesAreStartUpErrorsWithTheirLine) {
@@ -472,6 +474,44 @@ TEST_F(ConfigTest, BadGatewayRoutesAreStartUpErrorsWithTheirLine) {
     EXPECT_EQ(c.error().code, Errc::kInvalidArgument);
     EXPECT_NE(c.error().message.find(k.expect), std::string::npos)
         << "expected: " << k.expect << "\ngot: " << c.error().message;
+  }
+}
+
+TEST_F(ConfigTest, TheGatewaySectionHasSafeDefaultsAndIsChecked) {
+  auto plain = LoadConfig(Write("c.toml", Minimal()), {});
+  ASSERT_TRUE(plain.has_value()) << plain.error().message;
+  EXPECT_FALSE(plain->gateway.forward_unmatched) << "unmatched paths: 404 unless asked";
+  EXPECT_TRUE(plain->gateway.principal_header.empty()) << "no trusted header unless asked";
+
+  auto set = LoadConfig(Write("c.toml", Minimal("[gateway]\nunmatched = \"forward\"\n"
+                                                "upstream = \"http://127.0.0.1:3000/\"\n"
+                                                "timeout_ms = 2500\n"
+                                                "principal_header = \"X-Authenticated-User\"\n"
+                                                "max_connections = 64\nca_file = \"/ca.pem\"\n")),
+                        {});
+  ASSERT_TRUE(set.has_value()) << set.error().message;
+  EXPECT_TRUE(set->gateway.forward_unmatched);
+  EXPECT_EQ(set->gateway.unmatched_upstream, "http://127.0.0.1:3000");
+  EXPECT_EQ(set->gateway.unmatched_timeout, Millis(2500));
+  EXPECT_EQ(set->gateway.principal_header, "x-authenticated-user");
+  EXPECT_EQ(set->gateway.max_connections, 64);
+  EXPECT_EQ(set->gateway.ca_file, "/ca.pem");
+
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"[gateway]\nunmatched = \"forward\"\n", "needs gateway.upstream"},
+      {"[gateway]\nunmatched = \"pass\"\n", "gateway.unmatched must be"},
+      {"[gateway]\nupstream = \"http://h:1/base\"\n", "without a path"},
+      {"[gateway]\ncolour = 1\n", ":5: gateway.colour: unknown key"},
+      {"[gateway]\nprincipal_header = \"Authorization\"\n", "not a credential"},
+      {"[gateway]\nprincipal_header = \"X User\"\n", "principal_header must be"},
+      {"[gateway]\nmax_connections = 0\n", "gateway.max_connections must be"},
+      {"[gateway]\ntimeout_ms = 0\n", "gateway.timeout_ms must be"},
+  };
+  for (const auto& [toml, expect] : cases) {
+    auto c = LoadConfig(Write("c.toml", Minimal(toml)), {});
+    ASSERT_FALSE(c.has_value()) << toml;
+    EXPECT_NE(c.error().message.find(expect), std::string::npos)
+        << "expected: " << expect << "\ngot: " << c.error().message;
   }
 }
 

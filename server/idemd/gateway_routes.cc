@@ -95,22 +95,26 @@ std::string ParseGatewayMatch(std::string_view match, GatewayRoute& route) {
   return "";
 }
 
+bool IsHopByHopHeader(std::string_view lower_name) {
+  constexpr std::array<std::string_view, 11> kHop = {"connection",
+                                                     "keep-alive",
+                                                     "proxy-authenticate",
+                                                     "proxy-authorization",
+                                                     "te",
+                                                     "trailer",
+                                                     "transfer-encoding",
+                                                     "upgrade",
+                                                     "proxy-connection",
+                                                     "host",
+                                                     "content-length"};
+  return std::find(kHop.begin(), kHop.end(), lower_name) != kHop.end();
+}
+
 bool IsUnforwardableHeader(std::string_view lower_name) {
-  constexpr std::array<std::string_view, 14> kNever = {"connection",
-                                                       "keep-alive",
-                                                       "proxy-authenticate",
-                                                       "proxy-authorization",
-                                                       "te",
-                                                       "trailer",
-                                                       "transfer-encoding",
-                                                       "upgrade",
-                                                       "host",
-                                                       "authorization",
-                                                       "cookie",
-                                                       "set-cookie",
-                                                       "content-length",
-                                                       "idempotency-key"};
-  return std::find(kNever.begin(), kNever.end(), lower_name) != kNever.end();
+  constexpr std::array<std::string_view, 4> kNever = {"authorization", "cookie", "set-cookie",
+                                                      "idempotency-key"};
+  return IsHopByHopHeader(lower_name) ||
+         std::find(kNever.begin(), kNever.end(), lower_name) != kNever.end();
 }
 
 }  // namespace idem::idemd

@@ -44,6 +44,22 @@ struct GatewayRoute {
   std::string RouteId() const { return "gw." + name; }
 };
 
+// The gateway's settings ([gateway] and [[routes]]): what SIGHUP reloads.
+struct GatewayConfig {
+  std::vector<GatewayRoute> routes;  // in the file's order
+  // Requests that match no route and no path of idemd's own: forwarded as they are to
+  // `unmatched_upstream` (no protocol, no authentication by idemd), or answered 404.
+  bool forward_unmatched = false;
+  std::string unmatched_upstream;  // http://host[:port] or https://host[:port]
+  Millis unmatched_timeout{10000};
+  // "" (the default): a gateway route's principal is the API key's ([[principals]]). Else, the
+  // lower-case name of a header set by the user's own authentication layer in front of idemd,
+  // which idemd then trusts: its value is the principal (tenant "header").
+  std::string principal_header;
+  int max_connections = 1024;  // per upstream: each route's pool, and the unmatched one
+  std::string ca_file;         // https upstreams: the CAs to trust; empty: the system's
+};
+
 // The route `method` and `path` (no query) belong to, or nullptr. Routes never overlap (checked
 // at start), so at most one matches.
 const GatewayRoute* MatchGatewayRoute(const std::vector<GatewayRoute>& routes,
@@ -56,8 +72,12 @@ bool GatewayRoutesOverlap(const GatewayRoute& a, const GatewayRoute& b);
 // error message, or "".
 std::string ParseGatewayMatch(std::string_view match, GatewayRoute& route);
 
-// Headers that are never stored, replayed or forwarded as they came: hop-by-hop headers,
-// credentials and cookies (lower case).
+// Headers of one hop of a connection, which a proxy never passes on (lower case): Connection and
+// the headers it governs, Host and Content-Length (the next hop sets its own).
+bool IsHopByHopHeader(std::string_view lower_name);
+
+// Headers that are never stored, replayed or forwarded on a route: hop-by-hop headers,
+// credentials, cookies and the client's Idempotency-Key (lower case).
 bool IsUnforwardableHeader(std::string_view lower_name);
 
 }  // namespace idem::idemd

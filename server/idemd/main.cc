@@ -17,10 +17,10 @@
 #include "server/http/server.h"
 #include "server/idemd/config.h"
 #include "server/idemd/filter.h"
+#include "server/idemd/gateway.h"
 #include "server/idemd/metrics.h"
 #include "server/idemd/payments.h"
 #include "server/idemd/provider.h"
-#include "server/idemd/proxy.h"
 #include "server/idemd/reconciliation.h"
 #include "server/idemd/service.h"
 #include "server/idemd/store_url.h"
@@ -63,6 +63,29 @@ class Loop {
   std::thread thread_;
 };
 
+// SIGHUP: reads the config file again and serves its [gateway] and [[routes]] from now on; the
+// requests in flight finish on the routes they began on. Every other setting needs a restart. A
+// file that does not load, or routes whose pools cannot be made, change nothing.
+void Reload(const std::string& path, const std::vector<std::string>& overrides,
+            const GatewayDeps& deps, Service& service) {
+  auto fail = [](const std::string& why) {
+    boost::json::object line{
+        {"level", "error"}, {"msg", "reload failed; the routes are unchanged"}, {"error", why}};
+    std::fprintf(stderr, "%s\n", boost::json::serialize(line).c_str());
+  };
+  auto config = LoadConfig(path, overrides);
+  if (!config) return fail(config.error().message);
+  const std::size_t routes = config->gateway.routes.size();
+  auto gateway = Gateway::Make(std::move(config->gateway), deps);
+  if (!gateway) return fail(gateway.error().message);
+  service.SetGateway(std::move(*gateway));
+  std::fprintf(stderr,
+               "{\"level\":\"info\",\"msg\":\"routes reloaded\",\"routes\":%zu,"
+               "\"note\":\"only [gateway] and [[routes]] take effect; other settings need a "
+               "restart\"}\n",
+               routes);
+}
+
 int Run(int argc, char** argv) {
   std::string config_path;
   std::vector<std::string> overrides;
@@ -83,7 +106,7 @@ int Run(int argc, char** argv) {
   if (!config) return Fail(config.error().message);
 
   // Signals are taken by this thread only, through sigwait; every other thread blocks them.
-  http::BlockStopSignals();
+  http::BlockSignals();
 
   if (const char* spec = std::getenv("IDEM_FAILPOINTS"); spec != nullptr && *spec != '\0') {
     if (auto armed = ArmFailpoints(spec); !armed) {
@@ -146,32 +169,23 @@ int Run(int argc, char** argv) {
   payments_policy.max_waiters_per_principal = config->max_waiters_per_principal;
   IdempotencyFilter filter(engine, store_pool, SystemMonotonicClock(), metrics,
                            std::move(payments_policy), payments, &read_pool);
-  // The gateway's routes (docs/gateway.md): each a filter in front of a proxy to its upstream,
-  // with a keep-alive pool per route.
-  std::vector<std::unique_ptr<http::ClientPool>> upstreams;
-  std::vector<std::unique_ptr<ProxyOperation>> proxies;
-  std::vector<std::unique_ptr<IdempotencyFilter>> gateway_filters;
-  std::vector<GatewayEndpoint> gateway;
-  for (const GatewayRoute& route : config->routes) {
-    auto url = http::ParseHttpUrl(route.upstream);
-    if (!url) return Fail("route " + route.name + ": " + url.error().message);
-    auto pool = http::ClientPool::Make(*url, {.max_connections = config->provider_max_connections,
-                                              .tls = {.ca_file = config->provider_ca_file}});
-    if (!pool) return Fail("route " + route.name + ": " + pool.error().message);
-    upstreams.push_back(std::move(*pool));
-    proxies.push_back(std::make_unique<ProxyOperation>(route, *upstreams.back(), store_pool,
-                                                       SystemMonotonicClock(), metrics,
-                                                       config->lease_margin));
-    FilterPolicy policy =
-        GatewayPolicy(route, keys, config->max_processing, config->max_retained, config->wait_max);
-    policy.max_waiters_per_principal = config->max_waiters_per_principal;
-    gateway_filters.push_back(
-        std::make_unique<IdempotencyFilter>(engine, store_pool, SystemMonotonicClock(), metrics,
-                                            std::move(policy), *proxies.back(), &read_pool));
-    gateway.push_back({&route, gateway_filters.back().get(), proxies.back().get()});
-  }
+  // The gateway (docs/gateway.md): each route a filter in front of a proxy to its upstream, with
+  // a keep-alive pool per route; SIGHUP builds it again from the file.
+  const GatewayDeps gateway_deps{.engine = engine,
+                                 .pool = store_pool,
+                                 .reads = read_pool,
+                                 .monotonic = SystemMonotonicClock(),
+                                 .metrics = metrics,
+                                 .keys = keys,
+                                 .max_processing = config->max_processing,
+                                 .max_retained = config->max_retained,
+                                 .max_waiters_per_principal = config->max_waiters_per_principal,
+                                 .wait_max = config->wait_max,
+                                 .lease_margin = config->lease_margin};
+  auto gateway = Gateway::Make(config->gateway, gateway_deps);
+  if (!gateway) return Fail(gateway.error().message);
   Service service(config->principals, **store, store_pool, metrics, filter, payments,
-                  std::move(gateway), &read_pool);
+                  std::move(*gateway), &read_pool);
   JsonAccessLog log;
   auto server = http::Server::Start(config->server, service, &log);
   if (!server) return Fail(server.error().message);
@@ -193,9 +207,8 @@ int Run(int argc, char** argv) {
     Loop sweeper(config->sweep_interval, [&] { (void)SweepExpired(**store); });
     Loop reconciler(config->reconcile_interval, [&] {
       filter.ReconcileOnce(100, [&](const std::string& key) { (*server)->Notify(key); });
-      for (auto& g : gateway_filters) {
-        g->ReconcileOnce(100, [&](const std::string& key) { (*server)->Notify(key); });
-      }
+      service.CurrentGateway()->ReconcileOnce(
+          100, [&](const std::string& key) { (*server)->Notify(key); });
     });
     // The books: the provider's charges against the payments (docs/reconciliation.md).
     Reconciliation books(**store, **provider, SystemClock(), SystemRandom(), &metrics,
@@ -219,7 +232,9 @@ int Run(int argc, char** argv) {
         std::fprintf(stderr, "%s\n", boost::json::serialize(line).c_str());
       });
     }
-    const int sig = http::WaitForStopSignal();
+    int sig = 0;
+    while ((sig = http::WaitForSignal()) == SIGHUP)
+      Reload(config_path, overrides, gateway_deps, service);
     std::fprintf(stderr, "{\"msg\":\"draining\",\"signal\":%d}\n", sig);
     (*server)->Drain();
   }

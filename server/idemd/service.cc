@@ -7,6 +7,7 @@
 #include <boost/json.hpp>
 #include <cstdio>
 #include <mutex>
+#include <utility>
 
 #include "server/http/problem.h"
 
@@ -29,7 +30,7 @@ http::Response MethodNotAllowed(const char* allow) {
 
 Service::Service(const std::vector<PrincipalEntry>& principals, Store& store,
                  http::BlockingPool& pool, Metrics& metrics, IdempotencyFilter& payments_filter,
-                 Payments& payments, std::vector<GatewayEndpoint> gateway,
+                 Payments& payments, std::shared_ptr<const Gateway> gateway,
                  http::BlockingPool* reads)
     : store_(store),
       pool_(pool),
@@ -39,7 +40,20 @@ Service::Service(const std::vector<PrincipalEntry>& principals, Store& store,
       payments_(payments),
       gateway_(std::move(gateway)) {
   for (const PrincipalEntry& p : principals) principals_[p.api_key_sha256] = {p.tenant, p.user};
-  for (const GatewayEndpoint& g : gateway_) gateway_routes_.push_back(*g.route);
+}
+
+void Service::SetGateway(std::shared_ptr<const Gateway> gateway) {
+  std::shared_ptr<const Gateway> before;
+  {
+    std::lock_guard lock(gateway_mu_);
+    before = std::exchange(gateway_, std::move(gateway));
+  }
+  // `before` is released here, outside the lock: its last request may have ended already.
+}
+
+std::shared_ptr<const Gateway> Service::CurrentGateway() const {
+  std::lock_guard lock(gateway_mu_);
+  return gateway_;
 }
 
 std::optional<Principal> Service::Authenticate(const http::Request& request) const {
@@ -60,10 +74,22 @@ std::optional<Principal> Service::Authenticate(const http::Request& request) con
   return it->second;
 }
 
-http::Response Service::Unauthorized(http::RequestContext& context) {
+std::optional<Principal> Service::GatewayPrincipal(const http::Request& request,
+                                                   const Gateway& gateway) const {
+  const std::string& header = gateway.Settings().principal_header;
+  if (header.empty()) return Authenticate(request);
+  auto value = request.headers.Get(header);
+  if (!value || request.headers.Count(header) != 1 || value->empty() ||
+      value->size() > kMaxPrincipalHeaderBytes) {
+    return std::nullopt;
+  }
+  return Principal{"header", std::string(*value)};
+}
+
+http::Response Service::Unauthorized(http::RequestContext& context, const std::string& detail) {
   context.outcome = "unauthorized";
   metrics_.CountRequest(context.route, "unauthorized");
-  auto r = http::Problem(http::ProblemKind::kUnauthorized, "send Authorization: Bearer <api key>");
+  auto r = http::Problem(http::ProblemKind::kUnauthorized, detail);
   r.headers.Set("WWW-Authenticate", "Bearer");
   return r;
 }
@@ -103,30 +129,31 @@ http::Async<http::Response> Service::Handle(const http::Request& request,
     co_return r;
   }
 
-  if (const GatewayRoute* route = MatchGatewayRoute(gateway_routes_, request.method, path)) {
-    const GatewayEndpoint& gateway =
-        gateway_[static_cast<std::size_t>(route - gateway_routes_.data())];
-    context.route = route->name;
-    auto principal = Authenticate(request);
-    if (!principal) {
-      co_return Unauthorized(context);
-    }
-    if (!route->key_required && request.headers.Count("idempotency-key") == 0) {
-      context.outcome = "forwarded_without_key";
-      co_return co_await gateway.proxy->ForwardWithoutKey(request);
-    }
-    co_return co_await gateway.filter->Handle(request, *principal, context);
+  const std::shared_ptr<const Gateway> gateway = CurrentGateway();
+  if (const GatewayEndpoint* endpoint = gateway ? gateway->Match(request.method, path) : nullptr) {
+    co_return co_await HandleRoute(request, context, gateway, *endpoint);
   }
 
   const bool payments = path == "/v1/payments";
   const bool payment = path.rfind("/v1/payments/", 0) == 0 && path.size() > 13;
   const bool operation = path.rfind("/v1/operations/", 0) == 0 && path.size() > 15;
   if (!payments && !payment && !operation) {
+    if (http::ClientPool* upstream = gateway ? gateway->Unmatched() : nullptr) {
+      context.route = "unmatched";
+      context.outcome = "passed_through";
+      metrics_.CountRequest(context.route, context.outcome);
+      co_return co_await PassThrough(*upstream, request, gateway->Settings().unmatched_timeout);
+    }
     context.route = "unknown";
     co_return http::Problem(http::ProblemKind::kNotFound, "no such resource");
   }
   context.route = payments ? "payments.create" : payment ? "payments.get" : "operations.get";
-  auto principal = Authenticate(request);
+  // Keys are per route: ?route= names a gateway route's operation (its Location says so), whose
+  // principal comes as that route's do; without it, the payments route's.
+  const std::optional<std::string_view> route_name =
+      operation ? request.QueryParam("route") : std::nullopt;
+  const GatewayEndpoint* named = route_name && gateway ? gateway->Named(*route_name) : nullptr;
+  auto principal = named ? GatewayPrincipal(request, *gateway) : Authenticate(request);
   if (!principal) {
     co_return Unauthorized(context);
   }
@@ -137,18 +164,37 @@ http::Async<http::Response> Service::Handle(const http::Request& request,
   if (request.method != "GET") co_return MethodNotAllowed("GET");
   if (payment)
     co_return co_await reads_.Call([&] { return payments_.Get(path.substr(13), *principal); });
-  // Keys are per route: ?route= names a gateway route's (its operations' Location says so);
-  // without it, the payments route's.
-  IdempotencyFilter* filter = &payments_filter_;
-  if (auto route = request.QueryParam("route")) {
-    auto named = std::find_if(gateway_.begin(), gateway_.end(),
-                              [&](const GatewayEndpoint& g) { return g.route->name == *route; });
-    if (named == gateway_.end()) {
-      co_return http::Problem(http::ProblemKind::kNotFound, "no gateway route with this name");
-    }
-    filter = named->filter;
+  if (route_name && named == nullptr) {
+    co_return http::Problem(http::ProblemKind::kNotFound, "no gateway route with this name");
   }
-  co_return co_await reads_.Call([&] { return filter->GetOperation(path.substr(15), *principal); });
+  IdempotencyFilter& filter = named != nullptr ? *named->filter : payments_filter_;
+  co_return co_await reads_.Call([&] { return filter.GetOperation(path.substr(15), *principal); });
+}
+
+http::Async<http::Response> Service::HandleRoute(const http::Request& request,
+                                                 http::RequestContext& context,
+                                                 std::shared_ptr<const Gateway> gateway,
+                                                 const GatewayEndpoint& endpoint) {
+  context.route = endpoint.route->name;
+  auto principal = GatewayPrincipal(request, *gateway);
+  if (!principal) {
+    const std::string& header = gateway->Settings().principal_header;
+    co_return header.empty() ? Unauthorized(context)
+                             : Unauthorized(context, "send the " + header + " header");
+  }
+  // Work the filter leaves running apart from the request (202 Accepted) keeps this gateway, as
+  // the request does, however many reloads come meanwhile.
+  if (context.spawn) {
+    context.spawn = [spawn = std::move(context.spawn),
+                     gateway](std::function<http::Async<void>()> task) {
+      spawn([task = std::move(task), gateway] { return task(); });
+    };
+  }
+  if (!endpoint.route->key_required && request.headers.Count("idempotency-key") == 0) {
+    context.outcome = "forwarded_without_key";
+    co_return co_await endpoint.proxy->ForwardWithoutKey(request);
+  }
+  co_return co_await endpoint.filter->Handle(request, *principal, context);
 }
 
 void JsonAccessLog::Write(const Entry& e) {

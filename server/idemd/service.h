@@ -2,14 +2,16 @@
 #pragma once
 
 #include <map>
+#include <memory>
+#include <mutex>
 #include <string>
 
 #include "server/http/server.h"
 #include "server/idemd/config.h"
 #include "server/idemd/filter.h"
+#include "server/idemd/gateway.h"
 #include "server/idemd/metrics.h"
 #include "server/idemd/payments.h"
-#include "server/idemd/proxy.h"
 
 namespace idem::idemd {
 
@@ -17,30 +19,42 @@ namespace idem::idemd {
 // second whatever the database does, 503 not-ready when the database does not answer in time.
 inline constexpr Millis kReadyTimeout{800};
 
-// A gateway route as the service serves it: the filter in front of its proxy.
-struct GatewayEndpoint {
-  const GatewayRoute* route;
-  IdempotencyFilter* filter;
-  ProxyOperation* proxy;
-};
+// The longest value of a trusted principal header ([gateway] principal_header).
+inline constexpr std::size_t kMaxPrincipalHeaderBytes = 256;
 
-// Thread-safe. Borrows everything. Store calls run on `pool`; reads (GETs) on `reads` (default:
-// `pool`), so that with threads of their own they never queue behind claims.
+// Thread-safe. Borrows everything but the gateway, which it shares with the requests that use
+// it. Store calls run on `pool`; reads (GETs) on `reads` (default: `pool`), so that with threads
+// of their own they never queue behind claims.
 class Service final : public http::Handler {
  public:
   Service(const std::vector<PrincipalEntry>& principals, Store& store, http::BlockingPool& pool,
           Metrics& metrics, IdempotencyFilter& payments_filter, Payments& payments,
-          std::vector<GatewayEndpoint> gateway = {}, http::BlockingPool* reads = nullptr);
+          std::shared_ptr<const Gateway> gateway = nullptr, http::BlockingPool* reads = nullptr);
 
   http::Async<http::Response> Handle(const http::Request& request,
                                      http::RequestContext& context) override;
+
+  // The gateway requests start on from now on (SIGHUP). Requests that began on the one before
+  // finish on it, work they left running apart (202 Accepted) included; it is destroyed after.
+  void SetGateway(std::shared_ptr<const Gateway> gateway);
+  std::shared_ptr<const Gateway> CurrentGateway() const;
 
  private:
   // The principal of a bearer API key, or nullopt. Keys are compared by SHA-256, so no key is
   // kept in memory and lookups do not depend on the key's bytes.
   std::optional<Principal> Authenticate(const http::Request& request) const;
-  // 401 with WWW-Authenticate, counted under context.route.
-  http::Response Unauthorized(http::RequestContext& context);
+  // A gateway route's principal: the API key's, or the trusted header's value when the gateway
+  // names one ([gateway] principal_header).
+  std::optional<Principal> GatewayPrincipal(const http::Request& request,
+                                            const Gateway& gateway) const;
+  // 401 with WWW-Authenticate, counted under context.route; `detail` says what to send.
+  http::Response Unauthorized(http::RequestContext& context,
+                              const std::string& detail = "send Authorization: Bearer <api key>");
+  // A request on `endpoint`'s route.
+  http::Async<http::Response> HandleRoute(const http::Request& request,
+                                          http::RequestContext& context,
+                                          std::shared_ptr<const Gateway> gateway,
+                                          const GatewayEndpoint& endpoint);
 
   std::map<std::string, Principal> principals_;  // by hex SHA-256 of the API key
   Store& store_;
@@ -49,8 +63,8 @@ class Service final : public http::Handler {
   Metrics& metrics_;
   IdempotencyFilter& payments_filter_;
   Payments& payments_;
-  std::vector<GatewayEndpoint> gateway_;
-  std::vector<GatewayRoute> gateway_routes_;  // gateway_'s routes, for MatchGatewayRoute
+  mutable std::mutex gateway_mu_;
+  std::shared_ptr<const Gateway> gateway_;  // guarded by gateway_mu_
 };
 
 // One JSON line per request on stderr: route, outcome, status, latency, request id.

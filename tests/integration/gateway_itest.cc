@@ -1,7 +1,10 @@
 // tests/integration/gateway_itest.cc — idemd's gateway routes in front of upstream-sim, a service
 // that executes every request it gets and counts them (tools/upstream_sim): real processes over
 // loopback. Every test asserts the upstream's execution count.
+#include <signal.h>
+
 #include <atomic>
+#include <fstream>
 #include <thread>
 
 #include "tests/integration/idemd_fixture.h"
@@ -276,6 +279,123 @@ TEST_F(GatewayTest, KeysAndCredentialsAreEnforced) {
   // A path no route matches is not forwarded.
   EXPECT_EQ(Call("POST", "/v1/unknown", "k-00000001", "{}").status, 404);
   EXPECT_EQ(Total(), 2);
+}
+
+TEST_F(GatewayTest, UnmatchedPathsPassThroughAsTheyAreWhenTheGatewaySaysSo) {
+  IdemdOptions options = WithRoutes();
+  options.extra_tables = "[gateway]\nunmatched = \"forward\"\nupstream = \"http://127.0.0.1:" +
+                         std::to_string(upstream_url_.port) + "\"\n" + options.extra_tables;
+  StartIdemd(options);
+  // No protocol and no authentication by idemd: every copy executes, with the client's headers.
+  for (int i = 1; i <= 2; ++i) {
+    auto r = Call("POST", "/v2/things?x=1", "client-key-1", "plain text",
+                  {{"Content-Type", "text/plain"}});
+    ASSERT_EQ(r.status, 201) << r.body;
+    const boost::json::object body = ParseObject(r.body);
+    EXPECT_EQ(body.at("execution").as_int64(), i);
+    EXPECT_EQ(body.at("target").as_string(), "/v2/things?x=1");
+    EXPECT_EQ(body.at("key").as_string(), "client-key-1") << "the client's own key, as sent";
+    EXPECT_EQ(r.headers.Get("X-Upstream-Execution"), std::to_string(i)) << "every header back";
+    EXPECT_TRUE(r.headers.Get("Set-Cookie").has_value());
+    EXPECT_FALSE(r.headers.Get("Idempotent-Replayed").has_value());
+  }
+  EXPECT_EQ(Executions().at("credentials_seen").as_int64(), 2) << "Authorization went as sent";
+  EXPECT_EQ(Get("/v2/things").status, 405) << "a GET passes too: upstream-sim refuses it";
+  // idemd's own paths and its routes stay idemd's.
+  EXPECT_EQ(Get("/healthz").status, 200);
+  EXPECT_EQ(Call("POST", "/v1/orders", "", "{}").status, 400) << "the route still wants a key";
+  EXPECT_EQ(Total(), 2);
+}
+
+TEST_F(GatewayTest, ATrustedPrincipalHeaderNamesThePrincipalWhenTheGatewaySaysSo) {
+  IdemdOptions options = WithRoutes();
+  options.extra_tables =
+      "[gateway]\nprincipal_header = \"X-Authenticated-User\"\n" + options.extra_tables;
+  StartIdemd(options);
+  // The API key is no principal on a route any more: the header is.
+  auto no_header = Call("POST", "/v1/orders", "order-key-0030", R"({"sku":"J1"})");
+  EXPECT_EQ(no_header.status, 401) << no_header.body;
+  EXPECT_NE(no_header.body.find("x-authenticated-user"), std::string::npos) << no_header.body;
+  const std::pair<std::string, std::string> u1{"X-Authenticated-User", "u-1"};
+  const std::pair<std::string, std::string> u2{"X-Authenticated-User", "u-2"};
+  auto first = Call("POST", "/v1/orders", "order-key-0030", R"({"sku":"J1"})", {u1});
+  ASSERT_EQ(first.status, 201) << first.body;
+  auto replay = Call("POST", "/v1/orders", "order-key-0030", R"({"sku":"J1"})", {u1});
+  EXPECT_EQ(replay.headers.Get("Idempotent-Replayed"), "true");
+  EXPECT_EQ(replay.body, first.body);
+  // Another principal's identical request is its own operation, and its record its own.
+  auto other = Call("POST", "/v1/orders", "order-key-0030", R"({"sku":"J1"})", {u2});
+  EXPECT_EQ(other.status, 201);
+  EXPECT_FALSE(other.headers.Get("Idempotent-Replayed").has_value());
+  http::Request get{"GET", "/v1/operations/order-key-0030?route=orders.create", {}, ""};
+  get.headers.Set(u1.first, u1.second);
+  auto operation = Send(get);
+  ASSERT_EQ(operation.status, 200) << operation.body;
+  EXPECT_EQ(boost::json::serialize(ParseObject(operation.body).at("response")), first.body);
+  // The payments route keeps its API keys.
+  EXPECT_EQ(Pay("pay-key-00000001", Body("order-1")).status, 201);
+  EXPECT_EQ(Total(), 2);
+}
+
+// SIGHUP while a request is at the upstream and a 202 Accepted one runs apart: both finish on the
+// routes they began on; the routes of the new file serve from then on; a kept route keeps its
+// keys; a file that does not load changes nothing.
+TEST_F(GatewayTest, SighupReloadsTheRoutesAndRequestsInFlightFinishOnTheirs) {
+  std::optional<http::Response> in_flight;
+  std::thread slow([&] {
+    in_flight = Call("POST", "/v1/orders", "order-key-0040", R"({"sku":"K1"})",
+                     {{"X-Upstream-Delay-Ms", "350"}});
+  });
+  auto apart = Call("POST", "/v1/orders", "order-key-0041", R"({"sku":"K2"})",
+                    {{"X-Upstream-Delay-Ms", "350"}, {"Prefer", "respond-async"}});
+  ASSERT_EQ(apart.status, 202) << apart.body;
+  std::this_thread::sleep_for(
+      std::chrono::milliseconds(100));  // both at the upstream (timeout_ms = 500)
+
+  IdemdOptions next = WithRoutes();
+  const std::string upstream = "http://127.0.0.1:" + std::to_string(upstream_url_.port);
+  next.extra_tables =
+      next.extra_tables.substr(0, next.extra_tables.find("[[routes]]\nname = \"notes"));
+  next.extra_tables +=
+      "[[routes]]\nname = \"refunds.create\"\nmatch = \"POST /v1/refunds\"\n"
+      "upstream = \"" +
+      upstream + "\"\n";
+  WriteConfig(dir_.File("idemd.toml"), next);
+  idemd_->Signal(SIGHUP);
+  http::Response refund;
+  for (int i = 0; i < 100; ++i) {
+    refund = Call("POST", "/v1/refunds", "refund-key-01", "{}");
+    if (refund.status != 404) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  EXPECT_EQ(refund.status, 201) << "the new route serves: " << refund.body;
+  EXPECT_EQ(Call("POST", "/v1/notes", "", "{}").status, 404) << "the removed route is gone";
+
+  slow.join();
+  ASSERT_TRUE(in_flight.has_value());
+  EXPECT_EQ(in_flight->status, 201) << in_flight->body;
+  auto replay = Call("POST", "/v1/orders", "order-key-0040", R"({"sku":"K1"})");
+  EXPECT_EQ(replay.headers.Get("Idempotent-Replayed"), "true") << "the kept route kept its keys";
+  EXPECT_EQ(replay.body, in_flight->body);
+  const std::string location(apart.headers.Get("Location").value_or(""));
+  std::string state;
+  for (int i = 0; i < 100 && state != "SUCCEEDED"; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    auto operation = Get(location);
+    ASSERT_EQ(operation.status, 200) << operation.body;
+    state = ParseObject(operation.body).at("state").as_string();
+  }
+  EXPECT_EQ(state, "SUCCEEDED") << "the work left running apart finished on its routes";
+
+  // A file that does not load: the routes stay as they are, and idemd serves on.
+  {
+    std::ofstream out(dir_.File("idemd.toml"), std::ios::app);
+    out << "[[routes]]\nname = \"broken\"\n";
+  }
+  idemd_->Signal(SIGHUP);
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  EXPECT_EQ(Call("POST", "/v1/refunds", "refund-key-02", "{}").status, 201);
+  EXPECT_EQ(Total(), 4) << "two orders, two refunds";
 }
 
 }  // namespace

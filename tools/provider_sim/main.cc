@@ -583,7 +583,7 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  http::BlockStopSignals();
+  http::BlockSignals();
 
   ProviderSim sim(max_records);
   auto server = http::Server::Start(options, sim, nullptr);
@@ -594,7 +594,8 @@ int main(int argc, char** argv) {
   std::printf("provider-sim listening on http://%s:%u\n", options.host.c_str(),
               static_cast<unsigned>((*server)->port()));
   std::fflush(stdout);
-  http::WaitForStopSignal();
+  while (http::WaitForSignal() == SIGHUP) {
+  }
   (*server)->Drain();
   return 0;
 }

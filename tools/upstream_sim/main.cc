@@ -13,6 +13,7 @@
 #include <atomic>
 #include <boost/json.hpp>
 #include <charconv>
+#include <csignal>
 #include <cstdio>
 #include <map>
 #include <mutex>
@@ -133,7 +134,7 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  http::BlockStopSignals();
+  http::BlockSignals();
   UpstreamSim sim;
   auto server = http::Server::Start(options, sim, nullptr);
   if (!server) {
@@ -143,7 +144,8 @@ int main(int argc, char** argv) {
   std::printf("upstream-sim listening on http://%s:%u\n", options.host.c_str(),
               static_cast<unsigned>((*server)->port()));
   std::fflush(stdout);
-  http::WaitForStopSignal();
+  while (http::WaitForSignal() == SIGHUP) {
+  }
   (*server)->Drain();
   return 0;
 }

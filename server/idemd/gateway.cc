@@ -1,0 +1,88 @@
+// server/idemd/gateway.cc — the gateway's routes built from their config.
+#include "server/idemd/gateway.h"
+
+#include <algorithm>
+
+#include "server/http/problem.h"
+
+namespace idem::idemd {
+namespace {
+
+Result<std::unique_ptr<http::ClientPool>> PoolOf(const std::string& upstream,
+                                                 const GatewayConfig& config) {
+  auto url = http::ParseHttpUrl(upstream);
+  if (!url) return url.error();
+  return http::ClientPool::Make(
+      *url, {.max_connections = config.max_connections, .tls = {.ca_file = config.ca_file}});
+}
+
+}  // namespace
+
+Result<std::shared_ptr<const Gateway>> Gateway::Make(GatewayConfig config,
+                                                     const GatewayDeps& deps) {
+  std::shared_ptr<Gateway> g(new Gateway(std::move(config)));
+  for (const GatewayRoute& route : g->config_.routes) {
+    auto pool = PoolOf(route.upstream, g->config_);
+    if (!pool) {
+      return MakeError(Errc::kInvalidArgument, "route " + route.name + ": " + pool.error().message);
+    }
+    g->upstreams_.push_back(std::move(*pool));
+    g->proxies_.push_back(std::make_unique<ProxyOperation>(
+        route, *g->upstreams_.back(), deps.pool, deps.monotonic, deps.metrics, deps.lease_margin));
+    FilterPolicy policy =
+        GatewayPolicy(route, deps.keys, deps.max_processing, deps.max_retained, deps.wait_max);
+    policy.max_waiters_per_principal = deps.max_waiters_per_principal;
+    g->filters_.push_back(
+        std::make_unique<IdempotencyFilter>(deps.engine, deps.pool, deps.monotonic, deps.metrics,
+                                            std::move(policy), *g->proxies_.back(), &deps.reads));
+    g->endpoints_.push_back({&route, g->filters_.back().get(), g->proxies_.back().get()});
+  }
+  if (g->config_.forward_unmatched) {
+    auto pool = PoolOf(g->config_.unmatched_upstream, g->config_);
+    if (!pool)
+      return MakeError(Errc::kInvalidArgument, "gateway.upstream: " + pool.error().message);
+    g->unmatched_ = std::move(*pool);
+  }
+  return std::shared_ptr<const Gateway>(std::move(g));
+}
+
+const GatewayEndpoint* Gateway::Match(std::string_view method, std::string_view path) const {
+  const GatewayRoute* route = MatchGatewayRoute(config_.routes, method, path);
+  if (route == nullptr) return nullptr;
+  return &endpoints_[static_cast<std::size_t>(route - config_.routes.data())];
+}
+
+const GatewayEndpoint* Gateway::Named(std::string_view name) const {
+  auto it = std::find_if(endpoints_.begin(), endpoints_.end(),
+                         [&](const GatewayEndpoint& e) { return e.route->name == name; });
+  return it == endpoints_.end() ? nullptr : &*it;
+}
+
+void Gateway::ReconcileOnce(int limit,
+                            const std::function<void(const std::string&)>& notify) const {
+  for (const auto& filter : filters_) filter->ReconcileOnce(limit, notify);
+}
+
+http::Async<http::Response> PassThrough(http::ClientPool& upstream, const http::Request& request,
+                                        Millis timeout) {
+  http::Request out{request.method, request.target, {}, request.body};
+  for (const auto& [name, value] : request.headers.fields) {
+    if (!IsHopByHopHeader(name)) out.headers.Add(name, value);
+  }
+  http::CallOptions options;
+  options.timeout = timeout;
+  Result<http::Response> answer = co_await upstream.Call(std::move(out), options);
+  if (!answer) {
+    co_return http::Problem(answer.error().code == Errc::kUnavailable
+                                ? http::ProblemKind::kUpstreamUnavailable
+                                : http::ProblemKind::kUpstreamTimeout,
+                            "the upstream gave no usable answer: " + answer.error().message);
+  }
+  http::Response passed{answer->status, {}, std::move(answer->body)};
+  for (const auto& [name, value] : answer->headers.fields) {
+    if (!IsHopByHopHeader(name)) passed.headers.Add(name, value);
+  }
+  co_return passed;
+}
+
+}  // namespace idem::idemd

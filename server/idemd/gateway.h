@@ -1,0 +1,73 @@
+// server/idemd/gateway.h — the gateway as idemd serves it (docs/gateway.md): each route's filter in
+// front of its proxy, with a keep-alive pool per upstream, and the pool for requests no route
+// matches. Built whole from a GatewayConfig, never changed after: SIGHUP builds another and the
+// service swaps it in, while requests that began on this one finish on it.
+#pragma once
+
+#include <memory>
+#include <string_view>
+#include <vector>
+
+#include "server/http/client.h"
+#include "server/idemd/filter.h"
+#include "server/idemd/gateway_routes.h"
+#include "server/idemd/proxy.h"
+
+namespace idem::idemd {
+
+// A gateway route as the service serves it: the filter in front of its proxy.
+struct GatewayEndpoint {
+  const GatewayRoute* route;
+  IdempotencyFilter* filter;
+  ProxyOperation* proxy;
+};
+
+// What every route's filter shares with the rest of idemd; borrowed.
+struct GatewayDeps {
+  Engine& engine;
+  http::BlockingPool& pool;   // claims and completions
+  http::BlockingPool& reads;  // snapshot reads
+  MonotonicClock& monotonic;
+  Metrics& metrics;
+  KeyPolicy keys;
+  int64_t max_processing;
+  int64_t max_retained;
+  int64_t max_waiters_per_principal;
+  Millis wait_max;
+  Millis lease_margin;
+};
+
+// Thread-safe; immutable once made.
+class Gateway {
+ public:
+  // Errors: kInvalidArgument for an upstream URL or CA file the pools refuse.
+  static Result<std::shared_ptr<const Gateway>> Make(GatewayConfig config, const GatewayDeps& deps);
+
+  // The endpoint of the route `method` and `path` (no query) belong to, or nullptr.
+  const GatewayEndpoint* Match(std::string_view method, std::string_view path) const;
+  // The endpoint of the route named `name`, or nullptr.
+  const GatewayEndpoint* Named(std::string_view name) const;
+  // Where requests no route matches go; nullptr: they are answered 404.
+  http::ClientPool* Unmatched() const { return unmatched_.get(); }
+  const GatewayConfig& Settings() const { return config_; }
+
+  // Resolves stale records of every route (the reconciler's loop).
+  void ReconcileOnce(int limit, const std::function<void(const std::string&)>& notify) const;
+
+ private:
+  explicit Gateway(GatewayConfig config) : config_(std::move(config)) {}
+
+  GatewayConfig config_;  // never changed: the endpoints point into its routes
+  std::vector<std::unique_ptr<http::ClientPool>> upstreams_;
+  std::vector<std::unique_ptr<ProxyOperation>> proxies_;
+  std::vector<std::unique_ptr<IdempotencyFilter>> filters_;
+  std::vector<GatewayEndpoint> endpoints_;  // one per route, in config_.routes' order
+  std::unique_ptr<http::ClientPool> unmatched_;
+};
+
+// A request no route matches, forwarded as it is but for hop-by-hop headers, with the upstream's
+// answer likewise: 502 if the upstream cannot be reached, 504 if it gives no usable answer.
+http::Async<http::Response> PassThrough(http::ClientPool& upstream, const http::Request& request,
+                                        Millis timeout);
+
+}  // namespace idem::idemd
