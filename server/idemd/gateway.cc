@@ -20,7 +20,7 @@ Result<std::unique_ptr<http::ClientPool>> PoolOf(const std::string& upstream,
 
 Result<std::shared_ptr<const Gateway>> Gateway::Make(GatewayConfig config,
                                                      const GatewayDeps& deps) {
-  std::shared_ptr<Gateway> g(new Gateway(std::move(config)));
+  std::shared_ptr<Gateway> g(new Gateway(std::move(config), deps));
   for (const GatewayRoute& route : g->config_.routes) {
     auto pool = PoolOf(route.upstream, g->config_);
     if (!pool) {
@@ -63,15 +63,16 @@ void Gateway::ReconcileOnce(int limit,
   for (const auto& filter : filters_) filter->ReconcileOnce(limit, notify);
 }
 
-http::Async<http::Response> PassThrough(http::ClientPool& upstream, const http::Request& request,
-                                        Millis timeout) {
+http::Async<http::Response> Gateway::PassThrough(const http::Request& request) const {
   http::Request out{request.method, request.target, {}, request.body};
   for (const auto& [name, value] : request.headers.fields) {
     if (!IsHopByHopHeader(name)) out.headers.Add(name, value);
   }
   http::CallOptions options;
-  options.timeout = timeout;
-  Result<http::Response> answer = co_await upstream.Call(std::move(out), options);
+  options.timeout = config_.unmatched_timeout;
+  const SteadyTime sent = monotonic_.Now();
+  Result<http::Response> answer = co_await unmatched_->Call(std::move(out), options);
+  metrics_.ObserveUpstream("unmatched", monotonic_.SecondsSince(sent));
   if (!answer) {
     co_return http::Problem(answer.error().code == Errc::kUnavailable
                                 ? http::ProblemKind::kUpstreamUnavailable

@@ -47,27 +47,29 @@ class Gateway {
   const GatewayEndpoint* Match(std::string_view method, std::string_view path) const;
   // The endpoint of the route named `name`, or nullptr.
   const GatewayEndpoint* Named(std::string_view name) const;
-  // Where requests no route matches go; nullptr: they are answered 404.
-  http::ClientPool* Unmatched() const { return unmatched_.get(); }
+  // Whether requests no route matches pass through (else they are answered 404).
+  bool ForwardsUnmatched() const { return unmatched_ != nullptr; }
+  // A request no route matches, forwarded as it is but for hop-by-hop headers, with the
+  // upstream's answer likewise: 502 if the upstream cannot be reached, 504 if it gives no usable
+  // answer. Only when ForwardsUnmatched().
+  http::Async<http::Response> PassThrough(const http::Request& request) const;
   const GatewayConfig& Settings() const { return config_; }
 
   // Resolves stale records of every route (the reconciler's loop).
   void ReconcileOnce(int limit, const std::function<void(const std::string&)>& notify) const;
 
  private:
-  explicit Gateway(GatewayConfig config) : config_(std::move(config)) {}
+  Gateway(GatewayConfig config, const GatewayDeps& deps)
+      : config_(std::move(config)), monotonic_(deps.monotonic), metrics_(deps.metrics) {}
 
   GatewayConfig config_;  // never changed: the endpoints point into its routes
+  MonotonicClock& monotonic_;
+  Metrics& metrics_;
   std::vector<std::unique_ptr<http::ClientPool>> upstreams_;
   std::vector<std::unique_ptr<ProxyOperation>> proxies_;
   std::vector<std::unique_ptr<IdempotencyFilter>> filters_;
   std::vector<GatewayEndpoint> endpoints_;  // one per route, in config_.routes' order
   std::unique_ptr<http::ClientPool> unmatched_;
 };
-
-// A request no route matches, forwarded as it is but for hop-by-hop headers, with the upstream's
-// answer likewise: 502 if the upstream cannot be reached, 504 if it gives no usable answer.
-http::Async<http::Response> PassThrough(http::ClientPool& upstream, const http::Request& request,
-                                        Millis timeout);
 
 }  // namespace idem::idemd

@@ -28,6 +28,11 @@ void Metrics::CountCompensation(const std::string& outcome) {
 void Metrics::ObserveStore(double seconds) { store_.Observe(seconds); }
 void Metrics::ObserveProvider(double seconds) { provider_.Observe(seconds); }
 
+void Metrics::ObserveUpstream(const std::string& route, double seconds) {
+  std::lock_guard lock(mu_);
+  upstream_[route].Observe(seconds);
+}
+
 void Metrics::Histogram::Observe(double seconds) {
   for (std::size_t i = 0; i < kBuckets.size(); ++i) {
     if (seconds <= kBuckets[i]) ++buckets[i];
@@ -36,20 +41,25 @@ void Metrics::Histogram::Observe(double seconds) {
   sum_micros += static_cast<uint64_t>(seconds * 1e6);
 }
 
-void Metrics::Histogram::Render(const std::string& name, const std::string& help,
-                                std::string& out) const {
+void Metrics::RenderHeader(const std::string& name, const std::string& help, std::string& out) {
   out += "# HELP " + name + " " + help + "\n# TYPE " + name + " histogram\n";
-  char line[160];
+}
+
+void Metrics::Histogram::Render(const std::string& name, const std::string& labels,
+                                std::string& out) const {
+  const std::string before_le = labels.empty() ? "" : labels + ",";
+  const std::string alone = labels.empty() ? "" : "{" + labels + "}";
+  char value[64];
   for (std::size_t i = 0; i < kBuckets.size(); ++i) {
-    std::snprintf(line, sizeof line, "%s_bucket{le=\"%g\"} %llu\n", name.c_str(), kBuckets[i],
+    std::snprintf(value, sizeof value, "%g\"} %llu\n", kBuckets[i],
                   static_cast<unsigned long long>(buckets[i].load()));
-    out += line;
+    out += name + "_bucket{" + before_le + "le=\"" + value;
   }
-  std::snprintf(line, sizeof line, "%s_bucket{le=\"+Inf\"} %llu\n%s_sum %.6f\n%s_count %llu\n",
-                name.c_str(), static_cast<unsigned long long>(count.load()), name.c_str(),
-                static_cast<double>(sum_micros.load()) / 1e6, name.c_str(),
-                static_cast<unsigned long long>(count.load()));
-  out += line;
+  const std::string total = std::to_string(count.load());
+  std::snprintf(value, sizeof value, "%.6f", static_cast<double>(sum_micros.load()) / 1e6);
+  out += name + "_bucket{" + before_le + "le=\"+Inf\"} " + total + "\n";
+  out += name + "_sum" + alone + " " + value + "\n";
+  out += name + "_count" + alone + " " + total + "\n";
 }
 
 std::string Metrics::Render() const {
@@ -82,8 +92,20 @@ std::string Metrics::Render() const {
           "idem_reconcile_refunds_total{outcome=\"" + outcome + "\"} " + std::to_string(n) + "\n";
     }
   }
-  store_.Render("idem_store_seconds", "Latency of store transactions.", out);
-  provider_.Render("idem_provider_seconds", "Latency of provider calls.", out);
+  RenderHeader("idem_store_seconds", "Latency of store transactions.", out);
+  store_.Render("idem_store_seconds", "", out);
+  RenderHeader("idem_provider_seconds", "Latency of provider calls.", out);
+  provider_.Render("idem_provider_seconds", "", out);
+  RenderHeader("idem_upstream_seconds",
+               "Latency of gateway routes' upstream exchanges, by route (\"unmatched\": passed "
+               "through).",
+               out);
+  {
+    std::lock_guard lock(mu_);
+    for (const auto& [route, histogram] : upstream_) {
+      histogram.Render("idem_upstream_seconds", "route=\"" + route + "\"", out);
+    }
+  }
   auto counter = [&](const char* name, const char* help, uint64_t v) {
     out += std::string("# HELP ") + name + " " + help + "\n# TYPE " + name + " counter\n" + name +
            " " + std::to_string(v) + "\n";

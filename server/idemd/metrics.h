@@ -18,6 +18,9 @@ class Metrics {
   // idem_store_seconds / idem_provider_seconds histograms.
   void ObserveStore(double seconds);
   void ObserveProvider(double seconds);
+  // idem_upstream_seconds{route}: a gateway route's exchanges with its upstream, "unmatched" for
+  // requests passed through. A route's series appears with its first exchange.
+  void ObserveUpstream(const std::string& route, double seconds);
   void CountTakeover() { ++takeovers_; }
   void CountFenced() { ++fenced_; }
   void CountRedisFallback() { ++redis_fallbacks_; }
@@ -39,8 +42,10 @@ class Metrics {
     std::atomic<uint64_t> count{0};
     std::atomic<uint64_t> sum_micros{0};
     void Observe(double seconds);
-    void Render(const std::string& name, const std::string& help, std::string& out) const;
+    // The series' lines; `labels` ("route=\"x\"") is put before le.
+    void Render(const std::string& name, const std::string& labels, std::string& out) const;
   };
+  static void RenderHeader(const std::string& name, const std::string& help, std::string& out);
 
   mutable std::mutex mu_;
   std::map<std::pair<std::string, std::string>, uint64_t> requests_;
@@ -51,6 +56,7 @@ class Metrics {
       {"refunded", 0}, {"refused", 0}, {"unknown", 0}};
   Histogram store_;
   Histogram provider_;
+  std::map<std::string, Histogram> upstream_;  // by route; guarded by mu_
   std::atomic<uint64_t> takeovers_{0};
   std::atomic<uint64_t> fenced_{0};
   std::atomic<uint64_t> redis_fallbacks_{0};

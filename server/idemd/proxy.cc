@@ -102,7 +102,7 @@ http::Async<Execution> ProxyOperation::Execute(Ticket& ticket, const http::Reque
   const SteadyTime sent = monotonic_.Now();
   Result<http::Response> answer =
       co_await upstream_.Call(Upstream(request, ToHex(ticket.scope)), options);
-  metrics_.ObserveProvider(monotonic_.SecondsSince(sent));
+  metrics_.ObserveUpstream(route_.name, monotonic_.SecondsSince(sent));
   if (answer) {
     e.response = Kept(*answer);
     co_return e;
@@ -143,7 +143,9 @@ http::Async<http::Response> ProxyOperation::ForwardWithoutKey(const http::Reques
   http::CallOptions options;
   options.timeout = route_.timeout;
   options.connect_timeout = margin_;
+  const SteadyTime sent = monotonic_.Now();
   Result<http::Response> answer = co_await upstream_.Call(Upstream(request, ""), options);
+  metrics_.ObserveUpstream(route_.name, monotonic_.SecondsSince(sent));
   if (answer) co_return Kept(*answer);
   co_return http::Problem(answer.error().code == Errc::kUnavailable
                               ? http::ProblemKind::kUnavailable

@@ -138,11 +138,11 @@ http::Async<http::Response> Service::Handle(const http::Request& request,
   const bool payment = path.rfind("/v1/payments/", 0) == 0 && path.size() > 13;
   const bool operation = path.rfind("/v1/operations/", 0) == 0 && path.size() > 15;
   if (!payments && !payment && !operation) {
-    if (http::ClientPool* upstream = gateway ? gateway->Unmatched() : nullptr) {
+    if (gateway && gateway->ForwardsUnmatched()) {
       context.route = "unmatched";
       context.outcome = "passed_through";
       metrics_.CountRequest(context.route, context.outcome);
-      co_return co_await PassThrough(*upstream, request, gateway->Settings().unmatched_timeout);
+      co_return co_await gateway->PassThrough(request);
     }
     context.route = "unknown";
     co_return http::Problem(http::ProblemKind::kNotFound, "no such resource");
