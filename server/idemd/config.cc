@@ -313,6 +313,17 @@ Result<GatewayRoute> ReadGatewayRoute(const toml::table& t, const std::string& o
       auto text = node.value<std::string>();
       if (!text || text->size() > 64) return at("must be a header name");
       r.forward_key_header = *text;
+    } else if (k == "status_path") {
+      auto text = node.value<std::string>();
+      const std::size_t at_key = text ? text->find("{key}") : std::string::npos;
+      if (!text || text->size() > 255 || text->empty() || text->front() != '/' ||
+          at_key == std::string::npos || text->find("{key}", at_key + 1) != std::string::npos ||
+          !std::all_of(text->begin(), text->end(), [](char ch) { return ch > ' ' && ch < 127; })) {
+        return at(
+            "must be a path (and query) starting with '/' holding {key} once, e.g. "
+            "\"/v1/orders/by-key/{key}\"");
+      }
+      r.status_path = *text;
     } else if (k == "lease_ms" || k == "timeout_ms" || k == "retention_hours") {
       auto value = node.value<int64_t>();
       const int64_t max = k == "retention_hours" ? 10LL * 365 * 24 : 3'600'000;
@@ -335,6 +346,9 @@ Result<GatewayRoute> ReadGatewayRoute(const toml::table& t, const std::string& o
                ") must be longer than timeout_ms (" + std::to_string(r.timeout.count()) + ")");
   }
   if (r.retention <= r.lease) return bad("retention_hours must be longer than lease_ms");
+  if (!r.status_path.empty() && r.forward_key_header.empty()) {
+    return bad("status_path needs forward_key_header: the upstream must know each request's key");
+  }
   return r;
 }
 

@@ -362,6 +362,7 @@ fingerprint.decimals = ["amount"]
 final_statuses = ["2xx", 400, "402", 404, 409, 422]
 store_headers = ["Location", "Content-Type"]
 forward_key_header = "Idempotency-Key"
+status_path = "/v1/orders?reference={key}"
 lease_ms = 20000
 timeout_ms = 5000
 retention_hours = 24
@@ -390,6 +391,7 @@ upstream = "https://orders.internal:8443/"
   EXPECT_EQ(r.final_statuses, (std::vector<int>{400, 402, 404, 409, 422}));
   EXPECT_EQ(r.store_headers, (std::vector<std::string>{"location", "content-type"}));
   EXPECT_EQ(r.forward_key_header, "Idempotency-Key");
+  EXPECT_EQ(r.status_path, "/v1/orders?reference={key}");
   EXPECT_EQ(r.lease, Millis(20000));
   EXPECT_EQ(r.timeout, Millis(5000));
   EXPECT_EQ(r.retention, Millis(24LL * 3600 * 1000));
@@ -397,7 +399,7 @@ upstream = "https://orders.internal:8443/"
   const GatewayRoute& capture = c->gateway.routes[1];
   EXPECT_TRUE(capture.key_required) << "keys are required unless the route says otherwise";
   EXPECT_EQ(capture.upstream, "https://orders.internal:8443");
-  EXPECT_EQ(capture.line, 18);
+  EXPECT_EQ(capture.line, 19);
 
   EXPECT_EQ(MatchGatewayRoute(c->gateway.routes, "POST", "/v1/orders"), &c->gateway.routes[0]);
   EXPECT_EQ(MatchGatewayRoute(c->gateway.routes, "PUT", "/v1/orders/o-17/capture"),
@@ -418,7 +420,7 @@ TEST_F(ConfigTest, BadGatewayRoutesAreStartUpErrorsWithTheirLine) {
   };
   const std::string orders(kOrders);
   const std::vector<Case> cases = {
-      {orders + "color = \"blue\"\n", ":17: [[routes]] orders.create: color: unknown key"},
+      {orders + "color = \"blue\"\n", ":18: [[routes]] orders.create: color: unknown key"},
       {"[[routes]]\nname = \"a\"\nmatch = \"POST /a\"\nupstream = \"http://h:1\"\n"
        "final_statuses = [\"2xx\", 700]\n",
        ":8: [[routes]] a: final_statuses: 700 is neither"},
@@ -427,12 +429,12 @@ TEST_F(ConfigTest, BadGatewayRoutesAreStartUpErrorsWithTheirLine) {
        "final_statuses: \"3xx\" is neither"},
       {orders +
            "[[routes]]\nname = \"b\"\nmatch = \"POST /{v}/orders\"\nupstream = \"http://h:1\"\n",
-       ":17: [[routes]] b: POST /{v}/orders overlaps orders.create (POST /v1/orders, line 4)"},
+       ":18: [[routes]] b: POST /{v}/orders overlaps orders.create (POST /v1/orders, line 4)"},
       {"[[routes]]\nname = \"p\"\nmatch = \"PATCH /v1/{kind}\"\nupstream = \"http://h:1\"\n",
        "would shadow idemd's own paths"},
       {orders +
            "[[routes]]\nname = \"orders.create\"\nmatch = \"PUT /x\"\nupstream = \"http://h:1\"\n",
-       ":17: [[routes]] orders.create: name already used at line 4"},
+       ":18: [[routes]] orders.create: name already used at line 4"},
       {"[[routes]]\nname = \"p\"\nmatch = \"POST /v1/payments\"\nupstream = \"http://h:1\"\n",
        "would shadow idemd's own paths"},
       {"[[routes]]\nname = \"p\"\nmatch = \"POST /healthz\"\nupstream = \"http://h:1\"\n",
@@ -467,6 +469,15 @@ TEST_F(ConfigTest, BadGatewayRoutesAreStartUpErrorsWithTheirLine) {
        "timeout_ms = 0\n",
        "timeout_ms: must be an integer 1..3600000"},
       {"[routes]\nname = \"a\"\n", "routes must be [[routes]] tables"},
+      {"[[routes]]\nname = \"a\"\nmatch = \"POST /a\"\nupstream = \"http://h:1\"\n"
+       "forward_key_header = \"K\"\nstatus_path = \"/status\"\n",
+       ":9: [[routes]] a: status_path: must be a path"},
+      {"[[routes]]\nname = \"a\"\nmatch = \"POST /a\"\nupstream = \"http://h:1\"\n"
+       "forward_key_header = \"K\"\nstatus_path = \"/s/{key}/{key}\"\n",
+       "holding {key} once"},
+      {"[[routes]]\nname = \"a\"\nmatch = \"POST /a\"\nupstream = \"http://h:1\"\n"
+       "status_path = \"/s/{key}\"\n",
+       "status_path needs forward_key_header"},
   };
   for (const Case& k : cases) {
     auto c = LoadConfig(Write("c.toml", Minimal(k.routes)), {});

@@ -34,6 +34,11 @@ struct GatewayRoute {
   std::vector<int> final_statuses;                // replayed; every other status is retryable
   std::vector<std::string> store_headers;         // response headers kept and replayed
   std::string forward_key_header;                 // "" sends none
+  // "" (none), or the upstream's status URL's path and query with one {key}, e.g.
+  // "/v1/orders/by-key/{key}": asked (GET, {key} the forwarded key) before a request whose earlier
+  // forward's outcome is unknown is forwarded again. 404: the upstream has no such request, and
+  // it is forwarded; any other answer but 5xx and 429 is that request's outcome.
+  std::string status_path;
   Millis lease{30000};
   Millis retention{24LL * 3600 * 1000};
   Millis timeout{10000};  // the upstream exchange's deadline

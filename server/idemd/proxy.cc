@@ -77,6 +77,13 @@ http::Response ProxyOperation::Kept(const http::Response& answer) const {
 http::Async<Execution> ProxyOperation::Execute(Ticket& ticket, const http::Request& request,
                                                const Principal&, Engine& engine,
                                                Heartbeat& heartbeat) {
+  // An earlier forward may have executed: the upstream's status URL tells, when it has one.
+  if (!route_.status_path.empty() && ticket.resumed &&
+      ticket.resumed_from == RecordState::kProcessing &&
+      ticket.record.recovery_point == kForwarded) {
+    std::optional<Execution> asked = co_await AskStatus(ticket);
+    if (asked) co_return std::move(*asked);
+  }
   Execution e;
   // The request leaves only under a lease that outlasts the exchange, with the record at
   // `forwarded` first: a crash from here on leaves it there, and a retry forwards again.
@@ -129,7 +136,40 @@ http::Async<Execution> ProxyOperation::Execute(Ticket& ticket, const http::Reque
   co_return e;
 }
 
+http::Async<std::optional<Execution>> ProxyOperation::AskStatus(const Ticket& ticket) {
+  const std::string key = ToHex(ticket.scope);
+  std::string target = route_.status_path;
+  target.replace(target.find("{key}"), 5, key);
+  http::Request ask{"GET", std::move(target), {}, ""};
+  ask.headers.Set(route_.forward_key_header, key);
+  http::CallOptions options;
+  options.timeout = route_.timeout;
+  options.connect_timeout = margin_;
+  const SteadyTime sent = monotonic_.Now();
+  Result<http::Response> answer = co_await upstream_.Call(std::move(ask), options);
+  metrics_.ObserveUpstream(route_.name, monotonic_.SecondsSince(sent));
+  if (answer && answer->status == 404) co_return std::nullopt;
+  Execution e;
+  if (!answer || answer->status >= 500 || answer->status == 429) {
+    const std::string why =
+        answer ? "it answered " + std::to_string(answer->status) : answer.error().message;
+    e.response = http::Problem(http::ProblemKind::kUpstreamUnavailable,
+                               "the upstream's status URL could not tell whether an earlier "
+                               "forward of this request executed (" +
+                                   why + "); nothing was forwarded again. Retry later",
+                               {.key_expires = ticket.record.expires_at});
+    e.outcome_unknown = true;
+    co_return e;
+  }
+  e.response = Kept(*answer);
+  co_return e;
+}
+
 Execution ProxyOperation::Reconcile(Ticket& ticket, Engine&) {
+  if (!route_.status_path.empty()) {
+    std::optional<Execution> asked = http::RunSync(AskStatus(ticket));
+    if (asked) return std::move(*asked);
+  }
   Execution e;
   e.response = http::Problem(http::ProblemKind::kUpstreamTimeout,
                              "the upstream's outcome is unknown; retry with the same key: the "

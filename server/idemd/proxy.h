@@ -32,15 +32,19 @@ class ProxyOperation final : public Operation {
                                          const Principal& principal) override;
   Status OnClaim(StoreTxn& txn, const Record& record, const http::Request& request,
                  const Principal& principal) override;
-  // Advances the record to `forwarded` under a lease covering the exchange, then forwards: the
+  // A request whose earlier forward's outcome is unknown (resumed from PROCESSING at `forwarded`)
+  // asks the route's status URL first, when it has one (AskStatus). Then it advances the record
+  // to `forwarded` under a lease covering the exchange, and forwards: the
   // upstream's answer, kept as the route says; an unreachable upstream (nothing sent) a retryable
   // 502; a timeout or a lost connection after the send an unknown outcome (504, the record stays
   // PROCESSING at `forwarded` and a retry forwards again with the same upstream key).
   http::Async<Execution> Execute(Ticket& ticket, const http::Request& request,
                                  const Principal& principal, Engine& engine,
                                  Heartbeat& heartbeat) override;
-  // The request is not stored, so a stale record cannot be forwarded from here: it becomes
-  // retryable, and the client's retry forwards it again.
+  // The request is not stored, so a stale record cannot be forwarded from here. With a status
+  // URL the upstream is asked: its answer is the outcome; 404 (never executed) makes the record
+  // retryable; no answer leaves it as it is. Without one it becomes retryable, and the client's
+  // retry forwards it again.
   Execution Reconcile(Ticket& ticket, Engine& engine) override;
 
   // A route with key = "optional" and a request without a key: forwarded as it is, no protocol.
@@ -52,6 +56,10 @@ class ProxyOperation final : public Operation {
   http::Request Upstream(const http::Request& request, std::string_view upstream_key) const;
   // The upstream's answer with only the headers the route keeps.
   http::Response Kept(const http::Response& answer) const;
+  // Asks the route's status URL about the operation's earlier forward: nullopt when the upstream
+  // has no such request (404: forward it); else what to finish with: the upstream's answer as the
+  // outcome, or an unknown outcome (502) when it could not tell (5xx, 429, no answer).
+  http::Async<std::optional<Execution>> AskStatus(const Ticket& ticket);
 
   const GatewayRoute& route_;
   http::ClientPool& upstream_;

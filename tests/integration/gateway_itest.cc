@@ -44,7 +44,12 @@ class GatewayTest : public IdemdTest {
         "store_headers = [\"Content-Type\"]\n"
         "[[routes]]\nname = \"notes.create\"\nmatch = \"POST /v1/notes\"\n"
         "upstream = \"" +
-        upstream + "\"\nkey = \"optional\"\n";
+        upstream + "\"\nkey = \"optional\"\n" +
+        "[[routes]]\nname = \"transfers.create\"\nmatch = \"POST /v1/transfers\"\n"
+        "upstream = \"" +
+        upstream +
+        "\"\nforward_key_header = \"Idempotency-Key\"\nstatus_path = \"/status/{key}\"\n"
+        "lease_ms = 2000\ntimeout_ms = 500\n";
     return o;
   }
 
@@ -250,6 +255,63 @@ TEST_F(GatewayTest, AKilledGatewayForwardsAgainWithTheSameKeyOnceTheLeaseHasEnde
   ASSERT_EQ(books.at("keys").as_object().size(), 1u) << "both carried the same upstream key";
   EXPECT_EQ(Call("POST", "/v1/orders", "order-key-0009", R"({"sku":"E5"})").body, retry.body);
   EXPECT_EQ(Total(), 2);
+}
+
+// transfers.create has a status URL: a retry after an unknown outcome asks it before forwarding.
+TEST_F(GatewayTest, AStatusUrlTellsTheOutcomeOfAnUnknownForwardSoNothingRunsTwice) {
+  auto slow = Call("POST", "/v1/transfers", "transfer-key-1", R"({"to":"X"})",
+                   {{"X-Upstream-Delay-Ms", "1000"}});
+  EXPECT_EQ(slow.status, 504) << slow.body;
+  // Still executing at the upstream: it cannot tell yet, and nothing is forwarded.
+  auto early = Call("POST", "/v1/transfers", "transfer-key-1", R"({"to":"X"})");
+  EXPECT_EQ(early.status, 502) << early.body;
+  EXPECT_NE(early.body.find("nothing was forwarded again"), std::string::npos) << early.body;
+  std::this_thread::sleep_for(std::chrono::milliseconds(800));
+  // Done: its answer is the outcome, and the operation's from then on.
+  auto told = Call("POST", "/v1/transfers", "transfer-key-1", R"({"to":"X"})");
+  ASSERT_EQ(told.status, 201) << told.body;
+  EXPECT_EQ(ParseObject(told.body).at("execution").as_int64(), 1) << "the first forward's answer";
+  auto replay = Call("POST", "/v1/transfers", "transfer-key-1", R"({"to":"X"})");
+  EXPECT_EQ(replay.headers.Get("Idempotent-Replayed"), "true");
+  EXPECT_EQ(replay.body, told.body);
+  EXPECT_EQ(Total(), 1);
+
+  // The connection lost after the send, but the upstream never executed it: the status URL says
+  // 404, and the retry forwards it.
+  auto lost = Call("POST", "/v1/transfers", "transfer-key-2", R"({"to":"Y"})",
+                   {{"X-Upstream-Drop", "unexecuted"}});
+  EXPECT_EQ(lost.status, 504) << lost.body;
+  auto forwarded = Call("POST", "/v1/transfers", "transfer-key-2", R"({"to":"Y"})");
+  ASSERT_EQ(forwarded.status, 201) << forwarded.body;
+  EXPECT_EQ(ParseObject(forwarded.body).at("execution").as_int64(), 2);
+  EXPECT_EQ(Total(), 2);
+}
+
+// As AKilledGatewayForwardsAgainWithTheSameKeyOnceTheLeaseHasEnded, on a route with a status URL:
+// the reconciler learns the killed forward's outcome from the upstream, and the retry is a replay.
+TEST_F(GatewayTest, TheReconcilerAsksTheStatusUrlAboutAKilledForward) {
+  std::thread killer([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(150));
+    KillIdemd();
+  });
+  http::Request req{"POST", "/v1/transfers", {}, R"({"to":"Z"})"};
+  req.headers.Set("Authorization", std::string("Bearer ") + kAlice);
+  req.headers.Set("Content-Type", "application/json");
+  req.headers.Set("Idempotency-Key", "transfer-key-3");
+  req.headers.Set("X-Upstream-Delay-Ms", "400");
+  auto lost = http::Call(idemd_url_, req);
+  killer.join();
+  EXPECT_FALSE(lost.has_value()) << "answered before the kill: " << lost->status;
+
+  IdemdOptions restart = WithRoutes();
+  restart.reconcile_interval_ms = 200;
+  StartIdemd(restart);
+  std::this_thread::sleep_for(std::chrono::milliseconds(2800));  // lease_ms = 2000
+  auto retry = Call("POST", "/v1/transfers", "transfer-key-3", R"({"to":"Z"})");
+  ASSERT_EQ(retry.status, 201) << retry.body;
+  EXPECT_EQ(retry.headers.Get("Idempotent-Replayed"), "true") << "settled by the reconciler";
+  EXPECT_EQ(ParseObject(retry.body).at("execution").as_int64(), 1);
+  EXPECT_EQ(Total(), 1);
 }
 
 TEST_F(GatewayTest, RetryableAndFinalStatusesFollowTheRoute) {

@@ -6,7 +6,10 @@
 //       {"execution":N,"method":M,"target":T,"key":K|null,"body":B} where N counts every
 //       execution, K is the Idempotency-Key it received and B the body as text; headers
 //       Location: /things/N, X-Upstream-Execution: N and Set-Cookie (which a gateway must not
-//       keep). X-Upstream-Drop: true executes, then closes the connection without an answer.
+//       keep). X-Upstream-Drop: true executes, then closes the connection without an answer;
+//       X-Upstream-Drop: unexecuted closes it without executing.
+//   GET /status/K → 404 if no request with Idempotency-Key K came, 503 while one executes, else
+//       the answer the last one got (a status URL for the gateway's routes).
 //   GET /admin/executions  → {"total":N,"by_target":{T:N,…},"keys":{K:N,…},
 //       "credentials_seen":N} — credentials_seen counts executions that received an
 //       Authorization or Cookie header.
@@ -42,6 +45,13 @@ class UpstreamSim final : public http::Handler {
   http::Async<http::Response> Handle(const http::Request& request,
                                      http::RequestContext& context) override {
     if (request.Path().rfind("/admin/", 0) == 0) co_return Admin(request);
+    if (request.method == "GET" && request.Path().rfind("/status/", 0) == 0) {
+      co_return StatusOf(std::string(request.Path().substr(8)));
+    }
+    if (request.headers.Get("x-upstream-drop") == "unexecuted") {
+      context.drop = true;  // read, not executed: nothing counted, nothing kept
+      co_return http::Response{500, {}, ""};
+    }
     if (request.method == "GET" || request.method == "HEAD") {
       co_return http::Response{405, {}, "this upstream only executes\n"};
     }
@@ -54,16 +64,15 @@ class UpstreamSim final : public http::Handler {
       std::lock_guard lock(mu_);
       n = ++total_;
       ++by_target_[request.target];
-      if (key) ++keys_[std::string(*key)];
+      if (key) {
+        ++keys_[std::string(*key)];
+        answers_.erase(std::string(*key));  // executing again
+      }
       if (request.headers.Count("authorization") > 0 || request.headers.Count("cookie") > 0) {
         ++credentials_seen_;
       }
     }
     if (delay > 0) co_await http::SleepFor(Millis(delay));
-    if (request.headers.Get("x-upstream-drop") == "true") {
-      context.drop = true;
-      co_return http::Response{500, {}, ""};
-    }
     boost::json::object body{{"execution", n},
                              {"method", request.method},
                              {"target", request.target},
@@ -78,10 +87,25 @@ class UpstreamSim final : public http::Handler {
     r.headers.Set("Location", "/things/" + std::to_string(n));
     r.headers.Set("X-Upstream-Execution", std::to_string(n));
     r.headers.Set("Set-Cookie", "upstream-session=" + std::to_string(n));
+    if (key) {
+      std::lock_guard lock(mu_);
+      answers_[std::string(*key)] = r;
+    }
+    if (request.headers.Get("x-upstream-drop") == "true") context.drop = true;  // executed
     co_return r;
   }
 
  private:
+  // GET /status/K: 404 if no request with Idempotency-Key K came, 503 while one executes, else
+  // the answer the last one got.
+  http::Response StatusOf(const std::string& key) {
+    std::lock_guard lock(mu_);
+    if (!keys_.contains(key)) return http::Response{404, {}, "no request with this key\n"};
+    auto answer = answers_.find(key);
+    if (answer == answers_.end()) return http::Response{503, {}, "still executing\n"};
+    return answer->second;
+  }
+
   http::Response Admin(const http::Request& request) {
     if (request.Path() != "/admin/executions" || request.method != "GET") {
       return http::Response{404, {}, "no such admin resource\n"};
@@ -106,6 +130,7 @@ class UpstreamSim final : public http::Handler {
   int64_t credentials_seen_ = 0;
   std::map<std::string, int64_t> by_target_;
   std::map<std::string, int64_t> keys_;
+  std::map<std::string, http::Response> answers_;  // by key: the last execution's answer
 };
 
 }  // namespace
