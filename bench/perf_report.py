@@ -75,6 +75,26 @@ def idem_bench_run(work, entry):
     }
 
 
+def wrk_run(work, entry):
+    """A run of bench/wrk/gateway.lua: its done() summary, with the upstream's executions."""
+    with open(os.path.join(work, entry["json"])) as f:
+        j = json.load(f)
+    seconds = j["duration_us"] / 1e6
+    statuses = {int(k): v for k, v in j["statuses"].items()}
+    ok = sum(v for k, v in statuses.items() if 200 <= k < 300)
+    lat = j["latency_us"]
+    return {
+        "system": entry["system"], "mode": entry["mode"], "threads": entry["threads"],
+        "connections": entry["connections"], "seconds": seconds,
+        "rps": j["requests"] / seconds if seconds else None,
+        "ok_rps": ok / seconds if seconds else None, "ok": ok,
+        "statuses": {str(k): v for k, v in sorted(statuses.items())},
+        "transport_errors": {k: v for k, v in j["errors"].items() if v},
+        "upstream_executions": entry["upstream_executions"],
+        "latency_ms": {k: lat[k] / 1000.0 for k in ("p50", "p90", "p99", "p99_9", "max", "mean")},
+    }
+
+
 def gbench_runs(work, entry):
     with open(os.path.join(work, entry["json"])) as f:
         j = json.load(f)
@@ -255,6 +275,7 @@ def main():
     pgbench = None
     sampled = {}   # id -> memory samples
     inflight_entry = None
+    gateway = {}   # the gateway step's wrk runs, by the part of their id after "gateway/"
     for e in entries:
         kind = e.get("kind")
         if kind == "idem-bench":
@@ -270,6 +291,8 @@ def main():
             pgbench = pgbench_run(work, e)
         elif kind == "memory":
             memory[e["store"]] = e
+        elif kind == "wrk":
+            gateway[e["id"].split("/", 1)[1]] = wrk_run(work, e)
     info = machine(args.root, args.idemd)
     stores = [s for s in ("sqlite", "postgres", "postgres-redis") if f"{s}/replay" in runs]
 
@@ -391,7 +414,7 @@ def main():
     # ---- performance.json ----
     summary = {"meta": meta, "machine": info, "targets": targets, "runs": runs,
                "sqlite_ceiling": gbench, "pgbench": pgbench, "memory": memory,
-               "memory_samples": sampled}
+               "memory_samples": sampled, "gateway": gateway}
     with open(os.path.join(out, "performance.json"), "w") as f:
         json.dump(summary, f, indent=1, sort_keys=True, default=str)
         f.write("\n")
@@ -511,6 +534,9 @@ def main():
                 f"{num(meta['inflight_delay_ms'])} ms for the provider", inflight)
     md.append("")
 
+    if gateway:
+        md.append(gateway_text(gateway, meta))
+
     md.append("## Memory\n")
     md.append("idemd's resident set (`VmRSS`) and its peak (`VmHWM`) from `/proc/PID/status`; "
               "provider connections are the TCP connections open to provider-sim at once, sampled "
@@ -572,6 +598,72 @@ def main():
     return 0
 
 
+def gateway_text(gateway, meta):
+    """The gateway beside nginx: latency added to a first request, and requests/s under load."""
+    md = ["## Gateway beside nginx\n",
+          "idemd's gateway route (`POST /v1/orders`, SQLite store, `docs/gateway.md`) and nginx as "
+          "a plain reverse proxy (`bench/nginx-gateway.conf`, kept-alive upstream connections, no "
+          "access log) in front of the same upstream-sim, which executes and counts every request "
+          "it gets. Load by wrk (`bench/wrk/gateway.lua`) for "
+          f"{meta['duration_s']} s per run. Unloaded: one connection, a new key per request, so "
+          "every request through idemd is a first execution (a durable claim and completion, the "
+          "forward, the sealed answer). Loaded: 2 threads and "
+          f"{meta['connections']} connections; nginx forwards every request (it knows no keys), "
+          "while idemd answers one key's replays from its records (its 409s are copies that "
+          "arrived while the first request was still at the upstream). Upstream executions are "
+          "read from upstream-sim before and after each run.\n"]
+    md.append("| run | load | requests/s | 2xx/s | p50 | p90 | p99 | p99.9 | max | upstream "
+              "executions | errors |")
+    md.append("|---|---|---|---|---|---|---|---|---|---|---|")
+    labels = {"direct-first": "upstream-sim directly, new keys",
+              "nginx-first": "nginx proxy, new keys",
+              "idemd-first": "idemd gateway, new keys (first executions)",
+              "direct-load": "upstream-sim directly",
+              "nginx-load": "nginx proxy (forwards every request)",
+              "idemd-replay": "idemd gateway, one key (replays)"}
+    for key, label in labels.items():
+        r = gateway.get(key)
+        if not r:
+            continue
+        l = r["latency_ms"]
+        errors = ", ".join(f"{k}: {v}" for k, v in r["statuses"].items() if not k.startswith("2"))
+        errors += (", " if errors and r["transport_errors"] else "") + ", ".join(
+            f"{k}: {v}" for k, v in r["transport_errors"].items())
+        md.append(f"| {label} | {r['threads']} thr, {r['connections']} conn | {num(r['rps'])} | "
+                  f"{num(r['ok_rps'])} | {ms(l['p50'])} | {ms(l['p90'])} | {ms(l['p99'])} | "
+                  f"{ms(l['p99_9'])} | {ms(l['max'])} | {num(r['upstream_executions'])} | "
+                  f"{errors or '0'} |")
+    md.append("")
+    direct, nginx, idemd = (gateway.get(k) for k in ("direct-first", "nginx-first", "idemd-first"))
+    if direct and nginx and idemd:
+        d = direct["latency_ms"]
+        md.append("Latency a hop adds to a first request (unloaded p50 and p99 minus the "
+                  f"upstream's own): nginx {ms(nginx['latency_ms']['p50'] - d['p50'])} / "
+                  f"{ms(nginx['latency_ms']['p99'] - d['p99'])} ms; idemd "
+                  f"{ms(idemd['latency_ms']['p50'] - d['p50'])} / "
+                  f"{ms(idemd['latency_ms']['p99'] - d['p99'])} ms, which includes its two durable "
+                  "SQLite commits.")
+    nl, rep = gateway.get("nginx-load"), gateway.get("idemd-replay")
+    if nl and rep:
+        v = ratio(rep["ok_rps"], nl["ok_rps"])
+        shown = f"{v:.2f}×" if v is not None else "—"
+        md.append(f"\nidemd's replays: {num(rep['ok_rps'])}/s against nginx's forwarding "
+                  f"{num(nl['ok_rps'])}/s ({shown}), with {num(rep['upstream_executions'])} "
+                  "upstream execution(s) for the replayed key's run (the first request; nginx's run: "
+                  f"{num(nl['upstream_executions'])}).")
+    if idemd:
+        # wrk stops with up to one request per connection unanswered, which may still execute.
+        extra = idemd["upstream_executions"] - idemd["ok"]
+        md.append(f"\nThrough idemd's first executions: {num(idemd['ok'])} 2xx answers and "
+                  f"{num(idemd['upstream_executions'])} upstream executions"
+                  + (" — one each." if extra == 0 else
+                     f" — {extra:+d}: requests wrk cut off when it stopped (at most "
+                     f"{idemd['connections']}) were still executed." if 0 < extra <= idemd["connections"]
+                     else f" — {extra:+d}: NOT one execution per answer."))
+    md.append("")
+    return "\n".join(md) + "\n"
+
+
 def config_tables(path, wanted):
     keep, out = False, []
     with open(path) as f:
@@ -594,7 +686,8 @@ def method_text(meta, nginx_workers):
     lines = [
         f"One `scripts/bench{' --quick' if meta['mode'] == 'quick' else ''}` run on loopback with "
         "free ports, in the order nginx, the SQLite ceiling, idemd on SQLite, the PostgreSQL "
-        "ceiling, idemd on PostgreSQL, on PostgreSQL + Redis, the in-flight run: each ceiling just "
+        "ceiling, idemd on PostgreSQL, on PostgreSQL + Redis, the in-flight run, the gateway "
+        "beside nginx: each ceiling just "
         "before the idemd runs compared with it. PostgreSQL 15 and Redis are the throwaway instances of "
         "`scripts/with-services` (PostgreSQL with its default durability: `fsync` and "
         "`synchronous_commit` on). Each HTTP measurement is `idem-bench` "
@@ -647,7 +740,8 @@ def method_text(meta, nginx_workers):
         f"provider connections sampled every {meta['sample_s']} s."
         + " Memory only, no check."
         + (f" Here {meta['inflight_note']}." if meta.get("inflight_note") else ""),
-        "6. This report (`bench/perf_report.py`) and its plots (gnuplot).\n",
+        "6. **The gateway beside nginx**: see its section below.",
+        "7. This report (`bench/perf_report.py`) and its plots (gnuplot).\n",
         "Every idemd run but the replays beside the slow run and the in-flight run ends with "
         "idem-bench's exactly-once check against provider-sim's books (docs/testing.md): each "
         "payment that succeeded was charged once, and no other charge was made. Before it, "
