@@ -63,6 +63,9 @@ struct RequestContext {
   // however it ends: answered, timed out, its connection closed while parked, or cut off by a
   // drain (e.g. the request's place among its principal's waiters).
   std::shared_ptr<void> hold;
+  // Likewise, for the handler's routing: what the request was first routed with (a router's
+  // configuration that may be replaced meanwhile), so that its later calls route as the first did.
+  std::shared_ptr<const void> pinned;
   // Free for the handler across calls of one request (e.g. the end of a Prefer: wait).
   std::optional<std::chrono::steady_clock::time_point> wait_until;
   int attempt = 1;  // 1 on the first call of Handle for this request, 2 after a park, ...

@@ -187,7 +187,9 @@ Result<std::vector<std::string>> RouteStrings(const toml::node& node, bool lower
     if (!text || text->empty() || text->size() > 255) {
       return MakeError(Errc::kInvalidArgument, "must hold non-empty strings of at most 255 bytes");
     }
-    if (lower) std::transform(text->begin(), text->end(), text->begin(), ::tolower);
+    if (lower)
+      std::transform(text->begin(), text->end(), text->begin(),
+                     [](unsigned char ch) { return static_cast<char>(std::tolower(ch)); });
     out.push_back(std::move(*text));
   }
   return out;
@@ -261,6 +263,11 @@ Result<GatewayRoute> ReadGatewayRoute(const toml::table& t, const std::string& o
     return bad("name must be 1.." + std::to_string(kMaxRouteNameLength) +
                " characters of a-z 0-9 . _ -");
   }
+  if (r.name == "unmatched" || r.name == "unknown") {
+    return bad("name '" + r.name +
+               "' is taken: metrics and logs use it for requests no route "
+               "matches");
+  }
   for (const auto& [key, node] : t) {
     const std::string k(key.str());
     auto at = [&, line = node.source().begin.line](const std::string& what) {
@@ -316,9 +323,12 @@ Result<GatewayRoute> ReadGatewayRoute(const toml::table& t, const std::string& o
     } else if (k == "status_path") {
       auto text = node.value<std::string>();
       const std::size_t at_key = text ? text->find("{key}") : std::string::npos;
-      if (!text || text->size() > 255 || text->empty() || text->front() != '/' ||
-          at_key == std::string::npos || text->find("{key}", at_key + 1) != std::string::npos ||
-          !std::all_of(text->begin(), text->end(), [](char ch) { return ch > ' ' && ch < 127; })) {
+      // A path and query as sent, with {key} in place of the key (64 hex digits).
+      std::string sample = text ? *text : "";
+      if (at_key != std::string::npos) sample.replace(at_key, 5, std::string(64, 'a'));
+      if (!text || text->size() > 255 || at_key == std::string::npos ||
+          text->find("{key}", at_key + 1) != std::string::npos ||
+          !boost::urls::parse_origin_form(sample)) {
         return at(
             "must be a path (and query) starting with '/' holding {key} once, e.g. "
             "\"/v1/orders/by-key/{key}\"");
@@ -390,7 +400,8 @@ Status ReadGatewaySection(const toml::table& t, const std::string& origin, Gatew
   }
   IDEM_RETURN_IF_ERROR(Read(t, "gateway", "principal_header", out.principal_header, origin));
   std::transform(out.principal_header.begin(), out.principal_header.end(),
-                 out.principal_header.begin(), ::tolower);
+                 out.principal_header.begin(),
+                 [](unsigned char ch) { return static_cast<char>(std::tolower(ch)); });
   const bool token =
       std::all_of(out.principal_header.begin(), out.principal_header.end(),
                   [](unsigned char ch) { return std::isalnum(ch) != 0 || ch == '-' || ch == '_'; });

@@ -478,6 +478,11 @@ TEST_F(ConfigTest, BadGatewayRoutesAreStartUpErrorsWithTheirLine) {
       {"[[routes]]\nname = \"a\"\nmatch = \"POST /a\"\nupstream = \"http://h:1\"\n"
        "status_path = \"/s/{key}\"\n",
        "status_path needs forward_key_header"},
+      {"[[routes]]\nname = \"a\"\nmatch = \"POST /a\"\nupstream = \"http://h:1\"\n"
+       "forward_key_header = \"K\"\nstatus_path = \"/s/{key}#frag\"\n",
+       "status_path: must be a path"},
+      {"[[routes]]\nname = \"unmatched\"\nmatch = \"POST /a\"\nupstream = \"http://h:1\"\n",
+       "name 'unmatched' is taken"},
   };
   for (const Case& k : cases) {
     auto c = LoadConfig(Write("c.toml", Minimal(k.routes)), {});

@@ -386,7 +386,7 @@ http::Response IdempotencyFilter::Finish(Ticket& ticket, Execution execution,
     if (settling != nullptr) *settling = execution.settling_for;
     http::Response response = http::Problem(
         http::ProblemKind::kRequestInProgress,
-        "an earlier attempt with this Idempotency-Key may still be executed by the provider; "
+        "an earlier attempt with this Idempotency-Key may still be executing downstream; "
         "retry later to learn its outcome",
         {.retry_after_seconds = RetryAfterSeconds(*execution.settling_for),
          .key_expires = ticket.record.expires_at});
@@ -409,7 +409,8 @@ http::Response IdempotencyFilter::Finish(Ticket& ticket, Execution execution,
   stored.body = execution.response.body;
   const SteadyTime started = monotonic_.Now();
   Status finished =
-      engine_.Finish(ticket, state, stored, execution.business, execution.recovery_point);
+      engine_.Finish(ticket, state, stored, execution.business,
+                     state == RecordState::kFailedRetryable ? execution.recovery_point : "");
   metrics_.ObserveStore(monotonic_.SecondsSince(started));
   if (!finished) {
     if (finished.error().code == Errc::kFenced) {

@@ -24,7 +24,7 @@ struct Execution {
   // Overrides the policy's classification of response.status.
   std::optional<RecordState> state;
   // For a retryable failure: the recovery point the next attempt resumes from (Engine::Finish);
-  // empty keeps the record's.
+  // empty keeps the record's. Ignored when the outcome is final.
   std::string recovery_point;
   // The downstream may have acted and nobody knows: the record stays PROCESSING at its recovery
   // point, the lease is released, and the next attempt or the reconciler resolves it.

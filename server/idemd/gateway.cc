@@ -64,14 +64,12 @@ void Gateway::ReconcileOnce(int limit,
 }
 
 http::Async<http::Response> Gateway::PassThrough(const http::Request& request) const {
-  http::Request out{request.method, request.target, {}, request.body};
-  for (const auto& [name, value] : request.headers.fields) {
-    if (!IsHopByHopHeader(name)) out.headers.Add(name, value);
-  }
+  http::Request out{request.method, request.target,
+                    ForwardableHeaders(request.headers, IsHopByHopHeader), request.body};
   http::CallOptions options;
   options.timeout = config_.unmatched_timeout;
   const SteadyTime sent = monotonic_.Now();
-  Result<http::Response> answer = co_await unmatched_->Call(std::move(out), options);
+  Result<http::Response> answer = Usable(co_await unmatched_->Call(std::move(out), options));
   metrics_.ObserveUpstream("unmatched", monotonic_.SecondsSince(sent));
   if (!answer) {
     co_return http::Problem(answer.error().code == Errc::kUnavailable
@@ -79,11 +77,8 @@ http::Async<http::Response> Gateway::PassThrough(const http::Request& request) c
                                 : http::ProblemKind::kUpstreamTimeout,
                             "the upstream gave no usable answer: " + answer.error().message);
   }
-  http::Response passed{answer->status, {}, std::move(answer->body)};
-  for (const auto& [name, value] : answer->headers.fields) {
-    if (!IsHopByHopHeader(name)) passed.headers.Add(name, value);
-  }
-  co_return passed;
+  co_return http::Response{answer->status, ForwardableHeaders(answer->headers, IsHopByHopHeader),
+                           std::move(answer->body)};
 }
 
 }  // namespace idem::idemd

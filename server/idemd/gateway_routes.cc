@@ -96,7 +96,7 @@ std::string ParseGatewayMatch(std::string_view match, GatewayRoute& route) {
 }
 
 bool IsHopByHopHeader(std::string_view lower_name) {
-  constexpr std::array<std::string_view, 11> kHop = {"connection",
+  constexpr std::array<std::string_view, 12> kHop = {"connection",
                                                      "keep-alive",
                                                      "proxy-authenticate",
                                                      "proxy-authorization",
@@ -106,7 +106,8 @@ bool IsHopByHopHeader(std::string_view lower_name) {
                                                      "upgrade",
                                                      "proxy-connection",
                                                      "host",
-                                                     "content-length"};
+                                                     "content-length",
+                                                     "expect"};
   return std::find(kHop.begin(), kHop.end(), lower_name) != kHop.end();
 }
 

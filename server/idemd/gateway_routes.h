@@ -78,7 +78,8 @@ bool GatewayRoutesOverlap(const GatewayRoute& a, const GatewayRoute& b);
 std::string ParseGatewayMatch(std::string_view match, GatewayRoute& route);
 
 // Headers of one hop of a connection, which a proxy never passes on (lower case): Connection and
-// the headers it governs, Host and Content-Length (the next hop sets its own).
+// the standard headers it governs, Host and Content-Length (the next hop sets its own), and
+// Expect (idemd has read the whole body before it forwards).
 bool IsHopByHopHeader(std::string_view lower_name);
 
 // Headers that are never stored, replayed or forwarded on a route: hop-by-hop headers,

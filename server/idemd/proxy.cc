@@ -1,10 +1,37 @@
 // server/idemd/proxy.cc — a gateway route's operation.
 #include "server/idemd/proxy.h"
 
+#include <algorithm>
+#include <cctype>
+
 #include "include/idem/record.h"
 #include "server/http/problem.h"
 
 namespace idem::idemd {
+
+http::Headers ForwardableHeaders(const http::Headers& in, bool (*never)(std::string_view)) {
+  const std::vector<std::string_view> listed = in.List("connection");
+  http::Headers out;
+  for (const auto& field : in.fields) {
+    const std::string& name = field.first;  // lower case (Headers::Add)
+    const bool named = std::any_of(listed.begin(), listed.end(), [&](std::string_view option) {
+      return option.size() == name.size() &&
+             std::equal(option.begin(), option.end(), name.begin(), [](char a, char b) {
+               return std::tolower(static_cast<unsigned char>(a)) == b;
+             });
+    });
+    if (!named && !never(name)) out.Add(name, field.second);
+  }
+  return out;
+}
+
+Result<http::Response> Usable(Result<http::Response> answer) {
+  if (answer && answer->status < 200) {
+    return MakeError(Errc::kDataLoss,
+                     "an interim answer (" + std::to_string(answer->status) + ") came alone");
+  }
+  return answer;
+}
 
 FilterPolicy GatewayPolicy(const GatewayRoute& route, const KeyPolicy& keys, int64_t max_processing,
                            int64_t max_retained, Millis wait_max) {
@@ -54,10 +81,8 @@ Status ProxyOperation::OnClaim(StoreTxn&, const Record&, const http::Request&, c
 
 http::Request ProxyOperation::Upstream(const http::Request& request,
                                        std::string_view upstream_key) const {
-  http::Request out{request.method, request.target, {}, request.body};
-  for (const auto& [name, value] : request.headers.fields) {
-    if (!IsUnforwardableHeader(name)) out.headers.Add(name, value);
-  }
+  http::Request out{request.method, request.target,
+                    ForwardableHeaders(request.headers, IsUnforwardableHeader), request.body};
   if (!route_.forward_key_header.empty() && !upstream_key.empty()) {
     out.headers.Set(route_.forward_key_header, upstream_key);
   }
@@ -77,11 +102,15 @@ http::Response ProxyOperation::Kept(const http::Response& answer) const {
 http::Async<Execution> ProxyOperation::Execute(Ticket& ticket, const http::Request& request,
                                                const Principal&, Engine& engine,
                                                Heartbeat& heartbeat) {
-  // An earlier forward may have executed: the upstream's status URL tells, when it has one.
-  if (!route_.status_path.empty() && ticket.resumed &&
-      ticket.resumed_from == RecordState::kProcessing &&
-      ticket.record.recovery_point == kForwarded) {
-    std::optional<Execution> asked = co_await AskStatus(ticket);
+  // An earlier forward may have executed: the upstream's status URL tells, when it has one, once
+  // that forward can no longer be executing.
+  if (!route_.status_path.empty() && ticket.resumed && ticket.record.recovery_point == kForwarded) {
+    if (std::optional<Millis> left = Unsettled(ticket.record)) {
+      Execution settling;
+      settling.settling_for = *left;
+      co_return settling;
+    }
+    std::optional<Execution> asked = co_await AskStatus(ticket, route_.timeout);
     if (asked) co_return std::move(*asked);
   }
   Execution e;
@@ -108,8 +137,11 @@ http::Async<Execution> ProxyOperation::Execute(Ticket& ticket, const http::Reque
   // route and the client's key), which names nothing the client sent.
   const SteadyTime sent = monotonic_.Now();
   Result<http::Response> answer =
-      co_await upstream_.Call(Upstream(request, ToHex(ticket.scope)), options);
+      Usable(co_await upstream_.Call(Upstream(request, ToHex(ticket.scope)), options));
   metrics_.ObserveUpstream(route_.name, monotonic_.SecondsSince(sent));
+  // Answered, or not sent: the outcome is known, and a retry of a retryable one forwards again
+  // without asking.
+  e.recovery_point = std::string(kSettled);
   if (answer) {
     e.response = Kept(*answer);
     co_return e;
@@ -125,8 +157,9 @@ http::Async<Execution> ProxyOperation::Execute(Ticket& ticket, const http::Reque
     co_return e;
   }
   // Sent, and no usable answer: the upstream may have acted. The record stays PROCESSING at
-  // `forwarded`; a retry forwards again with the same upstream key, and the upstream's own
-  // deduplication decides.
+  // `forwarded`; a retry asks the status URL, or forwards again with the same upstream key, and
+  // the upstream's own deduplication decides.
+  e.recovery_point.clear();
   e.response = http::Problem(http::ProblemKind::kUpstreamTimeout,
                              "the upstream gave no usable answer (" + answer.error().message +
                                  "); it may have acted. Retry with the same key: the request is "
@@ -136,21 +169,33 @@ http::Async<Execution> ProxyOperation::Execute(Ticket& ticket, const http::Reque
   co_return e;
 }
 
-http::Async<std::optional<Execution>> ProxyOperation::AskStatus(const Ticket& ticket) {
+std::optional<Millis> ProxyOperation::Unsettled(const Record& record) const {
+  const Timestamp sent = record.sent_at != Timestamp{} ? record.sent_at : record.updated_at;
+  const Timestamp settled = sent + route_.timeout + margin_;
+  if (record.observed_at >= settled) return std::nullopt;
+  return std::chrono::duration_cast<Millis>(settled - record.observed_at);
+}
+
+http::Async<std::optional<Execution>> ProxyOperation::AskStatus(const Ticket& ticket,
+                                                                Millis timeout) {
   const std::string key = ToHex(ticket.scope);
   std::string target = route_.status_path;
   target.replace(target.find("{key}"), 5, key);
   http::Request ask{"GET", std::move(target), {}, ""};
   ask.headers.Set(route_.forward_key_header, key);
   http::CallOptions options;
-  options.timeout = route_.timeout;
-  options.connect_timeout = margin_;
+  options.timeout = timeout;
+  options.connect_timeout = std::min(margin_, timeout);
   const SteadyTime sent = monotonic_.Now();
-  Result<http::Response> answer = co_await upstream_.Call(std::move(ask), options);
+  Result<http::Response> answer = Usable(co_await upstream_.Call(std::move(ask), options));
   metrics_.ObserveUpstream(route_.name, monotonic_.SecondsSince(sent));
   if (answer && answer->status == 404) co_return std::nullopt;
   Execution e;
-  if (!answer || answer->status >= 500 || answer->status == 429) {
+  const bool executed = answer && answer->status >= 200 && answer->status < 300;
+  const bool final = answer && std::find(route_.final_statuses.begin(), route_.final_statuses.end(),
+                                         answer->status) != route_.final_statuses.end();
+  if (!executed && !final) {
+    // 5xx, 429, 401, 405, ...: about the question, not the request.
     const std::string why =
         answer ? "it answered " + std::to_string(answer->status) : answer.error().message;
     e.response = http::Problem(http::ProblemKind::kUpstreamUnavailable,
@@ -161,20 +206,38 @@ http::Async<std::optional<Execution>> ProxyOperation::AskStatus(const Ticket& ti
     e.outcome_unknown = true;
     co_return e;
   }
+  // It ran, and this is what it answered: the outcome (a 2xx succeeded, whatever the route lists).
   e.response = Kept(*answer);
+  if (executed) e.state = RecordState::kSucceeded;
+  e.recovery_point = std::string(kSettled);
   co_return e;
 }
 
 Execution ProxyOperation::Reconcile(Ticket& ticket, Engine&) {
-  if (!route_.status_path.empty()) {
-    std::optional<Execution> asked = http::RunSync(AskStatus(ticket));
+  Execution e;
+  const bool forwarded = ticket.record.recovery_point == kForwarded;
+  if (forwarded && !route_.status_path.empty()) {
+    if (Unsettled(ticket.record)) {
+      e.outcome_unknown = true;  // not yet: a later pass asks
+      return e;
+    }
+    std::optional<Execution> asked =
+        http::RunSync(AskStatus(ticket, std::min(route_.timeout, kReconcileAskTimeout)));
     if (asked) return std::move(*asked);
   }
-  Execution e;
-  e.response = http::Problem(http::ProblemKind::kUpstreamTimeout,
-                             "the upstream's outcome is unknown; retry with the same key: the "
-                             "request is forwarded again with the same upstream key",
-                             {.key_expires = ticket.record.expires_at});
+  if (!forwarded || !route_.status_path.empty()) {
+    // Never forwarded, or the status URL says it never ran: nothing happened upstream.
+    e.response = http::Problem(http::ProblemKind::kUpstreamUnavailable,
+                               "the request was not executed by the upstream; retry with the "
+                               "same key to forward it",
+                               {.key_expires = ticket.record.expires_at});
+    e.recovery_point = std::string(kSettled);
+  } else {
+    e.response = http::Problem(http::ProblemKind::kUpstreamTimeout,
+                               "the upstream's outcome is unknown; retry with the same key: the "
+                               "request is forwarded again with the same upstream key",
+                               {.key_expires = ticket.record.expires_at});
+  }
   e.state = RecordState::kFailedRetryable;
   return e;
 }
@@ -184,7 +247,7 @@ http::Async<http::Response> ProxyOperation::ForwardWithoutKey(const http::Reques
   options.timeout = route_.timeout;
   options.connect_timeout = margin_;
   const SteadyTime sent = monotonic_.Now();
-  Result<http::Response> answer = co_await upstream_.Call(Upstream(request, ""), options);
+  Result<http::Response> answer = Usable(co_await upstream_.Call(Upstream(request, ""), options));
   metrics_.ObserveUpstream(route_.name, monotonic_.SecondsSince(sent));
   if (answer) co_return Kept(*answer);
   co_return http::Problem(answer.error().code == Errc::kUnavailable

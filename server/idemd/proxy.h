@@ -10,9 +10,21 @@
 
 namespace idem::idemd {
 
-// The recovery point of a record whose request has been forwarded: a sent point (the upstream may
-// have acted), from which a retry forwards again with the same upstream key.
+// The recovery point of a record whose request has been forwarded and whose outcome is not known
+// (the forward is out, or it timed out, or idemd stopped meanwhile): a retry asks the route's
+// status URL first, when it has one, then forwards again with the same upstream key.
 inline constexpr std::string_view kForwarded = "forwarded";
+// The recovery point of a retryable record whose last forward's outcome is known: the upstream
+// answered it, it was never sent, or the status URL said it never ran. A retry forwards again
+// without asking.
+inline constexpr std::string_view kSettled = "settled";
+
+// The headers of `in` but those `never` names (lower case) and those the Connection header lists.
+http::Headers ForwardableHeaders(const http::Headers& in, bool (*never)(std::string_view));
+
+// An answer a proxy can pass on: a 1xx (100 Continue, 103 Early Hints) is not one; it becomes
+// kDataLoss, as any other unusable answer.
+Result<http::Response> Usable(Result<http::Response> answer);
 
 // The filter policy of `route`: its route id, key policy, fingerprint (the JSON body with its
 // ignored and decimal members, and the request's target), lease, retention and final statuses.
@@ -22,6 +34,9 @@ FilterPolicy GatewayPolicy(const GatewayRoute& route, const KeyPolicy& keys, int
 // Thread-safe. Borrows everything. `margin` is the lease margin: what the lease must cover beyond
 // the upstream's timeout when the request is forwarded, and how long after the covering advance
 // the request may still leave (as for payments' charges).
+// The longest the reconciler waits for a status URL's answer about one record.
+inline constexpr Millis kReconcileAskTimeout{2000};
+
 class ProxyOperation final : public Operation {
  public:
   ProxyOperation(const GatewayRoute& route, http::ClientPool& upstream, http::BlockingPool& pool,
@@ -32,19 +47,21 @@ class ProxyOperation final : public Operation {
                                          const Principal& principal) override;
   Status OnClaim(StoreTxn& txn, const Record& record, const http::Request& request,
                  const Principal& principal) override;
-  // A request whose earlier forward's outcome is unknown (resumed from PROCESSING at `forwarded`)
-  // asks the route's status URL first, when it has one (AskStatus). Then it advances the record
-  // to `forwarded` under a lease covering the exchange, and forwards: the
+  // A request whose earlier forward's outcome is unknown (resumed at `forwarded`) asks the route's
+  // status URL first, when it has one (AskStatus), once that forward can no longer be executing
+  // (before then: in progress, Unsettled). Then it advances the record to `forwarded` under a
+  // lease covering the exchange, and forwards: the
   // upstream's answer, kept as the route says; an unreachable upstream (nothing sent) a retryable
   // 502; a timeout or a lost connection after the send an unknown outcome (504, the record stays
   // PROCESSING at `forwarded` and a retry forwards again with the same upstream key).
   http::Async<Execution> Execute(Ticket& ticket, const http::Request& request,
                                  const Principal& principal, Engine& engine,
                                  Heartbeat& heartbeat) override;
-  // The request is not stored, so a stale record cannot be forwarded from here. With a status
-  // URL the upstream is asked: its answer is the outcome; 404 (never executed) makes the record
-  // retryable; no answer leaves it as it is. Without one it becomes retryable, and the client's
-  // retry forwards it again.
+  // The request is not stored, so a stale record cannot be forwarded from here. A record never
+  // forwarded becomes retryable. Else, with a status URL, the upstream is asked once the forward
+  // has settled (at most kReconcileAskTimeout, the loop is shared): its answer is the outcome;
+  // 404 (never executed) makes the record retryable; no answer leaves it as it is. Without one it
+  // becomes retryable, and the client's retry forwards it again.
   Execution Reconcile(Ticket& ticket, Engine& engine) override;
 
   // A route with key = "optional" and a request without a key: forwarded as it is, no protocol.
@@ -58,8 +75,13 @@ class ProxyOperation final : public Operation {
   http::Response Kept(const http::Response& answer) const;
   // Asks the route's status URL about the operation's earlier forward: nullopt when the upstream
   // has no such request (404: forward it); else what to finish with: the upstream's answer as the
-  // outcome, or an unknown outcome (502) when it could not tell (5xx, 429, no answer).
-  http::Async<std::optional<Execution>> AskStatus(const Ticket& ticket);
+  // outcome (a 2xx, which succeeded, or a status of final_statuses), or an unknown outcome (502)
+  // when it could not tell (any other answer, or none within `timeout`).
+  http::Async<std::optional<Execution>> AskStatus(const Ticket& ticket, Millis timeout);
+  // How long until the last forward of `record` can no longer be executing at the upstream (sent
+  // at sent_at, out for the route's timeout at most, the margin for a late arrival), by the
+  // store's clock when the record was read; nullopt once it cannot.
+  std::optional<Millis> Unsettled(const Record& record) const;
 
   const GatewayRoute& route_;
   http::ClientPool& upstream_;

@@ -129,7 +129,10 @@ http::Async<http::Response> Service::Handle(const http::Request& request,
     co_return r;
   }
 
-  const std::shared_ptr<const Gateway> gateway = CurrentGateway();
+  // A request keeps the gateway it was first routed with, also across the calls of a parked
+  // request: a reload meanwhile does not route it elsewhere.
+  if (context.attempt == 1) context.pinned = CurrentGateway();
+  const auto gateway = std::static_pointer_cast<const Gateway>(context.pinned);
   if (const GatewayEndpoint* endpoint = gateway ? gateway->Match(request.method, path) : nullptr) {
     co_return co_await HandleRoute(request, context, gateway, *endpoint);
   }
@@ -178,13 +181,15 @@ http::Async<http::Response> Service::HandleRoute(const http::Request& request,
   context.route = endpoint.route->name;
   auto principal = GatewayPrincipal(request, *gateway);
   if (!principal) {
-    const std::string& header = gateway->Settings().principal_header;
-    co_return header.empty() ? Unauthorized(context)
-                             : Unauthorized(context, "send the " + header + " header");
+    // The trusted header is not named: a caller who could reach idemd without the
+    // authentication layer would learn what to forge.
+    co_return gateway->Settings().principal_header.empty()
+        ? Unauthorized(context)
+        : Unauthorized(context, "this route needs an authenticated principal");
   }
   // Work the filter leaves running apart from the request (202 Accepted) keeps this gateway, as
   // the request does, however many reloads come meanwhile.
-  if (context.spawn) {
+  if (context.spawn && context.attempt == 1) {
     context.spawn = [spawn = std::move(context.spawn),
                      gateway](std::function<http::Async<void>()> task) {
       spawn([task = std::move(task), gateway] { return task(); });
