@@ -35,6 +35,10 @@ struct CanonicalRules {
   // applied only when the parent object exists.
   std::vector<std::pair<std::string, std::string>> defaults;
 
+  // The body is bytes, not JSON (a gateway route with body = "bytes"): it counts exactly as it
+  // came, at most max_bytes of it, and none of the rules above applies.
+  bool opaque_body = false;
+
   std::size_t max_bytes = limits::kJsonMaxBytes;
   std::size_t max_depth = limits::kJsonMaxDepth;
   std::size_t max_container_size = limits::kJsonMaxContainerSize;

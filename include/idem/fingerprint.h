@@ -20,7 +20,7 @@ struct RequestFacts {
   std::string_view route;
   std::string_view content_type;  // the Content-Type value as sent; only MediaTypeOf it counts
   std::string_view api_version;
-  std::string_view body;  // JSON text
+  std::string_view body;  // JSON text (bytes under CanonicalRules::opaque_body)
   std::string_view user;
   // The request's path and query where the route's pattern leaves parts of them open (gateway
   // routes); "" adds nothing, so fingerprints made without it are unchanged.

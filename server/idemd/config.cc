@@ -290,6 +290,12 @@ Result<GatewayRoute> ReadGatewayRoute(const toml::table& t, const std::string& o
         return at("must be \"required\" or \"optional\"");
       }
       r.key_required = *text == "required";
+    } else if (k == "body") {
+      auto text = node.value<std::string>();
+      if (!text || (*text != "json" && *text != "bytes")) {
+        return at("must be \"json\" or \"bytes\"");
+      }
+      r.json_body = *text == "json";
     } else if (k == "fingerprint") {
       const toml::table* f = node.as_table();
       if (f == nullptr) return at("must be a table (fingerprint.ignore, fingerprint.decimals)");
@@ -356,6 +362,9 @@ Result<GatewayRoute> ReadGatewayRoute(const toml::table& t, const std::string& o
                ") must be longer than timeout_ms (" + std::to_string(r.timeout.count()) + ")");
   }
   if (r.retention <= r.lease) return bad("retention_hours must be longer than lease_ms");
+  if (!r.json_body && (!r.fingerprint_ignore.empty() || !r.fingerprint_decimals.empty())) {
+    return bad("fingerprint.ignore and fingerprint.decimals need body = \"json\"");
+  }
   if (!r.status_path.empty() && r.forward_key_header.empty()) {
     return bad("status_path needs forward_key_header: the upstream must know each request's key");
   }

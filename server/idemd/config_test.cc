@@ -398,6 +398,8 @@ upstream = "https://orders.internal:8443/"
   EXPECT_EQ(r.line, 4);
   const GatewayRoute& capture = c->gateway.routes[1];
   EXPECT_TRUE(capture.key_required) << "keys are required unless the route says otherwise";
+  EXPECT_TRUE(r.json_body && capture.json_body)
+      << "bodies are JSON unless the route says otherwise";
   EXPECT_EQ(capture.upstream, "https://orders.internal:8443");
   EXPECT_EQ(capture.line, 19);
 
@@ -483,6 +485,12 @@ TEST_F(ConfigTest, BadGatewayRoutesAreStartUpErrorsWithTheirLine) {
        "status_path: must be a path"},
       {"[[routes]]\nname = \"unmatched\"\nmatch = \"POST /a\"\nupstream = \"http://h:1\"\n",
        "name 'unmatched' is taken"},
+      {"[[routes]]\nname = \"a\"\nmatch = \"POST /a\"\nupstream = \"http://h:1\"\n"
+       "body = \"xml\"\n",
+       ":8: [[routes]] a: body: must be \"json\" or \"bytes\""},
+      {"[[routes]]\nname = \"a\"\nmatch = \"POST /a\"\nupstream = \"http://h:1\"\n"
+       "body = \"bytes\"\nfingerprint.ignore = [\"x\"]\n",
+       "need body = \"json\""},
   };
   for (const Case& k : cases) {
     auto c = LoadConfig(Write("c.toml", Minimal(k.routes)), {});

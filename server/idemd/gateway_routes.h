@@ -28,6 +28,9 @@ struct GatewayRoute {
   std::vector<std::optional<std::string>> segments;
   std::string upstream;  // http://host[:port] or https://host[:port], no path
   bool key_required = true;
+  // body = "json" (the default): JSON only (415 otherwise), canonicalised for the fingerprint.
+  // body = "bytes": any media type, the body counted byte for byte.
+  bool json_body = true;
   std::vector<std::string> fingerprint_ignore;    // JSON members left out of the fingerprint
   std::vector<std::string> fingerprint_decimals;  // exact decimals: 10.50 equals "10.5"
   bool success_final = true;                      // "2xx" listed in final_statuses

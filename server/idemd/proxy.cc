@@ -41,6 +41,7 @@ FilterPolicy GatewayPolicy(const GatewayRoute& route, const KeyPolicy& keys, int
   p.route.rules.version = 1;
   p.route.rules.money_fields = route.fingerprint_decimals;
   p.route.rules.removed_fields = route.fingerprint_ignore;
+  p.route.rules.opaque_body = !route.json_body;
   p.route.lease = route.lease;
   p.route.retention = route.retention;
   p.route.max_processing = max_processing;
@@ -72,6 +73,7 @@ ProxyOperation::ProxyOperation(const GatewayRoute& route, http::ClientPool& upst
 
 std::optional<http::Response> ProxyOperation::Validate(const http::Request& request,
                                                        const Principal&) {
+  if (!route_.json_body) return std::nullopt;
   return RefuseUnlessJson(request);
 }
 

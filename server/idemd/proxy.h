@@ -42,7 +42,8 @@ class ProxyOperation final : public Operation {
   ProxyOperation(const GatewayRoute& route, http::ClientPool& upstream, http::BlockingPool& pool,
                  MonotonicClock& monotonic, Metrics& metrics, Millis margin);
 
-  // Bodies are JSON (the fingerprint canonicalises them): 415 for another media type.
+  // On a route with JSON bodies (the fingerprint canonicalises them): 415 for another media
+  // type. A route of bytes takes any.
   std::optional<http::Response> Validate(const http::Request& request,
                                          const Principal& principal) override;
   Status OnClaim(StoreTxn& txn, const Record& record, const http::Request& request,

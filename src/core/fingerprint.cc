@@ -138,7 +138,16 @@ std::string MediaTypeOf(std::string_view content_type) {
 
 Result<CanonicalRequest> MakeCanonicalRequest(const RequestFacts& facts,
                                               const CanonicalRules& rules) {
-  IDEM_ASSIGN_OR_RETURN(std::string body, Canonicalize(facts.body, rules));
+  std::string body;
+  if (rules.opaque_body) {
+    if (facts.body.size() > rules.max_bytes) {
+      return MakeError(Errc::kTooLarge,
+                       "body longer than " + std::to_string(rules.max_bytes) + " bytes");
+    }
+    body = std::string(facts.body);
+  } else {
+    IDEM_ASSIGN_OR_RETURN(body, Canonicalize(facts.body, rules));
+  }
   return CanonicalRequest{rules.version,
                           std::string(facts.method),
                           std::string(facts.route),

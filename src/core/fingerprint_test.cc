@@ -137,6 +137,27 @@ TEST(Fingerprint, RejectsWeakOrAmbiguousSecrets) {
   EXPECT_EQ(Fingerprinter::Create({{1, kSecretA}}, 2).error().code, Errc::kInvalidArgument);
 }
 
+TEST(Fingerprint, AnOpaqueBodyCountsByteForByte) {
+  auto fp = Make(1);
+  CanonicalRules rules;
+  rules.opaque_body = true;
+  rules.max_bytes = 16;
+  auto sign = [&](std::string_view body,
+                  std::string_view type = "application/x-www-form-urlencoded") {
+    RequestFacts facts{"POST", "gw.forms", type, "", body, "u"};
+    auto canonical = MakeCanonicalRequest(facts, rules);
+    EXPECT_TRUE(canonical.has_value()) << canonical.error().message;
+    return fp->Sign(*canonical).mac;
+  };
+  EXPECT_EQ(sign("a=1&b=2"), sign("a=1&b=2"));
+  EXPECT_NE(sign("a=1&b=2"), sign("b=2&a=1")) << "no reordering: bytes are bytes";
+  EXPECT_NE(sign("a=1&b=2"), sign("a=1&b=2", "text/plain")) << "the media type still counts";
+  EXPECT_EQ(sign("{\"a\":1,\"a\":2}"), sign("{\"a\":1,\"a\":2}")) << "not parsed as JSON";
+  const std::string seventeen(17, 'x');
+  RequestFacts large{"POST", "gw.forms", "text/plain", "", seventeen, "u"};
+  EXPECT_EQ(MakeCanonicalRequest(large, rules).error().code, Errc::kTooLarge);
+}
+
 TEST(Fingerprint, InvalidBodyIsAnError) {
   RequestFacts facts{"POST", "r", "application/json", "", "{\"a\":1,\"a\":2}", "u"};
   EXPECT_EQ(MakeCanonicalRequest(facts, {}).error().code, Errc::kInvalidArgument);

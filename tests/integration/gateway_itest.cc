@@ -49,7 +49,10 @@ class GatewayTest : public IdemdTest {
         "upstream = \"" +
         upstream +
         "\"\nforward_key_header = \"Idempotency-Key\"\nstatus_path = \"/status/{key}\"\n"
-        "lease_ms = 2000\ntimeout_ms = 500\n";
+        "lease_ms = 2000\ntimeout_ms = 500\n"
+        "[[routes]]\nname = \"forms.create\"\nmatch = \"POST /v1/forms\"\n"
+        "upstream = \"" +
+        upstream + "\"\nbody = \"bytes\"\n";
     return o;
   }
 
@@ -313,6 +316,26 @@ TEST_F(GatewayTest, TheReconcilerAsksTheStatusUrlAboutAKilledForward) {
   ASSERT_EQ(retry.status, 201) << retry.body;
   EXPECT_EQ(retry.headers.Get("Idempotent-Replayed"), "true") << "settled by the reconciler";
   EXPECT_EQ(ParseObject(retry.body).at("execution").as_int64(), 1);
+  EXPECT_EQ(Total(), 1);
+}
+
+// forms.create has body = "bytes": any media type, and the body counts byte for byte.
+TEST_F(GatewayTest, ARouteOfBytesTakesAnyMediaTypeAndCountsTheBodyAsItCame) {
+  const std::pair<std::string, std::string> form{"Content-Type",
+                                                 "application/x-www-form-urlencoded"};
+  auto first = Call("POST", "/v1/forms", "form-key-0001", "sku=A1&qty=2", {form});
+  ASSERT_EQ(first.status, 201) << first.body;
+  EXPECT_EQ(ParseObject(first.body).at("body").as_string(), "sku=A1&qty=2");
+  auto replay = Call("POST", "/v1/forms", "form-key-0001", "sku=A1&qty=2", {form});
+  EXPECT_EQ(replay.headers.Get("Idempotent-Replayed"), "true");
+  EXPECT_EQ(replay.body, first.body);
+  EXPECT_EQ(Call("POST", "/v1/forms", "form-key-0001", "qty=2&sku=A1", {form}).status, 422)
+      << "other bytes are another request";
+  EXPECT_EQ(
+      Call("POST", "/v1/forms", "form-key-0001", "sku=A1&qty=2", {{"Content-Type", "text/plain"}})
+          .status,
+      422)
+      << "so is another media type";
   EXPECT_EQ(Total(), 1);
 }
 
