@@ -72,6 +72,27 @@ class GatewayTest : public IdemdTest {
     return Send(std::move(req));
   }
 
+  // Sends `body` to `path` with `key` (the upstream takes 400 ms), SIGKILLs idemd 150 ms later,
+  // while the request is at the upstream, then restarts it with the reconciler every 200 ms.
+  void KillDuringForwardAndRestart(const std::string& path, const std::string& key,
+                                   const std::string& body) {
+    std::thread killer([&] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(150));
+      KillIdemd();
+    });
+    http::Request req{"POST", path, {}, body};
+    req.headers.Set("Authorization", std::string("Bearer ") + kAlice);
+    req.headers.Set("Content-Type", "application/json");
+    req.headers.Set("Idempotency-Key", key);
+    req.headers.Set("X-Upstream-Delay-Ms", "400");
+    auto lost = http::Call(idemd_url_, req);
+    killer.join();
+    EXPECT_FALSE(lost.has_value()) << "answered before the kill: " << lost->status;
+    IdemdOptions restart = WithRoutes();
+    restart.reconcile_interval_ms = 200;
+    StartIdemd(restart);
+  }
+
   // upstream-sim's books.
   boost::json::object Executions() {
     http::Request req{"GET", "/admin/executions", {}, ""};
@@ -232,22 +253,7 @@ TEST_F(GatewayTest, AnUpstreamTimeoutLeavesTheOutcomeUnknownAndTheRetryForwardsW
 // ends a retry is told the operation is running; then the reconciler makes the record retryable,
 // and the retry forwards again with the same upstream key.
 TEST_F(GatewayTest, AKilledGatewayForwardsAgainWithTheSameKeyOnceTheLeaseHasEnded) {
-  std::thread killer([&] {
-    std::this_thread::sleep_for(std::chrono::milliseconds(150));
-    KillIdemd();
-  });
-  http::Request req{"POST", "/v1/orders", {}, R"({"sku":"E5"})"};
-  req.headers.Set("Authorization", std::string("Bearer ") + kAlice);
-  req.headers.Set("Content-Type", "application/json");
-  req.headers.Set("Idempotency-Key", "order-key-0009");
-  req.headers.Set("X-Upstream-Delay-Ms", "400");
-  auto lost = http::Call(idemd_url_, req);
-  killer.join();
-  EXPECT_FALSE(lost.has_value()) << "answered before the kill: " << lost->status;
-
-  IdemdOptions restart = WithRoutes();
-  restart.reconcile_interval_ms = 200;
-  StartIdemd(restart);
+  KillDuringForwardAndRestart("/v1/orders", "order-key-0009", R"({"sku":"E5"})");
   auto running = Call("POST", "/v1/orders", "order-key-0009", R"({"sku":"E5"})");
   EXPECT_EQ(running.status, 409) << "the dead forward's lease is still live: " << running.body;
   std::this_thread::sleep_for(std::chrono::milliseconds(2500));  // lease_ms = 2000
@@ -295,22 +301,7 @@ TEST_F(GatewayTest, AStatusUrlTellsTheOutcomeOfAnUnknownForwardSoNothingRunsTwic
 // As AKilledGatewayForwardsAgainWithTheSameKeyOnceTheLeaseHasEnded, on a route with a status URL:
 // the reconciler learns the killed forward's outcome from the upstream, and the retry is a replay.
 TEST_F(GatewayTest, TheReconcilerAsksTheStatusUrlAboutAKilledForward) {
-  std::thread killer([&] {
-    std::this_thread::sleep_for(std::chrono::milliseconds(150));
-    KillIdemd();
-  });
-  http::Request req{"POST", "/v1/transfers", {}, R"({"to":"Z"})"};
-  req.headers.Set("Authorization", std::string("Bearer ") + kAlice);
-  req.headers.Set("Content-Type", "application/json");
-  req.headers.Set("Idempotency-Key", "transfer-key-3");
-  req.headers.Set("X-Upstream-Delay-Ms", "400");
-  auto lost = http::Call(idemd_url_, req);
-  killer.join();
-  EXPECT_FALSE(lost.has_value()) << "answered before the kill: " << lost->status;
-
-  IdemdOptions restart = WithRoutes();
-  restart.reconcile_interval_ms = 200;
-  StartIdemd(restart);
+  KillDuringForwardAndRestart("/v1/transfers", "transfer-key-3", R"({"to":"Z"})");
   std::this_thread::sleep_for(std::chrono::milliseconds(2800));  // lease_ms = 2000
   auto retry = Call("POST", "/v1/transfers", "transfer-key-3", R"({"to":"Z"})");
   ASSERT_EQ(retry.status, 201) << retry.body;
