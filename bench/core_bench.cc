@@ -1,9 +1,9 @@
 // bench/core_bench.cc — canonicalisation and fingerprinting of a 1 KiB payment body.
 #include <benchmark/benchmark.h>
 
-#include "include/idem/canonical.h"
-#include "include/idem/fingerprint.h"
-#include "include/idem/seal.h"
+#include "idem/canonical.h"
+#include "idem/fingerprint.h"
+#include "idem/seal.h"
 #include "testing/fakes.h"
 
 namespace idem {

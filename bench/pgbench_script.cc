@@ -33,11 +33,11 @@
 #include <utility>
 #include <vector>
 
-#include "include/idem/clock.h"
-#include "include/idem/key.h"
-#include "include/idem/limits.h"
-#include "include/idem/record.h"
-#include "include/idem/seal.h"
+#include "idem/clock.h"
+#include "idem/key.h"
+#include "idem/limits.h"
+#include "idem/record.h"
+#include "idem/seal.h"
 #include "server/idemd/routes.h"
 #include "src/store/sql.h"
 

@@ -8,9 +8,9 @@
 #include <cstdio>
 #include <cstdlib>
 
-#include "include/idem/engine.h"
-#include "include/idem/store/postgres.h"
-#include "include/idem/store/sqlite.h"
+#include "idem/engine.h"
+#include "idem/store/postgres.h"
+#include "idem/store/sqlite.h"
 #include "testing/fakes.h"
 
 namespace idem {

@@ -5,7 +5,7 @@
 #include <cstdio>
 #include <thread>
 
-#include "include/idem/key.h"
+#include "idem/key.h"
 
 namespace idem::client {
 namespace {

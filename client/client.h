@@ -9,8 +9,8 @@
 #include <functional>
 #include <string>
 
-#include "include/idem/clock.h"
-#include "include/idem/result.h"
+#include "idem/clock.h"
+#include "idem/result.h"
 #include "server/http/client.h"
 
 namespace idem::client {

@@ -13,7 +13,7 @@
 #include <string>
 
 #include "fuzz/fuzz.h"
-#include "include/idem/canonical.h"
+#include "idem/canonical.h"
 
 namespace {
 

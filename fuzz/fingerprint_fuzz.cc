@@ -11,7 +11,7 @@
 #include <string>
 
 #include "fuzz/fuzz.h"
-#include "include/idem/fingerprint.h"
+#include "idem/fingerprint.h"
 
 namespace {
 

@@ -14,9 +14,9 @@
 #include <vector>
 
 #include "fuzz/fuzz.h"
-#include "include/idem/canonical.h"
-#include "include/idem/fingerprint.h"
-#include "include/idem/key.h"
+#include "idem/canonical.h"
+#include "idem/fingerprint.h"
+#include "idem/key.h"
 #include "server/http/beast_request.h"
 #include "server/http/message.h"
 #include "server/http/server.h"

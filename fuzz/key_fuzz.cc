@@ -7,7 +7,7 @@
 #include <string>
 
 #include "fuzz/fuzz.h"
-#include "include/idem/key.h"
+#include "idem/key.h"
 
 namespace {
 

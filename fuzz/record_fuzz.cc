@@ -11,9 +11,9 @@
 #include <string>
 
 #include "fuzz/fuzz.h"
-#include "include/idem/clock.h"
-#include "include/idem/record.h"
-#include "include/idem/seal.h"
+#include "idem/clock.h"
+#include "idem/record.h"
+#include "idem/seal.h"
 
 namespace {
 

@@ -10,8 +10,8 @@
 #include <utility>
 #include <vector>
 
-#include "include/idem/engine.h"
-#include "include/idem/store/sqlite.h"
+#include "idem/engine.h"
+#include "idem/store/sqlite.h"
 #include "testing/fakes.h"
 
 namespace idem::testing {

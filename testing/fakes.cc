@@ -3,7 +3,7 @@
 
 #include <stdlib.h>
 
-#include "include/idem/result.h"
+#include "idem/result.h"
 
 namespace idem::testing {
 

@@ -8,7 +8,7 @@
 #include <random>
 #include <string>
 
-#include "include/idem/clock.h"
+#include "idem/clock.h"
 
 namespace idem::testing {
 

@@ -25,7 +25,7 @@
 #include <string_view>
 #include <vector>
 
-#include "include/idem/store.h"
+#include "idem/store.h"
 #include "testing/fakes.h"
 
 namespace idem::testing {

@@ -11,8 +11,8 @@
 #include <set>
 #include <thread>
 
-#include "include/idem/engine.h"
-#include "include/idem/store/sqlite.h"
+#include "idem/engine.h"
+#include "idem/store/sqlite.h"
 #include "testing/fakes.h"
 #include "testing/memory_store.h"
 

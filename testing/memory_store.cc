@@ -14,7 +14,7 @@
 #include <utility>
 #include <vector>
 
-#include "include/idem/limits.h"
+#include "idem/limits.h"
 
 namespace idem::testing {
 namespace {

@@ -16,8 +16,8 @@
 
 #include <memory>
 
-#include "include/idem/clock.h"
-#include "include/idem/store.h"
+#include "idem/clock.h"
+#include "idem/store.h"
 
 namespace idem::testing {
 

@@ -10,8 +10,8 @@
 #include <sstream>
 #include <thread>
 
-#include "include/idem/limits.h"
-#include "include/idem/store/sqlite.h"
+#include "idem/limits.h"
+#include "idem/store/sqlite.h"
 #include "testing/fakes.h"
 #include "testing/store_contract.h"
 

@@ -5,7 +5,7 @@
 #include <barrier>
 #include <thread>
 
-#include "include/idem/limits.h"
+#include "idem/limits.h"
 
 namespace idem::testing {
 

@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "include/idem/store.h"
+#include "idem/store.h"
 #include "testing/fakes.h"
 
 namespace idem::testing {

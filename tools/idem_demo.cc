@@ -9,8 +9,8 @@
 #include <sstream>
 #include <string>
 
-#include "include/idem/engine.h"
-#include "include/idem/store/sqlite.h"
+#include "idem/engine.h"
+#include "idem/store/sqlite.h"
 
 namespace {
 

@@ -10,7 +10,7 @@
 #include <string_view>
 #include <vector>
 
-#include "include/idem/result.h"
+#include "idem/result.h"
 
 namespace idem::bench {
 

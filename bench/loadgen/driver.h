@@ -13,7 +13,7 @@
 #include "bench/loadgen/check.h"
 #include "bench/loadgen/histogram.h"
 #include "bench/loadgen/options.h"
-#include "include/idem/result.h"
+#include "idem/result.h"
 
 namespace idem::bench {
 

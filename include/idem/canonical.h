@@ -14,8 +14,8 @@
 #include <utility>
 #include <vector>
 
-#include "include/idem/limits.h"
-#include "include/idem/result.h"
+#include "idem/limits.h"
+#include "idem/result.h"
 
 namespace idem {
 

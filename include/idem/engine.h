@@ -11,16 +11,16 @@
 #include <string_view>
 #include <vector>
 
-#include "include/idem/canonical.h"
-#include "include/idem/clock.h"
-#include "include/idem/fingerprint.h"
-#include "include/idem/inflight.h"
-#include "include/idem/key.h"
-#include "include/idem/limits.h"
-#include "include/idem/record.h"
-#include "include/idem/result.h"
-#include "include/idem/seal.h"
-#include "include/idem/store.h"
+#include "idem/canonical.h"
+#include "idem/clock.h"
+#include "idem/fingerprint.h"
+#include "idem/inflight.h"
+#include "idem/key.h"
+#include "idem/limits.h"
+#include "idem/record.h"
+#include "idem/result.h"
+#include "idem/seal.h"
+#include "idem/store.h"
 
 namespace idem {
 

@@ -9,7 +9,7 @@
 #include <array>
 #include <string_view>
 
-#include "include/idem/result.h"
+#include "idem/result.h"
 
 namespace idem {
 

@@ -8,9 +8,9 @@
 #include <string_view>
 #include <vector>
 
-#include "include/idem/canonical.h"
-#include "include/idem/result.h"
-#include "include/idem/secret.h"
+#include "idem/canonical.h"
+#include "idem/result.h"
+#include "idem/secret.h"
 
 namespace idem {
 

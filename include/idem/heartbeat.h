@@ -6,9 +6,9 @@
 #include <mutex>
 #include <thread>
 
-#include "include/idem/clock.h"
-#include "include/idem/engine.h"
-#include "include/idem/result.h"
+#include "idem/clock.h"
+#include "idem/engine.h"
+#include "idem/result.h"
 
 namespace idem {
 

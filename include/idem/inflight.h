@@ -13,9 +13,9 @@
 #include <optional>
 #include <string>
 
-#include "include/idem/clock.h"
-#include "include/idem/fingerprint.h"
-#include "include/idem/key.h"
+#include "idem/clock.h"
+#include "idem/fingerprint.h"
+#include "idem/key.h"
 
 namespace idem {
 

@@ -7,8 +7,8 @@
 #include <string>
 #include <string_view>
 
-#include "include/idem/limits.h"
-#include "include/idem/result.h"
+#include "idem/limits.h"
+#include "idem/result.h"
 
 namespace idem {
 

@@ -8,10 +8,10 @@
 #include <utility>
 #include <vector>
 
-#include "include/idem/clock.h"
-#include "include/idem/fingerprint.h"
-#include "include/idem/key.h"
-#include "include/idem/result.h"
+#include "idem/clock.h"
+#include "idem/fingerprint.h"
+#include "idem/key.h"
+#include "idem/result.h"
 
 namespace idem {
 

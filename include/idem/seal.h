@@ -10,11 +10,11 @@
 #include <string_view>
 #include <vector>
 
-#include "include/idem/clock.h"
-#include "include/idem/key.h"
-#include "include/idem/limits.h"
-#include "include/idem/result.h"
-#include "include/idem/secret.h"
+#include "idem/clock.h"
+#include "idem/key.h"
+#include "idem/limits.h"
+#include "idem/result.h"
+#include "idem/secret.h"
 
 namespace idem {
 

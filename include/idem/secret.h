@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-#include "include/idem/result.h"
+#include "idem/result.h"
 
 namespace idem {
 

@@ -15,10 +15,10 @@
 #include <variant>
 #include <vector>
 
-#include "include/idem/clock.h"
-#include "include/idem/limits.h"
-#include "include/idem/record.h"
-#include "include/idem/result.h"
+#include "idem/clock.h"
+#include "idem/limits.h"
+#include "idem/record.h"
+#include "idem/result.h"
 
 namespace idem {
 

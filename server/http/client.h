@@ -14,8 +14,8 @@
 #include <string>
 #include <string_view>
 
-#include "include/idem/clock.h"
-#include "include/idem/result.h"
+#include "idem/clock.h"
+#include "idem/result.h"
 #include "server/http/async.h"
 #include "server/http/message.h"
 

@@ -12,8 +12,8 @@
 #include <string_view>
 #include <vector>
 
-#include "include/idem/clock.h"
-#include "include/idem/result.h"
+#include "idem/clock.h"
+#include "idem/result.h"
 #include "server/http/message.h"
 
 namespace idem::http {

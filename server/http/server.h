@@ -13,9 +13,9 @@
 #include <optional>
 #include <string>
 
-#include "include/idem/clock.h"
-#include "include/idem/limits.h"
-#include "include/idem/result.h"
+#include "idem/clock.h"
+#include "idem/limits.h"
+#include "idem/result.h"
 #include "server/http/async.h"
 #include "server/http/message.h"
 

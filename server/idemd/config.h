@@ -5,12 +5,12 @@
 #include <string>
 #include <vector>
 
-#include "include/idem/clock.h"
-#include "include/idem/key.h"
-#include "include/idem/limits.h"
-#include "include/idem/result.h"
-#include "include/idem/secret.h"
-#include "include/idem/store/postgres.h"
+#include "idem/clock.h"
+#include "idem/key.h"
+#include "idem/limits.h"
+#include "idem/result.h"
+#include "idem/secret.h"
+#include "idem/store/postgres.h"
 #include "server/http/server.h"
 #include "server/idemd/gateway_routes.h"
 

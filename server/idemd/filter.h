@@ -8,8 +8,8 @@
 #include <string>
 #include <vector>
 
-#include "include/idem/engine.h"
-#include "include/idem/heartbeat.h"
+#include "idem/engine.h"
+#include "idem/heartbeat.h"
 #include "server/http/message.h"
 #include "server/http/server.h"
 #include "server/idemd/metrics.h"

@@ -17,8 +17,8 @@
 #include <thread>
 #include <vector>
 
-#include "include/idem/store/replay_cache.h"
-#include "include/idem/store/sqlite.h"
+#include "idem/store/replay_cache.h"
+#include "idem/store/sqlite.h"
 #include "server/http/problem.h"
 #include "testing/engine_fixture.h"
 #include "testing/fakes.h"

@@ -9,7 +9,7 @@
 #include <string_view>
 #include <vector>
 
-#include "include/idem/clock.h"
+#include "idem/clock.h"
 
 namespace idem::idemd {
 

@@ -10,10 +10,10 @@
 #include <mutex>
 #include <thread>
 
-#include "include/idem/engine.h"
-#include "include/idem/failpoint.h"
-#include "include/idem/store/redis.h"
-#include "include/idem/store/replay_cache.h"
+#include "idem/engine.h"
+#include "idem/failpoint.h"
+#include "idem/store/redis.h"
+#include "idem/store/replay_cache.h"
 #include "server/http/server.h"
 #include "server/idemd/config.h"
 #include "server/idemd/filter.h"

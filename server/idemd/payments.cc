@@ -5,9 +5,9 @@
 #include <chrono>
 #include <cstdio>
 
-#include "include/idem/canonical.h"
-#include "include/idem/failpoint.h"
-#include "include/idem/fingerprint.h"
+#include "idem/canonical.h"
+#include "idem/failpoint.h"
+#include "idem/fingerprint.h"
 #include "server/http/problem.h"
 #include "server/idemd/routes.h"
 

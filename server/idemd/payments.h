@@ -6,7 +6,7 @@
 #include <variant>
 #include <vector>
 
-#include "include/idem/store/sqlite.h"
+#include "idem/store/sqlite.h"
 #include "server/http/problem.h"
 #include "server/idemd/filter.h"
 #include "server/idemd/metrics.h"

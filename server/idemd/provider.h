@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "include/idem/result.h"
+#include "idem/result.h"
 #include "server/http/async.h"
 #include "server/http/client.h"
 #include "server/idemd/config.h"

@@ -4,7 +4,7 @@
 #include <algorithm>
 #include <cctype>
 
-#include "include/idem/record.h"
+#include "idem/record.h"
 #include "server/http/problem.h"
 
 namespace idem::idemd {

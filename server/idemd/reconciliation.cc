@@ -6,8 +6,8 @@
 #include <cstdio>
 #include <unordered_set>
 
-#include "include/idem/failpoint.h"
-#include "include/idem/key.h"
+#include "idem/failpoint.h"
+#include "idem/key.h"
 #include "server/idemd/payments.h"
 
 namespace idem::idemd {

@@ -11,8 +11,8 @@
 #include <string>
 #include <vector>
 
-#include "include/idem/clock.h"
-#include "include/idem/store.h"
+#include "idem/clock.h"
+#include "idem/store.h"
 #include "server/idemd/metrics.h"
 #include "server/idemd/provider.h"
 

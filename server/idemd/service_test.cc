@@ -14,8 +14,8 @@
 #include <thread>
 #include <utility>
 
-#include "include/idem/failpoint.h"
-#include "include/idem/store/sqlite.h"
+#include "idem/failpoint.h"
+#include "idem/store/sqlite.h"
 #include "server/http/problem.h"
 #include "testing/engine_fixture.h"
 #include "testing/fakes.h"

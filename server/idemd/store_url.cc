@@ -3,8 +3,8 @@
 
 #include <filesystem>
 
-#include "include/idem/store/postgres.h"
-#include "include/idem/store/sqlite.h"
+#include "idem/store/postgres.h"
+#include "idem/store/sqlite.h"
 
 namespace idem::idemd {
 

@@ -6,8 +6,8 @@
 #include <string>
 #include <vector>
 
-#include "include/idem/store.h"
-#include "include/idem/store/postgres.h"
+#include "idem/store.h"
+#include "idem/store/postgres.h"
 
 namespace idem::idemd {
 

@@ -1,6 +1,6 @@
 // src/core/canonical.cc — canonical JSON: Boost.JSON's SAX parser feeds a small tree that keeps
 // numbers as text; rules are applied to the tree; the tree is written in RFC 8785 form.
-#include "include/idem/canonical.h"
+#include "idem/canonical.h"
 
 #include <algorithm>
 #if defined(__SSE2__)

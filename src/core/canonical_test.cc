@@ -1,6 +1,6 @@
 // src/core/canonical_test.cc — canonicalisation vectors: RFC 8785 examples, exact numbers,
 // equivalence classes that must and must not collide, rules, and every limit.
-#include "include/idem/canonical.h"
+#include "idem/canonical.h"
 
 #include <gtest/gtest.h>
 

@@ -1,9 +1,9 @@
 // src/core/clock.cc — the one real clock and the one real random source.
-#include "include/idem/clock.h"
+#include "idem/clock.h"
 
 #include <openssl/rand.h>
 
-#include "include/idem/result.h"
+#include "idem/result.h"
 
 namespace idem {
 namespace {

@@ -1,12 +1,12 @@
 // src/core/engine.cc — the protocol steps of docs/design.md over the Store interface.
-#include "include/idem/engine.h"
+#include "idem/engine.h"
 
 #include <openssl/crypto.h>
 
 #include <algorithm>
 #include <exception>
 
-#include "include/idem/failpoint.h"
+#include "idem/failpoint.h"
 
 namespace idem {
 

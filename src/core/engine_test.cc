@@ -1,5 +1,5 @@
 // src/core/engine_test.cc — the protocol end to end on a real SQLite file, with a fake clock.
-#include "include/idem/engine.h"
+#include "idem/engine.h"
 
 #include <gtest/gtest.h>
 
@@ -10,9 +10,9 @@
 #include <stdexcept>
 #include <thread>
 
-#include "include/idem/failpoint.h"
-#include "include/idem/heartbeat.h"
-#include "include/idem/store/sqlite.h"
+#include "idem/failpoint.h"
+#include "idem/heartbeat.h"
+#include "idem/store/sqlite.h"
 #include "testing/engine_fixture.h"
 #include "testing/fakes.h"
 

@@ -1,5 +1,5 @@
 // src/core/failpoint.cc — the failpoint registry. Unarmed points cost one relaxed atomic load.
-#include "include/idem/failpoint.h"
+#include "idem/failpoint.h"
 
 #include <unistd.h>
 

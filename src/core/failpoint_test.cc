@@ -1,5 +1,5 @@
 // src/core/failpoint_test.cc — arming, acting and disarming failpoints.
-#include "include/idem/failpoint.h"
+#include "idem/failpoint.h"
 
 #include <gtest/gtest.h>
 

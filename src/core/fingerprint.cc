@@ -2,7 +2,7 @@
 //
 // Keying HMAC costs two SHA-256 blocks and fetching the algorithm costs more than hashing a 1 KiB
 // body, so each secret's keyed context is built once; used contexts are re-initialised and reused.
-#include "include/idem/fingerprint.h"
+#include "idem/fingerprint.h"
 
 #include <openssl/core_names.h>
 #include <openssl/crypto.h>

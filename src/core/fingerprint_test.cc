@@ -1,6 +1,6 @@
 // src/core/fingerprint_test.cc — HMAC fingerprints: inputs that must and must not collide,
 // secret rotation, rule versions.
-#include "include/idem/fingerprint.h"
+#include "idem/fingerprint.h"
 
 #include <gtest/gtest.h>
 #include <openssl/hmac.h>

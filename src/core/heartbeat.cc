@@ -1,10 +1,10 @@
 // src/core/heartbeat.cc — a thread that renews one ticket's lease until it is stopped or fails.
-#include "include/idem/heartbeat.h"
+#include "idem/heartbeat.h"
 
 #include <algorithm>
 #include <utility>
 
-#include "include/idem/failpoint.h"
+#include "idem/failpoint.h"
 
 namespace idem {
 namespace {

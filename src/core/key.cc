@@ -1,5 +1,5 @@
 // src/core/key.cc — Idempotency-Key parsing and scope hashing.
-#include "include/idem/key.h"
+#include "idem/key.h"
 
 #include <openssl/sha.h>
 

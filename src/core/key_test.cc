@@ -1,5 +1,5 @@
 // src/core/key_test.cc — Idempotency-Key parsing and scope hashing.
-#include "include/idem/key.h"
+#include "idem/key.h"
 
 #include <gtest/gtest.h>
 

@@ -1,5 +1,5 @@
 // src/core/record.cc — record states and the stored-response encoding.
-#include "include/idem/record.h"
+#include "idem/record.h"
 
 #include "src/core/wire.h"
 

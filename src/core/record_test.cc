@@ -1,6 +1,6 @@
 // src/core/record_test.cc — the state machine's names and transitions, and the stored-response
 // encoding.
-#include "include/idem/record.h"
+#include "idem/record.h"
 
 #include <gtest/gtest.h>
 

@@ -1,5 +1,5 @@
 // src/core/result.cc — names of error codes.
-#include "include/idem/result.h"
+#include "idem/result.h"
 
 namespace idem {
 

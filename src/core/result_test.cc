@@ -1,5 +1,5 @@
 // src/core/result_test.cc — Result<T> and the propagation macros.
-#include "include/idem/result.h"
+#include "idem/result.h"
 
 #include <gtest/gtest.h>
 

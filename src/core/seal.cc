@@ -2,7 +2,7 @@
 //
 // Sealed format: version (1 byte, 0x01) | key id (4 bytes, big-endian) | nonce (12) |
 // ciphertext | tag (16). Additional data: scope hash | key id | version.
-#include "include/idem/seal.h"
+#include "idem/seal.h"
 
 #include <openssl/evp.h>
 

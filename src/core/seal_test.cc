@@ -1,5 +1,5 @@
 // src/core/seal_test.cc — AES-256-GCM sealing of stored responses.
-#include "include/idem/seal.h"
+#include "idem/seal.h"
 
 #include <gtest/gtest.h>
 

@@ -1,5 +1,5 @@
 // src/core/secret.cc — secret validation and hex decoding.
-#include "include/idem/secret.h"
+#include "idem/secret.h"
 
 #include <set>
 

@@ -1,10 +1,10 @@
 // src/core/store.cc — what libidem does over any Store: the bounds on progress, the sweeper's
 // round.
-#include "include/idem/store.h"
+#include "idem/store.h"
 
 #include <string>
 
-#include "include/idem/failpoint.h"
+#include "idem/failpoint.h"
 
 namespace idem {
 

@@ -1,11 +1,11 @@
 // src/core/store_test.cc — SweepExpired over a real SQLite store: batches, the round's bound, and
 // a round stopped between two batches.
-#include "include/idem/store.h"
+#include "idem/store.h"
 
 #include <gtest/gtest.h>
 
-#include "include/idem/failpoint.h"
-#include "include/idem/store/sqlite.h"
+#include "idem/failpoint.h"
+#include "idem/store/sqlite.h"
 #include "testing/fakes.h"
 
 namespace idem {

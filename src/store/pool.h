@@ -13,7 +13,7 @@
 #include <utility>
 #include <vector>
 
-#include "include/idem/store.h"
+#include "idem/store.h"
 
 namespace idem::store_internal {
 

@@ -3,7 +3,7 @@
 
 #include <algorithm>
 
-#include "include/idem/limits.h"
+#include "idem/limits.h"
 
 namespace idem::store_internal {
 namespace {

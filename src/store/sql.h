@@ -15,8 +15,8 @@
 #include <string_view>
 #include <vector>
 
-#include "include/idem/record.h"
-#include "include/idem/store.h"
+#include "idem/record.h"
+#include "idem/store.h"
 #include "src/store/pool.h"
 
 namespace idem::store_internal {

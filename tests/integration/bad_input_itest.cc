@@ -18,7 +18,7 @@
 #include <utility>
 #include <vector>
 
-#include "include/idem/key.h"
+#include "idem/key.h"
 #include "server/idemd/routes.h"
 #include "testing/raw_connection.h"
 #include "tests/integration/idemd_fixture.h"

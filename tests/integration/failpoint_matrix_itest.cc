@@ -15,7 +15,7 @@
 #include <random>
 #include <thread>
 
-#include "include/idem/limits.h"
+#include "idem/limits.h"
 #include "server/idemd/routes.h"
 #include "tests/integration/idemd_fixture.h"
 

@@ -12,7 +12,7 @@
 #include <optional>
 #include <string>
 
-#include "include/idem/store.h"
+#include "idem/store.h"
 #include "server/http/client.h"
 #include "testing/fakes.h"
 #include "testing/process.h"

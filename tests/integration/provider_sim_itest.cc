@@ -9,7 +9,7 @@
 #include <thread>
 #include <vector>
 
-#include "include/idem/clock.h"
+#include "idem/clock.h"
 #include "server/http/client.h"
 #include "testing/fakes.h"
 #include "testing/process.h"

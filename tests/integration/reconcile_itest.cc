@@ -6,7 +6,7 @@
 #include <random>
 #include <thread>
 
-#include "include/idem/clock.h"
+#include "idem/clock.h"
 #include "server/http/message.h"
 #include "tests/integration/idemd_fixture.h"
 

@@ -20,7 +20,7 @@
 #include <sstream>
 #include <thread>
 
-#include "include/idem/key.h"
+#include "idem/key.h"
 #include "tests/integration/idemd_fixture.h"
 
 namespace idem::itest {

@@ -23,8 +23,8 @@
 #include <string>
 #include <vector>
 
-#include "include/idem/engine.h"
-#include "include/idem/store/sqlite.h"
+#include "idem/engine.h"
+#include "idem/store/sqlite.h"
 #include "testing/fakes.h"
 #include "testing/faulty_store.h"
 #include "testing/memory_store.h"

@@ -13,8 +13,8 @@
 #include <vector>
 
 #include "client/client.h"
-#include "include/idem/engine.h"
-#include "include/idem/failpoint.h"
+#include "idem/engine.h"
+#include "idem/failpoint.h"
 #include "server/idemd/config.h"
 #include "server/idemd/reconciliation.h"
 #include "server/idemd/routes.h"

@@ -64,7 +64,7 @@
 #include <thread>
 #include <unordered_map>
 
-#include "include/idem/key.h"
+#include "idem/key.h"
 #include "server/http/server.h"
 
 namespace {

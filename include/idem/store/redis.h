@@ -21,10 +21,10 @@
 #include <memory>
 #include <string>
 
-#include "include/idem/clock.h"
-#include "include/idem/inflight.h"
-#include "include/idem/result.h"
-#include "include/idem/store.h"
+#include "idem/clock.h"
+#include "idem/inflight.h"
+#include "idem/result.h"
+#include "idem/store.h"
 
 namespace idem {
 

@@ -12,8 +12,8 @@
 #include <cstddef>
 #include <memory>
 
-#include "include/idem/clock.h"
-#include "include/idem/store.h"
+#include "idem/clock.h"
+#include "idem/store.h"
 
 namespace idem {
 

@@ -6,9 +6,9 @@
 #include <string>
 #include <vector>
 
-#include "include/idem/clock.h"
-#include "include/idem/result.h"
-#include "include/idem/store.h"
+#include "idem/clock.h"
+#include "idem/result.h"
+#include "idem/store.h"
 
 namespace idem {
 

@@ -1,7 +1,7 @@
 // src/store/cache/replay_cache.cc — the in-process replay cache (replay_cache.h).
-#include "include/idem/store/replay_cache.h"
+#include "idem/store/replay_cache.h"
 
-#include "include/idem/failpoint.h"
+#include "idem/failpoint.h"
 #include "src/store/cache/replay_lru.h"
 
 namespace idem {

@@ -1,13 +1,13 @@
 // src/store/cache/replay_cache_test.cc — the in-process replay cache over SQLite files: the
 // contract suite unchanged, and what the cache adds (it answers from memory, and only by the rule
 // in replay_cache.h).
-#include "include/idem/store/replay_cache.h"
+#include "idem/store/replay_cache.h"
 
 #include <gtest/gtest.h>
 
 #include <atomic>
 
-#include "include/idem/store/sqlite.h"
+#include "idem/store/sqlite.h"
 #include "testing/fakes.h"
 #include "testing/store_contract.h"
 

@@ -10,8 +10,8 @@
 #include <string>
 #include <unordered_map>
 
-#include "include/idem/clock.h"
-#include "include/idem/record.h"
+#include "idem/clock.h"
+#include "idem/record.h"
 
 namespace idem::cache {
 

@@ -20,7 +20,7 @@
 #include <optional>
 #include <thread>
 
-#include "include/idem/store/postgres.h"
+#include "idem/store/postgres.h"
 #include "src/store/pool.h"
 #include "src/store/sql.h"
 

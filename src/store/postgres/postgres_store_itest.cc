@@ -18,7 +18,7 @@
 #include <sstream>
 #include <thread>
 
-#include "include/idem/store/postgres.h"
+#include "idem/store/postgres.h"
 #include "testing/fakes.h"
 #include "testing/stall.h"
 #include "testing/store_contract.h"

@@ -1,7 +1,7 @@
 // src/store/redis/redis_cache.cc — the replay cache decorator (see redis.h for the rule that keeps
 // it from ever overriding the database), and redis.h's factories.
-#include "include/idem/failpoint.h"
-#include "include/idem/store/redis.h"
+#include "idem/failpoint.h"
+#include "idem/store/redis.h"
 #include "src/core/wire.h"
 #include "src/store/cache/replay_lru.h"
 #include "src/store/redis/redis_client.h"

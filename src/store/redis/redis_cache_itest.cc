@@ -10,10 +10,10 @@
 #include <random>
 #include <thread>
 
-#include "include/idem/engine.h"
-#include "include/idem/store/postgres.h"
-#include "include/idem/store/redis.h"
-#include "include/idem/store/sqlite.h"
+#include "idem/engine.h"
+#include "idem/store/postgres.h"
+#include "idem/store/redis.h"
+#include "idem/store/sqlite.h"
 #include "testing/fakes.h"
 #include "testing/store_contract.h"
 

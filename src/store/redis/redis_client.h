@@ -11,7 +11,7 @@
 #include <string_view>
 #include <vector>
 
-#include "include/idem/store/redis.h"
+#include "idem/store/redis.h"
 #include "src/store/pool.h"
 
 namespace idem::redis_internal {

@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <array>
 
-#include "include/idem/inflight.h"
+#include "idem/inflight.h"
 #include "src/core/wire.h"
 #include "src/store/redis/redis_client.h"
 

@@ -7,7 +7,7 @@
 #include <mutex>
 #include <unordered_map>
 
-#include "include/idem/store/sqlite.h"
+#include "idem/store/sqlite.h"
 #include "src/store/pool.h"
 #include "src/store/sql.h"
 

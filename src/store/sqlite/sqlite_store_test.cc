@@ -11,7 +11,7 @@
 #include <functional>
 #include <thread>
 
-#include "include/idem/store/sqlite.h"
+#include "idem/store/sqlite.h"
 #include "testing/fakes.h"
 #include "testing/store_contract.h"
 
