@@ -501,6 +501,7 @@ Result<Config> LoadConfig(const std::string& path, const std::vector<std::string
   IDEM_RETURN_IF_ERROR(Read(t, "store", "read_threads", c.store_read_threads, o));
   IDEM_RETURN_IF_ERROR(Read(t, "store", "replay_cache_bytes", c.replay_cache_bytes, o));
   IDEM_RETURN_IF_ERROR(Read(t, "store", "prepared_statements", c.store_prepared_statements, o));
+  IDEM_RETURN_IF_ERROR(Read(t, "store", "listen_url", c.store_listen_url, o));
   PostgresTimeouts& timeouts = c.store_timeouts;
   IDEM_RETURN_IF_ERROR(ReadMillis(t, "store", "connect_timeout_ms", timeouts.connect, o));
   IDEM_RETURN_IF_ERROR(ReadMillis(t, "store", "statement_timeout_ms", timeouts.statement, o));
@@ -599,6 +600,16 @@ Result<Config> LoadConfig(const std::string& path, const std::vector<std::string
     }
   }
   if (c.store_url.empty()) c.store_url = "sqlite://data/idem.db";
+  if (!c.store_listen_url.empty()) {
+    auto postgres = [](const std::string& url) {
+      return url.rfind("postgresql://", 0) == 0 || url.rfind("postgres://", 0) == 0;
+    };
+    if (!postgres(c.store_url) || !postgres(c.store_listen_url)) {
+      return Bad(o,
+                 "store.listen_url is for a PostgreSQL store: both it and store.url must be "
+                 "postgresql:// URLs");
+    }
+  }
   if (c.key_min_length < 1 || c.key_max_length < c.key_min_length ||
       c.key_max_length > limits::kKeyMaxLength) {
     return Bad(o, "idempotency key lengths must satisfy 1 <= min <= max <= 255");

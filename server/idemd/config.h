@@ -53,6 +53,9 @@ struct Config {
   int64_t replay_cache_bytes = 64 << 20;
   // PostgreSQL: server-side prepared statements (off behind PgBouncer transaction pooling).
   bool store_prepared_statements = true;
+  // PostgreSQL: where the listener for other instances' completions connects; empty: store_url.
+  // Behind a transaction pooler, the database itself (notifications do not pass the pooler).
+  std::string store_listen_url;
   // PostgreSQL: connect, statement, lock and idle-in-transaction timeouts and TCP keepalives.
   PostgresTimeouts store_timeouts;
   std::string redis_url;  // optional: the replay cache and in-flight markers

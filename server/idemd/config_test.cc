@@ -166,6 +166,10 @@ TEST_F(ConfigTest, ErrorsNameTheProblem) {
       {Minimal("[payments]\ncurrencies = [\"EURO\"]\n"), {}, "currencies"},
       {"[secrets]\nfile = \"/nonexistent/x.toml\"\n", {}, "does not exist"},
       {"this is = not [toml\n", {}, "c.toml"},
+      {Minimal("[store]\nlisten_url = \"postgresql://db/idem\"\n"), {}, "store.listen_url"},
+      {Minimal("[store]\nurl = \"postgresql://pooler/idem\"\nlisten_url = \"redis://db\"\n"),
+       {},
+       "store.listen_url"},
   };
   for (const Case& k : cases) {
     auto c = LoadConfig(Write("c.toml", k.toml), k.flags);

@@ -118,6 +118,7 @@ int Run(int argc, char** argv) {
   StoreUrlOptions store_options;
   store_options.pool_size = config->store_pool_size;
   store_options.prepared_statements = config->store_prepared_statements;
+  store_options.listen_url = config->store_listen_url;
   store_options.postgres_timeouts = config->store_timeouts;
   store_options.app_name = "payments";
   store_options.app_migrations = PaymentsMigrations();

@@ -15,6 +15,8 @@ struct StoreUrlOptions {
   int pool_size = 4;
   // PostgreSQL only: server-side prepared statements (off behind PgBouncer transaction pooling).
   bool prepared_statements = true;
+  // PostgreSQL only: where the completion listener connects; empty: the store's URL.
+  std::string listen_url;
   // PostgreSQL only: the bounds on every call to the server.
   PostgresTimeouts postgres_timeouts;
   // true: create the store if needed and apply libidem's and the application's migrations

@@ -50,6 +50,10 @@ Status ValidatePostgresTimeouts(const PostgresTimeouts& timeouts);
 struct PostgresStoreOptions : SchemaOptions {
   // libpq connection string or URI: "postgresql://user@host:port/db".
   std::string conninfo;
+  // Where the listener that hears other instances' completions (LISTEN idem_finished) connects;
+  // empty: conninfo. Notifications do not pass a transaction pooler (PgBouncer's transaction
+  // mode): behind one, point this at the database itself. It needs one connection per process.
+  std::string listen_conninfo;
   // Schema holding idem's tables (created if missing). Anything but "public" is selected with a
   // per-connection search_path, which PgBouncer's transaction pooling does not carry: use
   // "public" (or a role default search_path) behind PgBouncer.

@@ -32,7 +32,7 @@ using store_internal::SqlRunner;
 using store_internal::SqlTxn;
 using store_internal::StoreTime;
 
-// pg_advisory_lock key for migrations: "idem" in ASCII.
+// pg_advisory_xact_lock key for migrations: "idem" in ASCII.
 constexpr int64_t kMigrationLock = 0x6964656d;
 
 const RecordSql& Sql() {
@@ -580,7 +580,8 @@ class FinishedListener final : public Subscription {
   void Run() {
     auto backoff = std::chrono::milliseconds(100);
     while (!stop_) {
-      auto conn = Connect(options_, Bounded(options_.timeouts), Now() + options_.timeouts.connect);
+      auto conn =
+          Connect(ListenerOptions(), Bounded(options_.timeouts), Now() + options_.timeouts.connect);
       if (conn && (*conn)->Script("LISTEN idem_finished")) {
         backoff = std::chrono::milliseconds(100);
         Listen(**conn);
@@ -591,6 +592,13 @@ class FinishedListener final : public Subscription {
       }
       backoff = std::min(backoff * 2, std::chrono::milliseconds(5000));
     }
+  }
+
+  PostgresStoreOptions ListenerOptions() const {
+    PostgresStoreOptions listener = options_;
+    if (!listener.listen_conninfo.empty()) listener.conninfo = listener.listen_conninfo;
+    listener.prepared_statements = false;
+    return listener;
   }
 
   // Until stopped or the connection fails.
@@ -765,38 +773,43 @@ bool ValidSchemaName(const std::string& s) {
          s.find_first_not_of("abcdefghijklmnopqrstuvwxyz0123456789_") == std::string::npos;
 }
 
-// Creates or checks the schema, on a connection of its own under a database-wide advisory lock,
-// so instances that start at once apply each migration once. Migrating has no statement, lock or
-// answer bound: a long migration must not be cancelled, and instances wait for each other's.
+// Creates or checks the schema in one transaction on a connection of its own. Migrating takes a
+// database-wide advisory lock inside that transaction, so instances that start at once apply each
+// migration once, and the lock ends with the transaction: behind a transaction pooler
+// (PgBouncer), whose server sessions change between transactions, a session-level lock could be
+// released on another session than the one that holds it and stay held. Every setting is local
+// to the transaction for the same reason. Migrating has no statement, lock or answer bound: a
+// long migration must not be cancelled, and instances wait for each other's.
 Status PrepareSchema(const PostgresStoreOptions& options, Clock& clock) {
   PostgresStoreOptions plain = options;
   plain.schema = "public";
   plain.prepared_statements = false;
-  const Bounds bounds = options.apply_migrations ? Bounds{} : Bounded(options.timeouts);
+  Bounds bounds = Bounded(options.timeouts);
+  if (options.apply_migrations) bounds.answer = std::nullopt;
   IDEM_ASSIGN_OR_RETURN(auto conn, Connect(plain, bounds, Now() + options.timeouts.connect));
-  if (!options.apply_migrations) {
+  IDEM_RETURN_IF_ERROR(conn->Script("BEGIN"));
+  Status prepared = [&]() -> Status {
     if (options.schema != "public") {
       IDEM_RETURN_IF_ERROR(
-          conn->Run("SELECT set_config('search_path', $1, false)", {options.schema}, nullptr));
+          conn->Run("SELECT set_config('search_path', $1, true)", {options.schema}, nullptr));
     }
-    return store_internal::CheckSchema(*conn, Sql());
-  }
-  IDEM_RETURN_IF_ERROR(conn->Run("SELECT pg_advisory_lock($1)", {kMigrationLock}, nullptr));
-  Status migrated = [&]() -> Status {
+    if (!options.apply_migrations) return store_internal::CheckSchema(*conn, Sql());
+    IDEM_RETURN_IF_ERROR(conn->Script(
+        "SELECT set_config('statement_timeout', '0', true), set_config('lock_timeout', '0', true), "
+        "set_config('idle_in_transaction_session_timeout', '0', true)"));
+    IDEM_RETURN_IF_ERROR(conn->Run("SELECT pg_advisory_xact_lock($1)", {kMigrationLock}, nullptr));
     if (options.schema != "public") {
       IDEM_RETURN_IF_ERROR(conn->Script("CREATE SCHEMA IF NOT EXISTS " + options.schema));
-      IDEM_RETURN_IF_ERROR(
-          conn->Run("SELECT set_config('search_path', $1, false)", {options.schema}, nullptr));
     }
-    IDEM_RETURN_IF_ERROR(conn->Script("BEGIN"));
-    IDEM_RETURN_IF_ERROR(store_internal::MigrateAll(
+    return store_internal::MigrateAll(
         *conn, Sql(), [&](const std::string& sql) { return conn->Script(sql); }, options.app_name,
-        options.app_migrations, clock.Now()));
-    return conn->Script("COMMIT");
+        options.app_migrations, clock.Now());
   }();
-  if (!migrated) (void)conn->Script("ROLLBACK");
-  (void)conn->Run("SELECT pg_advisory_unlock($1)", {kMigrationLock}, nullptr);
-  return migrated;
+  if (!prepared) {
+    (void)conn->Script("ROLLBACK");
+    return prepared;
+  }
+  return conn->Script("COMMIT");
 }
 
 }  // namespace
