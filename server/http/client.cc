@@ -335,7 +335,7 @@ Async<Exchanged> WriteRead(Stream& stream, bhttp::request<bhttp::string_body>& r
 Async<Result<Response>> Exchange(std::shared_ptr<PoolState> state, Request request,
                                  CallOptions options, bool keep_alive) {
   const Url& url = state->url;
-  const std::string authority = url.host + ":" + std::to_string(url.port);
+  const std::string authority = Authority(url.host, url.port);
   const std::string what =
       "http " + request.method + " " + url.scheme + "://" + authority + request.target + ": ";
   Lease lease(state);
@@ -439,7 +439,7 @@ Result<Url> ParseHttpUrl(std::string_view text) {
   }
   Url url;
   url.scheme = https ? "https" : "http";
-  url.host = std::string(parsed->host());
+  url.host = parsed->host_address();  // an IPv6 address without its brackets
   url.port = https ? 443 : 80;
   if (parsed->has_port()) {
     const auto port = parsed->port_number();

@@ -1,6 +1,7 @@
 // server/http/message.cc — header lookups, query parsing, HTTP dates.
 #include "server/http/message.h"
 
+#include <boost/url/parse.hpp>
 #include <chrono>
 #include <cstdio>
 #include <ctime>
@@ -202,6 +203,38 @@ std::string HttpDate(int64_t unix_ms) {
   const std::tm tm = UtcTime(unix_ms, nullptr);
   char buf[64];
   return std::string(buf, std::strftime(buf, sizeof buf, "%a, %d %b %Y %H:%M:%S GMT", &tm));
+}
+
+Result<HostPort> ParseListenAddress(std::string_view text) {
+  auto bad = [&](const std::string& why) {
+    return MakeError(Errc::kInvalidArgument,
+                     "listen must be ADDRESS:PORT (\"127.0.0.1:8080\", "
+                     "\"[::1]:8080\"), got '" +
+                         std::string(text) + "': " + why);
+  };
+  auto authority = boost::urls::parse_authority(text);
+  if (!authority || authority->has_userinfo()) return bad("not an address and a port");
+  if (!authority->has_port() || authority->port().empty()) return bad("no port");
+  const std::string_view port = authority->port();
+  if (port.size() > 5 || std::stoul(std::string(port)) > 65535)
+    return bad("the port is past 65535");
+  HostPort out;
+  switch (authority->host_type()) {
+    case boost::urls::host_type::ipv4:
+    case boost::urls::host_type::ipv6:
+      out.host = authority->host_address();
+      break;
+    default:
+      return bad("the host must be an IP address");
+  }
+  out.port = static_cast<uint16_t>(std::stoul(std::string(port)));
+  return out;
+}
+
+std::string Authority(std::string_view host, uint16_t port) {
+  const std::string p = ":" + std::to_string(port);
+  if (host.find(':') != std::string_view::npos) return "[" + std::string(host) + "]" + p;
+  return std::string(host) + p;
 }
 
 }  // namespace idem::http

@@ -9,6 +9,8 @@
 #include <utility>
 #include <vector>
 
+#include "idem/result.h"
+
 namespace idem::http {
 
 // Header names are stored in lower case; lookups are case-insensitive.
@@ -48,6 +50,18 @@ struct Response {
 };
 
 std::string ToLower(std::string_view s);
+
+// A listen address: an IP address and a port, "127.0.0.1:8080", "0.0.0.0:0" or "[::1]:8080" (an
+// IPv6 address in brackets, which the host keeps without). Errors: kInvalidArgument saying what
+// is wrong (a name instead of an address, no port, a port past 65535).
+struct HostPort {
+  std::string host;
+  uint16_t port = 0;
+};
+Result<HostPort> ParseListenAddress(std::string_view text);
+
+// "host:port", an IPv6 address in brackets ("[::1]:8080"): for Host headers and printed URLs.
+std::string Authority(std::string_view host, uint16_t port);
 
 // A request id for the log and the X-Request-Id header: the client's if it is a sane token
 // (1..64 of A-Z a-z 0-9 - _ .), else "req-" and `counter` in 16 hex digits.

@@ -20,6 +20,27 @@ TEST(Headers, ListJoinsTheElementsOfEveryFieldOfTheName) {
   EXPECT_TRUE(h.List("empty").empty());
 }
 
+TEST(ListenAddress, TakesIpv4AndBracketedIpv6AddressesWithAPort) {
+  auto v4 = ParseListenAddress("0.0.0.0:8080");
+  ASSERT_TRUE(v4.has_value());
+  EXPECT_EQ(v4->host, "0.0.0.0");
+  EXPECT_EQ(v4->port, 8080);
+  auto v6 = ParseListenAddress("[::1]:0");
+  ASSERT_TRUE(v6.has_value()) << v6.error().message;
+  EXPECT_EQ(v6->host, "::1") << "without brackets, as binding takes it";
+  EXPECT_EQ(v6->port, 0);
+  for (const char* bad : {"nohostport", "[::1]", "::1:8080", "localhost:8080", "1.2.3.4:65536",
+                          "1.2.3.4:", "1.2.3.4:80x", "u@1.2.3.4:80", ""}) {
+    auto parsed = ParseListenAddress(bad);
+    EXPECT_FALSE(parsed.has_value()) << bad;
+    if (!parsed) {
+      EXPECT_NE(parsed.error().message.find("listen"), std::string::npos);
+    }
+  }
+  EXPECT_EQ(Authority("::1", 8080), "[::1]:8080");
+  EXPECT_EQ(Authority("127.0.0.1", 80), "127.0.0.1:80");
+}
+
 TEST(Rfc3339, ReadsWhatItWritesAndOffsets) {
   const int64_t ms = 1'796'000'000'123;
   EXPECT_EQ(ParseRfc3339(Rfc3339(ms)), ms);

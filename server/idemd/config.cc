@@ -25,18 +25,10 @@ Error Bad(const std::string& origin, const std::string& what) {
 // host:port, host non-empty, port 0..65535.
 Status ParseListen(const std::string& text, http::ServerOptions& server,
                    const std::string& origin) {
-  const std::size_t colon = text.rfind(':');
-  if (colon == std::string::npos || colon == 0) {
-    return Bad(origin, "listen must be HOST:PORT, got '" + text + "'");
-  }
-  const std::string port = text.substr(colon + 1);
-  char* end = nullptr;
-  const long value = std::strtol(port.c_str(), &end, 10);
-  if (port.empty() || *end != '\0' || value < 0 || value > 65535) {
-    return Bad(origin, "bad port in listen '" + text + "'");
-  }
-  server.host = text.substr(0, colon);
-  server.port = static_cast<uint16_t>(value);
+  auto address = http::ParseListenAddress(text);
+  if (!address) return Bad(origin, address.error().message);
+  server.host = address->host;
+  server.port = address->port;
   return Ok();
 }
 

@@ -190,8 +190,8 @@ int Run(int argc, char** argv) {
   JsonAccessLog log;
   auto server = http::Server::Start(config->server, service, &log);
   if (!server) return Fail(server.error().message);
-  std::printf("idemd listening on http://%s:%u\n", config->server.host.c_str(),
-              static_cast<unsigned>((*server)->port()));
+  std::printf("idemd listening on http://%s\n",
+              http::Authority(config->server.host, (*server)->port()).c_str());
   std::fflush(stdout);
 
   {

@@ -45,6 +45,31 @@ TEST_F(IdemdTest, FirstRequestChargesOnceAndAnswers201) {
   EXPECT_EQ(ChargesFor(id), 1);
 }
 
+// An IPv6 listen address, from the file or the flag: idemd serves on [::1] and prints a URL a
+// client can use as it is.
+TEST_F(IdemdTest, ListensOnAnIpv6Address) {
+  const std::string config = dir_.File("idemd-v6.toml");
+  WriteConfig(config, {});
+  auto v6 = testing::ChildProcess::Spawn({IDEMD_PATH, "--config", config, "--listen", "[::1]:0"},
+                                         {{"IDEM_SECRETS", secrets_toml_}}, dir_.path().string(),
+                                         dir_.File("idemd-v6.log"));
+  ASSERT_TRUE(v6.has_value());
+  auto line = v6->WaitForLine("idemd listening on ", std::chrono::seconds(10));
+  ASSERT_TRUE(line.has_value()) << line.error().message;
+  EXPECT_EQ(line->rfind("http://[::1]:", 0), 0u) << *line;
+  auto url = http::ParseHttpUrl(*line);
+  ASSERT_TRUE(url.has_value()) << url.error().message;
+  EXPECT_EQ(url->host, "::1");
+  http::Request req{"POST", "/v1/payments", {}, Body("ORD-V6")};
+  req.headers.Set("Authorization", std::string("Bearer ") + kAlice);
+  req.headers.Set("Content-Type", "application/json");
+  req.headers.Set("Idempotency-Key", "ipv6-key-0001");
+  auto answer = http::Call(*url, std::move(req));
+  ASSERT_TRUE(answer.has_value()) << answer.error().message;
+  EXPECT_EQ(answer->status, 201) << answer->body;
+  EXPECT_EQ(TotalCharges(), 1);
+}
+
 TEST_F(IdemdTest, RetryReplaysTheFirstAnswerByteForByte) {
   http::Response first = Pay("order-0002-key", Body("ORD-0002"));
   ASSERT_EQ(first.status, 201);

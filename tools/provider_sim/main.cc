@@ -562,14 +562,13 @@ int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     std::string arg = argv[i];
     if (arg == "--listen" && i + 1 < argc) {
-      std::string value = argv[++i];
-      const std::size_t colon = value.rfind(':');
-      if (colon == std::string::npos) {
-        std::fprintf(stderr, "provider-sim: --listen HOST:PORT\n");
+      auto address = http::ParseListenAddress(argv[++i]);
+      if (!address) {
+        std::fprintf(stderr, "%s: %s\n", "provider-sim", address.error().message.c_str());
         return 2;
       }
-      options.host = value.substr(0, colon);
-      options.port = static_cast<uint16_t>(std::stoi(value.substr(colon + 1)));
+      options.host = address->host;
+      options.port = address->port;
     } else if (arg == "--max-records" && i + 1 < argc) {
       const std::string_view value = argv[++i];
       const auto [ptr, err] =
@@ -591,8 +590,8 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "provider-sim: %s\n", server.error().message.c_str());
     return 1;
   }
-  std::printf("provider-sim listening on http://%s:%u\n", options.host.c_str(),
-              static_cast<unsigned>((*server)->port()));
+  std::printf("provider-sim listening on http://%s\n",
+              http::Authority(options.host, (*server)->port()).c_str());
   std::fflush(stdout);
   while (http::WaitForSignal() == SIGHUP) {
   }

@@ -144,16 +144,14 @@ int main(int argc, char** argv) {
   options.drain_timeout = Millis(2000);
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
-    const std::size_t colon = i + 1 < argc ? std::string_view(argv[i + 1]).rfind(':') : 0;
-    if (arg == "--listen" && i + 1 < argc && colon != std::string_view::npos) {
-      const std::string value = argv[++i];
-      auto port = Number(std::string_view(value).substr(colon + 1), 0, 65535);
-      if (!port) {
-        std::fprintf(stderr, "upstream-sim: --listen HOST:PORT\n");
+    if (arg == "--listen" && i + 1 < argc) {
+      auto address = http::ParseListenAddress(argv[++i]);
+      if (!address) {
+        std::fprintf(stderr, "upstream-sim: %s\n", address.error().message.c_str());
         return 2;
       }
-      options.host = value.substr(0, colon);
-      options.port = static_cast<uint16_t>(*port);
+      options.host = address->host;
+      options.port = address->port;
     } else {
       std::fprintf(stderr, "usage: upstream-sim [--listen HOST:PORT]\n");
       return 2;
@@ -166,8 +164,8 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "upstream-sim: %s\n", server.error().message.c_str());
     return 1;
   }
-  std::printf("upstream-sim listening on http://%s:%u\n", options.host.c_str(),
-              static_cast<unsigned>((*server)->port()));
+  std::printf("upstream-sim listening on http://%s\n",
+              http::Authority(options.host, (*server)->port()).c_str());
   std::fflush(stdout);
   while (http::WaitForSignal() == SIGHUP) {
   }

@@ -30,7 +30,10 @@ namespace idem {
 
 // Options of the one Redis client that the replay cache and the in-flight markers share.
 struct RedisCacheOptions {
-  std::string url;  // "redis://host:port"
+  // redis://[[user]:password@]host[:port][/database]: AUTH (with a Redis 6 ACL user if named) and
+  // SELECT on every connection. Percent-encode reserved characters of the password. rediss:// is
+  // refused: Debian 12's hiredis has no TLS.
+  std::string url;
   // Per command; a slower Redis is skipped (the database answers).
   Millis timeout{50};
   int pool_size = 8;

@@ -14,7 +14,9 @@
 #include "idem/store/postgres.h"
 #include "idem/store/redis.h"
 #include "idem/store/sqlite.h"
+#include "src/store/redis/redis_client.h"
 #include "testing/fakes.h"
+#include "testing/process.h"
 #include "testing/store_contract.h"
 
 namespace idem::testing {
@@ -543,7 +545,8 @@ TEST(RedisCacheOptions, RejectsMalformedUrls) {
   TempDir dir;
   SqliteStoreOptions o;
   o.path = dir.File("idem.db");
-  for (const char* url : {"http://x:1", "redis://", "redis://host:port", "redis://h:999999"}) {
+  for (const char* url : {"http://x:1", "redis://", "redis://host:port", "redis://h:999999",
+                          "rediss://h:6380", "redis://user@h", "redis://h/db", "redis://h/1?x=1"}) {
     RedisCacheOptions options;
     options.url = url;
     auto wrapped =
@@ -555,6 +558,96 @@ TEST(RedisCacheOptions, RejectsMalformedUrls) {
     ASSERT_FALSE(fast.has_value()) << url;
     EXPECT_EQ(fast.error().code, Errc::kInvalidArgument);
   }
+}
+
+TEST(RedisUrl, ReadsTheUserPasswordDatabaseAndAnIpv6Host) {
+  using redis_internal::ParseRedisUrl;
+  auto plain = ParseRedisUrl("redis://cache.internal");
+  ASSERT_TRUE(plain.has_value());
+  EXPECT_EQ(plain->host, "cache.internal");
+  EXPECT_EQ(plain->port, 6379);
+  EXPECT_EQ(plain->password, "");
+  EXPECT_EQ(plain->database, 0);
+
+  auto managed = ParseRedisUrl("redis://:s%40cret%2F1@10.0.0.7:6380/2");
+  ASSERT_TRUE(managed.has_value()) << managed.error().message;
+  EXPECT_EQ(managed->host, "10.0.0.7");
+  EXPECT_EQ(managed->port, 6380);
+  EXPECT_EQ(managed->user, "");
+  EXPECT_EQ(managed->password, "s@cret/1") << "percent-decoded";
+  EXPECT_EQ(managed->database, 2);
+
+  auto acl = ParseRedisUrl("redis://idem:pw@[::1]:7000/");
+  ASSERT_TRUE(acl.has_value()) << acl.error().message;
+  EXPECT_EQ(acl->host, "::1") << "without brackets, as connecting takes it";
+  EXPECT_EQ(acl->port, 7000);
+  EXPECT_EQ(acl->user, "idem");
+  EXPECT_EQ(acl->password, "pw");
+
+  auto tls = ParseRedisUrl("rediss://cache:6380");
+  ASSERT_FALSE(tls.has_value());
+  EXPECT_NE(tls.error().message.find("TLS"), std::string::npos) << tls.error().message;
+}
+
+// A Redis that wants a password (an ACL user, as managed Redis services have) and a database
+// number: with the URL's credentials the markers work and land in that database; with a wrong
+// password every call falls back, and nothing is written.
+TEST(RedisUrl, ConnectionsLogInAndSelectTheDatabase) {
+  const uint16_t port = FreeLoopbackPort();
+  TempDir dir;
+  auto server =
+      ChildProcess::Spawn({"/usr/bin/redis-server", "--bind", "127.0.0.1", "--port",
+                           std::to_string(port), "--save", "", "--appendonly", "no", "--user",
+                           "default", "off", "--user", "idem", "on", ">p@ss/word", "~*", "+@all"},
+                          {}, dir.path().string(), dir.File("redis.log"));
+  ASSERT_TRUE(server.has_value()) << server.error().message;
+  ASSERT_TRUE(WaitForPort(port, std::chrono::seconds(10)));
+
+  FakeClock clock;
+  SeededRandom random(7);
+  SqliteStoreOptions sqlite;
+  sqlite.path = dir.File("idem.db");
+  const ScopeHash scope = *Scope{"acme", "alice", "r", "auth-key-1"}.Hash();
+  InFlight mine;
+  mine.expires_at = clock.Now() + Millis(60000);
+  auto open = [&](const std::string& url, int* fallbacks) {
+    RedisCacheOptions options;
+    options.url = url;
+    options.timeout = Millis(1000);
+    options.on_fallback = [fallbacks] { ++*fallbacks; };
+    auto fast = OpenRedisFastPath(std::move(*OpenSqliteStore(sqlite, clock, random)), options,
+                                  clock, random);
+    EXPECT_TRUE(fast.has_value()) << url;
+    return std::move(fast->markers);
+  };
+  // What database 3 holds, looked at as the ACL user, without the code under test.
+  auto keys_in_3 = [&]() -> long long {
+    redisContext* c = redisConnect("127.0.0.1", port);
+    auto* auth = static_cast<redisReply*>(redisCommand(c, "AUTH idem %s", "p@ss/word"));
+    freeReplyObject(auth);
+    auto* select = static_cast<redisReply*>(redisCommand(c, "SELECT 3"));
+    freeReplyObject(select);
+    auto* size = static_cast<redisReply*>(redisCommand(c, "DBSIZE"));
+    const long long n = size != nullptr && size->type == REDIS_REPLY_INTEGER ? size->integer : -1;
+    freeReplyObject(size);
+    redisFree(c);
+    return n;
+  };
+
+  const std::string base = "127.0.0.1:" + std::to_string(port) + "/3";
+  int refused = 0;
+  auto wrong = open("redis://idem:nope@" + base, &refused);
+  EXPECT_FALSE(wrong->Place(scope, mine, Millis(30000)).token.has_value());
+  EXPECT_EQ(refused, 1) << "a refused AUTH is a fallback";
+  EXPECT_EQ(keys_in_3(), 0);
+
+  int fallbacks = 0;
+  auto markers = open("redis://idem:p%40ss%2Fword@" + base, &fallbacks);
+  auto placed = markers->Place(scope, mine, Millis(30000));
+  ASSERT_TRUE(placed.token.has_value()) << "logged in";
+  EXPECT_EQ(fallbacks, 0);
+  EXPECT_EQ(keys_in_3(), 1) << "the marker is in database 3";
+  EXPECT_TRUE(markers->Place(scope, mine, Millis(30000)).held.has_value());
 }
 
 }  // namespace

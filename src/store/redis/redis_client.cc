@@ -1,31 +1,22 @@
 // src/store/redis/redis_client.cc — connections, the pool and the rest period after a failure.
 #include "src/store/redis/redis_client.h"
 
+#include <boost/url/parse.hpp>
 #include <chrono>
 
 namespace idem::redis_internal {
 namespace {
 
-Result<Endpoint> ParseRedisUrl(const std::string& url) {
-  constexpr std::string_view kScheme = "redis://";
-  if (url.rfind(kScheme, 0) != 0) {
-    return MakeError(Errc::kInvalidArgument, "redis URL must look like redis://host:port");
-  }
-  std::string rest = url.substr(kScheme.size());
-  rest = rest.substr(0, rest.find('/'));
-  Endpoint e;
-  const std::size_t colon = rest.rfind(':');
-  e.host = rest.substr(0, colon);
-  if (colon != std::string::npos) {
-    const std::string port = rest.substr(colon + 1);
-    if (port.empty() || port.find_first_not_of("0123456789") != std::string::npos ||
-        port.size() > 5) {
-      return MakeError(Errc::kInvalidArgument, "bad port in redis URL '" + url + "'");
-    }
-    e.port = std::stoi(port);
-  }
-  if (e.host.empty()) return MakeError(Errc::kInvalidArgument, "no host in redis URL");
-  return e;
+Error BadUrl(const std::string& why) {
+  return MakeError(Errc::kInvalidArgument,
+                   "redis URL: " + why + " (redis://[[user]:password@]host[:port][/database])");
+}
+
+// A reply's text, for an error message.
+std::string ReplyText(const redisReply* r) {
+  if (r == nullptr) return "no answer";
+  if (r->type == REDIS_REPLY_ERROR || r->type == REDIS_REPLY_STATUS) return {r->str, r->len};
+  return "an unexpected reply";
 }
 
 Result<std::unique_ptr<RedisConn>> Connect(const Endpoint& e, Millis timeout) {
@@ -38,7 +29,23 @@ Result<std::unique_ptr<RedisConn>> Connect(const Endpoint& e, Millis timeout) {
     return MakeError(Errc::kUnavailable, "redis connect: " + why);
   }
   redisSetTimeout(c, tv);
-  return std::make_unique<RedisConn>(c);
+  auto conn = std::make_unique<RedisConn>(c);
+  // AUTH with a user is Redis 6's ACL form; without one, the password of `requirepass`.
+  if (!e.password.empty()) {
+    std::vector<std::string_view> auth = {"AUTH"};
+    if (!e.user.empty()) auth.emplace_back(e.user);
+    auth.emplace_back(e.password);
+    if (std::string why; !conn->Expect(auth, &why)) {
+      return MakeError(Errc::kUnavailable, "redis AUTH refused: " + why);
+    }
+  }
+  if (e.database != 0) {
+    const std::string db = std::to_string(e.database);
+    if (std::string why; !conn->Expect({"SELECT", db}, &why)) {
+      return MakeError(Errc::kUnavailable, "redis SELECT " + db + " refused: " + why);
+    }
+  }
+  return conn;
 }
 
 }  // namespace
@@ -54,6 +61,51 @@ Reply RedisConn::Command(const std::vector<std::string_view>& args) {
   Reply reply(static_cast<redisReply*>(r));
   if (!reply || reply->type == REDIS_REPLY_ERROR) return nullptr;
   return reply;
+}
+
+bool RedisConn::Expect(const std::vector<std::string_view>& args, std::string* why) {
+  std::vector<const char*> argv;
+  std::vector<std::size_t> lens;
+  for (std::string_view a : args) {
+    argv.push_back(a.data());
+    lens.push_back(a.size());
+  }
+  Reply reply(static_cast<redisReply*>(
+      redisCommandArgv(ctx_.get(), static_cast<int>(args.size()), argv.data(), lens.data())));
+  if (reply && reply->type == REDIS_REPLY_STATUS) return true;
+  *why = reply ? ReplyText(reply.get()) : std::string(ctx_->errstr);
+  return false;
+}
+
+Result<Endpoint> ParseRedisUrl(const std::string& text) {
+  auto url = boost::urls::parse_absolute_uri(text);
+  if (!url) return BadUrl("'" + text + "' is not a URL");
+  if (url->scheme() == "rediss") {
+    return BadUrl("rediss:// (TLS) is not supported by this build: its hiredis has no TLS");
+  }
+  if (url->scheme() != "redis") return BadUrl("the scheme must be redis://");
+  Endpoint e;
+  e.host = url->host_address();  // an IPv6 address without its brackets
+  if (e.host.empty()) return BadUrl("no host");
+  if (url->has_port()) {
+    if (url->port_number() == 0) return BadUrl("bad port '" + std::string(url->port()) + "'");
+    e.port = url->port_number();
+  }
+  if (url->has_userinfo()) {
+    e.user = url->user();
+    e.password = url->password();
+    if (e.password.empty()) return BadUrl("user info without a password");
+  }
+  std::string path = url->path();
+  if (!path.empty() && path != "/") {
+    const std::string db = path.substr(1);
+    if (db.empty() || db.size() > 9 || db.find_first_not_of("0123456789") != std::string::npos) {
+      return BadUrl("the path must be a database number, got '" + path + "'");
+    }
+    e.database = std::stoi(db);
+  }
+  if (url->has_query() || url->has_fragment()) return BadUrl("no query or fragment is read");
+  return e;
 }
 
 Result<std::shared_ptr<RedisClient>> RedisClient::Create(const RedisCacheOptions& options) {

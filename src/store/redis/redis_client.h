@@ -29,6 +29,9 @@ class RedisConn {
   // A command with binary-safe arguments; nullptr on any failure, an error reply included (then
   // the connection may be broken, and the pool replaces it).
   Reply Command(const std::vector<std::string_view>& args);
+  // A command whose answer must be a status (+OK): AUTH, SELECT. Otherwise false, with the
+  // server's error or the connection's in *why.
+  bool Expect(const std::vector<std::string_view>& args, std::string* why);
 
  private:
   struct ContextFree {
@@ -37,10 +40,17 @@ class RedisConn {
   std::unique_ptr<redisContext, ContextFree> ctx_;
 };
 
+// Where and as whom a connection logs in: redis://[[user]:password@]host[:port][/database].
 struct Endpoint {
   std::string host;
   int port = 6379;
+  std::string user;      // Redis 6 ACL user; empty: AUTH with the password alone
+  std::string password;  // empty: no AUTH
+  int database = 0;      // SELECTed after connecting
 };
+
+// Errors: kInvalidArgument naming what is wrong; rediss:// is refused (hiredis here has no TLS).
+Result<Endpoint> ParseRedisUrl(const std::string& url);
 
 // Thread-safe. Shared (std::shared_ptr) by every user, so a failure seen by one — the cache or
 // the markers — rests Redis for all of them, and every fallback is counted once, in one place.
