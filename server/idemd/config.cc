@@ -4,9 +4,11 @@
 #include <sched.h>
 #include <sys/stat.h>
 #include <toml++/toml.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <boost/url/parse.hpp>
+#include <charconv>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -35,7 +37,12 @@ Status ParseListen(const std::string& text, http::ServerOptions& server,
 template <typename T>
 Status Read(const toml::table& t, std::string_view section, std::string_view key, T& out,
             const std::string& origin) {
-  const toml::node* node = t.at_path(std::string(section) + "." + std::string(key)).node();
+  const std::string name = std::string(section) + "." + std::string(key);
+  if (!ConfigKeys().contains(name)) {
+    // A key read here must be listed (printed by EffectiveConfigToml), or files could not set it.
+    return Bad(origin, name + " is read but not listed in ConfigKeys (a bug)");
+  }
+  const toml::node* node = t.at_path(name).node();
   if (node == nullptr) return Ok();
   if constexpr (std::is_same_v<T, std::string>) {
     if (!node->is_string())
@@ -364,20 +371,12 @@ Result<GatewayRoute> ReadGatewayRoute(const toml::table& t, const std::string& o
 }
 
 // [gateway]: what happens to requests no route matches, where principals come from, and the
-// upstream pools' bounds. Unknown keys are errors, with their line.
+// upstream pools' bounds.
 Status ReadGatewaySection(const toml::table& t, const std::string& origin, GatewayConfig& out) {
   const toml::node* node = t.get("gateway");
   if (node == nullptr) return Ok();
   const toml::table* g = node->as_table();
   if (g == nullptr) return Bad(origin, "gateway must be a table");
-  for (const auto& [key, n] : *g) {
-    const std::string k(key.str());
-    if (k != "unmatched" && k != "upstream" && k != "timeout_ms" && k != "principal_header" &&
-        k != "max_connections" && k != "ca_file") {
-      return Bad(origin + ":" + std::to_string(n.source().begin.line),
-                 "gateway." + k + ": unknown key");
-    }
-  }
   std::string unmatched = "not_found";
   IDEM_RETURN_IF_ERROR(Read(t, "gateway", "unmatched", unmatched, origin));
   if (unmatched != "not_found" && unmatched != "forward") {
@@ -449,6 +448,111 @@ Status ReadGatewayRoutes(const toml::table& t, const std::string& origin,
   return Ok();
 }
 
+// Every key of the file must be one LoadConfig reads (ConfigKeys): a misspelt key would
+// otherwise leave its setting at the default without a word. [[routes]] entries are checked by
+// their reader, which names the route.
+Status CheckKnownKeys(const toml::table& t, const std::string& origin) {
+  const std::map<std::string, Kind>& known = ConfigKeys();
+  auto unknown = [&](const std::string& name, const toml::node& n) {
+    return Bad(origin + ":" + std::to_string(n.source().begin.line), "unknown key " + name);
+  };
+  auto check_table = [&](const toml::table& table, const std::string& prefix) -> Status {
+    for (const auto& [key, node] : table) {
+      const std::string name = prefix + "." + std::string(key.str());
+      if (!known.contains(name)) return unknown(name, node);
+    }
+    return Ok();
+  };
+  for (const auto& [key, node] : t) {
+    const std::string section(key.str());
+    if (section == "routes") continue;
+    const auto first = known.lower_bound(section + ".");
+    if (first == known.end() || first->first.rfind(section + ".", 0) != 0) {
+      return unknown(section, node);
+    }
+    if (const toml::table* table = node.as_table()) {
+      IDEM_RETURN_IF_ERROR(check_table(*table, section));
+    } else if (const toml::array* array = node.as_array()) {
+      for (const toml::node& entry : *array) {
+        if (const toml::table* element = entry.as_table()) {
+          IDEM_RETURN_IF_ERROR(check_table(*element, section));
+        }
+      }
+    } else {
+      return Bad(origin + ":" + std::to_string(node.source().begin.line),
+                 section + " must be a table");
+    }
+  }
+  return Ok();
+}
+
+// IDEMD_<SECTION>_<KEY> (upper case) sets section.key over the file, typed as the key is: an
+// integer, true/false, a string as it is, or a list separated by commas. Keys of [[principals]]
+// and [[routes]] entries have none. An IDEMD_ variable that names no key is an error.
+Status ApplyEnvironment(toml::table& t) {
+  std::map<std::string, std::pair<std::string, Kind>> by_variable;
+  for (const auto& [name, kind] : ConfigKeys()) {
+    const std::size_t dot = name.find('.');
+    const std::string section = name.substr(0, dot);
+    if (section == "principals" || section == "routes") continue;
+    std::string variable = "IDEMD_" + name;
+    for (char& ch : variable) {
+      ch = ch == '.' ? '_' : static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
+    }
+    by_variable[variable] = {name, kind};
+  }
+  for (char** env = environ; *env != nullptr; ++env) {
+    const std::string_view entry(*env);
+    if (entry.rfind("IDEMD_", 0) != 0) continue;
+    const std::size_t eq = entry.find('=');
+    const std::string variable(entry.substr(0, eq));
+    const std::string value(eq == std::string_view::npos ? "" : entry.substr(eq + 1));
+    auto it = by_variable.find(variable);
+    if (it == by_variable.end()) {
+      return Bad("environment", variable + " names no configuration key (docs/config.md)");
+    }
+    const std::string& name = it->second.first;
+    const std::size_t dot = name.find('.');
+    const std::string section = name.substr(0, dot);
+    if (!t.contains(section)) t.insert(section, toml::table{});
+    toml::table* table = t[section].as_table();
+    if (table == nullptr) return Bad("environment", variable + ": " + section + " is not a table");
+    const std::string key = name.substr(dot + 1);
+    switch (it->second.second) {
+      case Kind::kString:
+        table->insert_or_assign(key, value);
+        break;
+      case Kind::kBoolean:
+        if (value != "true" && value != "false") {
+          return Bad("environment", variable + " must be true or false");
+        }
+        table->insert_or_assign(key, value == "true");
+        break;
+      case Kind::kInteger: {
+        int64_t n = 0;
+        const auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), n);
+        if (ec != std::errc() || end != value.data() + value.size()) {
+          return Bad("environment", variable + " must be an integer");
+        }
+        table->insert_or_assign(key, n);
+        break;
+      }
+      case Kind::kArray: {
+        toml::array list;
+        std::string_view rest(value);
+        while (!rest.empty()) {
+          const std::size_t comma = rest.find(',');
+          list.push_back(std::string(rest.substr(0, comma)));
+          rest = comma == std::string_view::npos ? "" : rest.substr(comma + 1);
+        }
+        table->insert_or_assign(key, std::move(list));
+        break;
+      }
+    }
+  }
+  return Ok();
+}
+
 int IoThreadsPerCpu() {
   cpu_set_t allowed;
   CPU_ZERO(&allowed);
@@ -460,8 +564,10 @@ int IoThreadsPerCpu() {
 
 Result<Config> LoadConfig(const std::string& path, const std::vector<std::string>& overrides) {
   Config c;
-  IDEM_ASSIGN_OR_RETURN(const toml::table t, ParseToml({}, path, true));
+  IDEM_ASSIGN_OR_RETURN(toml::table t, ParseToml({}, path, true));
   const std::string& o = path;
+  IDEM_RETURN_IF_ERROR(CheckKnownKeys(t, o));
+  IDEM_RETURN_IF_ERROR(ApplyEnvironment(t));
 
   std::string listen;
   IDEM_RETURN_IF_ERROR(Read(t, "server", "listen", listen, o));
@@ -547,6 +653,10 @@ Result<Config> LoadConfig(const std::string& path, const std::vector<std::string
     return Bad(o, "reconciliation.window_ms must be positive when interval_ms is");
   }
 
+  if (const toml::node* node = t.at_path("payments.currencies").node();
+      node != nullptr && !node->is_array()) {
+    return Bad(o, "payments.currencies must be an array of ISO 4217 codes");
+  }
   if (const toml::array* currencies = t.at_path("payments.currencies").as_array()) {
     c.currencies.clear();
     for (const toml::node& n : *currencies) {
@@ -631,6 +741,9 @@ Result<Config> LoadConfig(const std::string& path, const std::vector<std::string
                       " (0: one per CPU)");
   }
   if (c.server.io_threads == 0) c.server.io_threads = IoThreadsPerCpu();
+  if (c.store_pool_size < 1 || c.store_pool_size > 256) {
+    return Bad(o, "store.pool_size must be 1..256");
+  }
   if (c.store_read_threads < 1 || c.store_read_threads > kStoreThreadsCeiling) {
     return Bad(o, "store.read_threads must be 1.." + std::to_string(kStoreThreadsCeiling));
   }

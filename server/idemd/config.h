@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -113,9 +114,23 @@ struct Config {
   GatewayConfig gateway;
 };
 
-// Reads `path` (TOML), applies `overrides` (--listen, --store, --redis, --provider), then loads
-// the secrets. Errors: kInvalidArgument naming the file, key and problem.
+// Reads `path` (TOML), then the IDEMD_<SECTION>_<KEY> environment variables over it (e.g.
+// IDEMD_STORE_URL, IDEMD_PROVIDER_TIMEOUT_MS), then `overrides` (--listen, --store, --redis,
+// --provider) over both, then loads the secrets. Errors: kInvalidArgument naming the file (and
+// line, for an unknown key), the environment variable or the flag, the key and the problem.
 Result<Config> LoadConfig(const std::string& path, const std::vector<std::string>& overrides);
+
+// The configuration in effect, every key with its value (defaults included), as a TOML document
+// that LoadConfig reads back to the same Config (what `idemd --check-config` prints). Secrets are
+// not part of it (they are not config keys); passwords in the store, listener, Redis and provider
+// URLs are replaced by "REDACTED".
+std::string EffectiveConfigToml(const Config& config);
+
+// Every key a config file may set, "section.key" ("routes.fingerprint.ignore" for keys of
+// [[routes]] entries), with its TOML type: what the unknown-key check and the environment
+// overrides accept, and what docs/config.md lists.
+enum class Kind { kString, kInteger, kBoolean, kArray };
+const std::map<std::string, Kind>& ConfigKeys();
 
 // Writers a SQLite store lets wait for its writer by default: those waiting when one commits
 // share the next commit (group commit), so more waiting writers mean fewer syncs per write.

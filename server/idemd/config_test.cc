@@ -7,6 +7,9 @@
 
 #include <cstdlib>
 #include <fstream>
+#include <regex>
+#include <set>
+#include <sstream>
 
 #include "testing/fakes.h"
 
@@ -529,7 +532,7 @@ TEST_F(ConfigTest, TheGatewaySectionHasSafeDefaultsAndIsChecked) {
       {"[gateway]\nunmatched = \"forward\"\n", "needs gateway.upstream"},
       {"[gateway]\nunmatched = \"pass\"\n", "gateway.unmatched must be"},
       {"[gateway]\nupstream = \"http://h:1/base\"\n", "without a path"},
-      {"[gateway]\ncolour = 1\n", ":5: gateway.colour: unknown key"},
+      {"[gateway]\ncolour = 1\n", ":5: unknown key gateway.colour"},
       {"[gateway]\nprincipal_header = \"Authorization\"\n", "not a credential"},
       {"[gateway]\nprincipal_header = \"X User\"\n", "principal_header must be"},
       {"[gateway]\nmax_connections = 0\n", "gateway.max_connections must be"},
@@ -540,6 +543,211 @@ TEST_F(ConfigTest, TheGatewaySectionHasSafeDefaultsAndIsChecked) {
     ASSERT_FALSE(c.has_value()) << toml;
     EXPECT_NE(c.error().message.find(expect), std::string::npos)
         << "expected: " << expect << "\ngot: " << c.error().message;
+  }
+}
+
+// docs/config.md lists exactly the keys idemd reads (ConfigKeys), each with its type: a key added
+// to the code without its line in the reference fails here, and so does a documented key that no
+// longer exists.
+TEST_F(ConfigTest, TheReferenceListsEveryKeyWithItsTypeAndNothingElse) {
+  std::ifstream in(std::string(IDEM_SOURCE_DIR) + "/docs/config.md");
+  ASSERT_TRUE(in.good());
+  const std::regex heading(R"(^## `\[\[?([a-z_]+)\]\]?`)");
+  const std::regex name("`([^`]+)`");
+  std::map<std::string, std::string> documented;  // section.key → type
+  std::string section, line;
+  bool in_table = false;
+  while (std::getline(in, line)) {
+    std::smatch m;
+    if (std::regex_search(line, m, heading)) {
+      section = m[1];
+    } else if (line.rfind("## ", 0) == 0) {
+      section.clear();
+    }
+    if (line.rfind("| key | type | default | meaning |", 0) == 0) in_table = true;
+    if (line.empty()) in_table = false;
+    if (!in_table || section.empty() || line.rfind("| `", 0) != 0) continue;
+    const std::size_t bar = line.find(" | ", 2);
+    const std::string keys = line.substr(2, bar - 2);
+    const std::string type = line.substr(bar + 3, line.find(" | ", bar + 3) - bar - 3);
+    for (auto it = std::sregex_iterator(keys.begin(), keys.end(), name);
+         it != std::sregex_iterator(); ++it) {
+      documented[section + "." + (*it)[1].str()] = type;
+    }
+  }
+  const std::map<Kind, std::string> type_of = {{Kind::kString, "string"},
+                                               {Kind::kInteger, "integer"},
+                                               {Kind::kBoolean, "boolean"},
+                                               {Kind::kArray, "array"}};
+  for (const auto& [key, kind] : ConfigKeys()) {
+    auto it = documented.find(key);
+    if (it == documented.end()) {
+      ADD_FAILURE() << key << " is read by idemd but not listed in docs/config.md";
+    } else {
+      EXPECT_EQ(it->second, type_of.at(kind)) << key << "'s type in docs/config.md";
+    }
+  }
+  for (const auto& [key, type] : documented) {
+    EXPECT_TRUE(ConfigKeys().contains(key))
+        << key << " is in docs/config.md but idemd reads no such key";
+  }
+  EXPECT_GT(documented.size(), 70u) << "the reference's tables were not found";
+}
+
+// Every listed key is read and checked: set to a value of no key's type (an inline table), each
+// one stops the load with an error naming it. A key listed but never read would load.
+TEST_F(ConfigTest, EveryListedKeyIsReadAndChecked) {
+  const std::string route =
+      "name = \"r\"\nmatch = \"POST /v1/r\"\nupstream = \"http://127.0.0.1:1\"\n";
+  for (const auto& [key, kind] : ConfigKeys()) {
+    const std::size_t dot = key.find('.');
+    const std::string section = key.substr(0, dot);
+    const std::string rest = key.substr(dot + 1);
+    std::string toml;
+    if (section == "routes") {
+      toml =
+          "[[routes]]\n" + route +
+          (rest == "name" || rest == "match" || rest == "upstream" ? ""
+                                                                   : rest + " = { probe = 1 }\n");
+      if (rest == "name" || rest == "match" || rest == "upstream") {
+        toml = "[[routes]]\n" +
+               std::regex_replace(route, std::regex(rest + " = [^\n]*"), rest + " = { probe = 1 }");
+      }
+    } else if (section == "principals") {
+      toml = "[[principals]]\napi_key_sha256 = \"" + std::string(64, 'a') +
+             "\"\ntenant = \"t\"\nuser = \"u\"\n";
+      toml = std::regex_replace(toml, std::regex(rest + " = [^\n]*"), rest + " = { probe = 1 }");
+    } else {
+      toml = "[" + section + "]\n" + rest + " = { probe = 1 }\n";
+    }
+    auto c = LoadConfig(Write("c.toml", section == "secrets" ? toml : Minimal(toml)), {});
+    ASSERT_FALSE(c.has_value()) << key << " = { probe = 1 } was accepted";
+    const std::string named = section == "principals" ? "principals" : rest;
+    EXPECT_NE(c.error().message.find(named), std::string::npos) << key << ": " << c.error().message;
+  }
+}
+
+// What --check-config prints is a config that loads back to itself, with passwords redacted.
+TEST_F(ConfigTest, TheEffectiveConfigLoadsBackToTheSameConfigWithPasswordsRedacted) {
+  const std::string path = Write("c.toml", Minimal(R"(
+[server]
+listen = "[::1]:7000"
+io_threads = 3
+max_parked = 300
+[store]
+url = "postgresql://idem:hunter2@db.internal:5432/idem"
+listen_url = "postgresql://idem:hunter2@db-direct.internal/idem"
+prepared_statements = false
+statement_timeout_ms = 6000
+keepalives_count = 4
+[redis]
+url = "redis://:s3cret@cache:6379/2"
+[provider]
+url = "https://provider.example/v2"
+timeout_ms = 1500
+5xx_means_nothing_charged = true
+[idempotency]
+lease_ms = 20000
+retention_hours = 48
+[reconciliation]
+refund_orphans = true
+[payments]
+currencies = ["USD", "KRW"]
+[gateway]
+principal_header = "X-User"
+[[principals]]
+api_key_sha256 = "86f71c9cb79152ae8c4aff86cd48dbfc35eee594762141f8f00ece58705547e5"
+tenant = "acme"
+user = "alice"
+[[routes]]
+name = "orders.create"
+match = "POST /v1/orders/{id}"
+upstream = "http://127.0.0.1:3000"
+key = "optional"
+fingerprint.ignore = ["trace_id"]
+final_statuses = ["2xx", 409]
+store_headers = ["Location"]
+forward_key_header = "X-Key"
+status_path = "/v1/orders/by-key/{key}"
+timeout_ms = 2000
+lease_ms = 5000
+retention_hours = 12
+)"));
+  auto first = LoadConfig(path, {});
+  ASSERT_TRUE(first.has_value()) << first.error().message;
+  const std::string printed = EffectiveConfigToml(*first);
+  for (const char* secret : {"hunter2", "s3cret"}) {
+    EXPECT_EQ(printed.find(secret), std::string::npos) << secret << " printed:\n" << printed;
+  }
+  EXPECT_NE(printed.find("postgresql://idem:REDACTED@db.internal:5432/idem"), std::string::npos)
+      << printed;
+  for (const auto& [key, kind] : ConfigKeys()) {
+    const std::string last = key.substr(key.rfind('.') + 1);
+    if (key == "idempotency.retention_hours" || key.rfind("server.", 0) == 0) continue;
+    EXPECT_NE(printed.find(last + " = "), std::string::npos) << key << " is not printed";
+  }
+  auto again = LoadConfig(Write("printed.toml", printed), {});
+  ASSERT_TRUE(again.has_value()) << again.error().message << "\n" << printed;
+  EXPECT_EQ(EffectiveConfigToml(*again), printed);
+  EXPECT_EQ(again->server.host, "::1");
+  EXPECT_EQ(again->retention, std::chrono::hours(48));
+  EXPECT_EQ(again->gateway.routes.at(0).final_statuses, std::vector<int>{409});
+}
+
+TEST_F(ConfigTest, UnknownKeysAndSectionsAreErrorsWithTheirLine) {
+  auto top = LoadConfig(Write("c.toml", "listen = \"127.0.0.1:1\"\n" + Minimal()), {});
+  ASSERT_FALSE(top.has_value());
+  EXPECT_NE(top.error().message.find("c.toml:1: unknown key listen"), std::string::npos)
+      << top.error().message;
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"[store]\nurll = \"sqlite://x.db\"\n", "c.toml:5: unknown key store.urll"},
+      {"[servr]\nlisten = \"127.0.0.1:1\"\n", "c.toml:4: unknown key servr"},
+      {"[[principals]]\ntenant = \"t\"\nuser = \"u\"\nkey = \"k\"\n",
+       "c.toml:7: unknown key principals.key"},
+  };
+  for (const auto& [toml, expect] : cases) {
+    auto c = LoadConfig(Write("c.toml", Minimal(toml)), {});
+    ASSERT_FALSE(c.has_value()) << toml;
+    EXPECT_NE(c.error().message.find(expect), std::string::npos)
+        << "expected: " << expect << "\ngot: " << c.error().message;
+  }
+}
+
+// IDEMD_<SECTION>_<KEY> over the file, typed as the key; flags over both.
+TEST_F(ConfigTest, EnvironmentVariablesOverrideTheFileAndFlagsOverrideThem) {
+  struct Env {
+    Env(const char* name, const char* value) : name_(name) { setenv(name, value, 1); }
+    ~Env() { unsetenv(name_); }
+    const char* name_;
+  };
+  const std::string path = Write("c.toml", Minimal("[store]\npool_size = 2\n[server]\n"
+                                                   "listen = \"127.0.0.1:7000\"\n"));
+  {
+    Env pool("IDEMD_STORE_POOL_SIZE", "7");
+    Env fivexx("IDEMD_PROVIDER_5XX_MEANS_NOTHING_CHARGED", "true");
+    Env currencies("IDEMD_PAYMENTS_CURRENCIES", "USD,EUR");
+    Env listen("IDEMD_SERVER_LISTEN", "[::1]:7001");
+    Env url("IDEMD_STORE_URL", "postgresql://idem:pw@db/idem");
+    auto c = LoadConfig(path, {"--store", "sqlite://flag.db"});
+    ASSERT_TRUE(c.has_value()) << c.error().message;
+    EXPECT_EQ(c->store_pool_size, 7);
+    EXPECT_TRUE(c->provider_5xx_means_nothing_charged);
+    EXPECT_EQ(c->currencies, (std::vector<std::string>{"USD", "EUR"}));
+    EXPECT_EQ(c->server.host, "::1");
+    EXPECT_EQ(c->server.port, 7001);
+    EXPECT_EQ(c->store_url, "sqlite://flag.db") << "a flag wins over the environment";
+  }
+  const std::vector<std::tuple<const char*, const char*, std::string>> bad = {
+      {"IDEMD_STORE_POOL_SIZ", "3", "IDEMD_STORE_POOL_SIZ names no configuration key"},
+      {"IDEMD_STORE_POOL_SIZE", "many", "IDEMD_STORE_POOL_SIZE must be an integer"},
+      {"IDEMD_STORE_PREPARED_STATEMENTS", "yes", "must be true or false"},
+      {"IDEMD_STORE_POOL_SIZE", "0", "pool_size"},
+  };
+  for (const auto& [name, value, expect] : bad) {
+    Env env(name, value);
+    auto c = LoadConfig(path, {});
+    ASSERT_FALSE(c.has_value()) << name << "=" << value;
+    EXPECT_NE(c.error().message.find(expect), std::string::npos) << c.error().message;
   }
 }
 

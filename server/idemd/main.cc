@@ -86,24 +86,45 @@ void Reload(const std::string& path, const std::vector<std::string>& overrides,
                routes);
 }
 
+constexpr const char* kDefaultConfig = "/etc/idem/idemd.toml";
+
 int Run(int argc, char** argv) {
-  std::string config_path;
+  std::string config_path = kDefaultConfig;
+  bool check_config = false;
   std::vector<std::string> overrides;
   for (int i = 1; i < argc; ++i) {
     std::string arg = argv[i];
     if (arg == "--config" && i + 1 < argc) {
       config_path = argv[++i];
+    } else if (arg == "--check-config") {
+      check_config = true;
+    } else if (arg == "--version") {
+      std::cout << "idemd " << IDEM_VERSION << "\n";
+      return 0;
     } else if (arg == "--help" || arg == "-h") {
-      std::cout << "usage: idemd --config FILE [--listen HOST:PORT] [--store URL] "
-                   "[--redis URL] [--provider URL]\n";
+      std::cout << "usage: idemd [--config FILE] [--check-config] [--listen ADDRESS:PORT] "
+                   "[--store URL] [--redis URL] [--provider URL]\n"
+                   "       idemd --version\n\n"
+                   "  --config FILE   the configuration (default "
+                << kDefaultConfig
+                << "); IDEMD_<SECTION>_<KEY> environment\n"
+                   "                  variables override its keys, the flags below override both\n"
+                   "  --check-config  load and check the configuration, print it as in effect\n"
+                   "                  (passwords redacted, secrets never printed) and exit\n"
+                   "  docs/config.md lists every key; docs/idemd.md the API.\n";
       return 0;
     } else {
       overrides.push_back(arg);
     }
   }
-  if (config_path.empty()) return Fail("--config FILE is required (see config/idemd.dev.toml)");
   auto config = LoadConfig(config_path, overrides);
   if (!config) return Fail(config.error().message);
+  if (check_config) {
+    std::cout << "# idemd " << IDEM_VERSION << ": the configuration in effect from " << config_path
+              << ", the IDEMD_* environment and the flags\n"
+              << EffectiveConfigToml(*config);
+    return 0;
+  }
 
   // Signals are taken by this thread only, through sigwait; every other thread blocks them.
   http::BlockSignals();

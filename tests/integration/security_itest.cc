@@ -8,6 +8,7 @@
 //   - payment ids are random, not counted;
 //   - a principal flooding idemd with fresh keys is throttled (429) without hurting the others.
 #include <signal.h>
+#include <sys/wait.h>
 
 #include <algorithm>
 #include <atomic>
@@ -655,6 +656,49 @@ TEST_F(SecurityTest, LogsCarryNoSecretsApiKeysIdempotencyKeysOrBodies) {
 }
 
 // ---- 3. Another principal's credentials read and replay nothing --------------------------------
+
+// idemd --check-config prints the configuration in effect for an operator to read or paste: never
+// a secret, never a password of a URL, whether it came from the file or the environment.
+TEST_F(SecurityTest, CheckConfigPrintsTheEffectiveConfigWithoutSecretsOrPasswords) {
+  const std::string config = dir_.File("check.toml");
+  WriteConfig(config, {.redis_url = "redis://:redis-pw-7f3e@127.0.0.1:6379/2"});
+  auto run = [&](std::vector<std::string> argv, std::map<std::string, std::string> env) {
+    argv.insert(argv.begin(), IDEMD_PATH);
+    env["IDEM_SECRETS"] = secrets_toml_;
+    auto p = testing::ChildProcess::Spawn(argv, env, dir_.path().string(), dir_.File("check.log"));
+    EXPECT_TRUE(p.has_value());
+    std::string out;
+    while (auto line = p->WaitForLine("", 10s)) out += *line + "\n";
+    auto status = p->Wait(10s);
+    return std::pair{status && WIFEXITED(*status) ? WEXITSTATUS(*status) : -1, out};
+  };
+  const auto [status, printed] =
+      run({"--config", config, "--check-config"},
+          {{"IDEMD_STORE_URL", "postgresql://idem:pg-pw-91c2@db.internal/idem"},
+           {"IDEMD_PROVIDER_TIMEOUT_MS", "1200"}});
+  EXPECT_EQ(status, 0) << printed;
+  EXPECT_NE(printed.find("url = 'postgresql://idem:REDACTED@db.internal/idem'"), std::string::npos)
+      << "the environment's store URL, redacted:\n"
+      << printed;
+  EXPECT_NE(printed.find("url = 'redis://:REDACTED@127.0.0.1:6379/2'"), std::string::npos)
+      << printed;
+  EXPECT_NE(printed.find("timeout_ms = 1200"), std::string::npos) << printed;
+  std::vector<Needle> needles = CredentialNeedles();
+  needles.push_back({"the store's password", "pg-pw-91c2"});
+  needles.push_back({"Redis's password", "redis-pw-7f3e"});
+  const std::vector<std::string> hits = Find(printed, needles);
+  EXPECT_TRUE(hits.empty()) << Join(hits);
+
+  const auto [bad_status, bad_printed] =
+      run({"--config", config, "--check-config"}, {{"IDEMD_STORE_POOL_SIZE", "0"}});
+  EXPECT_EQ(bad_status, 1) << "an invalid config fails the check";
+  EXPECT_EQ(bad_printed, "") << "and prints nothing to use";
+
+  const auto [version_status, version] = run({"--version"}, {});
+  EXPECT_EQ(version_status, 0);
+  EXPECT_TRUE(std::regex_search(version, std::regex("^idemd [0-9]+\\.[0-9]+\\.[0-9]+\n$")))
+      << version;
+}
 
 TEST_F(SecurityTest, OtherPrincipalsReadAndReplayNothing) {
   StartRedis();  // replays served from the cache and markers too
