@@ -1,355 +1,297 @@
-// tools/idemctl/main.cc — the idem command line: pay through the retrying client, read payments
-// and operations, inspect records straight from the store, sweep, and manage secrets and keys.
-#include <openssl/sha.h>
-
-#include <boost/json.hpp>
-#include <cstdio>
+// tools/idemctl/main.cc — idemctl's command line (CLI11): one subcommand per command, nested as
+// the commands read ("payment get ID"), each with its own --help. Anything the command line can
+// get wrong — an unknown option or command, a missing or malformed value — is a usage error: one
+// message on standard error naming it, and exit status 2. What each command does is in
+// commands.cc.
+#include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cstdlib>
-#include <fstream>
 #include <iostream>
-#include <limits>
-#include <map>
+#include <sstream>
 #include <string>
 #include <vector>
 
-#include "client/client.h"
-#include "idem/engine.h"
 #include "idem/failpoint.h"
-#include "server/idemd/config.h"
-#include "server/idemd/reconciliation.h"
+#include "idem/result.h"
+#include "server/http/client.h"
+#include "server/http/message.h"
 #include "server/idemd/routes.h"
-#include "server/idemd/store_url.h"
+#include "tools/idemctl/commands.h"
+
+#ifndef IDEM_VERSION
+#error "IDEM_VERSION (the project's version) is defined by tools/CMakeLists.txt"
+#endif
 
 namespace {
 
-using namespace idem;
+using namespace idem::ctl;
 
-constexpr const char* kUsage = R"(usage: idemctl COMMAND [options]
+// --url and --api-key, with their environment defaults, on a command that talks to idemd.
+void AddServerOptions(CLI::App* command, ServerOptions* server) {
+  server->url = "http://127.0.0.1:8080";
+  command->add_option("--url", server->url, "idemd's base URL")
+      ->envname("IDEM_URL")
+      ->capture_default_str()
+      ->check(CLI::Validator(
+          [](const std::string& url) -> std::string {
+            auto parsed = idem::http::ParseHttpUrl(url);
+            return parsed ? "" : parsed.error().message;
+          },
+          "", "http URL"));
+  command->add_option("--api-key", server->api_key, "an API key of idemd's config")
+      ->envname("IDEM_API_KEY")
+      ->required();
+}
 
-Against a running idemd (--url, default $IDEM_URL or http://127.0.0.1:8080;
---api-key, default $IDEM_API_KEY):
-  pay --order NO --amount A --currency C [--key K] [--async]
-                                  one payment; the key is reused on every retry
-  payment get ID
-  operation get KEY
+CLI::Option* AddConfigOption(CLI::App* command, std::string* path, const std::string& what) {
+  return command->add_option("--config", *path, what)->type_name("FILE");
+}
 
-On the store of an idemd config (--config FILE):
-  record inspect --tenant T --user U --key K [--route R] [--show-response]
-  sweep                           delete expired finished records now
-  reconcile --since T [--until T] [--dry-run] [-o json]
-                                  reconcile the provider's charges created in [T, until) (RFC 3339;
-                                  until defaults to now) with the payments: report what does not
-                                  match, refund duplicates (docs/reconciliation.md). A dry run
-                                  writes and refunds nothing.
-  reconcile report [--since T] [--limit N] [-o json]
-                                  the findings so far, newest first
+// -o text (the default) or -o json.
+CLI::Option* AddOutputOption(CLI::App* command, Output* output) {
+  return command
+      ->add_option_function<std::string>(
+          "-o,--output",
+          [output](const std::string& format) {
+            *output = format == "json" ? Output::kJson : Output::kText;
+          },
+          "text, or json: one JSON value on one line, for scripts")
+      ->check(CLI::IsMember({"text", "json"}))
+      ->type_name("FORMAT")
+      ->default_str("text");
+}
 
-Exit status: 0 done; 1 failed; 2 usage; 3 idemd answered an error; 4 no such record;
-5 reconcile found a missing or mismatched payment (a person must look).
+// An RFC 3339 time ("2026-11-30T00:00:00Z") into *unix_ms once the option is read.
+CLI::Option* AddTimeOption(CLI::App* command, const std::string& name, int64_t* unix_ms,
+                           const std::string& what) {
+  return command
+      ->add_option_function<std::string>(
+          name, [unix_ms](const std::string& text) { *unix_ms = *idem::http::ParseRfc3339(text); },
+          what)
+      ->check(CLI::Validator(
+          [](const std::string& text) -> std::string {
+            return idem::http::ParseRfc3339(text)
+                       ? ""
+                       : "not an RFC 3339 time (e.g. 2026-11-30T00:00:00Z): " + text;
+          },
+          "", "RFC 3339"))
+      ->type_name("TIME");
+}
 
-Set-up:
-  gen-secret                      print a fresh secrets file (TOML) for IDEM_SECRETS
-  apikey add --config FILE --tenant T --user U
-                                  create an API key, add its SHA-256 to the config, print it once
-)";
+// A tenant or user name that idemd's config accepts for a new principal.
+const CLI::Validator kPrincipalName(
+    [](const std::string& name) -> std::string {
+      const bool valid =
+          !name.empty() && name.size() <= 64 &&
+          name.find_first_not_of("abcdefghijklmnopqrstuvwxyz0123456789-_") == std::string::npos;
+      return valid ? "" : "must be 1..64 of a-z 0-9 - _";
+    },
+    "", "principal name");
 
-struct Args {
-  std::vector<std::string> words;
-  std::map<std::string, std::string> flags;
-
-  std::string Flag(const std::string& name, const std::string& fallback = "") const {
-    auto it = flags.find(name);
-    return it == flags.end() ? fallback : it->second;
+std::string ExitStatusFooter() {
+  std::ostringstream out;
+  out << "Exit status:\n";
+  for (const ExitStatus& status : kExitStatuses) {
+    out << "  " << status.code << "  " << status.meaning << "\n";
   }
-  bool Has(const std::string& name) const { return flags.count(name) > 0; }
-};
+  out << "\nCommands against idemd take --url (default $IDEM_URL, else http://127.0.0.1:8080)\n"
+         "and --api-key (default $IDEM_API_KEY); commands on a store take --config FILE, the\n"
+         "idemd config. Run 'idemctl COMMAND --help' for a command's options.";
+  return out.str();
+}
 
-Args Parse(int argc, char** argv) {
-  Args a;
-  for (int i = 1; i < argc; ++i) {
-    std::string s = argv[i];
-    if (s.rfind("--", 0) == 0) {
-      const bool boolean = s == "--async" || s == "--show-response" || s == "--dry-run";
-      a.flags[s.substr(2)] = (!boolean && i + 1 < argc) ? argv[++i] : "true";
-    } else if (s == "-o" && i + 1 < argc) {
-      a.flags["o"] = argv[++i];
-    } else {
-      a.words.push_back(s);
-    }
+// "idemctl payment get: ID is required", and where to read more: the command line as far as it
+// was read names the command whose help to ask for.
+std::string UsageMessage(const CLI::App* app, const CLI::Error& e) {
+  std::string command = "idemctl";
+  for (std::vector<CLI::App*> parsed = app->get_subcommands(); !parsed.empty();
+       parsed = parsed.front()->get_subcommands()) {
+    command += " " + parsed.front()->get_name();
   }
-  return a;
-}
-
-std::string Env(const char* name, const std::string& fallback) {
-  const char* v = std::getenv(name);
-  return v != nullptr && *v != '\0' ? v : fallback;
-}
-
-int Fail(const std::string& what) {
-  std::cerr << "idemctl: " << what << "\n";
-  return 1;
-}
-
-Result<client::Client> MakeClient(const Args& a) {
-  client::ClientOptions options;
-  options.base_url = a.Flag("url", Env("IDEM_URL", "http://127.0.0.1:8080"));
-  options.api_key = a.Flag("api-key", Env("IDEM_API_KEY", ""));
-  if (options.api_key.empty()) {
-    return MakeError(Errc::kInvalidArgument, "no API key: pass --api-key or set IDEM_API_KEY");
-  }
-  return client::Client::Create(options);
-}
-
-void Print(const http::Response& r) {
-  std::cout << "HTTP " << r.status << "\n";
-  for (const auto& [name, value] : r.headers.fields) std::cout << name << ": " << value << "\n";
-  std::cout << "\n" << r.body << "\n";
-}
-
-int Pay(const Args& a) {
-  for (const char* required : {"order", "amount", "currency"}) {
-    if (!a.Has(required)) return Fail(std::string("pay needs --") + required);
-  }
-  auto c = MakeClient(a);
-  if (!c) return Fail(c.error().message);
-  const std::string body =
-      boost::json::serialize(boost::json::object{{"merchant_order_no", a.Flag("order")},
-                                                 {"amount", a.Flag("amount")},
-                                                 {"currency", a.Flag("currency")}});
-  std::vector<std::pair<std::string, std::string>> headers;
-  if (a.Has("async")) headers.emplace_back("Prefer", "respond-async");
-  auto outcome = c->Post("/v1/payments", body, a.Flag("key"), headers);
-  if (!outcome) return Fail(outcome.error().message);
-  std::cerr << "Idempotency-Key: " << outcome->key << " (" << outcome->attempts << " attempt"
-            << (outcome->attempts == 1 ? "" : "s") << ")\n";
-  Print(outcome->response);
-  return outcome->response.status < 400 ? 0 : 3;
-}
-
-int GetPath(const Args& a, const std::string& path) {
-  auto c = MakeClient(a);
-  if (!c) return Fail(c.error().message);
-  auto r = c->Get(path);
-  if (!r) return Fail(r.error().message);
-  Print(*r);
-  return r->status < 400 ? 0 : 3;
-}
-
-struct Opened {
-  idemd::Config config;
-  std::unique_ptr<Store> store;
-};
-
-// The store of an idemd config, opened without migrations: idemd owns the schema (it creates and
-// upgrades it under its own lock), so idemctl never creates a store nor migrates one under
-// running servers, and needs none of the routes' migrations. Sweeping deletes from the records
-// table, which every schema version has.
-Result<Opened> OpenFromConfig(const Args& a) {
-  if (!a.Has("config")) return MakeError(Errc::kInvalidArgument, "--config FILE is required");
-  Opened o;
-  IDEM_ASSIGN_OR_RETURN(o.config, idemd::LoadConfig(a.Flag("config"), {}));
-  idemd::StoreUrlOptions options;
-  options.pool_size = 1;
-  options.prepared_statements = o.config.store_prepared_statements;
-  options.postgres_timeouts = o.config.store_timeouts;
-  options.apply_migrations = false;
-  IDEM_ASSIGN_OR_RETURN(o.store, idemd::OpenStoreUrl(o.config.store_url, options));
-  return o;
-}
-
-int Inspect(const Args& a) {
-  for (const char* required : {"tenant", "user", "key"}) {
-    if (!a.Has(required)) return Fail(std::string("record inspect needs --") + required);
-  }
-  auto opened = OpenFromConfig(a);
-  if (!opened) return Fail(opened.error().message);
-  const idemd::Secrets& secrets = opened->config.secrets;
-  auto fingerprinter = Fingerprinter::Create(secrets.hmac, secrets.hmac_current);
-  if (!fingerprinter) return Fail(fingerprinter.error().message);
-  auto sealer = Sealer::Create(secrets.seal, secrets.seal_current, SystemRandom());
-  if (!sealer) return Fail(sealer.error().message);
-  Engine engine(*opened->store, **fingerprinter, **sealer, SystemClock());
-  const Principal principal{a.Flag("tenant"), a.Flag("user")};
-  RoutePolicy policy;
-  policy.route = a.Flag("route", std::string(idemd::kPaymentsCreateRoute));
-  auto found = engine.Lookup(principal, policy, a.Flag("key"));
-  if (!found) return Fail(found.error().message);
-  if (!*found) {
-    std::cout << "no record for " << principal.tenant << "/" << principal.user << " "
-              << policy.route << " " << a.Flag("key") << "\n";
-    return 4;
-  }
-  const Record& r = (*found)->record;
-  auto when = [](Timestamp t) { return http::Rfc3339(ToUnixMillis(t)); };
-  std::cout << "scope_hash      " << ToHex(r.scope) << "\n"
-            << "tenant/user     " << r.tenant << "/" << r.user << "\n"
-            << "route           " << r.route << "\n"
-            << "state           " << RecordStateName(r.state) << "\n"
-            << "recovery_point  " << r.recovery_point << "\n"
-            << "resource_id     " << r.resource_id << "\n"
-            << "status_code     " << r.status_code << "\n"
-            << "fence           " << r.lease.fence << "\n"
-            << "lease_until     " << when(r.lease.until) << "\n"
-            << "created_at      " << when(r.created_at) << "\n"
-            << "updated_at      " << when(r.updated_at) << "\n"
-            << "expires_at      " << when(r.expires_at) << ((*found)->expired ? " (expired)" : "")
-            << "\n"
-            << "fingerprint     rules v" << r.fingerprint.rules_version << ", secret "
-            << r.fingerprint.secret_id << "\n"
-            << "response        "
-            << (r.response.empty() ? "none" : std::to_string(r.response.size()) + " sealed bytes")
-            << "\n";
-  if (a.Has("show-response") && (*found)->response) {
-    const StoredResponse& stored = *(*found)->response;
-    std::cout << "\nHTTP " << stored.status << "\n";
-    for (const auto& [n, v] : stored.headers) std::cout << n << ": " << v << "\n";
-    std::cout << "\n" << stored.body << "\n";
-  }
-  return 0;
-}
-
-int Sweep(const Args& a) {
-  auto opened = OpenFromConfig(a);
-  if (!opened) return Fail(opened.error().message);
-  // Everything that has expired, in the sweeper's batches.
-  auto swept = SweepExpired(*opened->store, std::numeric_limits<int>::max());
-  if (!swept) return Fail(swept.error().message);
-  std::cout << "swept " << *swept << " expired records\n";
-  return 0;
-}
-
-idemd::Reconciliation MakeReconciliation(const Opened& o, idemd::Provider& provider) {
-  return idemd::Reconciliation(*o.store, provider, SystemClock(), SystemRandom(), nullptr,
-                               {.refund_duplicates = o.config.refund_duplicates,
-                                .refund_orphans = o.config.refund_orphans,
-                                .orphan_grace = o.config.orphan_grace,
-                                .lease = o.config.books_lease,
-                                .instance = "idemctl@" + idemd::InstanceName()});
-}
-
-void PrintFindings(const std::vector<idemd::Finding>& findings) {
-  std::printf("%-10s  %-22s  %-28s  %12s  %-3s  %-14s  %-22s  %s\n", "CLASS", "CHARGE", "PAYMENT",
-              "AMOUNT", "CUR", "ACTION", "REFUND", "DETAIL");
-  for (const idemd::Finding& f : findings) {
-    std::printf("%-10s  %-22s  %-28s  %12s  %-3s  %-14s  %-22s  %s\n", f.finding_class.c_str(),
-                f.charge_id.c_str(), f.payment_id.c_str(), f.amount.c_str(), f.currency.c_str(),
-                f.action.c_str(), f.refund_id.c_str(), f.detail.c_str());
-  }
-}
-
-Result<int64_t> TimeFlag(const Args& a, const std::string& name, int64_t fallback) {
-  if (!a.Has(name)) return fallback;
-  auto ms = http::ParseRfc3339(a.Flag(name));
-  if (!ms) {
-    return MakeError(Errc::kInvalidArgument,
-                     "--" + name + " must be an RFC 3339 time, e.g. 2026-11-30T00:00:00Z");
-  }
-  return *ms;
-}
-
-int Reconcile(const Args& a) {
-  const bool json_out = a.Flag("o") == "json";
-  if (a.Has("o") && !json_out) return Fail("-o takes json");
-  auto opened = OpenFromConfig(a);
-  if (!opened) return Fail(opened.error().message);
-  auto provider = idemd::MakeHttpProvider(opened->config.provider_url,
-                                          idemd::ProviderOptionsOf(opened->config));
-  if (!provider) return Fail(provider.error().message);
-  idemd::Reconciliation books = MakeReconciliation(*opened, **provider);
-  if (a.words.size() > 1) {  // reconcile report
-    auto since = TimeFlag(a, "since", 0);
-    if (!since) return Fail(since.error().message);
-    const int limit = std::atoi(a.Flag("limit", "100").c_str());
-    if (limit < 1 || limit > 100000) return Fail("--limit takes 1..100000");
-    auto findings = books.Report(*since, limit);
-    if (!findings) return Fail(findings.error().message);
-    if (json_out) {
-      boost::json::array out;
-      for (const idemd::Finding& f : *findings) out.push_back(idemd::ToJson(f));
-      std::cout << boost::json::serialize(out) << "\n";
-    } else {
-      PrintFindings(*findings);
-    }
-    return 0;
-  }
-  if (!a.Has("since")) return Fail("reconcile needs --since (RFC 3339)");
-  auto since = TimeFlag(a, "since", 0);
-  if (!since) return Fail(since.error().message);
-  auto until = TimeFlag(a, "until", ToUnixMillis(SystemClock().Now()));
-  if (!until) return Fail(until.error().message);
-  auto ran = books.Run(*since, *until, a.Has("dry-run"));
-  if (!ran) return Fail(ran.error().message);
-  if (json_out) {
-    std::cout << boost::json::serialize(idemd::ToJson(*ran)) << "\n";
-  } else {
-    std::printf("%s %s .. %s: %lld charges, %lld matched, %lld pending; %lld refunded%s\n",
-                ran->dry_run ? "dry run" : ("run " + ran->run_id).c_str(),
-                http::Rfc3339(ran->since_ms).c_str(), http::Rfc3339(ran->until_ms).c_str(),
-                static_cast<long long>(ran->charges), static_cast<long long>(ran->matched),
-                static_cast<long long>(ran->pending), static_cast<long long>(ran->refunded),
-                ran->resumed ? " (resumed)" : "");
-    PrintFindings(ran->findings);
-  }
-  const bool alarming = ran->by_class.count("missing") > 0 || ran->by_class.count("mismatched") > 0;
-  return alarming ? 5 : 0;
-}
-
-int ApiKeyAdd(const Args& a) {
-  for (const char* required : {"config", "tenant", "user"}) {
-    if (!a.Has(required)) return Fail(std::string("apikey add needs --") + required);
-  }
-  auto valid = [](const std::string& s) {
-    return !s.empty() && s.size() <= 64 &&
-           s.find_first_not_of("abcdefghijklmnopqrstuvwxyz0123456789-_") == std::string::npos;
-  };
-  if (!valid(a.Flag("tenant")) || !valid(a.Flag("user"))) {
-    return Fail("tenant and user: 1..64 of a-z 0-9 - _");
-  }
-  std::array<uint8_t, 24> bytes;
-  SystemRandom().Fill(bytes);
-  const std::string key = "idem_" + ToHex(bytes);
-  std::array<uint8_t, 32> digest;
-  SHA256(reinterpret_cast<const unsigned char*>(key.data()), key.size(), digest.data());
-  std::ofstream out(a.Flag("config"), std::ios::app);
-  out << "\n[[principals]]\napi_key_sha256 = \"" << ToHex(digest) << "\"\ntenant = \""
-      << a.Flag("tenant") << "\"\nuser = \"" << a.Flag("user") << "\"\n";
-  out.close();
-  if (!out) return Fail("cannot append to " + a.Flag("config"));
-  std::cerr << "added " << a.Flag("tenant") << "/" << a.Flag("user") << " to " << a.Flag("config")
-            << "; restart idemd to load it. The key is shown once:\n";
-  std::cout << key << "\n";
-  return 0;
+  return command + ": " + e.what() + "\nRun '" + command + " --help' for more information.\n";
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  const Args a = Parse(argc, argv);
+  CLI::App app(
+      "The idem command line: payments through idemd with the retrying client (one idempotency "
+      "key per operation, reused on every retry), and, for operators, the store of an idemd "
+      "config.",
+      "idemctl");
+  app.set_version_flag("--version", "idemctl " IDEM_VERSION);
+  app.require_subcommand(0, 1);
+  app.failure_message(UsageMessage);
+  app.get_formatter()->column_width(40);  // subcommands share the formatter
+
+  const std::string kIdemd = "Against a running idemd";
+  const std::string kStore = "On the store of an idemd config";
+  const std::string kSetUp = "Set-up";
+
+  PayOptions pay;
+  CLI::App* pay_cmd = app.add_subcommand("pay", "Make one payment (POST /v1/payments)");
+  pay_cmd->footer(
+      "The idempotency key is reused on every retry, and printed on standard error as\n"
+      "\"Idempotency-Key: K (N attempts)\". Exit status 3 when the final answer is 4xx or 5xx.");
+  pay_cmd->group(kIdemd);
+  AddServerOptions(pay_cmd, &pay.server);
+  pay_cmd->add_option("--order", pay.order, "the merchant's order number")->required();
+  pay_cmd->add_option("--amount", pay.amount, "the amount, e.g. 100.00")->required();
+  pay_cmd->add_option("--currency", pay.currency, "ISO 4217 code, e.g. CNY")->required();
+  pay_cmd->add_option("--key", pay.key, "the Idempotency-Key (default: a fresh UUIDv7)");
+  pay_cmd->add_flag("--async", pay.async, "ask for 202 Accepted (Prefer: respond-async)");
+  AddOutputOption(pay_cmd, &pay.output);
+
+  GetOptions payment;
+  CLI::App* payment_cmd = app.add_subcommand("payment", "Read payments");
+  payment_cmd->group(kIdemd);
+  payment_cmd->require_subcommand(1);
+  CLI::App* payment_get =
+      payment_cmd->add_subcommand("get", "Print a payment (GET /v1/payments/ID)");
+  payment_get->add_option("ID", payment.id, "the payment's id (pay_...)")->required();
+  AddServerOptions(payment_get, &payment.server);
+  AddOutputOption(payment_get, &payment.output);
+
+  GetOptions operation;
+  CLI::App* operation_cmd = app.add_subcommand("operation", "Read operations (by idempotency key)");
+  operation_cmd->group(kIdemd);
+  operation_cmd->require_subcommand(1);
+  CLI::App* operation_get =
+      operation_cmd->add_subcommand("get", "Print an operation (GET /v1/operations/KEY)");
+  operation_get->add_option("KEY", operation.id, "the Idempotency-Key of the operation")
+      ->required();
+  AddServerOptions(operation_get, &operation.server);
+  AddOutputOption(operation_get, &operation.output);
+
+  InspectOptions inspect;
+  inspect.route = std::string(idem::idemd::kPaymentsCreateRoute);
+  CLI::App* record_cmd = app.add_subcommand("record", "Read idempotency records in the store");
+  record_cmd->group(kStore);
+  record_cmd->require_subcommand(1);
+  CLI::App* record_inspect = record_cmd->add_subcommand(
+      "inspect", "Print one record, read from the store (nothing is written)");
+  AddConfigOption(record_inspect, &inspect.config, "the idemd config whose store to read")
+      ->required();
+  record_inspect->add_option("--tenant", inspect.tenant, "the principal's tenant")->required();
+  record_inspect->add_option("--user", inspect.user, "the principal's user")->required();
+  record_inspect->add_option("--key", inspect.key, "the Idempotency-Key")->required();
+  record_inspect->add_option("--route", inspect.route, "the route of the record")
+      ->capture_default_str();
+  record_inspect->add_flag("--show-response", inspect.show_response,
+                           "also print the stored answer, opened with the config's secrets");
+  AddOutputOption(record_inspect, &inspect.output);
+
+  SweepOptions sweep;
+  CLI::App* sweep_cmd = app.add_subcommand("sweep", "Delete the expired finished records now");
+  sweep_cmd->group(kStore);
+  AddConfigOption(sweep_cmd, &sweep.config, "the idemd config whose store to sweep")->required();
+  AddOutputOption(sweep_cmd, &sweep.output);
+
+  ReconcileOptions reconcile;
+  CLI::App* reconcile_cmd =
+      app.add_subcommand("reconcile", "Reconcile the provider's charges with the payments");
+  reconcile_cmd->group(kStore);
+  reconcile_cmd->require_subcommand(0, 1);
+  // Not required() here: `reconcile report` has its own; checked after parsing.
+  CLI::Option* reconcile_config = AddConfigOption(
+      reconcile_cmd, &reconcile.config, "the idemd config whose store and provider to reconcile");
+  CLI::Option* reconcile_since = AddTimeOption(reconcile_cmd, "--since", &reconcile.since_ms,
+                                               "the first creation time (RFC 3339); required");
+  int64_t until_ms = 0;
+  CLI::Option* reconcile_until =
+      AddTimeOption(reconcile_cmd, "--until", &until_ms, "the end, excluded (default: now)");
+  CLI::Option* reconcile_dry_run =
+      reconcile_cmd->add_flag("--dry-run", reconcile.dry_run, "write and refund nothing");
+  CLI::Option* reconcile_output = AddOutputOption(reconcile_cmd, &reconcile.output);
+
+  ReportOptions report;
+  CLI::App* report_cmd =
+      reconcile_cmd->add_subcommand("report", "Print the findings so far, newest first");
+  AddConfigOption(report_cmd, &report.config, "the idemd config whose store to read")->required();
+  AddTimeOption(report_cmd, "--since", &report.since_ms, "findings from this time on (RFC 3339)");
+  report_cmd->add_option("--limit", report.limit, "at most this many findings")
+      ->check(CLI::Range(1, 100000))
+      ->capture_default_str();
+  AddOutputOption(report_cmd, &report.output);
+  // `reconcile`'s own options run a reconciliation; with `report` they would be ignored.
+  for (CLI::Option* option :
+       {reconcile_config, reconcile_since, reconcile_until, reconcile_dry_run, reconcile_output}) {
+    report_cmd->excludes(option);
+  }
+  // After `report` is added, which would copy it.
+  reconcile_cmd->footer(
+      "Reconciles the provider's charges created in [since, until) with the payments: reports\n"
+      "what does not match and refunds duplicates (docs/reconciliation.md). A dry run writes and\n"
+      "refunds nothing. Exit status 5 when a payment is missing or mismatched.");
+
+  CLI::App* gen_secret_cmd =
+      app.add_subcommand("gen-secret", "Print a fresh secrets file (TOML) for IDEM_SECRETS");
+  gen_secret_cmd->group(kSetUp);
+
+  ApiKeyAddOptions apikey;
+  CLI::App* apikey_cmd = app.add_subcommand("apikey", "Manage API keys");
+  apikey_cmd->group(kSetUp);
+  apikey_cmd->require_subcommand(1);
+  CLI::App* apikey_add = apikey_cmd->add_subcommand(
+      "add", "Create an API key, add its SHA-256 to the config, print the key once");
+  AddConfigOption(apikey_add, &apikey.config, "the idemd config to add the principal to")
+      ->required();
+  apikey_add
+      ->add_option("--tenant", apikey.tenant, "the new principal's tenant: 1..64 of a-z 0-9 - _")
+      ->required()
+      ->check(kPrincipalName);
+  apikey_add->add_option("--user", apikey.user, "the new principal's user: 1..64 of a-z 0-9 - _")
+      ->required()
+      ->check(kPrincipalName);
+  AddOutputOption(apikey_add, &apikey.output);
+
+  // Set last: subcommands copy their parent's footer when they are added.
+  app.footer(ExitStatusFooter());
+
+  try {
+    app.parse(argc, argv);
+    // What CLI11 cannot say: --config and --since are required by a run, not by `reconcile
+    // report` (which requires its own --config).
+    if (reconcile_cmd->parsed() && !report_cmd->parsed()) {
+      if (reconcile_config->count() == 0) throw CLI::RequiredError("--config");
+      if (reconcile_since->count() == 0) throw CLI::RequiredError("--since");
+      if (reconcile_until->count() > 0) reconcile.until_ms = until_ms;
+    }
+  } catch (const CLI::ParseError& e) {
+    // Help and version print on standard output and exit 0; the rest are usage errors. CLI11
+    // checks required options before it complains of unknown ones, but an unknown option is
+    // the better message (it may be a misspelt required one); and it names them last to first.
+    if (e.get_exit_code() == 0) return app.exit(e);
+    if (std::vector<std::string> unknown = app.remaining(true); !unknown.empty()) {
+      std::reverse(unknown.begin(), unknown.end());  // ExtrasError joins them in reverse
+      app.exit(CLI::ExtrasError(unknown));
+    } else {
+      app.exit(e);
+    }
+    return kExitUsage;
+  }
+  if (app.get_subcommands().empty()) {
+    std::cout << app.help();
+    return kExitDone;
+  }
+
   // Tests make a reconciliation crash at a step, as idemd's do (include/idem/failpoint.h).
   if (const char* spec = std::getenv("IDEM_FAILPOINTS"); spec != nullptr && *spec != '\0') {
-    if (auto armed = ArmFailpoints(spec); !armed) return Fail(armed.error().message);
-  }
-  const auto& w = a.words;
-  auto is = [&](std::initializer_list<const char*> words) {
-    if (w.size() < words.size()) return false;
-    std::size_t i = 0;
-    for (const char* word : words) {
-      if (w[i++] != word) return false;
+    if (auto armed = idem::ArmFailpoints(spec); !armed) {
+      std::cerr << "idemctl: " << armed.error().message << "\n";
+      return kExitFailed;
     }
-    return true;
-  };
-  if (is({"pay"})) return Pay(a);
-  if (is({"payment", "get"}) && w.size() == 3) return GetPath(a, "/v1/payments/" + w[2]);
-  if (is({"operation", "get"}) && w.size() == 3) return GetPath(a, "/v1/operations/" + w[2]);
-  if (is({"record", "inspect"})) return Inspect(a);
-  if (is({"sweep"})) return Sweep(a);
-  if (is({"reconcile", "report"}) && w.size() == 2) return Reconcile(a);
-  if (is({"reconcile"}) && w.size() == 1) return Reconcile(a);
-  if (is({"gen-secret"})) {
-    std::cout << idemd::GenerateSecretsToml(SystemRandom());
-    return 0;
   }
-  if (is({"apikey", "add"})) return ApiKeyAdd(a);
-  std::cerr << kUsage;
-  return w.empty() || a.Has("help") ? 0 : 2;
+
+  if (pay_cmd->parsed()) return Pay(pay);
+  if (payment_get->parsed()) return PaymentGet(payment);
+  if (operation_get->parsed()) return OperationGet(operation);
+  if (record_inspect->parsed()) return RecordInspect(inspect);
+  if (sweep_cmd->parsed()) return Sweep(sweep);
+  if (report_cmd->parsed()) return ReconcileReport(report);
+  if (reconcile_cmd->parsed()) return Reconcile(reconcile);
+  if (gen_secret_cmd->parsed()) return GenSecret();
+  if (apikey_add->parsed()) return ApiKeyAdd(apikey);
+  IDEM_CHECK(false && "a command without a dispatch");
+  return kExitFailed;
 }

@@ -1,0 +1,348 @@
+// tools/idemctl/commands.cc — idemctl's commands: pay through the retrying client, read payments
+// and operations, inspect records straight from the store, sweep, reconcile, and manage secrets
+// and keys. Each prints its result as text or as JSON (one value on one line).
+#include "tools/idemctl/commands.h"
+
+#include <openssl/sha.h>
+
+#include <boost/json.hpp>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "client/client.h"
+#include "idem/engine.h"
+#include "server/idemd/config.h"
+#include "server/idemd/reconciliation.h"
+#include "server/idemd/store_url.h"
+
+namespace idem::ctl {
+namespace {
+
+namespace json = boost::json;
+
+int Fail(const std::string& what) {
+  std::cerr << "idemctl: " << what << "\n";
+  return kExitFailed;
+}
+
+void PrintJson(const json::value& value) { std::cout << json::serialize(value) << "\n"; }
+
+Result<client::Client> MakeClient(const ServerOptions& server) {
+  // main.cc requires the key (from --api-key or IDEM_API_KEY); this guards other callers.
+  if (server.api_key.empty()) {
+    return MakeError(Errc::kInvalidArgument, "no API key: pass --api-key or set IDEM_API_KEY");
+  }
+  client::ClientOptions options;
+  options.base_url = server.url;
+  options.api_key = server.api_key;
+  return client::Client::Create(options);
+}
+
+// A body as JSON: the parsed value when it is JSON (idemd's bodies are), else the text.
+json::value BodyJson(const std::string& body) {
+  boost::system::error_code ec;
+  json::value parsed = json::parse(body, ec);
+  if (ec) return json::string(body);
+  return parsed;
+}
+
+// Header fields as an object; a name that repeats gets its values joined with ", " (RFC 9110
+// §5.3).
+json::object HeadersJson(const std::vector<std::pair<std::string, std::string>>& fields) {
+  json::object out;
+  for (const auto& [name, value] : fields) {
+    if (json::value* seen = out.if_contains(name)) {
+      seen->as_string().append(", ");
+      seen->as_string().append(value);
+    } else {
+      out[name] = value;
+    }
+  }
+  return out;
+}
+
+json::object ResponseJson(int status,
+                          const std::vector<std::pair<std::string, std::string>>& headers,
+                          const std::string& body) {
+  return {{"status", status}, {"headers", HeadersJson(headers)}, {"body", BodyJson(body)}};
+}
+
+void PrintResponseText(int status, const std::vector<std::pair<std::string, std::string>>& headers,
+                       const std::string& body) {
+  std::cout << "HTTP " << status << "\n";
+  for (const auto& [name, value] : headers) std::cout << name << ": " << value << "\n";
+  std::cout << "\n" << body << "\n";
+}
+
+int GetPath(const ServerOptions& server, const std::string& path, Output output) {
+  auto c = MakeClient(server);
+  if (!c) return Fail(c.error().message);
+  auto r = c->Get(path);
+  if (!r) return Fail(r.error().message);
+  if (output == Output::kJson) {
+    PrintJson(ResponseJson(r->status, r->headers.fields, r->body));
+  } else {
+    PrintResponseText(r->status, r->headers.fields, r->body);
+  }
+  return r->status < 400 ? kExitDone : kExitIdemdError;
+}
+
+struct Opened {
+  idemd::Config config;
+  std::unique_ptr<Store> store;
+};
+
+// The store of an idemd config, opened without migrations: idemd owns the schema (it creates and
+// upgrades it under its own lock), so idemctl never creates a store nor migrates one under
+// running servers, and needs none of the routes' migrations. Sweeping deletes from the records
+// table, which every schema version has.
+Result<Opened> OpenFromConfig(const std::string& config_path) {
+  Opened o;
+  IDEM_ASSIGN_OR_RETURN(o.config, idemd::LoadConfig(config_path, {}));
+  idemd::StoreUrlOptions options;
+  options.pool_size = 1;
+  options.prepared_statements = o.config.store_prepared_statements;
+  options.postgres_timeouts = o.config.store_timeouts;
+  options.apply_migrations = false;
+  IDEM_ASSIGN_OR_RETURN(o.store, idemd::OpenStoreUrl(o.config.store_url, options));
+  return o;
+}
+
+std::string When(Timestamp t) { return http::Rfc3339(ToUnixMillis(t)); }
+
+void PrintRecordText(const FoundRecord& found, bool show_response) {
+  const Record& r = found.record;
+  std::cout << "scope_hash      " << ToHex(r.scope) << "\n"
+            << "tenant/user     " << r.tenant << "/" << r.user << "\n"
+            << "route           " << r.route << "\n"
+            << "state           " << RecordStateName(r.state) << "\n"
+            << "recovery_point  " << r.recovery_point << "\n"
+            << "resource_id     " << r.resource_id << "\n"
+            << "status_code     " << r.status_code << "\n"
+            << "fence           " << r.lease.fence << "\n"
+            << "lease_until     " << When(r.lease.until) << "\n"
+            << "created_at      " << When(r.created_at) << "\n"
+            << "updated_at      " << When(r.updated_at) << "\n"
+            << "expires_at      " << When(r.expires_at) << (found.expired ? " (expired)" : "")
+            << "\n"
+            << "fingerprint     rules v" << r.fingerprint.rules_version << ", secret "
+            << r.fingerprint.secret_id << "\n"
+            << "response        "
+            << (r.response.empty() ? "none" : std::to_string(r.response.size()) + " sealed bytes")
+            << "\n";
+  if (show_response && found.response) {
+    std::cout << "\n";
+    PrintResponseText(found.response->status, found.response->headers, found.response->body);
+  }
+}
+
+// The same fields as the text, by the same names; "response" only with --show-response and a
+// stored answer that could be opened.
+json::object RecordJson(const FoundRecord& found, bool show_response) {
+  const Record& r = found.record;
+  json::object out{
+      {"scope_hash", ToHex(r.scope)},
+      {"tenant", r.tenant},
+      {"user", r.user},
+      {"route", r.route},
+      {"state", RecordStateName(r.state)},
+      {"recovery_point", r.recovery_point},
+      {"resource_id", r.resource_id},
+      {"status_code", r.status_code},
+      {"fence", r.lease.fence},
+      {"lease_until", When(r.lease.until)},
+      {"created_at", When(r.created_at)},
+      {"updated_at", When(r.updated_at)},
+      {"expires_at", When(r.expires_at)},
+      {"expired", found.expired},
+      {"fingerprint",
+       {{"rules_version", r.fingerprint.rules_version}, {"secret_id", r.fingerprint.secret_id}}},
+      {"sealed_response_bytes", r.response.size()},
+  };
+  if (show_response && found.response) {
+    out["response"] =
+        ResponseJson(found.response->status, found.response->headers, found.response->body);
+  }
+  return out;
+}
+
+idemd::Reconciliation MakeReconciliation(const Opened& o, idemd::Provider& provider) {
+  return idemd::Reconciliation(*o.store, provider, SystemClock(), SystemRandom(), nullptr,
+                               {.refund_duplicates = o.config.refund_duplicates,
+                                .refund_orphans = o.config.refund_orphans,
+                                .orphan_grace = o.config.orphan_grace,
+                                .lease = o.config.books_lease,
+                                .instance = "idemctl@" + idemd::InstanceName()});
+}
+
+void PrintFindings(const std::vector<idemd::Finding>& findings) {
+  std::printf("%-10s  %-22s  %-28s  %12s  %-3s  %-14s  %-22s  %s\n", "CLASS", "CHARGE", "PAYMENT",
+              "AMOUNT", "CUR", "ACTION", "REFUND", "DETAIL");
+  for (const idemd::Finding& f : findings) {
+    std::printf("%-10s  %-22s  %-28s  %12s  %-3s  %-14s  %-22s  %s\n", f.finding_class.c_str(),
+                f.charge_id.c_str(), f.payment_id.c_str(), f.amount.c_str(), f.currency.c_str(),
+                f.action.c_str(), f.refund_id.c_str(), f.detail.c_str());
+  }
+}
+
+// The reconciliation of the config's store and provider. Errors: the config's, the store's, a
+// bad provider URL.
+struct Books {
+  Opened opened;
+  std::unique_ptr<idemd::Provider> provider;
+};
+Result<Books> OpenBooks(const std::string& config_path) {
+  Books b;
+  IDEM_ASSIGN_OR_RETURN(b.opened, OpenFromConfig(config_path));
+  IDEM_ASSIGN_OR_RETURN(b.provider,
+                        idemd::MakeHttpProvider(b.opened.config.provider_url,
+                                                idemd::ProviderOptionsOf(b.opened.config)));
+  return b;
+}
+
+}  // namespace
+
+int Pay(const PayOptions& options) {
+  auto c = MakeClient(options.server);
+  if (!c) return Fail(c.error().message);
+  const std::string body = json::serialize(json::object{{"merchant_order_no", options.order},
+                                                        {"amount", options.amount},
+                                                        {"currency", options.currency}});
+  std::vector<std::pair<std::string, std::string>> headers;
+  if (options.async) headers.emplace_back("Prefer", "respond-async");
+  auto outcome = c->Post("/v1/payments", body, options.key, headers);
+  if (!outcome) return Fail(outcome.error().message);
+  std::cerr << "Idempotency-Key: " << outcome->key << " (" << outcome->attempts << " attempt"
+            << (outcome->attempts == 1 ? "" : "s") << ")\n";
+  const http::Response& r = outcome->response;
+  if (options.output == Output::kJson) {
+    json::object out = ResponseJson(r.status, r.headers.fields, r.body);
+    out["idempotency_key"] = outcome->key;
+    out["attempts"] = outcome->attempts;
+    PrintJson(out);
+  } else {
+    PrintResponseText(r.status, r.headers.fields, r.body);
+  }
+  return r.status < 400 ? kExitDone : kExitIdemdError;
+}
+
+int PaymentGet(const GetOptions& options) {
+  return GetPath(options.server, "/v1/payments/" + options.id, options.output);
+}
+
+int OperationGet(const GetOptions& options) {
+  return GetPath(options.server, "/v1/operations/" + options.id, options.output);
+}
+
+int RecordInspect(const InspectOptions& options) {
+  auto opened = OpenFromConfig(options.config);
+  if (!opened) return Fail(opened.error().message);
+  const idemd::Secrets& secrets = opened->config.secrets;
+  auto fingerprinter = Fingerprinter::Create(secrets.hmac, secrets.hmac_current);
+  if (!fingerprinter) return Fail(fingerprinter.error().message);
+  auto sealer = Sealer::Create(secrets.seal, secrets.seal_current, SystemRandom());
+  if (!sealer) return Fail(sealer.error().message);
+  Engine engine(*opened->store, **fingerprinter, **sealer, SystemClock());
+  const Principal principal{options.tenant, options.user};
+  RoutePolicy policy;
+  policy.route = options.route;
+  auto found = engine.Lookup(principal, policy, options.key);
+  if (!found) return Fail(found.error().message);
+  if (!*found) {
+    // As JSON, standard output stays empty: the exit status says there is nothing to parse.
+    (options.output == Output::kJson ? std::cerr : std::cout)
+        << "no record for " << principal.tenant << "/" << principal.user << " " << policy.route
+        << " " << options.key << "\n";
+    return kExitNoRecord;
+  }
+  if (options.output == Output::kJson) {
+    PrintJson(RecordJson(**found, options.show_response));
+  } else {
+    PrintRecordText(**found, options.show_response);
+  }
+  return kExitDone;
+}
+
+int Sweep(const SweepOptions& options) {
+  auto opened = OpenFromConfig(options.config);
+  if (!opened) return Fail(opened.error().message);
+  // Everything that has expired, in the sweeper's batches.
+  auto swept = SweepExpired(*opened->store, std::numeric_limits<int>::max());
+  if (!swept) return Fail(swept.error().message);
+  if (options.output == Output::kJson) {
+    PrintJson(json::object{{"swept", *swept}});
+  } else {
+    std::cout << "swept " << *swept << " expired records\n";
+  }
+  return kExitDone;
+}
+
+int Reconcile(const ReconcileOptions& options) {
+  auto books = OpenBooks(options.config);
+  if (!books) return Fail(books.error().message);
+  idemd::Reconciliation reconciliation = MakeReconciliation(books->opened, *books->provider);
+  const int64_t until = options.until_ms.value_or(ToUnixMillis(SystemClock().Now()));
+  auto ran = reconciliation.Run(options.since_ms, until, options.dry_run);
+  if (!ran) return Fail(ran.error().message);
+  if (options.output == Output::kJson) {
+    PrintJson(idemd::ToJson(*ran));
+  } else {
+    std::printf("%s %s .. %s: %lld charges, %lld matched, %lld pending; %lld refunded%s\n",
+                ran->dry_run ? "dry run" : ("run " + ran->run_id).c_str(),
+                http::Rfc3339(ran->since_ms).c_str(), http::Rfc3339(ran->until_ms).c_str(),
+                static_cast<long long>(ran->charges), static_cast<long long>(ran->matched),
+                static_cast<long long>(ran->pending), static_cast<long long>(ran->refunded),
+                ran->resumed ? " (resumed)" : "");
+    PrintFindings(ran->findings);
+  }
+  const bool alarming = ran->by_class.count("missing") > 0 || ran->by_class.count("mismatched") > 0;
+  return alarming ? kExitReconcileAlarm : kExitDone;
+}
+
+int ReconcileReport(const ReportOptions& options) {
+  auto books = OpenBooks(options.config);
+  if (!books) return Fail(books.error().message);
+  idemd::Reconciliation reconciliation = MakeReconciliation(books->opened, *books->provider);
+  auto findings = reconciliation.Report(options.since_ms, options.limit);
+  if (!findings) return Fail(findings.error().message);
+  if (options.output == Output::kJson) {
+    json::array out;
+    for (const idemd::Finding& f : *findings) out.push_back(idemd::ToJson(f));
+    PrintJson(out);
+  } else {
+    PrintFindings(*findings);
+  }
+  return kExitDone;
+}
+
+int GenSecret() {
+  std::cout << idemd::GenerateSecretsToml(SystemRandom());
+  return kExitDone;
+}
+
+int ApiKeyAdd(const ApiKeyAddOptions& options) {
+  std::array<uint8_t, 24> bytes;
+  SystemRandom().Fill(bytes);
+  const std::string key = "idem_" + ToHex(bytes);
+  std::array<uint8_t, 32> digest;
+  SHA256(reinterpret_cast<const unsigned char*>(key.data()), key.size(), digest.data());
+  std::ofstream out(options.config, std::ios::app);
+  out << "\n[[principals]]\napi_key_sha256 = \"" << ToHex(digest) << "\"\ntenant = \""
+      << options.tenant << "\"\nuser = \"" << options.user << "\"\n";
+  out.close();
+  if (!out) return Fail("cannot append to " + options.config);
+  std::cerr << "added " << options.tenant << "/" << options.user << " to " << options.config
+            << "; restart idemd to load it. The key is shown once:\n";
+  if (options.output == Output::kJson) {
+    PrintJson(json::object{{"api_key", key}, {"tenant", options.tenant}, {"user", options.user}});
+  } else {
+    std::cout << key << "\n";
+  }
+  return kExitDone;
+}
+
+}  // namespace idem::ctl

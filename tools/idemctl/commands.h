@@ -1,0 +1,124 @@
+// tools/idemctl/commands.h — what each idemctl command does once its command line is read: the
+// exit statuses, each command's options as plain values, and one function per command. The
+// command line itself (CLI11) is main.cc's alone, so only that file pays for its templates.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+namespace idem::ctl {
+
+// idemctl's exit statuses. `idemctl --help` prints kExitStatuses; docs/idemctl.md lists them.
+inline constexpr int kExitDone = 0;
+inline constexpr int kExitFailed = 1;      // idemd unreachable, a store, config or file error
+inline constexpr int kExitUsage = 2;       // the command line: unknown, missing or bad
+inline constexpr int kExitIdemdError = 3;  // idemd answered with an HTTP error (4xx, 5xx)
+inline constexpr int kExitNoRecord = 4;    // record inspect found no record
+inline constexpr int kExitReconcileAlarm =
+    5;  // a missing or mismatched payment: a person must look
+
+struct ExitStatus {
+  int code;
+  const char* meaning;
+};
+inline constexpr ExitStatus kExitStatuses[] = {
+    {kExitDone, "done"},
+    {kExitFailed, "failed (idemd unreachable, a store, config or file error)"},
+    {kExitUsage, "usage: an unknown option or command, a missing or bad value"},
+    {kExitIdemdError, "idemd answered an error (HTTP 4xx or 5xx)"},
+    {kExitNoRecord, "no such record (record inspect)"},
+    {kExitReconcileAlarm, "reconcile found a missing or mismatched payment (a person must look)"},
+};
+
+// How a command prints its result on standard output. Errors go to standard error as text
+// either way.
+enum class Output { kText, kJson };
+
+// Where idemd is and who we are to it.
+struct ServerOptions {
+  std::string url;
+  std::string api_key;  // never printed
+};
+
+struct PayOptions {
+  ServerOptions server;
+  std::string order;
+  std::string amount;
+  std::string currency;
+  std::string key;  // empty: a fresh UUIDv7, reused on every retry
+  bool async = false;
+  Output output = Output::kText;
+};
+
+// `payment get ID`, `operation get KEY`.
+struct GetOptions {
+  ServerOptions server;
+  std::string id;
+  Output output = Output::kText;
+};
+
+struct InspectOptions {
+  std::string config;
+  std::string tenant;
+  std::string user;
+  std::string key;
+  std::string route;
+  bool show_response = false;
+  Output output = Output::kText;
+};
+
+struct SweepOptions {
+  std::string config;
+  Output output = Output::kText;
+};
+
+struct ReconcileOptions {
+  std::string config;
+  int64_t since_ms = 0;
+  std::optional<int64_t> until_ms;  // unset: now
+  bool dry_run = false;
+  Output output = Output::kText;
+};
+
+struct ReportOptions {
+  std::string config;
+  int64_t since_ms = 0;
+  int limit = 100;
+  Output output = Output::kText;
+};
+
+struct ApiKeyAddOptions {
+  std::string config;
+  std::string tenant;
+  std::string user;
+  Output output = Output::kText;
+};
+
+// Each command returns its exit status and prints its result on standard output; failures are
+// one line on standard error ("idemctl: ...") and kExitFailed. The options are taken as valid:
+// main.cc checks what the command line can check.
+
+// One POST /v1/payments through the retrying client; prints the answer (and, on standard error,
+// the key it used). kExitIdemdError when the final answer is 4xx or 5xx.
+int Pay(const PayOptions& options);
+// GET /v1/payments/ID. kExitIdemdError when idemd answers 4xx or 5xx.
+int PaymentGet(const GetOptions& options);
+// GET /v1/operations/KEY. kExitIdemdError when idemd answers 4xx or 5xx.
+int OperationGet(const GetOptions& options);
+// The record of (tenant, user, route, key) read from the store of the config. kExitNoRecord when
+// there is none.
+int RecordInspect(const InspectOptions& options);
+// Deletes every expired finished record from the store of the config now.
+int Sweep(const SweepOptions& options);
+// One reconciliation run over the provider's charges created in [since, until).
+// kExitReconcileAlarm when it found a missing or mismatched payment.
+int Reconcile(const ReconcileOptions& options);
+// The reconciliation findings since `since_ms`, newest first.
+int ReconcileReport(const ReportOptions& options);
+// A fresh secrets file (TOML) for IDEM_SECRETS.
+int GenSecret();
+// A new API key: its SHA-256 appended to the config as a principal, the key printed once.
+int ApiKeyAdd(const ApiKeyAddOptions& options);
+
+}  // namespace idem::ctl
