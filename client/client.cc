@@ -26,18 +26,7 @@ std::optional<Millis> RetryAfter(const http::Response& r) {
 
 }  // namespace
 
-std::string NewOperationKey(Clock& clock, Random& random) {
-  std::array<uint8_t, 16> b;
-  random.Fill(b);
-  const uint64_t ms = static_cast<uint64_t>(ToUnixMillis(clock.Now()));
-  for (int i = 0; i < 6; ++i)
-    b[static_cast<std::size_t>(i)] = static_cast<uint8_t>(ms >> (40 - 8 * i));
-  b[6] = static_cast<uint8_t>(0x70 | (b[6] & 0x0f));  // version 7
-  b[8] = static_cast<uint8_t>(0x80 | (b[8] & 0x3f));  // variant 10
-  const std::string hex = ToHex(b);
-  return hex.substr(0, 8) + "-" + hex.substr(8, 4) + "-" + hex.substr(12, 4) + "-" +
-         hex.substr(16, 4) + "-" + hex.substr(20, 12);
-}
+std::string NewOperationKey(Clock& clock, Random& random) { return NewUuidV7(clock, random); }
 
 Result<Client> Client::Create(ClientOptions options, Clock& clock, Random& random) {
   IDEM_ASSIGN_OR_RETURN(http::Url url, http::ParseHttpUrl(options.base_url));

@@ -7,6 +7,7 @@
 #include <string>
 #include <string_view>
 
+#include "idem/clock.h"
 #include "idem/limits.h"
 #include "idem/result.h"
 
@@ -44,6 +45,11 @@ struct Scope {
   // tenant 0x1f user 0x1f route 0x1f key with SHA-256.
   Result<ScopeHash> Hash() const;
 };
+
+// A fresh UUIDv7 (RFC 9562: 48 bits of Unix milliseconds from `clock`, then 74 random bits from
+// `random`), lower-case with dashes: ids that sort by time and do not collide across processes
+// and restarts — operation keys (idempotency keys) and request ids.
+std::string NewUuidV7(Clock& clock, Random& random);
 
 // Lower-case hex of bytes, for logs and ids.
 std::string ToHex(const uint8_t* data, std::size_t size);

@@ -1,10 +1,14 @@
 // server/http/message.cc — header lookups, query parsing, HTTP dates.
 #include "server/http/message.h"
 
+#include <algorithm>
+#include <array>
 #include <boost/url/parse.hpp>
 #include <chrono>
 #include <cstdio>
 #include <ctime>
+
+#include "idem/key.h"
 
 namespace idem::http {
 
@@ -97,7 +101,7 @@ std::optional<std::string_view> Request::QueryParam(std::string_view name) const
   return std::nullopt;
 }
 
-std::string RequestId(const Request& request, uint64_t counter) {
+std::string RequestId(const Request& request, Clock& clock, Random& random) {
   if (auto id = request.headers.Get("x-request-id")) {
     bool sane = !id->empty() && id->size() <= 64;
     for (char c : *id) {
@@ -106,9 +110,57 @@ std::string RequestId(const Request& request, uint64_t counter) {
     }
     if (sane) return std::string(*id);
   }
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "req-%016llx", static_cast<unsigned long long>(counter));
-  return buf;
+  return NewUuidV7(clock, random);
+}
+
+namespace {
+
+std::string RandomHex(Random& random, std::size_t bytes) {
+  std::array<uint8_t, 16> b{};
+  for (;;) {  // W3C: an id of zeros is invalid
+    random.Fill(std::span<uint8_t>(b.data(), bytes));
+    if (std::any_of(b.begin(), b.begin() + static_cast<std::ptrdiff_t>(bytes),
+                    [](uint8_t x) { return x != 0; })) {
+      return ToHex(b.data(), bytes);
+    }
+  }
+}
+
+// `n` lower-case hex digits, not all zero.
+bool TraceId(std::string_view s, std::size_t n) {
+  return s.size() == n && s.find_first_not_of("0123456789abcdef") == std::string_view::npos &&
+         s.find_first_not_of('0') != std::string_view::npos;
+}
+
+}  // namespace
+
+std::string TraceContext::Traceparent() const {
+  return "00-" + trace_id + "-" + span_id + (sampled ? "-01" : "-00");
+}
+
+TraceContext ContinueTrace(const Request& request, Random& random) {
+  TraceContext trace;
+  trace.span_id = RandomHex(random, 8);
+  // version "-" trace-id "-" parent-id "-" flags; a later version may append "-" and more.
+  const std::optional<std::string_view> header = request.headers.Get("traceparent");
+  if (header && request.headers.Count("traceparent") == 1 && header->size() >= 55) {
+    const std::string_view h = *header;
+    const std::string_view version = h.substr(0, 2), id = h.substr(3, 32),
+                           parent = h.substr(36, 16), flags = h.substr(53, 2);
+    const bool hex_version =
+        version.find_first_not_of("0123456789abcdef") == std::string_view::npos && version != "ff";
+    const bool shape = h[2] == '-' && h[35] == '-' && h[52] == '-' &&
+                       (version == "00" ? h.size() == 55 : h.size() == 55 || h[55] == '-');
+    if (hex_version && shape && TraceId(id, 32) && TraceId(parent, 16) &&
+        flags.find_first_not_of("0123456789abcdef") == std::string_view::npos) {
+      trace.trace_id = id;
+      trace.parent_id = parent;
+      trace.sampled = (std::stoi(std::string(flags), nullptr, 16) & 1) != 0;
+      return trace;
+    }
+  }
+  trace.trace_id = RandomHex(random, 16);
+  return trace;
 }
 
 namespace {

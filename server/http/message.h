@@ -9,6 +9,7 @@
 #include <utility>
 #include <vector>
 
+#include "idem/clock.h"
 #include "idem/result.h"
 
 namespace idem::http {
@@ -64,8 +65,22 @@ Result<HostPort> ParseListenAddress(std::string_view text);
 std::string Authority(std::string_view host, uint16_t port);
 
 // A request id for the log and the X-Request-Id header: the client's if it is a sane token
-// (1..64 of A-Z a-z 0-9 - _ .), else "req-" and `counter` in 16 hex digits.
-std::string RequestId(const Request& request, uint64_t counter);
+// (1..64 of A-Z a-z 0-9 - _ .), else a fresh UUIDv7, unique across instances and restarts.
+std::string RequestId(const Request& request, Clock& clock, Random& random);
+
+// W3C Trace Context: the trace a request belongs to, and this hop's own span in it.
+struct TraceContext {
+  std::string trace_id;   // 32 lower-case hex digits
+  std::string span_id;    // 16 hex digits: this hop's span, the parent of the calls it makes
+  std::string parent_id;  // the caller's span; empty when the trace starts here
+  bool sampled = false;
+  // "00-<trace_id>-<span_id>-<flags>": the traceparent of calls made for the request.
+  std::string Traceparent() const;
+};
+
+// Continues the trace of the request's `traceparent` header, or starts a new one when it has
+// none, more than one, or a malformed one (which W3C says to ignore); the span is new either way.
+TraceContext ContinueTrace(const Request& request, Random& random);
 
 // RFC 3339 UTC with milliseconds ("2026-11-30T06:00:00.123Z"); ParseRfc3339 reads it back for
 // every time of the years 0000..9999, also before 1970.

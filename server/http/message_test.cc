@@ -3,6 +3,13 @@
 
 #include <gtest/gtest.h>
 
+#include <boost/json.hpp>
+#include <regex>
+#include <set>
+
+#include "server/http/log.h"
+#include "testing/fakes.h"
+
 namespace idem::http {
 namespace {
 
@@ -18,6 +25,87 @@ TEST(Headers, ListJoinsTheElementsOfEveryFieldOfTheName) {
   EXPECT_TRUE(h.List("absent").empty());
   h.Add("Empty", " , ");
   EXPECT_TRUE(h.List("empty").empty());
+}
+
+Request WithHeader(const std::string& name, const std::string& value) {
+  Request r{"GET", "/", {}, {}};
+  r.headers.Add(name, value);
+  return r;
+}
+
+TEST(RequestId, IsTheClientsSaneTokenElseAFreshUuidV7) {
+  testing::FakeClock clock;
+  testing::SeededRandom random(3);
+  EXPECT_EQ(RequestId(WithHeader("X-Request-Id", "abc-123.x_y"), clock, random), "abc-123.x_y");
+  const std::regex uuid7("^[0-9a-f]{8}-[0-9a-f]{4}-7[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$");
+  std::set<std::string> seen;
+  for (const Request& r : {WithHeader("X-Request-Id", "has space"),
+                           WithHeader("X-Request-Id", std::string(65, 'a')), Request{}}) {
+    const std::string id = RequestId(r, clock, random);
+    EXPECT_TRUE(std::regex_match(id, uuid7)) << id;
+    seen.insert(id);
+  }
+  EXPECT_EQ(seen.size(), 3u) << "fresh ids differ even within one millisecond";
+  // The first 48 bits are the clock's milliseconds: ids sort by time.
+  const std::string id = RequestId(Request{}, clock, random);
+  EXPECT_EQ(std::stoll(id.substr(0, 8) + id.substr(9, 4), nullptr, 16), ToUnixMillis(clock.Now()));
+}
+
+TEST(Trace, AValidTraceparentIsContinuedWithANewSpan) {
+  testing::SeededRandom random(5);
+  const TraceContext t = ContinueTrace(
+      WithHeader("traceparent", "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"), random);
+  EXPECT_EQ(t.trace_id, "4bf92f3577b34da6a3ce929d0e0e4736");
+  EXPECT_EQ(t.parent_id, "00f067aa0ba902b7");
+  EXPECT_TRUE(t.sampled);
+  EXPECT_EQ(t.span_id.size(), 16u);
+  EXPECT_NE(t.span_id, t.parent_id);
+  EXPECT_EQ(t.Traceparent(), "00-4bf92f3577b34da6a3ce929d0e0e4736-" + t.span_id + "-01");
+  // A later version may add fields after the flags; they are not passed on.
+  const TraceContext later = ContinueTrace(
+      WithHeader("traceparent", "cc-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00-extra"),
+      random);
+  EXPECT_EQ(later.trace_id, "4bf92f3577b34da6a3ce929d0e0e4736");
+  EXPECT_FALSE(later.sampled);
+}
+
+TEST(Trace, AMissingOrMalformedTraceparentStartsANewTrace) {
+  testing::SeededRandom random(6);
+  const std::string id = "4bf92f3577b34da6a3ce929d0e0e4736";
+  std::vector<Request> requests = {
+      Request{},
+      WithHeader("traceparent", "00-" + id + "-00f067aa0ba902b7-01-extra"),  // 00 has no extra
+      WithHeader("traceparent", "ff-" + id + "-00f067aa0ba902b7-01"),        // invalid version
+      WithHeader("traceparent", "00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01"),
+      WithHeader("traceparent", "00-00000000000000000000000000000000-00f067aa0ba902b7-01"),
+      WithHeader("traceparent", "00-" + id + "-0000000000000000-01"),
+      WithHeader("traceparent", "00-" + id + "-00f067aa0ba902b7-0g"),
+      WithHeader("traceparent", "00_" + id + "-00f067aa0ba902b7-01"),
+  };
+  Request twice = WithHeader("traceparent", "00-" + id + "-00f067aa0ba902b7-01");
+  twice.headers.Add("traceparent", "00-" + id + "-00f067aa0ba902b8-01");
+  requests.push_back(twice);
+  for (const Request& r : requests) {
+    const TraceContext t = ContinueTrace(r, random);
+    EXPECT_NE(t.trace_id, id) << r.headers.Get("traceparent").value_or("(none)");
+    EXPECT_TRUE(std::regex_match(t.trace_id, std::regex("^[0-9a-f]{32}$")));
+    EXPECT_TRUE(t.parent_id.empty());
+    EXPECT_FALSE(t.sampled);
+  }
+}
+
+TEST(Log, EveryLineIsOneJsonObjectWithTimeLevelAndMessageFirst) {
+  const std::string line = LogLine(1796118123456, LogLevel::kWarn, "a \"quoted\" message",
+                                   {{"n", 3}, {"level", "spoofed"}, {"what", "x\ny"}});
+  EXPECT_EQ(line.find('\n'), std::string::npos) << "one line: newlines in values are escaped";
+  EXPECT_EQ(line.rfind(R"({"time":"2026-12-01T)", 0), 0u) << line;
+  const boost::json::object o = boost::json::parse(line).as_object();
+  EXPECT_EQ(o.at("time").as_string(), Rfc3339(1796118123456));
+  EXPECT_EQ(o.at("level").as_string(), "warn") << "a field cannot replace the line's own";
+  EXPECT_EQ(o.at("msg").as_string(), "a \"quoted\" message");
+  EXPECT_EQ(o.at("n").as_int64(), 3);
+  EXPECT_EQ(o.at("what").as_string(), "x\ny");
+  EXPECT_EQ(o.size(), 5u);
 }
 
 TEST(ListenAddress, TakesIpv4AndBracketedIpv6AddressesWithAPort) {

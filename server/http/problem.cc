@@ -5,6 +5,8 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "server/http/log.h"
+
 namespace idem::http {
 namespace {
 
@@ -14,7 +16,7 @@ constexpr int kRetry1s = 1;
 constexpr bool kExpires = true;
 
 [[noreturn]] void Unknown(const char* what, int value) {
-  std::fprintf(stderr, "problem.cc: %d is no %s\n", value, what);
+  Log(LogLevel::kError, std::string("problem.cc: ") + std::to_string(value) + " is no " + what);
   std::abort();
 }
 

@@ -17,6 +17,7 @@
 #include <thread>
 
 #include "server/http/beast_request.h"
+#include "server/http/log.h"
 #include "server/http/problem.h"
 
 namespace idem::http {
@@ -158,7 +159,7 @@ class ServerImpl final : public Server {
         net::make_strand(ioc_),
         [task = std::move(task)]() -> net::awaitable<void> { co_await task(); },
         [this](std::exception_ptr failure) {
-          if (failure) std::fprintf(stderr, "background task threw\n");
+          if (failure) Log(LogLevel::kError, "background task threw");
           --in_flight_;
         });
   }
@@ -263,7 +264,11 @@ class ServerImpl final : public Server {
       // A request that is not one the handler may see is answered here, and its connection closed.
       const std::optional<std::string> malformed = Refusal(request, version, chunked);
       const bool keep_alive = parser.keep_alive() && !malformed;
-      const std::string request_id = RequestId(request, id * 1000003ULL + bytes);
+      const std::string request_id = RequestId(request, SystemClock(), SystemRandom());
+      const TraceContext trace = ContinueTrace(request, SystemRandom());
+      // The calls made for this request (to the provider, to a gateway's upstream) carry this
+      // hop's span as their parent.
+      request.headers.Set("traceparent", trace.Traceparent());
       RequestContext context;
       Response response;
       if (malformed) {
@@ -301,7 +306,8 @@ class ServerImpl final : public Server {
             request_id, request.method, std::string(request.Path()), context.route, context.outcome,
             status,
             std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - started)
-                .count()});
+                .count(),
+            trace.trace_id, trace.span_id});
       }
       if (!written || !keep) break;
     }
@@ -339,10 +345,10 @@ class ServerImpl final : public Server {
       try {
         response = co_await handler_.Handle(request, context);
       } catch (const std::exception& e) {
-        std::fprintf(stderr, "handler threw: %s\n", e.what());
+        Log(LogLevel::kError, "handler threw", {{"error", e.what()}});
         response = Problem(ProblemKind::kInternal, "unexpected failure");
       } catch (...) {
-        std::fprintf(stderr, "handler threw\n");
+        Log(LogLevel::kError, "handler threw");
         response = Problem(ProblemKind::kInternal, "unexpected failure");
       }
       if (!context.park) co_return response;

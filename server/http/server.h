@@ -103,6 +103,8 @@ class AccessLog {
     std::string outcome;
     int status = 0;
     double latency_ms = 0;
+    std::string trace_id;  // W3C Trace Context (ContinueTrace)
+    std::string span_id;
   };
   virtual void Write(const Entry& entry) = 0;
 };

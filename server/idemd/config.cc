@@ -17,6 +17,8 @@
 #include <thread>
 #include <utility>
 
+#include "server/http/log.h"
+
 namespace idem::idemd {
 namespace {
 
@@ -581,10 +583,9 @@ Result<Config> LoadConfig(const std::string& path, const std::vector<std::string
     int ignored = 0;
     IDEM_RETURN_IF_ERROR(Read(t, "server", removed, ignored, o));
     if (t.at_path(std::string("server.") + removed).node() != nullptr) {
-      std::fprintf(stderr,
-                   "{\"level\":\"warn\",\"msg\":\"config key ignored\",\"key\":\"server.%s\","
-                   "\"why\":\"requests hold no threads; see server.max_in_flight\"}\n",
-                   removed);
+      http::Log(http::LogLevel::kWarn, "config key ignored",
+                {{"key", std::string("server.") + removed},
+                 {"why", "requests hold no threads; see server.max_in_flight"}});
     }
   }
   IDEM_RETURN_IF_ERROR(Read(t, "server", "max_connections", c.server.max_connections, o));

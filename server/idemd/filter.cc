@@ -7,6 +7,7 @@
 #include <mutex>
 #include <unordered_map>
 
+#include "server/http/log.h"
 #include "server/http/problem.h"
 
 namespace idem::idemd {
@@ -284,8 +285,7 @@ http::Async<http::Response> IdempotencyFilter::Decide(const http::Request& reque
           : code == Errc::kInvalidArgument || code == Errc::kTooLarge ? "invalid"
                                                                       : "error");
     if (code == Errc::kDataLoss || code == Errc::kInternal) {
-      std::fprintf(stderr, "{\"level\":\"error\",\"msg\":\"engine\",\"code\":\"%s\"}\n",
-                   std::string(ErrcName(code)).c_str());
+      http::Log(http::LogLevel::kError, "engine", {{"code", ErrcName(code)}});
     }
     // A mismatch is about the record that holds the key: the 422 tells until when it does.
     if (code == Errc::kFingerprintMismatch) {

@@ -14,6 +14,7 @@
 #include "idem/failpoint.h"
 #include "idem/store/redis.h"
 #include "idem/store/replay_cache.h"
+#include "server/http/log.h"
 #include "server/http/server.h"
 #include "server/idemd/config.h"
 #include "server/idemd/filter.h"
@@ -30,8 +31,9 @@ namespace {
 using namespace idem;
 using namespace idem::idemd;
 
+// A start that cannot go on: one error line, exit status 1.
 int Fail(const std::string& what) {
-  std::fprintf(stderr, "idemd: %s\n", what.c_str());
+  http::Log(http::LogLevel::kError, "idemd cannot start", {{"error", what}});
   return 1;
 }
 
@@ -69,9 +71,7 @@ class Loop {
 void Reload(const std::string& path, const std::vector<std::string>& overrides,
             const GatewayDeps& deps, Service& service) {
   auto fail = [](const std::string& why) {
-    boost::json::object line{
-        {"level", "error"}, {"msg", "reload failed; the routes are unchanged"}, {"error", why}};
-    std::fprintf(stderr, "%s\n", boost::json::serialize(line).c_str());
+    http::Log(http::LogLevel::kError, "reload failed; the routes are unchanged", {{"error", why}});
   };
   auto config = LoadConfig(path, overrides);
   if (!config) return fail(config.error().message);
@@ -79,11 +79,9 @@ void Reload(const std::string& path, const std::vector<std::string>& overrides,
   auto gateway = Gateway::Make(std::move(config->gateway), deps);
   if (!gateway) return fail(gateway.error().message);
   service.SetGateway(std::move(*gateway));
-  std::fprintf(stderr,
-               "{\"level\":\"info\",\"msg\":\"routes reloaded\",\"routes\":%zu,"
-               "\"note\":\"only [gateway] and [[routes]] take effect; other settings need a "
-               "restart\"}\n",
-               routes);
+  http::Log(http::LogLevel::kInfo, "routes reloaded",
+            {{"routes", routes},
+             {"note", "only [gateway] and [[routes]] take effect; other settings need a restart"}});
 }
 
 constexpr const char* kDefaultConfig = "/etc/idem/idemd.toml";
@@ -133,7 +131,7 @@ int Run(int argc, char** argv) {
     if (auto armed = ArmFailpoints(spec); !armed) {
       return Fail("IDEM_FAILPOINTS: " + armed.error().message);
     }
-    std::fprintf(stderr, "{\"level\":\"warn\",\"msg\":\"failpoints armed\"}\n");
+    http::Log(http::LogLevel::kWarn, "failpoints armed", {{"spec", spec}});
   }
 
   StoreUrlOptions store_options;
@@ -211,8 +209,11 @@ int Run(int argc, char** argv) {
   JsonAccessLog log;
   auto server = http::Server::Start(config->server, service, &log);
   if (!server) return Fail(server.error().message);
-  std::printf("idemd listening on http://%s\n",
-              http::Authority(config->server.host, (*server)->port()).c_str());
+  const std::string listening = "http://" + http::Authority(config->server.host, (*server)->port());
+  std::printf("idemd listening on %s\n", listening.c_str());
+  http::Log(
+      http::LogLevel::kInfo, "listening",
+      {{"version", IDEM_VERSION}, {"url", listening}, {"routes", config->gateway.routes.size()}});
   std::fflush(stdout);
 
   {
@@ -249,18 +250,19 @@ int Run(int argc, char** argv) {
         // Missing and mismatched need a person; duplicates and orphans are handled or reported.
         const bool alarming =
             ran && (ran->by_class.count("missing") > 0 || ran->by_class.count("mismatched") > 0);
-        line["level"] = alarming ? "error" : !ran || !ran->findings.empty() ? "warn" : "info";
-        line["msg"] = "reconciliation";
-        std::fprintf(stderr, "%s\n", boost::json::serialize(line).c_str());
+        http::Log(alarming                         ? http::LogLevel::kError
+                  : !ran || !ran->findings.empty() ? http::LogLevel::kWarn
+                                                   : http::LogLevel::kInfo,
+                  "reconciliation", line);
       });
     }
     int sig = 0;
     while ((sig = http::WaitForSignal()) == SIGHUP)
       Reload(config_path, overrides, gateway_deps, service);
-    std::fprintf(stderr, "{\"msg\":\"draining\",\"signal\":%d}\n", sig);
+    http::Log(http::LogLevel::kInfo, "draining", {{"signal", sig}});
     (*server)->Drain();
   }
-  std::fprintf(stderr, "{\"msg\":\"stopped\"}\n");
+  http::Log(http::LogLevel::kInfo, "stopped");
   return 0;
 }
 

@@ -9,6 +9,7 @@
 #include <mutex>
 #include <utility>
 
+#include "server/http/log.h"
 #include "server/http/problem.h"
 
 namespace idem::idemd {
@@ -203,18 +204,15 @@ http::Async<http::Response> Service::HandleRoute(const http::Request& request,
 }
 
 void JsonAccessLog::Write(const Entry& e) {
-  boost::json::object o;
-  o["msg"] = "request";
-  o["request_id"] = e.request_id;
-  o["method"] = e.method;
-  o["route"] = e.route.empty() ? std::string("unknown") : e.route;
-  o["outcome"] = e.outcome;
-  o["status"] = e.status;
-  o["latency_us"] = static_cast<int64_t>(e.latency_ms * 1000);
-  const std::string line = boost::json::serialize(o) + "\n";
-  static std::mutex mu;
-  std::lock_guard lock(mu);
-  std::fwrite(line.data(), 1, line.size(), stderr);
+  http::Log(http::LogLevel::kInfo, "request",
+            {{"request_id", e.request_id},
+             {"trace_id", e.trace_id},
+             {"span_id", e.span_id},
+             {"method", e.method},
+             {"route", e.route.empty() ? std::string("unknown") : e.route},
+             {"outcome", e.outcome},
+             {"status", e.status},
+             {"latency_us", static_cast<int64_t>(e.latency_ms * 1000)}});
 }
 
 }  // namespace idem::idemd

@@ -109,6 +109,18 @@ Result<ScopeHash> Scope::Hash() const {
   return out;
 }
 
+std::string NewUuidV7(Clock& clock, Random& random) {
+  std::array<uint8_t, 16> b;
+  random.Fill(b);
+  const auto ms = static_cast<uint64_t>(ToUnixMillis(clock.Now()));
+  for (std::size_t i = 0; i < 6; ++i) b[i] = static_cast<uint8_t>(ms >> (40 - 8 * i));
+  b[6] = static_cast<uint8_t>(0x70 | (b[6] & 0x0f));  // version 7
+  b[8] = static_cast<uint8_t>(0x80 | (b[8] & 0x3f));  // variant 10
+  const std::string hex = ToHex(b);
+  return hex.substr(0, 8) + "-" + hex.substr(8, 4) + "-" + hex.substr(12, 4) + "-" +
+         hex.substr(16, 4) + "-" + hex.substr(20, 12);
+}
+
 std::string ToHex(const uint8_t* data, std::size_t size) {
   static constexpr char kDigits[] = "0123456789abcdef";
   std::string out(size * 2, '0');
