@@ -203,6 +203,7 @@ http::Async<http::Response> Service::HandleRoute(const http::Request& request,
 }
 
 void JsonAccessLog::Write(const Entry& e) {
+  if (metrics_ != nullptr) metrics_->ObserveHttpRequest(e.route, e.status, e.latency_ms / 1000.0);
   boost::json::object o;
   o["msg"] = "request";
   o["request_id"] = e.request_id;
