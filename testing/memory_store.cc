@@ -414,6 +414,23 @@ class MemoryStore final : public Store {
     return static_cast<int>(deleted);
   }
 
+  // census: the committed records, counted one by one (the model has no index to mind).
+  Result<RecordCensus> Census() override {
+    const Timestamp now = clock_.Now();
+    RecordCensus census;
+    std::shared_lock lock(data_->mu);
+    for (const auto& [scope, r] : data_->records) {
+      ++census.retained;
+      if (r.state == RecordState::kFailedRetryable) ++census.failed_retryable;
+      if (r.state != RecordState::kProcessing) continue;
+      ++census.processing;
+      const Millis age =
+          std::max(Millis(0), std::chrono::duration_cast<Millis>(now - r.created_at));
+      census.oldest_processing_age = std::max(census.oldest_processing_age.value_or(age), age);
+    }
+    return census;
+  }
+
  private:
   std::shared_ptr<MemoryData> data_;
   Clock& clock_;

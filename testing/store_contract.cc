@@ -615,6 +615,54 @@ TEST_P(StoreContractTest, TheRetainedCountFollowsClaimsRollbacksReclaimsAndSweep
   EXPECT_EQ(retained("bob"), 1) << "bob's PROCESSING record is not swept, nor counted off";
 }
 
+// The census counts the unfinished records by state and every retained one, and dates the oldest
+// PROCESSING record from its first claim on the store's clock; what is rolled back or swept
+// counts no more.
+TEST_P(StoreContractTest, TheCensusCountsUnfinishedRecordsAndAgesTheOldestProcessingOne) {
+  auto census = [&] {
+    auto c = store_->Census();
+    EXPECT_TRUE(c.has_value()) << c.error().message;
+    RecordCensus failed;
+    failed.processing = -1;
+    return c ? *c : failed;
+  };
+  RecordCensus empty = census();
+  EXPECT_EQ(empty.processing, 0);
+  EXPECT_EQ(empty.failed_retryable, 0);
+  EXPECT_EQ(empty.retained, 0);
+  EXPECT_FALSE(empty.oldest_processing_age.has_value());
+
+  const ClaimSpec oldest = ContractSpec("census-oldest");
+  MustClaim(*store_, oldest);
+  env_.clock.Advance(Millis(4000));
+  MustClaim(*store_, ContractSpec("census-newer", "acme", "bob"));
+  const ClaimSpec done = ContractSpec("census-done");
+  MustFinish(*store_, done, MustClaim(*store_, done).lease, Succeeded());
+  const ClaimSpec failed = ContractSpec("census-failed");
+  MustFinish(*store_, failed, MustClaim(*store_, failed).lease,
+             Outcome{RecordState::kFailedRetryable, 503, "sealed", ""});
+  {
+    auto txn = MustBegin(*store_);
+    ASSERT_TRUE(txn->Claim(ContractSpec("census-rolled-back")).has_value());
+  }  // dropped uncommitted: rolled back
+  env_.clock.Advance(Millis(1500));
+
+  RecordCensus c = census();
+  EXPECT_EQ(c.processing, 2);
+  EXPECT_EQ(c.failed_retryable, 1);
+  EXPECT_EQ(c.retained, 4);
+  ASSERT_TRUE(c.oldest_processing_age.has_value());
+  EXPECT_EQ(*c.oldest_processing_age, Millis(5500));
+
+  env_.clock.Advance(kRetention);
+  EXPECT_EQ(*store_->Sweep(100), 2) << "the finished ones";
+  c = census();
+  EXPECT_EQ(c.processing, 2);
+  EXPECT_EQ(c.failed_retryable, 0);
+  EXPECT_EQ(c.retained, 2);
+  EXPECT_EQ(*c.oldest_processing_age, kRetention + Millis(5500));
+}
+
 TEST_P(StoreContractTest, SweeperDeletesExpiredFinishedRecordsInBatchesOnly) {
   std::vector<ClaimSpec> expired, live;
   for (int i = 0; i < 7; ++i) {

@@ -62,6 +62,16 @@ struct ClaimSpec {
   Millis retention{limits::kDefaultRetention};
 };
 
+// How many records there are, for gauges (Store::Census).
+struct RecordCensus {
+  int64_t processing = 0;        // PROCESSING records
+  int64_t failed_retryable = 0;  // FAILED_RETRYABLE records
+  int64_t retained = 0;          // records in every state, not yet swept
+  // The store's time now minus the created_at of the oldest PROCESSING record (when its
+  // operation was first claimed: a takeover or a retry keeps it); nullopt when none is.
+  std::optional<Millis> oldest_processing_age;
+};
+
 struct ClaimResult {
   // true: the record was inserted and the caller holds record.lease. false: a record already
   // existed and `record` is it, unchanged; the caller decides from its state.
@@ -251,6 +261,12 @@ class Store {
   // first, and returns how many it deleted. PROCESSING records are left to the reconciler, which
   // must first learn whether their downstream call happened.
   virtual Result<int> Sweep(int batch) = 0;
+
+  // Counts the records for gauges, at a cost that does not grow with the history: the unfinished
+  // ones (PROCESSING, FAILED_RETRYABLE) through the index the reconciler scans, all of them from
+  // the principals' counters (idem_retained on the SQL stores), so SUCCEEDED and FAILED_FINAL
+  // are not told apart. Errors: kUnavailable.
+  virtual Result<RecordCensus> Census() = 0;
 };
 
 // A Store that forwards every call to another (leveldb's EnvWrapper): decorators — a cache, fault
@@ -288,6 +304,7 @@ class StoreWrapper : public Store {
     return target_.ListStale(route, sent_points, limit);
   }
   Result<int> Sweep(int batch) override { return target_.Sweep(batch); }
+  Result<RecordCensus> Census() override { return target_.Census(); }
 
  private:
   Store& target_;

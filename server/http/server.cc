@@ -146,6 +146,8 @@ class ServerImpl final : public Server {
   }
 
   uint16_t port() const override { return port_; }
+  int InFlight() const override { return in_flight_.load(); }
+  int ParkedCount() const override { return parked_count_.load(); }
 
   void Notify(const std::string& key) override {
     std::lock_guard lock(park_mu_);

@@ -119,6 +119,10 @@ class Server {
   virtual ~Server() = default;
 
   virtual uint16_t port() const = 0;
+  // Requests being handled now, background tasks included and parked requests not (what
+  // max_in_flight bounds); and requests parked now (what max_parked bounds).
+  virtual int InFlight() const = 0;
+  virtual int ParkedCount() const = 0;
   // Wakes requests parked on `key` (in this process).
   virtual void Notify(const std::string& key) = 0;
   // Runs the coroutine `task` makes on an I/O thread, apart from any request.

@@ -679,6 +679,16 @@ TEST_F(ServerTest, ParkedRequestsDoNotCountAgainstMaxInFlight) {
   auto refused = Get("/echo");
   ASSERT_TRUE(refused.has_value()) << refused.error().message;
   EXPECT_EQ(refused->status, 503);
+  // What the server reports (idemd's gauges), until the counts are as expected or a while passed.
+  auto counts = [&](int in_flight, int parked) {
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+    while ((server_->InFlight() != in_flight || server_->ParkedCount() != parked) &&
+           std::chrono::steady_clock::now() < until) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    return std::pair(server_->InFlight(), server_->ParkedCount());
+  };
+  EXPECT_EQ(counts(1, 2), std::pair(1, 2)) << "one executing, two parked";
 
   handler_.Open();
   for (const char* key : {"p1", "p2"}) {
@@ -691,6 +701,7 @@ TEST_F(ServerTest, ParkedRequestsDoNotCountAgainstMaxInFlight) {
     ASSERT_TRUE(answer.has_value()) << answer.error().message;
     EXPECT_EQ(answer->status, 200);
   }
+  EXPECT_EQ(counts(0, 0), std::pair(0, 0));
 }
 
 // Parked requests have their own bound, max_parked: at the bound requests park; one past it the

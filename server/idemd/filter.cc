@@ -145,7 +145,9 @@ IdempotencyFilter::IdempotencyFilter(Engine& engine, http::BlockingPool& pool,
       metrics_(metrics),
       policy_(std::move(policy)),
       operation_(operation),
-      waiters_(std::make_shared<Waiters>()) {}
+      waiters_(std::make_shared<Waiters>()) {
+  metrics_.DeclareRoute(policy_.route_label);
+}
 
 http::Response IdempotencyFilter::Accepted(std::string_view key, const std::string& location,
                                            Timestamp expires) const {
@@ -235,14 +237,12 @@ http::Async<http::Response> IdempotencyFilter::Decide(const http::Request& reque
   // A finished record held in memory is answered here, on this thread: no store call, no hop.
   Result<std::optional<Decision>> held =
       engine_.ReplayFromMemory(policy_.route, engine_request, &mismatch_expires);
-  const SteadyTime started = monotonic_.Now();
   if (held && !*held && context.hold && context.attempt > 1 && engine_request.key_header) {
     // A parked request polls with a snapshot read: while the operation it waits for still holds
     // its lease, Start would only take the write lock (the claim transaction) to say so again.
     // The first call verified this request against the record, which a PROCESSING record keeps.
     auto found = co_await reads_.Call(
         [&] { return engine_.Lookup(principal, policy_.route, *engine_request.key_header); });
-    metrics_.ObserveStore(monotonic_.SecondsSince(started));
     if (found && *found && (*found)->lease_left) {
       const FoundRecord& running = **found;
       co_return InProgress(
@@ -271,7 +271,6 @@ http::Async<http::Response> IdempotencyFilter::Decide(const http::Request& reque
             &mismatch_expires, /*read_first=*/false);
       });
     }
-    metrics_.ObserveStore(monotonic_.SecondsSince(started));
   }
   if (held && *held) {
     decision = std::move(**held);
@@ -377,12 +376,17 @@ http::Async<http::Response> IdempotencyFilter::Run(Ticket ticket, const http::Re
 
 http::Response IdempotencyFilter::Finish(Ticket& ticket, Execution execution,
                                          const std::string& location,
-                                         std::optional<Millis>* settling) {
+                                         std::optional<Millis>* settling, bool* store_failed) {
+  auto failed = [store_failed](const Status& status) {
+    if (!status && status.error().code != Errc::kFenced && store_failed != nullptr) {
+      *store_failed = true;
+    }
+  };
   if (execution.settling_for) {
     // Held for a moment, not released: the attempts that arrive within it are answered in
     // progress (and parked ones stay parked) without asking the provider again, so however many
     // retry, the provider is asked about this send at most once per retry_after.
-    (void)engine_.Release(ticket, std::min(*execution.settling_for, policy_.route.retry_after));
+    failed(engine_.Release(ticket, std::min(*execution.settling_for, policy_.route.retry_after)));
     if (settling != nullptr) *settling = execution.settling_for;
     http::Response response = http::Problem(
         http::ProblemKind::kRequestInProgress,
@@ -395,7 +399,7 @@ http::Response IdempotencyFilter::Finish(Ticket& ticket, Execution execution,
   }
   if (execution.outcome_unknown) {
     // Nobody knows whether the downstream acted: keep the record PROCESSING, free the lease.
-    (void)engine_.Release(ticket);
+    failed(engine_.Release(ticket));
     return std::move(execution.response);
   }
   const RecordState state =
@@ -407,11 +411,10 @@ http::Response IdempotencyFilter::Finish(Ticket& ticket, Execution execution,
       stored.headers.emplace_back(name, *value);
   }
   stored.body = execution.response.body;
-  const SteadyTime started = monotonic_.Now();
   Status finished =
       engine_.Finish(ticket, state, stored, execution.business,
                      state == RecordState::kFailedRetryable ? execution.recovery_point : "");
-  metrics_.ObserveStore(monotonic_.SecondsSince(started));
+  failed(finished);
   if (!finished) {
     if (finished.error().code == Errc::kFenced) {
       // Another executor took over and owns the outcome: answer with its result when it has one.
@@ -471,21 +474,28 @@ http::Response IdempotencyFilter::GetOperation(std::string_view key, const Princ
 
 int IdempotencyFilter::ReconcileOnce(int limit,
                                      const std::function<void(const std::string&)>& notify) {
-  auto stale = engine_.ListStale(policy_.route, limit);
-  if (!stale) return 0;
+  bool failed = false;
   int resolved = 0;
-  for (const Record& record : *stale) {
+  auto stale = engine_.ListStale(policy_.route, limit);
+  if (!stale) failed = true;
+  for (const Record& record : stale ? *stale : std::vector<Record>()) {
     auto ticket = engine_.TakeOver(policy_.route, record);
-    if (!ticket) continue;  // another instance or a retry got there first
+    if (!ticket) {
+      // Another instance or a retry got there first (kConflict), or a sweeper (kNotFound).
+      const Errc code = ticket.error().code;
+      if (code != Errc::kConflict && code != Errc::kNotFound) failed = true;
+      continue;
+    }
     metrics_.CountTakeover();
     Execution execution = operation_.Reconcile(*ticket, engine_);
     const bool unknown = execution.outcome_unknown;
     (void)Finish(*ticket, std::move(execution), /*location=*/{},
-                 /*settling=*/nullptr);  // nobody waits for this answer
+                 /*settling=*/nullptr, &failed);  // nobody waits for this answer
     metrics_.CountReconciled(unknown ? "unknown" : "resolved");
     if (!unknown) ++resolved;
     if (notify) notify(ScopeKey(record.scope));
   }
+  metrics_.CountReconcilerRun(failed);
   return resolved;
 }
 

@@ -100,8 +100,9 @@ struct FilterPolicy {
 // Thread-safe. Borrows the engine, the pools, the clock, the metrics and the operation; talks to
 // records only through the engine, whose calls run on `pool`, and its snapshot reads (a replay
 // not held in memory, a parked request's poll) on `reads` (default: `pool`), so that with a pool
-// of their own they never queue behind claims. `monotonic` times Prefer: wait deadlines, the
-// latency metrics and the heartbeat that renews each execution's lease.
+// of their own they never queue behind claims. `monotonic` times Prefer: wait deadlines and the
+// heartbeat that renews each execution's lease. Declares its route's
+// request outcomes to `metrics`.
 class IdempotencyFilter {
  public:
   IdempotencyFilter(Engine& engine, http::BlockingPool& pool, MonotonicClock& monotonic,
@@ -122,7 +123,8 @@ class IdempotencyFilter {
   // route (blocking).
   http::Response GetOperation(std::string_view key, const Principal& principal);
 
-  // Resolves up to `limit` stale records of this route; returns how many it resolved.
+  // Resolves up to `limit` stale records of this route; returns how many it resolved. Counts one
+  // reconciler run, failed when the store refused to list, take over or settle a record.
   int ReconcileOnce(int limit, const std::function<void(const std::string&)>& notify);
 
   const FilterPolicy& policy() const { return policy_; }
@@ -138,9 +140,10 @@ class IdempotencyFilter {
   // Run for a request answered already (202 Accepted): owns copies of what it uses.
   http::Async<void> RunApart(Ticket ticket, http::Request request, Principal principal,
                              std::string location, std::function<void(const std::string&)> notify);
-  // Records the execution's outcome (blocking: on the pool).
+  // Records the execution's outcome (blocking: on the pool). Sets *store_failed (if given) when
+  // the store refused to record it for another reason than a lost lease.
   http::Response Finish(Ticket& ticket, Execution execution, const std::string& location,
-                        std::optional<Millis>* settling);
+                        std::optional<Millis>* settling, bool* store_failed = nullptr);
   void AddExpires(http::Response& response, Timestamp expires) const;
   // 202 Accepted for an operation that runs on: its key, state and Location.
   http::Response Accepted(std::string_view key, const std::string& location,

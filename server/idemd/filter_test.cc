@@ -22,6 +22,7 @@
 #include "server/http/problem.h"
 #include "testing/engine_fixture.h"
 #include "testing/fakes.h"
+#include "testing/faulty_store.h"
 #include "testing/http_answers.h"
 
 namespace idem::idemd {
@@ -1119,8 +1120,10 @@ TEST_F(FilterTest, ReconcileOnceResolvesStaleRecordsOfItsOwnRouteOnly) {
   EXPECT_EQ(ticket.record.resource_id, "thing_1");
   EXPECT_EQ(woken, std::vector<std::string>{ToHex(ScopeOf("key-00000001"))});
   EXPECT_EQ(Found("key-00000001")->record.state, RecordState::kSucceeded);
-  EXPECT_EQ(Metric("idem_reconciler_total{result=\"resolved\"}"), 1);
+  EXPECT_EQ(Metric("idem_reconciler_records_total{result=\"resolved\"}"), 1);
   EXPECT_EQ(Metric("idem_lease_takeovers_total"), 1);
+  EXPECT_EQ(Metric("idem_reconciler_runs_total"), 1);
+  EXPECT_EQ(Metric("idem_reconciler_run_failures_total"), 0);
 
   auto left = engine_->Lookup(crashed->ticket.scope);
   ASSERT_TRUE(left && *left);
@@ -1133,6 +1136,42 @@ TEST_F(FilterTest, ReconcileOnceResolvesStaleRecordsOfItsOwnRouteOnly) {
   EXPECT_EQ(retry.body, R"({"n":99})");
   EXPECT_EQ(HeaderOf(retry, "Idempotent-Replayed"), "true");
   EXPECT_EQ(op_.Executed(), 1);
+}
+
+// A pass whose store refuses to list the stale records, or to settle one it took over, is a
+// failed run (what idem_reconciler_run_failures_total alerts on); a record another instance took
+// first is not a failure.
+TEST_F(FilterTest, ReconcileOnceCountsAPassTheStoreRefusedAsAFailedRun) {
+  auto claimed = engine_->Start(policy_.route, EngineRequest(kAlice, "key-00000001"));
+  ASSERT_TRUE(claimed && claimed->kind == Decision::Kind::kExecute);
+  clock_.Advance(kLease + Millis(1));
+  using testing::Fault;
+  using testing::FaultPlan;
+  using testing::StoreOp;
+  testing::FaultyStoreOptions faults;
+  faults.plan = FaultPlan::FailNthOf(StoreOp::kListStale, 1, Fault::FailBefore());
+  testing::FaultyStore faulty(*store_, faults);
+  Engine engine(faulty, *fingerprinter_, *sealer_, clock_);
+  IdempotencyFilter filter(engine, pool_, monotonic_, metrics_, policy_, op_);
+
+  EXPECT_EQ(filter.ReconcileOnce(10, {}), 0);
+  EXPECT_EQ(Metric("idem_reconciler_runs_total"), 1);
+  EXPECT_EQ(Metric("idem_reconciler_run_failures_total"), 1);
+  EXPECT_TRUE(op_.Reconciled().empty());
+
+  // The second pass lists it, but the completion's commit fails: still a failed run.
+  faulty.SetPlan(FaultPlan::FailNthOf(StoreOp::kFinish, 1, Fault::FailBefore()));
+  EXPECT_EQ(filter.ReconcileOnce(10, {}), 1) << "resolved by the operation, not recorded";
+  EXPECT_EQ(Metric("idem_reconciler_runs_total"), 2);
+  EXPECT_EQ(Metric("idem_reconciler_run_failures_total"), 2);
+
+  // A clean pass.
+  faulty.SetPlan(FaultPlan());
+  clock_.Advance(kLease + Millis(1));
+  EXPECT_EQ(filter.ReconcileOnce(10, {}), 1);
+  EXPECT_EQ(Metric("idem_reconciler_runs_total"), 3);
+  EXPECT_EQ(Metric("idem_reconciler_run_failures_total"), 2);
+  EXPECT_EQ(Found("key-00000001")->record.state, RecordState::kSucceeded);
 }
 
 TEST_F(FilterTest, ReconcileOnceLeavesAnUnknownOutcomeForLater) {
@@ -1148,7 +1187,7 @@ TEST_F(FilterTest, ReconcileOnceLeavesAnUnknownOutcomeForLater) {
   EXPECT_EQ(Filter().ReconcileOnce(10, {}), 0);
   EXPECT_EQ(op_.Reconciled().size(), 1u);
   EXPECT_EQ(Found("key-00000001")->record.state, RecordState::kProcessing);
-  EXPECT_EQ(Metric("idem_reconciler_total{result=\"unknown\"}"), 1);
+  EXPECT_EQ(Metric("idem_reconciler_records_total{result=\"unknown\"}"), 1);
 
   // Released: the next pass (a millisecond on) tries again.
   clock_.Advance(Millis(1));

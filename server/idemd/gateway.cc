@@ -42,6 +42,7 @@ Result<std::shared_ptr<const Gateway>> Gateway::Make(GatewayConfig config,
     if (!pool)
       return MakeError(Errc::kInvalidArgument, "gateway.upstream: " + pool.error().message);
     g->unmatched_ = std::move(*pool);
+    deps.metrics.DeclareUpstream("unmatched");
   }
   return std::shared_ptr<const Gateway>(std::move(g));
 }

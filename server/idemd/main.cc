@@ -25,6 +25,7 @@
 #include "server/idemd/reconciliation.h"
 #include "server/idemd/service.h"
 #include "server/idemd/store_url.h"
+#include "server/idemd/timed.h"
 
 namespace {
 
@@ -143,7 +144,11 @@ int Run(int argc, char** argv) {
   store_options.app_migrations = PaymentsMigrations();
   auto store = OpenStoreUrl(config->store_url, store_options);
   if (!store) return Fail("store: " + store.error().message);
-  Metrics metrics;
+  Metrics metrics({.longest_timeout = LongestTimeout(*config),
+                   .version = IDEM_VERSION,
+                   .store = (*store)->capabilities().name});
+  // Every call that reaches the database is timed, beneath the caches in front of it.
+  store = MakeTimedStore(std::move(*store), metrics, SystemMonotonicClock());
   std::unique_ptr<InFlightMarkers> markers;
   if (!config->redis_url.empty()) {
     // Replays served from an in-process LRU and Redis, and in-flight markers that turn concurrent
@@ -168,6 +173,7 @@ int Run(int argc, char** argv) {
   if (!sealer) return Fail("secrets: " + sealer.error().message);
   auto provider = MakeHttpProvider(config->provider_url, ProviderOptionsOf(*config));
   if (!provider) return Fail("provider: " + provider.error().message);
+  TimedProvider timed_provider(**provider, metrics, SystemMonotonicClock());
 
   Engine engine(**store, **fingerprinter, **sealer, SystemClock(), markers.get());
   KeyPolicy keys;
@@ -178,8 +184,8 @@ int Run(int argc, char** argv) {
   // Snapshot reads (replays not held in memory, parked requests' polls, GETs) on threads of their
   // own: they never queue behind claims and completions.
   http::BlockingPool read_pool(config->store_read_threads);
-  Payments payments(**store, store_pool, **provider, SystemClock(), SystemMonotonicClock(),
-                    SystemRandom(), metrics, config->currencies,
+  Payments payments(**store, store_pool, timed_provider, SystemClock(), SystemMonotonicClock(),
+                    SystemRandom(), config->currencies,
                     ChargeCover{config->provider_timeout, config->lease_margin},
                     config->provider_5xx_means_nothing_charged,
                     config->provider_deduplicates_by_key, config->provider_settle);
@@ -206,9 +212,13 @@ int Run(int argc, char** argv) {
   if (!gateway) return Fail(gateway.error().message);
   Service service(config->principals, **store, store_pool, metrics, filter, payments,
                   std::move(*gateway), &read_pool);
-  JsonAccessLog log;
+  JsonAccessLog log(&metrics);
+  TakeCensus(**store, metrics, SystemClock());  // the records gauges hold values from the start
   auto server = http::Server::Start(config->server, service, &log);
   if (!server) return Fail(server.error().message);
+  metrics.WatchServer([&running = **server] {
+    return Metrics::ServerLoad{.in_flight = running.InFlight(), .parked = running.ParkedCount()};
+  });
   const std::string listening = "http://" + http::Authority(config->server.host, (*server)->port());
   std::printf("idemd listening on %s\n", listening.c_str());
   http::Log(
@@ -228,13 +238,14 @@ int Run(int argc, char** argv) {
       if (subscription) finished = std::move(*subscription);
     }
     Loop sweeper(config->sweep_interval, [&] { (void)SweepExpired(**store); });
+    Loop census(kCensusInterval, [&] { TakeCensus(**store, metrics, SystemClock()); });
     Loop reconciler(config->reconcile_interval, [&] {
       filter.ReconcileOnce(100, [&](const std::string& key) { (*server)->Notify(key); });
       service.CurrentGateway()->ReconcileOnce(
           100, [&](const std::string& key) { (*server)->Notify(key); });
     });
     // The books: the provider's charges against the payments (docs/reconciliation.md).
-    Reconciliation books(**store, **provider, SystemClock(), SystemRandom(), &metrics,
+    Reconciliation books(**store, timed_provider, SystemClock(), SystemRandom(), &metrics,
                          ReconcileOptions{.refund_duplicates = config->refund_duplicates,
                                           .refund_orphans = config->refund_orphans,
                                           .orphan_grace = config->orphan_grace,
@@ -245,6 +256,7 @@ int Run(int argc, char** argv) {
       bookkeeper.emplace(config->books_interval, [&] {
         auto ran = books.RunPeriodic(config->books_window, config->books_lag);
         if (!ran && ran.error().code == Errc::kConflict) return;  // another instance runs it
+        metrics.CountBooksRun(/*failed=*/!ran);
         boost::json::object line =
             ran ? ToJson(*ran) : boost::json::object{{"error", ran.error().message}};
         // Missing and mismatched need a person; duplicates and orphans are handled or reported.

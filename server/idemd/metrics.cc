@@ -1,18 +1,181 @@
 // server/idemd/metrics.cc — Prometheus text exposition (version 0.0.4).
 #include "server/idemd/metrics.h"
 
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <algorithm>
 #include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "server/idemd/config.h"
 
 namespace idem::idemd {
+namespace {
+
+// What the idempotency filter counts a request as (IdempotencyFilter::Decide).
+constexpr std::array<std::string_view, 9> kFilterOutcomes = {
+    "accepted", "error", "executed", "in_progress", "invalid",
+    "mismatch", "quota", "replayed", "unauthorized"};
+
+std::string Number(double v) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.15g", v);
+  return text;
+}
+
+void Header(std::string& out, std::string_view name, std::string_view type, std::string_view help) {
+  out.append("# HELP ").append(name).append(" ").append(help).append("\n");
+  out.append("# TYPE ").append(name).append(" ").append(type).append("\n");
+}
+
+void Sample(std::string& out, std::string_view name, std::string_view labels,
+            const std::string& value) {
+  out.append(name);
+  if (!labels.empty()) out.append("{").append(labels).append("}");
+  out.append(" ").append(value).append("\n");
+}
+
+void Sample(std::string& out, std::string_view name, std::string_view labels, uint64_t value) {
+  Sample(out, name, labels, std::to_string(value));
+}
+
+std::string Label(std::string_view name, std::string_view value) {
+  return std::string(name) + "=\"" + std::string(value) + "\"";
+}
+
+// The text of a /proc file, or "" when it cannot be read.
+std::string ReadProc(const char* path) {
+  std::ifstream in(path);
+  std::ostringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+}  // namespace
+
+std::string_view StoreOperationName(StoreOperation operation) {
+  static constexpr std::array<std::string_view, kStoreOperations> kNames = {
+      "begin",  "claim",      "reclaim", "renew", "advance", "advance_covered",
+      "finish", "get",        "count",   "exec",  "commit",  "read",
+      "query",  "list_stale", "sweep",   "ping",  "census"};
+  return kNames[static_cast<std::size_t>(operation)];
+}
+
+std::string_view ProviderOperationName(ProviderOperation operation) {
+  static constexpr std::array<std::string_view, kProviderOperations> kNames = {
+      "charge", "lookup", "list_charges", "refund"};
+  return kNames[static_cast<std::size_t>(operation)];
+}
+
+std::vector<double> LatencyBuckets(Millis longest_timeout) {
+  const double top = std::max(10.0, 2.0 * static_cast<double>(longest_timeout.count()) / 1000.0);
+  std::vector<double> bounds;
+  for (double decade = 0.0001;; decade *= 10) {
+    for (double step : {1.0, 2.5, 5.0}) {
+      const double bound = decade * step;
+      if (bound < 0.0005) continue;
+      bounds.push_back(bound);
+      if (bound >= top) return bounds;
+    }
+  }
+}
+
+Millis LongestTimeout(const Config& config) {
+  Millis longest =
+      std::max({config.provider_timeout, config.wait_max, config.store_timeouts.statement,
+                config.store_timeouts.lock, config.gateway.unmatched_timeout});
+  for (const GatewayRoute& route : config.gateway.routes)
+    longest = std::max(longest, route.timeout);
+  return longest;
+}
+
+Metrics::Histogram::Histogram(std::size_t buckets)
+    : buckets_(std::make_unique<std::atomic<uint64_t>[]>(buckets + 1)), size_(buckets) {}
+
+void Metrics::Histogram::Observe(const std::vector<double>& bounds, double seconds) {
+  const auto at = std::lower_bound(bounds.begin(), bounds.end(), seconds);
+  ++buckets_[static_cast<std::size_t>(at - bounds.begin())];
+  ++count_;
+  sum_micros_ += static_cast<uint64_t>(std::max(0.0, seconds) * 1e6);
+}
+
+void Metrics::Histogram::Render(const std::string& name, const std::string& labels,
+                                const std::vector<double>& bounds, std::string& out) const {
+  const std::string before_le = labels.empty() ? "" : labels + ",";
+  uint64_t cumulative = 0;
+  for (std::size_t i = 0; i < size_; ++i) {
+    cumulative += buckets_[i].load();
+    Sample(out, name + "_bucket", before_le + Label("le", Number(bounds[i])), cumulative);
+  }
+  // The count is read after the buckets: a concurrent observation may have reached the buckets
+  // only, never the count only, so +Inf never falls below the last bucket.
+  cumulative += buckets_[size_].load();
+  Sample(out, name + "_bucket", before_le + Label("le", "+Inf"), cumulative);
+  Sample(out, name + "_sum", labels, Number(static_cast<double>(sum_micros_.load()) / 1e6));
+  Sample(out, name + "_count", labels, cumulative);
+}
+
+Metrics::Metrics(MetricsOptions options)
+    : options_(std::move(options)), bounds_(LatencyBuckets(options_.longest_timeout)) {
+  for (std::size_t i = 0; i < kStoreOperations; ++i)
+    store_.push_back(std::make_unique<Histogram>(bounds_.size()));
+  for (std::size_t i = 0; i < kProviderOperations; ++i)
+    provider_.push_back(std::make_unique<Histogram>(bounds_.size()));
+}
+
+void Metrics::DeclareRoute(const std::string& route) {
+  std::lock_guard lock(mu_);
+  for (std::string_view outcome : kFilterOutcomes) {
+    requests_.try_emplace({route, std::string(outcome)}, 0);
+  }
+}
+
+void Metrics::DeclareUpstream(const std::string& route) {
+  std::lock_guard lock(mu_);
+  upstream_.try_emplace(route, bounds_.size());
+}
 
 void Metrics::CountRequest(const std::string& route, const std::string& outcome) {
   std::lock_guard lock(mu_);
   ++requests_[{route, outcome}];
 }
 
+void Metrics::ObserveHttpRequest(const std::string& route, int code, double seconds) {
+  std::lock_guard lock(mu_);
+  http_.try_emplace({route.empty() ? "unknown" : route, code}, bounds_.size())
+      .first->second.Observe(bounds_, seconds);
+}
+
+void Metrics::ObserveStore(StoreOperation operation, double seconds) {
+  store_[static_cast<std::size_t>(operation)]->Observe(bounds_, seconds);
+}
+
+void Metrics::ObserveProvider(ProviderOperation operation, double seconds) {
+  provider_[static_cast<std::size_t>(operation)]->Observe(bounds_, seconds);
+}
+
+void Metrics::ObserveUpstream(const std::string& route, double seconds) {
+  std::lock_guard lock(mu_);
+  upstream_.try_emplace(route, bounds_.size()).first->second.Observe(bounds_, seconds);
+}
+
 void Metrics::CountReconciled(const std::string& result) {
   std::lock_guard lock(mu_);
   ++reconciled_[result];
+}
+
+void Metrics::CountReconcilerRun(bool failed) {
+  ++reconciler_runs_;
+  if (failed) ++reconciler_failures_;
+}
+
+void Metrics::CountBooksRun(bool failed) {
+  ++books_runs_;
+  if (failed) ++books_failures_;
 }
 
 void Metrics::CountReconcileFinding(const std::string& finding_class) {
@@ -25,101 +188,193 @@ void Metrics::CountCompensation(const std::string& outcome) {
   ++compensations_[outcome];
 }
 
-void Metrics::ObserveStore(double seconds) { store_.Observe(seconds); }
-void Metrics::ObserveProvider(double seconds) { provider_.Observe(seconds); }
-
-void Metrics::ObserveUpstream(const std::string& route, double seconds) {
+void Metrics::SetRecords(const RecordCensus& census, Timestamp taken) {
   std::lock_guard lock(mu_);
-  upstream_[route].Observe(seconds);
+  census_ = census;
+  census_taken_ = taken;
 }
 
-void Metrics::Histogram::Observe(double seconds) {
-  for (std::size_t i = 0; i < kBuckets.size(); ++i) {
-    if (seconds <= kBuckets[i]) ++buckets[i];
-  }
-  ++count;
-  sum_micros += static_cast<uint64_t>(seconds * 1e6);
-}
-
-void Metrics::RenderHeader(const std::string& name, const std::string& help, std::string& out) {
-  out += "# HELP " + name + " " + help + "\n# TYPE " + name + " histogram\n";
-}
-
-void Metrics::Histogram::Render(const std::string& name, const std::string& labels,
-                                std::string& out) const {
-  const std::string before_le = labels.empty() ? "" : labels + ",";
-  const std::string alone = labels.empty() ? "" : "{" + labels + "}";
-  char value[64];
-  for (std::size_t i = 0; i < kBuckets.size(); ++i) {
-    std::snprintf(value, sizeof value, "%g\"} %llu\n", kBuckets[i],
-                  static_cast<unsigned long long>(buckets[i].load()));
-    out += name + "_bucket{" + before_le + "le=\"" + value;
-  }
-  const std::string total = std::to_string(count.load());
-  std::snprintf(value, sizeof value, "%.6f", static_cast<double>(sum_micros.load()) / 1e6);
-  out += name + "_bucket{" + before_le + "le=\"+Inf\"} " + total + "\n";
-  out += name + "_sum" + alone + " " + value + "\n";
-  out += name + "_count" + alone + " " + total + "\n";
+void Metrics::WatchServer(std::function<ServerLoad()> read) {
+  std::lock_guard lock(mu_);
+  server_load_ = std::move(read);
 }
 
 std::string Metrics::Render() const {
   std::string out;
-  out += "# HELP idem_requests_total Requests by route and outcome.\n";
-  out += "# TYPE idem_requests_total counter\n";
-  {
-    std::lock_guard lock(mu_);
-    for (const auto& [labels, n] : requests_) {
-      out += "idem_requests_total{route=\"" + labels.first + "\",outcome=\"" + labels.second +
-             "\"} " + std::to_string(n) + "\n";
-    }
-    out += "# HELP idem_reconciler_total Records the reconciler resolved, by result.\n";
-    out += "# TYPE idem_reconciler_total counter\n";
-    for (const auto& [result, n] : reconciled_) {
-      out += "idem_reconciler_total{result=\"" + result + "\"} " + std::to_string(n) + "\n";
-    }
-    out +=
-        "# HELP idem_reconcile_findings_total Charges and payments the reconciliation of the "
-        "books found not to match, by class.\n";
-    out += "# TYPE idem_reconcile_findings_total counter\n";
-    for (const auto& [finding_class, n] : findings_) {
-      out += "idem_reconcile_findings_total{class=\"" + finding_class + "\"} " + std::to_string(n) +
-             "\n";
-    }
-    out += "# HELP idem_reconcile_refunds_total Refunds of extra charges, by outcome.\n";
-    out += "# TYPE idem_reconcile_refunds_total counter\n";
-    for (const auto& [outcome, n] : compensations_) {
-      out +=
-          "idem_reconcile_refunds_total{outcome=\"" + outcome + "\"} " + std::to_string(n) + "\n";
-    }
+  out.reserve(32 * 1024);
+  std::unique_lock lock(mu_);
+
+  Header(out, "idem_build_info", "gauge",
+         "Always 1; the labels name idemd's version and the store it runs on.");
+  Sample(out, "idem_build_info",
+         Label("version", options_.version) + "," + Label("store", options_.store), 1);
+
+  Header(out, "idem_requests_total", "counter", "Requests by route and outcome.");
+  for (const auto& [labels, n] : requests_) {
+    Sample(out, "idem_requests_total",
+           Label("route", labels.first) + "," + Label("outcome", labels.second), n);
   }
-  RenderHeader("idem_store_seconds", "Latency of store transactions.", out);
-  store_.Render("idem_store_seconds", "", out);
-  RenderHeader("idem_provider_seconds", "Latency of provider calls.", out);
-  provider_.Render("idem_provider_seconds", "", out);
-  RenderHeader("idem_upstream_seconds",
-               "Latency of gateway routes' upstream exchanges, by route (\"unmatched\": passed "
-               "through).",
-               out);
-  {
-    std::lock_guard lock(mu_);
-    for (const auto& [route, histogram] : upstream_) {
-      histogram.Render("idem_upstream_seconds", "route=\"" + route + "\"", out);
-    }
+  Header(out, "idem_http_request_duration_seconds", "histogram",
+         "Time from a request's first byte read to its answer's last byte written, by route and "
+         "status code (a parked request's wait included).");
+  for (const auto& [labels, histogram] : http_) {
+    histogram.Render(
+        "idem_http_request_duration_seconds",
+        Label("route", labels.first) + "," + Label("code", std::to_string(labels.second)), bounds_,
+        out);
   }
-  auto counter = [&](const char* name, const char* help, uint64_t v) {
-    out += std::string("# HELP ") + name + " " + help + "\n# TYPE " + name + " counter\n" + name +
-           " " + std::to_string(v) + "\n";
+  const ServerLoad load = server_load_ ? server_load_() : ServerLoad{};
+  Header(out, "idem_http_requests_in_flight", "gauge",
+         "Requests being handled now, work running on after a 202 included, parked ones not.");
+  Sample(out, "idem_http_requests_in_flight", "", std::to_string(load.in_flight));
+  Header(out, "idem_http_requests_parked", "gauge",
+         "Requests parked now on Prefer: wait for a running operation to finish.");
+  Sample(out, "idem_http_requests_parked", "", std::to_string(load.parked));
+
+  Header(out, "idem_upstream_request_duration_seconds", "histogram",
+         "Latency of gateway routes' exchanges with their upstream, by route (\"unmatched\": "
+         "passed through).");
+  for (const auto& [route, histogram] : upstream_) {
+    histogram.Render("idem_upstream_request_duration_seconds", Label("route", route), bounds_, out);
+  }
+
+  Header(out, "idem_records", "gauge",
+         "Unfinished records in the store, by state, at the last census (every instance on one "
+         "database reports the same records).");
+  Sample(out, "idem_records", Label("state", "PROCESSING"), std::to_string(census_.processing));
+  Sample(out, "idem_records", Label("state", "FAILED_RETRYABLE"),
+         std::to_string(census_.failed_retryable));
+  Header(out, "idem_records_retained", "gauge",
+         "Records in the store in every state, not yet swept, at the last census.");
+  Sample(out, "idem_records_retained", "", std::to_string(census_.retained));
+  Header(out, "idem_oldest_processing_record_age_seconds", "gauge",
+         "How long ago the oldest PROCESSING record was first claimed, at the last census; 0 "
+         "when none is PROCESSING.");
+  Sample(out, "idem_oldest_processing_record_age_seconds", "",
+         Number(static_cast<double>(census_.oldest_processing_age.value_or(Millis(0)).count()) /
+                1000.0));
+  Header(out, "idem_records_census_timestamp_seconds", "gauge",
+         "When the records gauges were last read from the store (Unix time); 0 before the first "
+         "census.");
+  Sample(out, "idem_records_census_timestamp_seconds", "",
+         Number(static_cast<double>(ToUnixMillis(census_taken_)) / 1000.0));
+
+  Header(out, "idem_reconciler_records_total", "counter",
+         "Stale records the reconciler took over, by result (resolved; unknown: tried again "
+         "later).");
+  for (const auto& [result, n] : reconciled_) {
+    Sample(out, "idem_reconciler_records_total", Label("result", result), n);
+  }
+  Header(out, "idem_reconcile_findings_total", "counter",
+         "Charges and payments the reconciliation of the books found not to match, by class.");
+  for (const auto& [finding_class, n] : findings_) {
+    Sample(out, "idem_reconcile_findings_total", Label("class", finding_class), n);
+  }
+  Header(out, "idem_reconcile_refunds_total", "counter", "Refunds of extra charges, by outcome.");
+  for (const auto& [outcome, n] : compensations_) {
+    Sample(out, "idem_reconcile_refunds_total", Label("outcome", outcome), n);
+  }
+  lock.unlock();
+
+  Header(out, "idem_store_operation_duration_seconds", "histogram",
+         "Latency of store calls, by operation (a method of the store interface).");
+  for (std::size_t i = 0; i < kStoreOperations; ++i) {
+    store_[i]->Render("idem_store_operation_duration_seconds",
+                      Label("operation", StoreOperationName(static_cast<StoreOperation>(i))),
+                      bounds_, out);
+  }
+  Header(out, "idem_provider_request_duration_seconds", "histogram",
+         "Latency of payment provider calls, by operation.");
+  for (std::size_t i = 0; i < kProviderOperations; ++i) {
+    provider_[i]->Render(
+        "idem_provider_request_duration_seconds",
+        Label("operation", ProviderOperationName(static_cast<ProviderOperation>(i))), bounds_, out);
+  }
+  auto counter = [&](std::string_view name, std::string_view help, const std::atomic<uint64_t>& v) {
+    Header(out, name, "counter", help);
+    Sample(out, name, "", v.load());
   };
   counter("idem_lease_takeovers_total",
-          "Executions resumed after a lease expired or a retryable failure.", takeovers_.load());
-  counter("idem_fencing_rejections_total", "Completions refused because the lease was lost.",
-          fenced_.load());
-  counter("idem_redis_fallbacks_total", "Redis errors that fell back to the database path.",
-          redis_fallbacks_.load());
+          "Executions resumed after a lease expired or a retryable failure.", takeovers_);
+  counter("idem_fencing_rejections_total",
+          "Completions refused because another executor had taken the record over (its fence "
+          "moved on).",
+          fenced_);
+  counter("idem_redis_fallbacks_total",
+          "Redis errors (replay cache or in-flight markers) that fell back to the store.",
+          redis_fallbacks_);
   counter("idem_store_notifications_total",
           "Completions announced by the store (LISTEN/NOTIFY) that woke waiting requests.",
-          store_notifications_.load());
+          store_notifications_);
+  counter("idem_reconciler_runs_total",
+          "Passes of the stale-records reconciler, one per route per reconcile interval.",
+          reconciler_runs_);
+  counter("idem_reconciler_run_failures_total",
+          "Reconciler passes in which the store refused to list or settle stale records.",
+          reconciler_failures_);
+  counter("idem_reconcile_runs_total", "Runs of the reconciliation of the books on this instance.",
+          books_runs_);
+  counter("idem_reconcile_run_failures_total",
+          "Runs of the reconciliation of the books that could not complete.", books_failures_);
+  RenderProcessMetrics(out);
   return out;
+}
+
+void TakeCensus(Store& store, Metrics& metrics, Clock& clock) {
+  auto census = store.Census();
+  if (!census) {
+    std::fprintf(stderr,
+                 "{\"level\":\"warn\",\"msg\":\"records census failed\",\"error\":\"%s\"}\n",
+                 std::string(ErrcName(census.error().code)).c_str());
+    return;
+  }
+  metrics.SetRecords(*census, clock.Now());
+}
+
+void RenderProcessMetrics(std::string& out) {
+  const std::string stat = ReadProc("/proc/self/stat");
+  // The fields after the command's closing parenthesis, from the state (field 3) on.
+  std::vector<std::string> fields;
+  if (const std::size_t close = stat.rfind(')'); close != std::string::npos) {
+    std::istringstream rest(stat.substr(close + 1));
+    for (std::string field; rest >> field;) fields.push_back(field);
+  }
+  auto field = [&](std::size_t number) -> double {  // numbered as in proc(5)
+    return fields.size() > number - 3 ? std::strtod(fields[number - 3].c_str(), nullptr) : 0.0;
+  };
+  const double ticks = static_cast<double>(sysconf(_SC_CLK_TCK));
+  const double page = static_cast<double>(sysconf(_SC_PAGESIZE));
+  double boot_time = 0;
+  {
+    std::istringstream proc_stat(ReadProc("/proc/stat"));
+    for (std::string line; std::getline(proc_stat, line);) {
+      if (line.rfind("btime ", 0) == 0) boot_time = std::strtod(line.c_str() + 6, nullptr);
+    }
+  }
+  int open_fds = 0;
+  std::error_code ec;
+  for (std::filesystem::directory_iterator it("/proc/self/fd", ec), end; !ec && it != end;
+       it.increment(ec)) {
+    ++open_fds;
+  }
+  rlimit files{};
+  const double max_fds = getrlimit(RLIMIT_NOFILE, &files) == 0 && files.rlim_cur != RLIM_INFINITY
+                             ? static_cast<double>(files.rlim_cur)
+                             : 0.0;
+
+  auto gauge = [&](std::string_view name, std::string_view type, std::string_view help, double v) {
+    Header(out, name, type, help);
+    Sample(out, name, "", Number(v));
+  };
+  gauge("process_cpu_seconds_total", "counter", "Total user and system CPU time spent in seconds.",
+        (field(14) + field(15)) / ticks);
+  gauge("process_resident_memory_bytes", "gauge", "Resident memory size in bytes.",
+        field(24) * page);
+  gauge("process_virtual_memory_bytes", "gauge", "Virtual memory size in bytes.", field(23));
+  gauge("process_open_fds", "gauge", "Number of open file descriptors.", open_fds);
+  gauge("process_max_fds", "gauge", "Maximum number of open file descriptors.", max_fds);
+  gauge("process_start_time_seconds", "gauge",
+        "Start time of the process since unix epoch in seconds.", boot_time + field(22) / ticks);
 }
 
 }  // namespace idem::idemd

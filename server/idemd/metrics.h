@@ -1,66 +1,183 @@
-// server/idemd/metrics.h — counters and latency histograms in Prometheus text format.
+// server/idemd/metrics.h — idemd's metrics in the Prometheus text format: counters, gauges and
+// latency histograms named after Prometheus' conventions (docs/idemd.md, "Metrics", lists each).
 #pragma once
 
 #include <array>
 #include <atomic>
+#include <cstdint>
+#include <functional>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <string>
+#include <string_view>
+#include <vector>
+
+#include "idem/clock.h"
+#include "idem/store.h"
 
 namespace idem::idemd {
 
-// Thread-safe. Names and label values are fixed by the code, never taken from requests.
+struct Config;
+
+// The store calls idem_store_operation_duration_seconds{operation} times: one per method of
+// Store and StoreTxn that reaches the database (TimedStore).
+enum class StoreOperation : uint8_t {
+  kBegin,
+  kClaim,
+  kReclaim,
+  kRenew,
+  kAdvance,
+  kAdvanceCovered,
+  kFinish,
+  kGet,
+  kCount,
+  kExec,
+  kCommit,
+  kRead,
+  kQuery,
+  kListStale,
+  kSweep,
+  kPing,
+  kCensus,
+};
+inline constexpr std::size_t kStoreOperations = 17;
+// "begin", "claim", ..., "advance_covered", "list_stale", ...: the label's value.
+std::string_view StoreOperationName(StoreOperation operation);
+
+// The provider calls idem_provider_request_duration_seconds{operation} times (TimedProvider).
+enum class ProviderOperation : uint8_t { kCharge, kLookup, kListCharges, kRefund };
+inline constexpr std::size_t kProviderOperations = 4;
+std::string_view ProviderOperationName(ProviderOperation operation);
+
+// The upper bounds of every latency histogram's buckets: 0.5 ms, 1 ms, 2.5 ms, 5 ms, ... in
+// 1-2.5-5 steps up to the first at or above twice `longest_timeout`, and never below 10 s, so
+// that a call which ran into its timeout still lands in a bucket of its own, not only in +Inf.
+std::vector<double> LatencyBuckets(Millis longest_timeout);
+
+// The longest wait a latency histogram may see under `config`: the provider's timeout, each
+// gateway route's timeout_ms and the unmatched upstream's, PostgreSQL's statement and lock
+// timeouts, and wait_max (a parked request's whole answer).
+Millis LongestTimeout(const Config& config);
+
+struct MetricsOptions {
+  // LatencyBuckets(longest_timeout); fixed for the process's life (a SIGHUP that lengthens a
+  // route's timeout keeps them).
+  Millis longest_timeout{10000};
+  // idem_build_info's labels.
+  std::string version;
+  std::string store;
+};
+
+// Thread-safe. Names and label values are fixed by the code or the configuration, never taken
+// from requests. Every series whose labels are known in advance (the operations, the outcomes of
+// each idempotent route declared through DeclareRoute, ...) is rendered from the start, as 0.
 class Metrics {
  public:
+  explicit Metrics(MetricsOptions options = {});
+
+  // The outcomes a route protected by the idempotency filter counts: their
+  // idem_requests_total{route, outcome} series are rendered from now on (0 until counted).
+  void DeclareRoute(const std::string& route);
+  // A gateway route's (or "unmatched") idem_upstream_request_duration_seconds{route} series.
+  void DeclareUpstream(const std::string& route);
+
   // idem_requests_total{route, outcome}: executed, replayed, mismatch, in_progress, quota,
-  // invalid, unauthorized, error, ...
+  // invalid, unauthorized, error, accepted, passed_through.
   void CountRequest(const std::string& route, const std::string& outcome);
-  // idem_store_seconds / idem_provider_seconds histograms.
-  void ObserveStore(double seconds);
-  void ObserveProvider(double seconds);
-  // idem_upstream_seconds{route}: a gateway route's exchanges with its upstream, "unmatched" for
-  // requests passed through. A route's series appears with its first exchange.
+  // idem_http_request_duration_seconds{route, code}: every answered request, from its first byte
+  // read to its last byte written ("unknown" for requests refused before routing, as in the log).
+  void ObserveHttpRequest(const std::string& route, int code, double seconds);
+  void ObserveStore(StoreOperation operation, double seconds);
+  void ObserveProvider(ProviderOperation operation, double seconds);
+  // A gateway route's exchanges with its upstream, "unmatched" for requests passed through.
   void ObserveUpstream(const std::string& route, double seconds);
+
   void CountTakeover() { ++takeovers_; }
+  // A completion refused because the record's fence moved on (another executor took over).
   void CountFenced() { ++fenced_; }
+  // Redis failed (replay cache or in-flight markers): the request was served from the store.
   void CountRedisFallback() { ++redis_fallbacks_; }
   // A completion announced by the store (another instance, or this one) woke parked requests.
   void CountStoreNotification() { ++store_notifications_; }
+  // idem_reconciler_records_total{result}: resolved, unknown (tried again later).
   void CountReconciled(const std::string& result);
+  // One pass of the stale-records reconciler over one route; `failed` when the store refused
+  // to list or settle its records.
+  void CountReconcilerRun(bool failed);
+  // One run of the reconciliation of the books; `failed` when it could not complete.
+  void CountBooksRun(bool failed);
   // idem_reconcile_findings_total{class}: duplicate, orphan, missing, mismatched.
   void CountReconcileFinding(const std::string& finding_class);
   // idem_reconcile_refunds_total{outcome}: refunded, refused, unknown.
   void CountCompensation(const std::string& outcome);
 
+  // The records gauges, from a census of the store taken at `taken` (system time).
+  void SetRecords(const RecordCensus& census, Timestamp taken);
+  // Where idem_http_requests_in_flight and idem_http_requests_parked are read at each scrape;
+  // 0 until set (a server starts after the handler that renders them).
+  struct ServerLoad {
+    int in_flight = 0;
+    int parked = 0;
+  };
+  void WatchServer(std::function<ServerLoad()> read);
+
+  // The exposition (text format 0.0.4), idemd's series and the process's.
   std::string Render() const;
 
  private:
-  static constexpr std::array<double, 12> kBuckets = {0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025,
-                                                      0.05,   0.1,   0.25,   0.5,   1.0,  2.5};
-  struct Histogram {
-    std::array<std::atomic<uint64_t>, kBuckets.size()> buckets{};
-    std::atomic<uint64_t> count{0};
-    std::atomic<uint64_t> sum_micros{0};
-    void Observe(double seconds);
-    // The series' lines; `labels` ("route=\"x\"") is put before le.
-    void Render(const std::string& name, const std::string& labels, std::string& out) const;
-  };
-  static void RenderHeader(const std::string& name, const std::string& help, std::string& out);
+  // Cumulative only when rendered: Observe touches one bucket.
+  class Histogram {
+   public:
+    explicit Histogram(std::size_t buckets);
+    void Observe(const std::vector<double>& bounds, double seconds);
+    // The series' lines; `labels` (`route="x"`) is put before le.
+    void Render(const std::string& name, const std::string& labels,
+                const std::vector<double>& bounds, std::string& out) const;
 
+   private:
+    std::unique_ptr<std::atomic<uint64_t>[]> buckets_;  // one more: +Inf
+    std::size_t size_;
+    std::atomic<uint64_t> count_{0};
+    std::atomic<uint64_t> sum_micros_{0};
+  };
+
+  const MetricsOptions options_;
+  const std::vector<double> bounds_;
   mutable std::mutex mu_;
   std::map<std::pair<std::string, std::string>, uint64_t> requests_;
-  std::map<std::string, uint64_t> reconciled_;
+  std::map<std::string, uint64_t> reconciled_ = {{"resolved", 0}, {"unknown", 0}};
   std::map<std::string, uint64_t> findings_ = {
       {"duplicate", 0}, {"missing", 0}, {"mismatched", 0}, {"orphan", 0}};
   std::map<std::string, uint64_t> compensations_ = {
       {"refunded", 0}, {"refused", 0}, {"unknown", 0}};
-  Histogram store_;
-  Histogram provider_;
-  std::map<std::string, Histogram> upstream_;  // by route; guarded by mu_
+  std::map<std::pair<std::string, int>, Histogram> http_;  // by route, code
+  std::map<std::string, Histogram> upstream_;              // by route
+  RecordCensus census_;
+  Timestamp census_taken_{};
+  std::function<ServerLoad()> server_load_;           // guarded by mu_
+  std::vector<std::unique_ptr<Histogram>> store_;     // by StoreOperation
+  std::vector<std::unique_ptr<Histogram>> provider_;  // by ProviderOperation
   std::atomic<uint64_t> takeovers_{0};
   std::atomic<uint64_t> fenced_{0};
   std::atomic<uint64_t> redis_fallbacks_{0};
   std::atomic<uint64_t> store_notifications_{0};
+  std::atomic<uint64_t> reconciler_runs_{0};
+  std::atomic<uint64_t> reconciler_failures_{0};
+  std::atomic<uint64_t> books_runs_{0};
+  std::atomic<uint64_t> books_failures_{0};
 };
+
+// How often idemd takes a census of the store for the records gauges.
+inline constexpr Millis kCensusInterval{15000};
+
+// Takes a census of `store` (Store::Census) into `metrics`' records gauges; on an error the
+// gauges keep their last values (idem_records_census_timestamp_seconds tells how old) and a line
+// is logged. Blocking.
+void TakeCensus(Store& store, Metrics& metrics, Clock& clock);
+
+// The process_* series of the Prometheus client libraries' process collector, read from
+// /proc/self: CPU seconds, resident memory, open and maximum file descriptors, start time.
+void RenderProcessMetrics(std::string& out);
 
 }  // namespace idem::idemd

@@ -220,17 +220,15 @@ std::string FormatAmount(int64_t minor, int digits) {
 }
 
 Payments::Payments(Store& store, http::BlockingPool& pool, Provider& provider, Clock& clock,
-                   MonotonicClock& monotonic, Random& random, Metrics& metrics,
-                   std::vector<std::string> currencies, ChargeCover cover,
-                   bool provider_5xx_means_nothing_charged, bool provider_deduplicates_by_key,
-                   Millis settle)
+                   MonotonicClock& monotonic, Random& random, std::vector<std::string> currencies,
+                   ChargeCover cover, bool provider_5xx_means_nothing_charged,
+                   bool provider_deduplicates_by_key, Millis settle)
     : store_(store),
       pool_(pool),
       provider_(provider),
       clock_(clock),
       monotonic_(monotonic),
       random_(random),
-      metrics_(metrics),
       currencies_(std::move(currencies)),
       cover_(cover),
       provider_5xx_means_nothing_charged_(provider_5xx_means_nothing_charged),
@@ -551,9 +549,7 @@ http::Async<Execution> Payments::ChargeOnce(Ticket& ticket, Payment payment, Eng
     if (Status held = co_await pool_.Call([&] { return heartbeat.Check(); }); !held) {
       co_return lease_lost(held.error());
     }
-    const SteadyTime asked = monotonic_.Now();
     auto found = co_await provider_.FindCharge(payment.id);
-    metrics_.ObserveProvider(monotonic_.SecondsSince(asked));
     if (!found) {
       Execution e;
       e.response = http::Problem(http::ProblemKind::kProviderUnavailable,
@@ -585,7 +581,6 @@ http::Async<Execution> Payments::ChargeOnce(Ticket& ticket, Payment payment, Eng
   const SteadyTime sent = monotonic_.Now();
   const Millis send_within = cover_.margin - std::chrono::duration_cast<Millis>(sent - advanced);
   auto charged = co_await provider_.CreateCharge(payment.id, amount, payment.currency, send_within);
-  metrics_.ObserveProvider(monotonic_.SecondsSince(sent));
   Status after = Ok();
   if (FailpointsArmed()) {  // a stall must not block this I/O thread
     after = co_await pool_.Call([] { return IDEM_FAILPOINT("after_provider_charge"); });

@@ -9,7 +9,6 @@
 #include "idem/store/sqlite.h"
 #include "server/http/problem.h"
 #include "server/idemd/filter.h"
-#include "server/idemd/metrics.h"
 #include "server/idemd/provider.h"
 
 namespace idem::idemd {
@@ -46,9 +45,8 @@ class Payments final : public Operation {
  public:
   // `pool` runs the store calls of an execution; provider calls hold no thread.
   Payments(Store& store, http::BlockingPool& pool, Provider& provider, Clock& clock,
-           MonotonicClock& monotonic, Random& random, Metrics& metrics,
-           std::vector<std::string> currencies, ChargeCover cover,
-           bool provider_5xx_means_nothing_charged = false,
+           MonotonicClock& monotonic, Random& random, std::vector<std::string> currencies,
+           ChargeCover cover, bool provider_5xx_means_nothing_charged = false,
            bool provider_deduplicates_by_key = false, Millis settle = Millis(0));
 
   std::optional<http::Response> Validate(const http::Request& request,
@@ -129,7 +127,6 @@ class Payments final : public Operation {
   Clock& clock_;
   MonotonicClock& monotonic_;
   Random& random_;
-  Metrics& metrics_;
   std::vector<std::string> currencies_;
   ChargeCover cover_;
   bool provider_5xx_means_nothing_charged_;

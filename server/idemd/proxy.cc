@@ -69,7 +69,9 @@ ProxyOperation::ProxyOperation(const GatewayRoute& route, http::ClientPool& upst
       pool_(pool),
       monotonic_(monotonic),
       metrics_(metrics),
-      margin_(margin) {}
+      margin_(margin) {
+  metrics_.DeclareUpstream(route_.name);
+}
 
 std::optional<http::Response> ProxyOperation::Validate(const http::Request& request,
                                                        const Principal&) {

@@ -204,6 +204,7 @@ http::Async<http::Response> Service::HandleRoute(const http::Request& request,
 }
 
 void JsonAccessLog::Write(const Entry& e) {
+  if (metrics_ != nullptr) metrics_->ObserveHttpRequest(e.route, e.status, e.latency_ms / 1000.0);
   http::Log(http::LogLevel::kInfo, "request",
             {{"request_id", e.request_id},
              {"trace_id", e.trace_id},

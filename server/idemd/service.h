@@ -67,10 +67,15 @@ class Service final : public http::Handler {
   std::shared_ptr<const Gateway> gateway_;  // guarded by gateway_mu_
 };
 
-// One JSON line per request on stderr: route, outcome, status, latency, request id.
+// One JSON line per request on stderr: route, outcome, status, latency, request id; and, given
+// `metrics` (borrowed), the request's idem_http_request_duration_seconds{route, code}.
 class JsonAccessLog final : public http::AccessLog {
  public:
+  explicit JsonAccessLog(Metrics* metrics = nullptr) : metrics_(metrics) {}
   void Write(const Entry& entry) override;
+
+ private:
+  Metrics* metrics_;
 };
 
 }  // namespace idem::idemd

@@ -17,6 +17,7 @@
 #include "idem/failpoint.h"
 #include "idem/store/sqlite.h"
 #include "server/http/problem.h"
+#include "server/idemd/timed.h"
 #include "testing/engine_fixture.h"
 #include "testing/fakes.h"
 #include "testing/faulty_store.h"
@@ -175,8 +176,8 @@ class ServiceTest : public testing::EngineFixture {
   void Build(bool deduplicates_by_key, Millis settle) {
     service_.reset();
     filter_.reset();
-    payments_ = std::make_unique<Payments>(*store_, pool_, provider_, clock_, monotonic_, random_,
-                                           metrics_, std::vector<std::string>{"CNY", "USD"},
+    payments_ = std::make_unique<Payments>(*store_, pool_, timed_provider_, clock_, monotonic_,
+                                           random_, std::vector<std::string>{"CNY", "USD"},
                                            kChargeCover, false, deduplicates_by_key, settle);
     filter_ = std::make_unique<IdempotencyFilter>(
         *engine_, pool_, monotonic_, metrics_,
@@ -251,6 +252,7 @@ class ServiceTest : public testing::EngineFixture {
 
   FakeProvider provider_;
   Metrics metrics_;
+  TimedProvider timed_provider_{provider_, metrics_, monotonic_};
   http::BlockingPool pool_{4};
   std::unique_ptr<Payments> payments_;
   std::unique_ptr<IdempotencyFilter> filter_;
@@ -412,8 +414,10 @@ TEST_F(ServiceTest, MetricsAnswersPrometheusText) {
            "idem_requests_total{route=\"payments.create\",outcome=\"executed\"} 1\n",
            "idem_requests_total{route=\"payments.create\",outcome=\"replayed\"} 1\n",
            "idem_requests_total{route=\"payments.create\",outcome=\"unauthorized\"} 1\n",
-           "# TYPE idem_store_seconds histogram\n",
-           "idem_provider_seconds_count 1\n",
+           "idem_requests_total{route=\"payments.create\",outcome=\"mismatch\"} 0\n",
+           "# TYPE idem_store_operation_duration_seconds histogram\n",
+           "idem_provider_request_duration_seconds_count{operation=\"charge\"} 1\n",
+           "idem_provider_request_duration_seconds_count{operation=\"refund\"} 0\n",
            "# TYPE idem_lease_takeovers_total counter\n",
            "# TYPE idem_fencing_rejections_total counter\n",
        }) {
@@ -847,7 +851,7 @@ TEST_F(ServiceTest, AKeyRetriedAfterItsOrderWasReleasedPaysItOnce) {
 // A provider that declares a 5xx a proof that nothing was charged: the order is released at
 // once, without waiting for the reconciler, and the failure stays retryable.
 TEST_F(ServiceTest, ADeclared5xxReleasesTheOrderAtOnce) {
-  Payments declared(*store_, pool_, provider_, clock_, monotonic_, random_, metrics_,
+  Payments declared(*store_, pool_, provider_, clock_, monotonic_, random_,
                     std::vector<std::string>{"CNY"}, kChargeCover,
                     /*provider_5xx_means_nothing_charged=*/true);
   IdempotencyFilter filter(

@@ -396,6 +396,14 @@ RecordSql::RecordSql(const Dialect& d) : dialect(d) {
                  "idem_records WHERE expires_at <= {now} AND state <> 'PROCESSING' ORDER BY "
                  "expires_at LIMIT ?" +
                      std::string(d.sweep_lock) + ")");
+  // The WHERE is the partial index's own (idem_records_stale_by_route), which SQLite uses only
+  // when the query repeats it.
+  census_unfinished = Render(d,
+                             "SELECT state, count(*), min(created_at), {now} FROM idem_records "
+                             "WHERE state IN ('PROCESSING', 'FAILED_RETRYABLE') GROUP BY state");
+  census_retained = Render(d,
+                           "SELECT CAST(COALESCE(sum(records), 0) AS BIGINT), {now} "
+                           "FROM idem_retained");
 }
 
 // ---- SqlTxn ----------------------------------------------------------------------------------
@@ -598,6 +606,35 @@ Result<int> SweepRecords(SqlRunner& conn, const RecordSql& sql, StoreTime time, 
   int changed = 0;
   IDEM_RETURN_IF_ERROR(conn.Run(sql.sweep, {time.Param(), int64_t{batch}}, &changed));
   return changed;
+}
+
+Result<RecordCensus> CensusRecords(SqlRunner& conn, const RecordSql& sql, StoreTime time) {
+  auto integer = [](const SqlValue& v) -> std::optional<int64_t> {
+    const int64_t* n = std::get_if<int64_t>(&v);
+    return n != nullptr ? std::optional<int64_t>(*n) : std::nullopt;
+  };
+  RecordCensus census;
+  IDEM_ASSIGN_OR_RETURN(auto rows, conn.Run(sql.census_unfinished, {time.Param()}, nullptr));
+  for (const SqlRow& row : rows) {
+    const std::string* state = row.size() == 4 ? std::get_if<std::string>(&row[0]) : nullptr;
+    const std::optional<int64_t> count = row.size() == 4 ? integer(row[1]) : std::nullopt;
+    if (state == nullptr || !count) return MakeError(Errc::kDataLoss, "census: malformed row");
+    if (*state == "PROCESSING") {
+      census.processing = *count;
+      const std::optional<int64_t> oldest = integer(row[2]);
+      const std::optional<int64_t> now = integer(row[3]);
+      if (oldest && now)
+        census.oldest_processing_age = Millis(std::max<int64_t>(0, *now - *oldest));
+    } else {
+      census.failed_retryable = *count;
+    }
+  }
+  IDEM_ASSIGN_OR_RETURN(rows, conn.Run(sql.census_retained, {time.Param()}, nullptr));
+  const std::optional<int64_t> retained =
+      rows.size() == 1 && !rows[0].empty() ? integer(rows[0][0]) : std::nullopt;
+  if (!retained) return MakeError(Errc::kDataLoss, "census: malformed count of records");
+  census.retained = *retained;
+  return census;
 }
 
 Status MigrateAll(SqlRunner& conn, const RecordSql& sql,

@@ -84,6 +84,8 @@ struct RecordSql {
   std::string count_state;
   std::string list_stale;
   std::string sweep;
+  std::string census_unfinished;  // rows (state, count, min created_at, now)
+  std::string census_retained;    // one row (records in all, now)
 };
 
 // Runs statements of the shared text on one connection; each backend's connection is one.
@@ -220,6 +222,10 @@ Result<std::vector<Record>> ListStaleRecords(SqlRunner& conn, const RecordSql& s
                                              StoreTime time, int limit);
 // One atomic statement: deletes up to `batch` expired finished records, returns how many.
 Result<int> SweepRecords(SqlRunner& conn, const RecordSql& sql, StoreTime time, int batch);
+
+// Store::Census, in two statements that read only the unfinished records' index and the
+// principals' counters.
+Result<RecordCensus> CensusRecords(SqlRunner& conn, const RecordSql& sql, StoreTime time);
 
 // Creates the schema table if needed and applies the pending migrations of libidem and, when
 // `app_migrations` is not empty, of the application `app_name`, inside the caller's transaction.

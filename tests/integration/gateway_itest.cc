@@ -136,13 +136,15 @@ TEST_F(GatewayTest, TheFirstRequestIsForwardedOnceAndEveryRetryGetsItsAnswer) {
   EXPECT_FALSE(keys.contains("order-key-0001"));
   // Metrics per route: one exchange with the upstream, three replays.
   const std::string metrics = Get("/metrics").body;
-  EXPECT_NE(metrics.find("idem_upstream_seconds_count{route=\"orders.create\"} 1\n"),
-            std::string::npos)
+  EXPECT_NE(
+      metrics.find("idem_upstream_request_duration_seconds_count{route=\"orders.create\"} 1\n"),
+      std::string::npos)
       << metrics;
   EXPECT_NE(metrics.find("idem_requests_total{route=\"orders.create\",outcome=\"replayed\"} 3\n"),
             std::string::npos)
       << metrics;
-  EXPECT_NE(metrics.find("idem_provider_seconds_count 0\n"), std::string::npos)
+  EXPECT_NE(metrics.find("idem_provider_request_duration_seconds_count{operation=\"charge\"} 0\n"),
+            std::string::npos)
       << "the upstream is not the payments provider";
 }
 
@@ -389,7 +391,8 @@ TEST_F(GatewayTest, UnmatchedPathsPassThroughAsTheyAreWhenTheGatewaySaysSo) {
   }
   EXPECT_EQ(Executions().at("credentials_seen").as_int64(), 2) << "Authorization went as sent";
   EXPECT_EQ(Get("/v2/things").status, 405) << "a GET passes too: upstream-sim refuses it";
-  EXPECT_NE(Get("/metrics").body.find("idem_upstream_seconds_count{route=\"unmatched\"} 3\n"),
+  EXPECT_NE(Get("/metrics")
+                .body.find("idem_upstream_request_duration_seconds_count{route=\"unmatched\"} 3\n"),
             std::string::npos);
   // idemd's own paths and its routes stay idemd's.
   EXPECT_EQ(Get("/healthz").status, 200);

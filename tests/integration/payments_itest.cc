@@ -427,7 +427,8 @@ TEST_F(IdemdTest, HealthReadinessAndMetrics) {
             std::string::npos);
   EXPECT_NE(m.body.find(R"(idem_requests_total{route="payments.create",outcome="mismatch"} 1)"),
             std::string::npos);
-  EXPECT_NE(m.body.find("idem_provider_seconds_count 1"), std::string::npos);
+  EXPECT_NE(m.body.find(R"(idem_provider_request_duration_seconds_count{operation="charge"} 1)"),
+            std::string::npos);
 }
 
 TEST_F(IdemdTest, SixtyFourConcurrentDuplicatesChargeOnce) {

@@ -738,6 +738,10 @@ class PostgresStore final : public Store {
         [&](Connection& c) { return store_internal::SweepRecords(c, Sql(), time_, batch); });
   }
 
+  Result<RecordCensus> Census() override {
+    return Retrying([&](Connection& c) { return store_internal::CensusRecords(c, Sql(), time_); });
+  }
+
  private:
   // Runs a single-statement operation (autocommit), retrying serialisation failures, deadlocks
   // and connections that were lost: these statements are idempotent reads or deletes. Timeouts

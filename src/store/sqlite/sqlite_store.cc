@@ -446,6 +446,11 @@ class SqliteStore final : public Store {
     return deleted;
   }
 
+  Result<RecordCensus> Census() override {
+    IDEM_ASSIGN_OR_RETURN(PooledConnection conn, Lend(*readers_));
+    return store_internal::CensusRecords(*conn, Sql(), StoreTime::Of(clock_));
+  }
+
  private:
   Result<PooledConnection> Lend(Pool& pool) {
     return store_internal::Borrow(pool, options_.pool_wait);
