@@ -4,34 +4,70 @@
 // Retry-After (the key is still running), 429, 503 and 504, with capped exponential back-off and
 // full jitter, never sooner than Retry-After; follows 202 to completion; never retries a final
 // 4xx. Thread-safe: one Client serves many operations.
+//
+// This header names only libidem's public types and the standard library: the HTTP machinery
+// (server/http/) stays inside client.cc, so a program using the client does not compile it.
 #pragma once
 
+#include <cstddef>
 #include <functional>
+#include <memory>
+#include <optional>
 #include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
 
 #include "idem/clock.h"
 #include "idem/result.h"
-#include "server/http/client.h"
+
+namespace idem::http {
+struct Response;  // server/http/message.h; see client::Response's conversion
+}  // namespace idem::http
 
 namespace idem::client {
 
 struct ClientOptions {
-  std::string base_url;  // "http://127.0.0.1:8080"
+  std::string base_url;  // "http://127.0.0.1:8080" or "https://..."
   std::string api_key;
   int max_attempts = 10;
   Millis initial_backoff{100};
   Millis max_backoff{5000};
   // No retry starts after this much time has passed since the first attempt.
   Millis deadline{60000};
-  http::CallOptions call;
+  // Each attempt: resolving, connecting and the TLS handshake together; then the whole exchange.
+  Millis connect_timeout{2000};
+  Millis timeout{10000};
+  // The largest response body accepted; a larger one fails the attempt with kDataLoss.
+  std::size_t max_response_bytes = std::size_t{1} << 20;
   // Sleeping is injected so tests need not wait; the default sleeps.
   std::function<void(Millis)> sleep;
 };
 
+// Response header fields as received, names in lower case.
+struct Headers {
+  std::vector<std::pair<std::string, std::string>> fields;
+
+  // The first value of `name` (any case), or nullopt.
+  std::optional<std::string_view> Get(std::string_view name) const;
+};
+
+// An HTTP response as the client received it.
+struct Response {
+  int status = 0;
+  Headers headers;
+  std::string body;
+
+  // The same response as the server's value type, for a program that also uses server/http/
+  // (idemctl prints both kinds with one function). Defined in client.cc; usable only where
+  // server/http/message.h is included.
+  operator http::Response() const;
+};
+
 struct Outcome {
-  http::Response response;  // the final answer
-  std::string key;          // the Idempotency-Key used on every attempt
-  int attempts = 0;         // POSTs sent
+  Response response;  // the final answer
+  std::string key;    // the Idempotency-Key used on every attempt
+  int attempts = 0;   // POSTs sent
 };
 
 // A new operation key: a UUIDv7 (time-ordered, 74 random bits).
@@ -39,9 +75,13 @@ std::string NewOperationKey(Clock& clock, Random& random);
 
 class Client {
  public:
-  // Errors: kInvalidArgument for a bad base URL.
+  // Errors: kInvalidArgument for a bad base URL or max_attempts < 1.
   static Result<Client> Create(ClientOptions options, Clock& clock = SystemClock(),
                                Random& random = SystemRandom());
+
+  Client(Client&&) noexcept;
+  Client& operator=(Client&&) noexcept;
+  ~Client();
 
   // POSTs `body` (JSON) to `path` as one operation, retrying as described above. `key` empty:
   // a new key. Errors: the last transport error when every attempt failed at the network level
@@ -50,17 +90,14 @@ class Client {
                        const std::vector<std::pair<std::string, std::string>>& headers = {});
 
   // One GET with the API key (no retries).
-  Result<http::Response> Get(const std::string& path);
+  Result<Response> Get(const std::string& path);
 
  private:
-  Client(ClientOptions options, http::Url url, Clock& clock, Random& random)
-      : options_(std::move(options)), url_(std::move(url)), clock_(clock), random_(random) {}
-  Millis Backoff(int retry, const http::Response* response);
+  struct Impl;  // the parsed URL and the HTTP calls (client.cc)
+  explicit Client(std::unique_ptr<Impl> impl);
+  Millis Backoff(int retry, const Response* response);
 
-  ClientOptions options_;
-  http::Url url_;
-  Clock& clock_;
-  Random& random_;
+  std::unique_ptr<Impl> impl_;
 };
 
 }  // namespace idem::client

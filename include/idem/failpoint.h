@@ -9,6 +9,7 @@
 #include <array>
 #include <string_view>
 
+#include "idem/build_config.h"
 #include "idem/result.h"
 
 namespace idem {
