@@ -138,6 +138,10 @@ std::string TraceContext::Traceparent() const {
   return "00-" + trace_id + "-" + span_id + (sampled ? "-01" : "-00");
 }
 
+std::string TraceContext::CallerTraceparent() const {
+  return parent_id.empty() ? "" : "00-" + trace_id + "-" + parent_id + (sampled ? "-01" : "-00");
+}
+
 TraceContext ContinueTrace(const Request& request, Random& random) {
   TraceContext trace;
   trace.span_id = RandomHex(random, 8);

@@ -76,6 +76,8 @@ struct TraceContext {
   bool sampled = false;
   // "00-<trace_id>-<span_id>-<flags>": the traceparent of calls made for the request.
   std::string Traceparent() const;
+  // The traceparent the caller sent, as version 00 ("" when the trace starts here).
+  std::string CallerTraceparent() const;
 };
 
 // Continues the trace of the request's `traceparent` header, or starts a new one when it has

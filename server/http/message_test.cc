@@ -61,6 +61,7 @@ TEST(Trace, AValidTraceparentIsContinuedWithANewSpan) {
   EXPECT_EQ(t.span_id.size(), 16u);
   EXPECT_NE(t.span_id, t.parent_id);
   EXPECT_EQ(t.Traceparent(), "00-4bf92f3577b34da6a3ce929d0e0e4736-" + t.span_id + "-01");
+  EXPECT_EQ(t.CallerTraceparent(), "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01");
   // A later version may add fields after the flags; they are not passed on.
   const TraceContext later = ContinueTrace(
       WithHeader("traceparent", "cc-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00-extra"),

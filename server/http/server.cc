@@ -267,11 +267,12 @@ class ServerImpl final : public Server {
       const std::optional<std::string> malformed = Refusal(request, version, chunked);
       const bool keep_alive = parser.keep_alive() && !malformed;
       const std::string request_id = RequestId(request, SystemClock(), SystemRandom());
-      const TraceContext trace = ContinueTrace(request, SystemRandom());
+      RequestContext context;
+      context.trace = ContinueTrace(request, SystemRandom());
+      const TraceContext& trace = context.trace;
       // The calls made for this request (to the provider, to a gateway's upstream) carry this
       // hop's span as their parent.
       request.headers.Set("traceparent", trace.Traceparent());
-      RequestContext context;
       Response response;
       if (malformed) {
         response = Problem(ProblemKind::kMalformedRequest, *malformed);

@@ -73,6 +73,9 @@ struct RequestContext {
   Millis delay{0};
   // Close the connection without answering (after `delay`).
   bool drop = false;
+  // The request's trace (ContinueTrace): its parent_id is the caller's span. The request the
+  // handler sees carries this hop's own traceparent instead of the caller's.
+  TraceContext trace;
   // For the access log line.
   std::string route;
   std::string outcome;

@@ -532,7 +532,7 @@ Execution Payments::Settling(Millis left) {
 }
 
 http::Async<Execution> Payments::ChargeOnce(Ticket& ticket, Payment payment, Engine& engine,
-                                            Heartbeat& heartbeat) {
+                                            Heartbeat& heartbeat, std::string traceparent) {
   const std::string amount = FormatAmount(payment.amount_minor, MinorDigits(payment.currency));
   // Before each call to the provider the lease must still be held: after a failed renewal it
   // may have run out, or belong to another executor already. Stop; the next attempt resolves it.
@@ -549,7 +549,7 @@ http::Async<Execution> Payments::ChargeOnce(Ticket& ticket, Payment payment, Eng
     if (Status held = co_await pool_.Call([&] { return heartbeat.Check(); }); !held) {
       co_return lease_lost(held.error());
     }
-    auto found = co_await provider_.FindCharge(payment.id);
+    auto found = co_await provider_.FindCharge(payment.id, traceparent);
     if (!found) {
       Execution e;
       e.response = http::Problem(http::ProblemKind::kProviderUnavailable,
@@ -580,7 +580,8 @@ http::Async<Execution> Payments::ChargeOnce(Ticket& ticket, Payment payment, Eng
   // kUnavailable, nothing sent): the lease covers the call's timeout from then.
   const SteadyTime sent = monotonic_.Now();
   const Millis send_within = cover_.margin - std::chrono::duration_cast<Millis>(sent - advanced);
-  auto charged = co_await provider_.CreateCharge(payment.id, amount, payment.currency, send_within);
+  auto charged = co_await provider_.CreateCharge(payment.id, amount, payment.currency, send_within,
+                                                 traceparent);
   Status after = Ok();
   if (FailpointsArmed()) {  // a stall must not block this I/O thread
     after = co_await pool_.Call([] { return IDEM_FAILPOINT("after_provider_charge"); });
@@ -677,7 +678,9 @@ http::Async<Execution> Payments::Execute(Ticket& ticket, const http::Request& re
   Payment payment;
   co_await pool_.Run([&] { answered = Prepare(ticket, request, principal, &payment); });
   if (answered) co_return std::move(*answered);
-  co_return co_await ChargeOnce(ticket, std::move(payment), engine, heartbeat);
+  // The server put idemd's own span in the request's traceparent (http::ContinueTrace).
+  const std::string traceparent(request.headers.Get("traceparent").value_or(""));
+  co_return co_await ChargeOnce(ticket, std::move(payment), engine, heartbeat, traceparent);
 }
 
 std::optional<Execution> Payments::Prepare(const Ticket& ticket, const http::Request& request,
@@ -753,7 +756,7 @@ Execution Payments::Reconcile(Ticket& ticket, Engine&) {
     return Abandoned(payment, NothingCharged(ticket));
   }
   // On the reconciler's thread: a private event loop for the one call.
-  auto found = http::RunSync(provider_.FindCharge(payment.id));
+  auto found = http::RunSync(provider_.FindCharge(payment.id, ""));
   if (!found) {
     e.outcome_unknown = true;
     return e;

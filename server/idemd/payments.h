@@ -91,8 +91,9 @@ class Payments final : public Operation {
   // The store part of Execute (on the pool): an answer, or nullopt with the payment to charge.
   std::optional<Execution> Prepare(const Ticket& ticket, const http::Request& request,
                                    const Principal& principal, Payment* out);
+  // `traceparent` goes with the provider calls (W3C Trace Context; "" for none).
   http::Async<Execution> ChargeOnce(Ticket& ticket, Payment payment, Engine& engine,
-                                    Heartbeat& heartbeat);
+                                    Heartbeat& heartbeat, std::string traceparent);
   // What must hold before the charge is sent (on the pool): the lease, the covered advance
   // within the margin, the after_charge_sent failpoint. An answer when the charge must not go.
   // `covered`: the claim made the covered advance (OnClaim), no earlier than *advanced; unless

@@ -126,8 +126,8 @@ class HttpProvider final : public Provider {
 
   http::Async<Result<ChargeResult>> CreateCharge(const std::string& reference,
                                                  const std::string& amount,
-                                                 const std::string& currency,
-                                                 Millis send_within) override {
+                                                 const std::string& currency, Millis send_within,
+                                                 const std::string& traceparent) override {
     json::object body;
     body["amount"] = amount;
     body["currency"] = currency;
@@ -137,16 +137,19 @@ class HttpProvider final : public Provider {
     req.target = url_.base_path + "/v1/charges";
     req.headers.Set("Content-Type", "application/json");
     req.headers.Set("Idempotency-Key", reference);
+    if (!traceparent.empty()) req.headers.Set("traceparent", traceparent);
     req.body = json::serialize(body);
     http::CallOptions options = options_;
     options.send_by = std::chrono::steady_clock::now() + send_within;
     co_return ChargeAnswer(co_await pool_->Call(std::move(req), options));
   }
 
-  http::Async<Result<std::optional<Charge>>> FindCharge(const std::string& reference) override {
+  http::Async<Result<std::optional<Charge>>> FindCharge(const std::string& reference,
+                                                        const std::string& traceparent) override {
     http::Request req;
     req.method = "GET";
     req.target = url_.base_path + "/v1/charges?reference=" + Encoded(reference);
+    if (!traceparent.empty()) req.headers.Set("traceparent", traceparent);
     co_return LookupAnswer(co_await Send(std::move(req)));
   }
 

@@ -53,13 +53,17 @@ class Provider {
   // leave later than its lease allows (Payments). Errors: kUnavailable when nothing was charged
   // (not sent, or a 5xx); kDeadlineExceeded when the request left and the outcome is unknown;
   // kDataLoss for an answer that is not the documented shape.
+  // `traceparent` (W3C Trace Context; "" for none) goes with the request: the trace of the
+  // payment request that made the call, with idemd's span as the parent.
   virtual http::Async<Result<ChargeResult>> CreateCharge(const std::string& reference,
                                                          const std::string& amount,
                                                          const std::string& currency,
-                                                         Millis send_within) = 0;
+                                                         Millis send_within,
+                                                         const std::string& traceparent) = 0;
   // GET /v1/charges?reference=…: the charge, or nullopt if the provider has none.
   // Errors: kUnavailable / kDeadlineExceeded as above.
-  virtual http::Async<Result<std::optional<Charge>>> FindCharge(const std::string& reference) = 0;
+  virtual http::Async<Result<std::optional<Charge>>> FindCharge(const std::string& reference,
+                                                                const std::string& traceparent) = 0;
   // GET /v1/charges?created_gte=…&created_lt=…&limit=…[&starting_after=…]: charges created in
   // [gte_ms, lt_ms), oldest first, up to `limit` (1..100) after the charge `starting_after`.
   // Errors: kUnavailable / kDeadlineExceeded; kDataLoss for an answer of another shape.

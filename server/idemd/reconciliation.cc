@@ -400,7 +400,8 @@ Status Reconciliation::CheckMissing(Walk& walk) {
       after_created = Integer(r[4]);
       after_id = id;
       if (walk.matched.count(id) > 0) continue;
-      IDEM_ASSIGN_OR_RETURN(std::optional<Charge> found, http::RunSync(provider_.FindCharge(id)));
+      IDEM_ASSIGN_OR_RETURN(std::optional<Charge> found,
+                            http::RunSync(provider_.FindCharge(id, "")));
       if (found) continue;
       Finding f;
       f.finding_class = "missing";

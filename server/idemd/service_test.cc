@@ -54,8 +54,8 @@ class FakeProvider final : public Provider {
 
   http::Async<Result<ChargeResult>> CreateCharge(const std::string& reference,
                                                  const std::string& amount,
-                                                 const std::string& currency,
-                                                 Millis send_within) override {
+                                                 const std::string& currency, Millis send_within,
+                                                 const std::string&) override {
     {
       std::lock_guard lock(mu_);
       send_withins_.push_back(send_within);
@@ -65,7 +65,8 @@ class FakeProvider final : public Provider {
     }
     co_return Create(reference, amount, currency);
   }
-  http::Async<Result<std::optional<Charge>>> FindCharge(const std::string& reference) override {
+  http::Async<Result<std::optional<Charge>>> FindCharge(const std::string& reference,
+                                                        const std::string&) override {
     co_return Find(reference);
   }
 

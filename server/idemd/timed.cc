@@ -146,17 +146,19 @@ std::unique_ptr<Store> MakeTimedStore(std::unique_ptr<Store> target, Metrics& me
 http::Async<Result<ChargeResult>> TimedProvider::CreateCharge(const std::string& reference,
                                                               const std::string& amount,
                                                               const std::string& currency,
-                                                              Millis send_within) {
+                                                              Millis send_within,
+                                                              const std::string& traceparent) {
   const SteadyTime began = monotonic_.Now();
   Result<ChargeResult> answer =
-      co_await target_.CreateCharge(reference, amount, currency, send_within);
+      co_await target_.CreateCharge(reference, amount, currency, send_within, traceparent);
   metrics_.ObserveProvider(ProviderOperation::kCharge, monotonic_.SecondsSince(began));
   co_return answer;
 }
 
-http::Async<Result<std::optional<Charge>>> TimedProvider::FindCharge(const std::string& reference) {
+http::Async<Result<std::optional<Charge>>> TimedProvider::FindCharge(
+    const std::string& reference, const std::string& traceparent) {
   const SteadyTime began = monotonic_.Now();
-  Result<std::optional<Charge>> answer = co_await target_.FindCharge(reference);
+  Result<std::optional<Charge>> answer = co_await target_.FindCharge(reference, traceparent);
   metrics_.ObserveProvider(ProviderOperation::kLookup, monotonic_.SecondsSince(began));
   co_return answer;
 }

@@ -27,9 +27,10 @@ class TimedProvider final : public Provider {
 
   http::Async<Result<ChargeResult>> CreateCharge(const std::string& reference,
                                                  const std::string& amount,
-                                                 const std::string& currency,
-                                                 Millis send_within) override;
-  http::Async<Result<std::optional<Charge>>> FindCharge(const std::string& reference) override;
+                                                 const std::string& currency, Millis send_within,
+                                                 const std::string& traceparent) override;
+  http::Async<Result<std::optional<Charge>>> FindCharge(const std::string& reference,
+                                                        const std::string& traceparent) override;
   http::Async<Result<ChargePage>> ListCharges(int64_t gte_ms, int64_t lt_ms, int limit,
                                               const std::string& starting_after) override;
   http::Async<Result<Refund>> RefundCharge(const std::string& key, const std::string& charge,

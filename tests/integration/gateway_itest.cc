@@ -148,6 +148,43 @@ TEST_F(GatewayTest, TheFirstRequestIsForwardedOnceAndEveryRetryGetsItsAnswer) {
       << "the upstream is not the payments provider";
 }
 
+// W3C Trace Context through the gateway: the upstream gets the client's trace with idemd's own span
+// as the parent, and idemd's log line names both.
+TEST_F(GatewayTest, TheUpstreamGetsTheClientsTraceWithIdemdsSpanAsTheParent) {
+  const std::string trace = "4bf92f3577b34da6a3ce929d0e0e4736";
+  const std::string client_span = "00f067aa0ba902b7";
+  auto first = Call("POST", "/v1/orders", "order-trace-0001", R"({"sku":"T1"})",
+                    {{"traceparent", "00-" + trace + "-" + client_span + "-01"},
+                     {"tracestate", "vendor=opaque"}});
+  ASSERT_EQ(first.status, 201) << first.body;
+  const std::string sent(ParseObject(first.body).at("traceparent").as_string());
+  ASSERT_EQ(sent.size(), 55u) << sent;
+  EXPECT_EQ(sent.substr(0, 36), "00-" + trace + "-") << "the client's trace goes on";
+  const std::string idemd_span = sent.substr(36, 16);
+  EXPECT_NE(idemd_span, client_span) << "idemd's own span is the parent";
+  EXPECT_EQ(sent.substr(52), "-01") << "the sampled flag is kept";
+  // The access line of that request carries the trace and idemd's span.
+  std::ifstream log(dir_.File("idemd.log"));
+  std::string line;
+  bool logged = false;
+  while (std::getline(log, line)) {
+    if (line.find("\"msg\":\"request\"") == std::string::npos) continue;
+    const boost::json::object o = boost::json::parse(line).as_object();
+    if (o.at("span_id").as_string() == idemd_span) {
+      logged = true;
+      EXPECT_EQ(o.at("trace_id").as_string(), trace);
+      EXPECT_EQ(o.at("route").as_string(), "orders.create");
+    }
+  }
+  EXPECT_TRUE(logged) << "no request line with span_id " << idemd_span;
+  // Without a traceparent, idemd starts a trace and the upstream still gets one.
+  auto second = Call("POST", "/v1/orders", "order-trace-0002", R"({"sku":"T2"})");
+  ASSERT_EQ(second.status, 201) << second.body;
+  const std::string started(ParseObject(second.body).at("traceparent").as_string());
+  EXPECT_EQ(started.size(), 55u);
+  EXPECT_EQ(started.find(trace), std::string::npos);
+}
+
 TEST_F(GatewayTest, TheSameKeyWithAnotherRequestIs422AndExecutesNothing) {
   ASSERT_EQ(Call("POST", "/v1/orders", "order-key-0002", R"({"sku":"A1"})").status, 201);
   auto other = Call("POST", "/v1/orders", "order-key-0002", R"({"sku":"B2"})");

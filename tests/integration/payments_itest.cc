@@ -5,6 +5,8 @@
 #include <sys/wait.h>
 
 #include <atomic>
+#include <fstream>
+#include <regex>
 #include <set>
 #include <thread>
 
@@ -68,6 +70,51 @@ TEST_F(IdemdTest, ListensOnAnIpv6Address) {
   ASSERT_TRUE(answer.has_value()) << answer.error().message;
   EXPECT_EQ(answer->status, 201) << answer->body;
   EXPECT_EQ(TotalCharges(), 1);
+}
+
+// W3C Trace Context to the provider: the charge goes with the client's trace and idemd's own span
+// as the parent, and every line idemd logs is one JSON object with a time and a level.
+TEST_F(IdemdTest, TheProviderGetsTheClientsTraceAndEveryLogLineIsJson) {
+  const std::string trace = "0af7651916cd43dd8448eb211c80319c";
+  const http::Response paid = Pay("trace-key-0001", Body("ORD-TRACE"), kAlice,
+                                  {{"traceparent", "00-" + trace + "-b7ad6b7169203331-00"}});
+  ASSERT_EQ(paid.status, 201) << paid.body;
+  const std::string payment_id(ParseObject(paid.body).at("id").as_string());
+  auto stats = http::Call(provider_url_, http::Request{"GET", "/admin/stats", {}, {}});
+  ASSERT_TRUE(stats.has_value());
+  const json::object books = ParseObject(stats->body);
+  const json::object& sent = books.at("traceparent_by_reference").as_object();
+  ASSERT_TRUE(sent.contains(payment_id)) << stats->body;
+  const std::string traceparent(sent.at(payment_id).as_string());
+  EXPECT_EQ(traceparent.substr(0, 36), "00-" + trace + "-");
+  EXPECT_NE(traceparent.substr(36, 16), "b7ad6b7169203331") << "idemd's span, not the client's";
+  EXPECT_EQ(traceparent.substr(52), "-00");
+
+  std::ifstream log(dir_.File("idemd.log"));
+  std::string line;
+  std::set<std::string> request_ids;
+  int lines = 0;
+  while (std::getline(log, line)) {
+    ++lines;
+    boost::system::error_code ec;
+    const json::value v = json::parse(line, ec);
+    ASSERT_FALSE(ec) << "not JSON: " << line;
+    const json::object& o = v.as_object();
+    ASSERT_TRUE(o.contains("time") && o.contains("level") && o.contains("msg")) << line;
+    EXPECT_TRUE(http::ParseRfc3339(o.at("time").as_string()).has_value()) << line;
+    if (o.at("msg").as_string() == "request") {
+      request_ids.insert(std::string(o.at("request_id").as_string()));
+      if (o.at("span_id").as_string() == traceparent.substr(36, 16)) {
+        EXPECT_EQ(o.at("trace_id").as_string(), trace);
+      }
+    }
+  }
+  EXPECT_GE(lines, 2) << "the listening line and the request";
+  for (const std::string& id : request_ids) {
+    EXPECT_TRUE(std::regex_match(
+        id, std::regex("^[0-9a-f]{8}-[0-9a-f]{4}-7[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$")))
+        << id;
+  }
 }
 
 TEST_F(IdemdTest, RetryReplaysTheFirstAnswerByteForByte) {

@@ -43,7 +43,9 @@
 //                                   default now)} → 201 charge: one made outside idemd, such as
 //                                   a duplicate; counted like any other
 //   GET  /admin/stats              {"total": N, "charges_by_reference": {R: N},
-//                                   "refunds_by_charge": {ID: N}, "refunded_total": N}
+//                                   "refunds_by_charge": {ID: N}, "refunded_total": N,
+//                                   "traceparent_by_reference": {R: the W3C traceparent the
+//                                   last charge request for R came with}}
 //
 // State lives in memory; the process is a test double, restarted per test run. It holds at most
 // --max-records charges and as many refunds (default 1,000,000) and answers 503 for more, so a
@@ -269,6 +271,9 @@ class ProviderSim final : public http::Handler {
     const std::string key = std::string(request.headers.Get("idempotency-key").value_or(""));
 
     std::lock_guard lock(mu_);
+    if (!context.trace.parent_id.empty()) {
+      traceparent_by_reference_[charge.reference] = context.trace.CallerTraceparent();
+    }
     std::optional<Fault> fault = TakeFault(charge.reference);
     if (fault && fault->kind == "decline")
       return Json(402, json::object{{"error", "card_declined"}});
@@ -519,12 +524,15 @@ class ProviderSim final : public http::Handler {
     std::lock_guard lock(mu_);
     json::object by_reference;
     for (const auto& [reference, n] : count_by_reference_) by_reference[reference] = n;
+    json::object traceparents;
+    for (const auto& [reference, tp] : traceparent_by_reference_) traceparents[reference] = tp;
     json::object by_charge;
     for (const auto& [charge, n] : refunds_by_charge_) by_charge[charge] = n;
     return Json(200, json::object{{"total", charges_.size()},
                                   {"charges_by_reference", std::move(by_reference)},
                                   {"refunds_by_charge", std::move(by_charge)},
-                                  {"refunded_total", refunds_.size()}});
+                                  {"refunded_total", refunds_.size()},
+                                  {"traceparent_by_reference", std::move(traceparents)}});
   }
 
   const std::size_t max_records_;  // charges, and separately refunds
@@ -535,6 +543,7 @@ class ProviderSim final : public http::Handler {
   std::unordered_map<std::string, std::size_t> by_id_;
   std::set<std::pair<int64_t, std::size_t>> by_time_;  // (created_ms, index): listing order
   std::map<std::string, int64_t> count_by_reference_;
+  std::map<std::string, std::string> traceparent_by_reference_;
   std::vector<json::object> refunds_;
   std::map<std::string, std::size_t> refund_by_key_;  // keys of refunds, apart from charges'
   std::map<std::string, int64_t> refunds_by_charge_;

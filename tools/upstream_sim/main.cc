@@ -82,6 +82,12 @@ class UpstreamSim final : public http::Handler {
     } else {
       body["key"] = nullptr;
     }
+    // The traceparent the request came with (W3C Trace Context), before this hop's own span.
+    if (context.trace.parent_id.empty()) {
+      body["traceparent"] = nullptr;
+    } else {
+      body["traceparent"] = context.trace.CallerTraceparent();
+    }
     http::Response r{static_cast<int>(status), {}, boost::json::serialize(body)};
     r.headers.Set("Content-Type", "application/json");
     r.headers.Set("Location", "/things/" + std::to_string(n));
