@@ -37,7 +37,7 @@ bool SaneId(std::string_view id) {
   return true;
 }
 
-void Handle(Request& request, uint64_t counter) {
+void Handle(Request& request) {
   // The target splits into path and query at the first '?'.
   const std::string_view path = request.Path();
   const std::string_view query = request.Query();
@@ -60,7 +60,7 @@ void Handle(Request& request, uint64_t counter) {
     IDEM_FUZZ_CHECK(idem::http::ToLower(name) == name);
     IDEM_FUZZ_CHECK(request.headers.Get(name).has_value() && request.headers.Count(name) >= 1);
   }
-  const std::string id = idem::http::RequestId(request, counter);
+  const std::string id = idem::http::RequestId(request, idem::SystemClock(), idem::SystemRandom());
   IDEM_FUZZ_CHECK(SaneId(id));
   request.headers.Set("X-Request-Id", id);
   IDEM_FUZZ_CHECK(request.headers.Count("x-request-id") == 1 &&
@@ -160,6 +160,6 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, std::size_t size) {
       IDEM_FUZZ_CHECK(cut.ended == whole.ended || cut.ended == bhttp::error::header_limit);
     }
   }
-  for (std::size_t i = 0; i < whole.requests.size(); ++i) Handle(whole.requests[i], i);
+  for (Request& request : whole.requests) Handle(request);
   return 0;
 }
