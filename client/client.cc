@@ -54,10 +54,6 @@ std::optional<std::string_view> Headers::Get(std::string_view name) const {
   return std::nullopt;
 }
 
-Response::operator http::Response() const {
-  return http::Response{status, http::Headers{headers.fields}, body};
-}
-
 std::string NewOperationKey(Clock& clock, Random& random) { return NewUuidV7(clock, random); }
 
 Client::Client(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}

@@ -21,10 +21,6 @@
 #include "idem/clock.h"
 #include "idem/result.h"
 
-namespace idem::http {
-struct Response;  // server/http/message.h; see client::Response's conversion
-}  // namespace idem::http
-
 namespace idem::client {
 
 struct ClientOptions {
@@ -57,11 +53,6 @@ struct Response {
   int status = 0;
   Headers headers;
   std::string body;
-
-  // The same response as the server's value type, for a program that also uses server/http/
-  // (idemctl prints both kinds with one function). Defined in client.cc; usable only where
-  // server/http/message.h is included.
-  operator http::Response() const;
 };
 
 struct Outcome {

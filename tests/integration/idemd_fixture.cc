@@ -54,14 +54,27 @@ RedisReply RedisCommand(const std::vector<std::string>& args, uint16_t port) {
   return reply;
 }
 
+std::string PostgresSql(const std::string& sql, std::string* error) {
+  PGconn* c = PQconnectdb(PostgresServerUrl().c_str());
+  PGresult* r = PQexec(c, sql.c_str());
+  const ExecStatusType status = PQresultStatus(r);
+  std::string value = status == PGRES_TUPLES_OK && PQntuples(r) > 0 ? PQgetvalue(r, 0, 0) : "";
+  if (status != PGRES_COMMAND_OK && status != PGRES_TUPLES_OK) {
+    if (error != nullptr) {
+      *error = PQerrorMessage(c);
+    } else {
+      ADD_FAILURE() << sql << ": " << PQerrorMessage(c);
+    }
+  }
+  PQclear(r);
+  PQfinish(c);
+  return value;
+}
+
 std::string FreshPostgresStoreUrl(std::string* schema_out) {
   static std::mt19937_64 rng(std::random_device{}());
   const std::string schema = "it" + std::to_string(rng() % 1000000000000ULL);
-  PGconn* c = PQconnectdb(PostgresServerUrl().c_str());
-  PGresult* r = PQexec(c, ("CREATE SCHEMA " + schema).c_str());
-  EXPECT_EQ(PQresultStatus(r), PGRES_COMMAND_OK) << PQerrorMessage(c);
-  PQclear(r);
-  PQfinish(c);
+  PostgresSql("CREATE SCHEMA " + schema);
   if (schema_out != nullptr) *schema_out = schema;
   const std::string url = PostgresServerUrl();
   return url + (url.find('?') == std::string::npos ? "?" : "&") + "options=-csearch_path%3D" +

@@ -48,6 +48,10 @@ using RedisReply = std::unique_ptr<redisReply, RedisReplyFree>;
 // `port`, or to the tests' Redis when `port` is 0. Fails the test and returns null when Redis
 // cannot be reached or answers an error.
 RedisReply RedisCommand(const std::vector<std::string>& args, uint16_t port = 0);
+// Runs one statement on that server (directly, never through PgBouncer): the first column of its
+// first row, "" if none. When it fails, the server's message goes to *error (if given), else the
+// test fails.
+std::string PostgresSql(const std::string& sql, std::string* error = nullptr);
 // A fresh schema on that server, and the store URL that selects it; its name in *schema_out.
 std::string FreshPostgresStoreUrl(std::string* schema_out = nullptr);
 // The store behind `store_url`, opened as idemctl opens one: no migrations, one connection.

@@ -1,8 +1,6 @@
 // tests/integration/pgbouncer_itest.cc — idemd instances behind a real PgBouncer in transaction
 // pooling mode (scripts/with-services starts one): starts and restarts that migrate through the
 // pooler, and the listener pointed at the database directly.
-#include <libpq-fe.h>
-
 #include <random>
 #include <thread>
 
@@ -21,18 +19,6 @@ std::string WithDatabase(const std::string& url, const std::string& database) {
   return url.substr(0, url.rfind('/') + 1) + database;
 }
 
-// Runs one statement on the server directly (not through PgBouncer); "" when it succeeded.
-std::string Exec(const std::string& sql) {
-  PGconn* c = PQconnectdb(PostgresServerUrl().c_str());
-  PGresult* r = PQexec(c, sql.c_str());
-  std::string error = PQresultStatus(r) == PGRES_COMMAND_OK || PQresultStatus(r) == PGRES_TUPLES_OK
-                          ? ""
-                          : PQerrorMessage(c);
-  PQclear(r);
-  PQfinish(c);
-  return error;
-}
-
 class PgBouncerIdemdTest : public IdemdTest {
  public:
   void SetUp() override {
@@ -43,7 +29,9 @@ class PgBouncerIdemdTest : public IdemdTest {
     // transactions): each test has a database of its own.
     static std::mt19937_64 rng(std::random_device{}());
     database_ = "itb" + std::to_string(rng() % 1000000000000ULL);
-    ASSERT_EQ(Exec("CREATE DATABASE " + database_), "");
+    std::string error;
+    PostgresSql("CREATE DATABASE " + database_, &error);
+    ASSERT_EQ(error, "");
     direct_url_ = WithDatabase(PostgresServerUrl(), database_);
     pooled_url_ = WithDatabase(PgBouncerUrl(), database_);
   }

@@ -1,7 +1,6 @@
 // tests/integration/postgres_itest.cc — idemd on PostgreSQL: the protocol end to end, several
 // idemd instances on one database while one of them is killed and restarted, and what idemd
 // answers while its database stalls.
-#include <libpq-fe.h>
 
 #include <atomic>
 #include <mutex>
@@ -17,17 +16,6 @@ namespace idem::itest {
 namespace {
 
 namespace json = boost::json;
-
-// Runs SQL on the test server; returns the first column of the first row ("" if none).
-std::string Sql(const std::string& sql) {
-  PGconn* c = PQconnectdb(PostgresServerUrl().c_str());
-  PGresult* r = PQexec(c, sql.c_str());
-  std::string v =
-      PQresultStatus(r) == PGRES_TUPLES_OK && PQntuples(r) > 0 ? PQgetvalue(r, 0, 0) : "";
-  PQclear(r);
-  PQfinish(c);
-  return v;
-}
 
 class PostgresIdemdTest : public IdemdTest {
  public:
@@ -52,7 +40,7 @@ TEST_F(PostgresIdemdTest, ExecutesReplaysAndRefusesMismatches) {
   EXPECT_EQ(Pay("pg-order-key-1", Body("ORD-PG1", "1")).status, 422);
   EXPECT_EQ(Pay("pg-order-key-2", Body("ORD-PG1")).status, 200) << "order exists";
   EXPECT_EQ(TotalCharges(), 1);
-  EXPECT_EQ(Sql("SELECT status FROM " + schema_ + ".payments"), "succeeded");
+  EXPECT_EQ(PostgresSql("SELECT status FROM " + schema_ + ".payments"), "succeeded");
   EXPECT_EQ(Get("/readyz", "").status, 200);
 }
 
@@ -238,7 +226,7 @@ void ThreeInstances(PostgresIdemdTest& t, RedisMode mode) {
     const std::string& answer = first_answer[static_cast<std::size_t>(o)];
     ASSERT_FALSE(answer.empty()) << "order " << o << " never got a final answer";
     const std::string id = std::string(t.ParseObject(answer)["id"].as_string());
-    EXPECT_EQ(Sql("SELECT status FROM " + t.schema_ + ".payments WHERE id = '" + id + "'"),
+    EXPECT_EQ(PostgresSql("SELECT status FROM " + t.schema_ + ".payments WHERE id = '" + id + "'"),
               "succeeded");
     // Replays from every instance are byte-identical to the first answer.
     for (int i = 0; i < 3; ++i) {
@@ -262,8 +250,8 @@ void ThreeInstances(PostgresIdemdTest& t, RedisMode mode) {
   // The reconcilers leave nothing PROCESSING.
   std::string processing;
   for (int i = 0; i < 50; ++i) {
-    processing =
-        Sql("SELECT count(*) FROM " + t.schema_ + ".idem_records WHERE state = 'PROCESSING'");
+    processing = PostgresSql("SELECT count(*) FROM " + t.schema_ +
+                             ".idem_records WHERE state = 'PROCESSING'");
     if (processing == "0") break;
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
   }
@@ -276,9 +264,9 @@ std::vector<pid_t> LocalBackends(const std::string& name, std::size_t expected) 
   std::vector<pid_t> out;
   for (int i = 0; i < 100; ++i) {
     out.clear();
-    std::istringstream in(
-        Sql("SELECT string_agg(pid::text, ' ') FROM pg_stat_activity WHERE application_name = '" +
-            name + "'"));
+    std::istringstream in(PostgresSql(
+        "SELECT string_agg(pid::text, ' ') FROM pg_stat_activity WHERE application_name = '" +
+        name + "'"));
     for (pid_t pid; in >> pid;) out.push_back(pid);
     if (out.size() == expected) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
@@ -411,10 +399,10 @@ TEST_P(ClockSkewTest, NoInstanceTakesALiveLeaseOverWhateverItsClockSays) {
   }
 
   // The skew was real: the skewed instance dated its payment by its own wall clock.
-  const int64_t dated_normal = std::stoll(Sql("SELECT created_at FROM " + schema_ +
-                                              ".payments WHERE merchant_order_no = 'ORD-SKEW-0'"));
-  const int64_t dated_skewed = std::stoll(Sql("SELECT created_at FROM " + schema_ +
-                                              ".payments WHERE merchant_order_no = 'ORD-SKEW-1'"));
+  const int64_t dated_normal = std::stoll(PostgresSql(
+      "SELECT created_at FROM " + schema_ + ".payments WHERE merchant_order_no = 'ORD-SKEW-0'"));
+  const int64_t dated_skewed = std::stoll(PostgresSql(
+      "SELECT created_at FROM " + schema_ + ".payments WHERE merchant_order_no = 'ORD-SKEW-1'"));
   const int64_t apart_ms = dated_skewed - dated_normal;  // about 3 s of real time, plus the skew
   EXPECT_GT(GetParam()[0] == '+' ? apart_ms : -apart_ms, 30'000) << "the clock was not skewed";
 

@@ -218,7 +218,7 @@ int Pay(const PayOptions& options) {
   if (!outcome) return Fail(outcome.error().message);
   std::cerr << "Idempotency-Key: " << outcome->key << " (" << outcome->attempts << " attempt"
             << (outcome->attempts == 1 ? "" : "s") << ")\n";
-  const http::Response& r = outcome->response;
+  const client::Response& r = outcome->response;
   if (options.output == Output::kJson) {
     json::object out = ResponseJson(r.status, r.headers.fields, r.body);
     out["idempotency_key"] = outcome->key;
