@@ -157,6 +157,14 @@ int Run(int argc, char** argv) {
     cache.url = config->redis_url;
     cache.lru_bytes = static_cast<std::size_t>(config->replay_cache_bytes);
     cache.on_fallback = [&metrics] { metrics.CountRedisFallback(); };
+    cache.on_health = [](std::string_view failure) {
+      if (failure.empty()) {
+        http::Log(http::LogLevel::kInfo, "redis answers again");
+      } else {
+        http::Log(http::LogLevel::kWarn, "redis failing; the store answers meanwhile",
+                  {{"error", failure}});
+      }
+    };
     auto fast = OpenRedisFastPath(std::move(*store), cache, SystemClock(), SystemRandom());
     if (!fast) return Fail("redis: " + fast.error().message);
     store = std::move(fast->store);

@@ -46,6 +46,10 @@ struct RedisCacheOptions {
   // Called on every fallback to the database after a Redis failure, and for every cache entry
   // found to belong to another scope (for metrics).
   std::function<void()> on_fallback;
+  // Called once per change of Redis's health, for logs: when it starts failing, with why (a
+  // refused AUTH, a connection refused, a timeout, an error reply), and when it answers again
+  // after failing, with "".
+  std::function<void(std::string_view failure)> on_health;
   // After a Redis failure, how long Redis is left alone by the cache and the markers alike (the
   // database answers meanwhile), so a Redis that is down does not add its timeout to every call.
   Millis rest_after_failure{1000};

@@ -610,11 +610,14 @@ TEST(RedisUrl, ConnectionsLogInAndSelectTheDatabase) {
   const ScopeHash scope = *Scope{"acme", "alice", "r", "auth-key-1"}.Hash();
   InFlight mine;
   mine.expires_at = clock.Now() + Millis(60000);
+  std::vector<std::string> health;  // what on_health reported, in order
   auto open = [&](const std::string& url, int* fallbacks) {
     RedisCacheOptions options;
     options.url = url;
     options.timeout = Millis(1000);
+    options.rest_after_failure = Millis(1);
     options.on_fallback = [fallbacks] { ++*fallbacks; };
+    options.on_health = [&health](std::string_view failure) { health.emplace_back(failure); };
     auto fast = OpenRedisFastPath(std::move(*OpenSqliteStore(sqlite, clock, random)), options,
                                   clock, random);
     EXPECT_TRUE(fast.has_value()) << url;
@@ -640,6 +643,12 @@ TEST(RedisUrl, ConnectionsLogInAndSelectTheDatabase) {
   EXPECT_FALSE(wrong->Place(scope, mine, Millis(30000)).token.has_value());
   EXPECT_EQ(refused, 1) << "a refused AUTH is a fallback";
   EXPECT_EQ(keys_in_3(), 0);
+  ASSERT_EQ(health.size(), 1u) << "the failure is reported";
+  EXPECT_NE(health[0].find("AUTH refused"), std::string::npos) << health[0];
+  EXPECT_EQ(health[0].find("nope"), std::string::npos) << "the password is never in it";
+  std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  EXPECT_FALSE(wrong->Place(scope, mine, Millis(30000)).token.has_value());
+  EXPECT_EQ(health.size(), 1u) << "reported once while it keeps failing";
 
   int fallbacks = 0;
   auto markers = open("redis://idem:p%40ss%2Fword@" + base, &fallbacks);
@@ -648,6 +657,17 @@ TEST(RedisUrl, ConnectionsLogInAndSelectTheDatabase) {
   EXPECT_EQ(fallbacks, 0);
   EXPECT_EQ(keys_in_3(), 1) << "the marker is in database 3";
   EXPECT_TRUE(markers->Place(scope, mine, Millis(30000)).held.has_value());
+  EXPECT_EQ(health.size(), 1u) << "a client that never failed reports nothing";
+
+  // The refused password becomes valid: the failing client logs in and reports it.
+  redisContext* admin = redisConnect("127.0.0.1", port);
+  freeReplyObject(redisCommand(admin, "AUTH idem %s", "p@ss/word"));
+  freeReplyObject(redisCommand(admin, "ACL SETUSER idem >nope"));
+  redisFree(admin);
+  std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  EXPECT_TRUE(wrong->Place(scope, mine, Millis(30000)).held.has_value());
+  ASSERT_EQ(health.size(), 2u);
+  EXPECT_EQ(health[1], "") << "answering again";
 }
 
 }  // namespace

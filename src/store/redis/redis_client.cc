@@ -50,28 +50,26 @@ Result<std::unique_ptr<RedisConn>> Connect(const Endpoint& e, Millis timeout) {
 
 }  // namespace
 
-Reply RedisConn::Command(const std::vector<std::string_view>& args) {
+Reply RedisConn::Send(const std::vector<std::string_view>& args) {
   std::vector<const char*> argv;
   std::vector<std::size_t> lens;
   for (std::string_view a : args) {
     argv.push_back(a.data());
     lens.push_back(a.size());
   }
-  void* r = redisCommandArgv(ctx_.get(), static_cast<int>(args.size()), argv.data(), lens.data());
-  Reply reply(static_cast<redisReply*>(r));
-  if (!reply || reply->type == REDIS_REPLY_ERROR) return nullptr;
-  return reply;
+  return Reply(static_cast<redisReply*>(
+      redisCommandArgv(ctx_.get(), static_cast<int>(args.size()), argv.data(), lens.data())));
+}
+
+Reply RedisConn::Command(const std::vector<std::string_view>& args) {
+  Reply reply = Send(args);
+  if (reply && reply->type != REDIS_REPLY_ERROR) return reply;
+  last_error_ = reply ? ReplyText(reply.get()) : std::string(ctx_->errstr);
+  return nullptr;
 }
 
 bool RedisConn::Expect(const std::vector<std::string_view>& args, std::string* why) {
-  std::vector<const char*> argv;
-  std::vector<std::size_t> lens;
-  for (std::string_view a : args) {
-    argv.push_back(a.data());
-    lens.push_back(a.size());
-  }
-  Reply reply(static_cast<redisReply*>(
-      redisCommandArgv(ctx_.get(), static_cast<int>(args.size()), argv.data(), lens.data())));
+  Reply reply = Send(args);
   if (reply && reply->type == REDIS_REPLY_STATUS) return true;
   *why = reply ? ReplyText(reply.get()) : std::string(ctx_->errstr);
   return false;
@@ -130,11 +128,15 @@ Reply RedisClient::Command(const std::vector<std::string_view>& args) {
   if (Resting()) return nullptr;
   auto conn = store_internal::Borrow(pool_, options_.timeout);
   if (!conn) {
-    Fallback();
+    Fallback(conn.error().message);
     return nullptr;
   }
   Reply reply = (*conn)->Command(args);
-  if (!reply) Fallback();
+  if (!reply) {
+    Fallback("redis " + std::string(args.empty() ? "" : args[0]) + ": " + (*conn)->LastError());
+  } else {
+    Answered();
+  }
   return reply;
 }
 
@@ -148,9 +150,16 @@ void RedisClient::CountFallback() const {
   if (options_.on_fallback) options_.on_fallback();
 }
 
-void RedisClient::Fallback() {
+void RedisClient::Fallback(std::string_view why) {
   CountFallback();
   resting_until_ms_ = NowMs() + options_.rest_after_failure.count();
+  if (!failing_.exchange(true) && options_.on_health) options_.on_health(why);
+}
+
+void RedisClient::Answered() {
+  if (failing_.load(std::memory_order_relaxed) && failing_.exchange(false) && options_.on_health) {
+    options_.on_health("");
+  }
 }
 
 }  // namespace idem::redis_internal

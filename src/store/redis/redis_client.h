@@ -29,15 +29,20 @@ class RedisConn {
   // A command with binary-safe arguments; nullptr on any failure, an error reply included (then
   // the connection may be broken, and the pool replaces it).
   Reply Command(const std::vector<std::string_view>& args);
+  // Why the last Command returned nullptr.
+  const std::string& LastError() const { return last_error_; }
   // A command whose answer must be a status (+OK): AUTH, SELECT. Otherwise false, with the
   // server's error or the connection's in *why.
   bool Expect(const std::vector<std::string_view>& args, std::string* why);
 
  private:
+  Reply Send(const std::vector<std::string_view>& args);
+
   struct ContextFree {
     void operator()(redisContext* c) const { redisFree(c); }
   };
   std::unique_ptr<redisContext, ContextFree> ctx_;
+  std::string last_error_;
 };
 
 // Where and as whom a connection logs in: redis://[[user]:password@]host[:port][/database].
@@ -81,13 +86,17 @@ class RedisClient {
   SteadyTime Now() const { return monotonic_.Now(); }
 
  private:
-  void Fallback();
+  // Counts the fallback, rests, and reports Redis failing when it was not already.
+  void Fallback(std::string_view why);
+  // Reports Redis answering again when it was failing.
+  void Answered();
   int64_t NowMs() const;
 
   RedisCacheOptions options_;
   MonotonicClock& monotonic_;
   store_internal::Pool<RedisConn> pool_;
   std::atomic<int64_t> resting_until_ms_{0};
+  std::atomic<bool> failing_{false};
 };
 
 // The two users of one client: the replay cache (redis_cache.cc) and the in-flight markers
