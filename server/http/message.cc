@@ -71,8 +71,12 @@ void Headers::Add(std::string_view name, std::string_view value) {
 }
 
 void Headers::Set(std::string_view name, std::string_view value) {
-  std::erase_if(fields, [&](const auto& f) { return NameEquals(f.first, name); });
+  Remove(name);
   Add(name, value);
+}
+
+void Headers::Remove(std::string_view name) {
+  std::erase_if(fields, [&](const auto& f) { return NameEquals(f.first, name); });
 }
 
 std::string_view Request::Path() const {

@@ -30,6 +30,8 @@ struct Headers {
   void Add(std::string_view name, std::string_view value);
   // Replaces every field called `name` with one.
   void Set(std::string_view name, std::string_view value);
+  // Removes every field called `name`.
+  void Remove(std::string_view name);
 };
 
 struct Request {

@@ -273,6 +273,8 @@ class ServerImpl final : public Server {
       // The calls made for this request (to the provider, to a gateway's upstream) carry this
       // hop's span as their parent.
       request.headers.Set("traceparent", trace.Traceparent());
+      // W3C: a tracestate belongs to the traceparent it came with; a new trace drops it.
+      if (trace.parent_id.empty()) request.headers.Remove("tracestate");
       Response response;
       if (malformed) {
         response = Problem(ProblemKind::kMalformedRequest, *malformed);

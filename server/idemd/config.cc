@@ -327,6 +327,8 @@ Result<GatewayRoute> ReadGatewayRoute(const toml::table& t, const std::string& o
       auto text = node.value<std::string>();
       if (!text || text->size() > 64) return at("must be a header name");
       r.forward_key_header = *text;
+    } else if (k == "status_path" && node.value<std::string>() == std::string()) {
+      r.status_path.clear();  // none, as when absent
     } else if (k == "status_path") {
       auto text = node.value<std::string>();
       const std::size_t at_key = text ? text->find("{key}") : std::string::npos;
@@ -513,6 +515,7 @@ Status ApplyEnvironment(toml::table& t) {
     if (it == by_variable.end()) {
       return Bad("environment", variable + " names no configuration key (docs/config.md)");
     }
+    if (value.empty()) continue;  // as if unset: an empty template line changes nothing
     const std::string& name = it->second.first;
     const std::size_t dot = name.find('.');
     const std::string section = name.substr(0, dot);
@@ -544,7 +547,10 @@ Status ApplyEnvironment(toml::table& t) {
         std::string_view rest(value);
         while (!rest.empty()) {
           const std::size_t comma = rest.find(',');
-          list.push_back(std::string(rest.substr(0, comma)));
+          std::string_view element = rest.substr(0, comma);
+          while (!element.empty() && element.front() == ' ') element.remove_prefix(1);
+          while (!element.empty() && element.back() == ' ') element.remove_suffix(1);
+          list.push_back(std::string(element));
           rest = comma == std::string_view::npos ? "" : rest.substr(comma + 1);
         }
         table->insert_or_assign(key, std::move(list));

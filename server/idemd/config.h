@@ -126,6 +126,11 @@ Result<Config> LoadConfig(const std::string& path, const std::vector<std::string
 // URLs are replaced by "REDACTED".
 std::string EffectiveConfigToml(const Config& config);
 
+// `url` with its password replaced by "REDACTED", for what is printed or logged: the password of
+// the user info, a `password` query parameter, and, in text Boost.URL does not parse (libpq's
+// multi-host URLs, an unencoded '@'), everything before the authority's last '@'.
+std::string RedactedUrl(const std::string& url);
+
 // Every key a config file may set, "section.key" ("routes.fingerprint.ignore" for keys of
 // [[routes]] entries), with its TOML type: what the unknown-key check and the environment
 // overrides accept, and what docs/config.md lists.

@@ -15,22 +15,6 @@ namespace {
 
 constexpr std::string_view kRedacted = "REDACTED";
 
-// A URL with its password replaced, so the printed config can be shared; text that is not a URL
-// (a libpq keyword string) is printed only when it names no password.
-std::string Redacted(const std::string& url) {
-  auto parsed = boost::urls::parse_absolute_uri(url);
-  if (!parsed) {
-    return url.find("password") == std::string::npos ? url : std::string(kRedacted);
-  }
-  boost::urls::url copy(*parsed);
-  if (copy.has_password()) copy.set_password(kRedacted);
-  auto params = copy.params();
-  for (auto it = params.begin(); it != params.end(); ++it) {
-    if ((*it).key == "password") it = params.replace(it, {"password", kRedacted});
-  }
-  return std::string(copy.buffer());
-}
-
 toml::array Strings(const std::vector<std::string>& values) {
   toml::array out;
   for (const std::string& v : values) out.push_back(v);
@@ -85,13 +69,13 @@ toml::table EffectiveTable(const Config& c) {
        }},
       {"store",
        toml::table{
-           {"url", Redacted(c.store_url)},
+           {"url", RedactedUrl(c.store_url)},
            {"pool_size", int64_t{c.store_pool_size}},
            {"threads", int64_t{c.store_threads}},
            {"read_threads", int64_t{c.store_read_threads}},
            {"replay_cache_bytes", c.replay_cache_bytes},
            {"prepared_statements", c.store_prepared_statements},
-           {"listen_url", Redacted(c.store_listen_url)},
+           {"listen_url", RedactedUrl(c.store_listen_url)},
            {"connect_timeout_ms", Ms(pg.connect)},
            {"statement_timeout_ms", Ms(pg.statement)},
            {"lock_timeout_ms", Ms(pg.lock)},
@@ -100,10 +84,10 @@ toml::table EffectiveTable(const Config& c) {
            {"keepalives_interval_s", static_cast<int64_t>(pg.keepalives_interval.count())},
            {"keepalives_count", int64_t{pg.keepalives_count}},
        }},
-      {"redis", toml::table{{"url", Redacted(c.redis_url)}}},
+      {"redis", toml::table{{"url", RedactedUrl(c.redis_url)}}},
       {"provider",
        toml::table{
-           {"url", Redacted(c.provider_url)},
+           {"url", RedactedUrl(c.provider_url)},
            {"timeout_ms", Ms(c.provider_timeout)},
            {"connect_timeout_ms", Ms(c.provider_connect_timeout)},
            {"max_connections", int64_t{c.provider_max_connections}},
@@ -178,6 +162,34 @@ void AddKeys(const toml::table& table, const std::string& prefix,
 }
 
 }  // namespace
+
+std::string RedactedUrl(const std::string& url) {
+  const std::size_t scheme = url.find("://");
+  if (scheme == std::string::npos) {  // a libpq keyword string
+    return url.find("password") == std::string::npos ? url : std::string(kRedacted);
+  }
+  // The user info by hand: everything up to the authority's last '@', which also covers what
+  // Boost.URL reads otherwise or not at all (an unencoded '@' in a password, libpq's multi-host
+  // "h1:5432,h2:5432"). The user stays; what follows its ':' goes.
+  std::string out = url;
+  const std::size_t from = scheme + 3;
+  const std::size_t host_end = url.find_first_of("/?#", from);
+  const std::size_t at = url.rfind('@', host_end == std::string::npos ? url.size() : host_end);
+  if (at != std::string::npos && at >= from) {
+    const std::size_t colon = url.find(':', from);
+    if (colon < at) out = url.substr(0, colon + 1) + std::string(kRedacted) + url.substr(at);
+  }
+  auto parsed = boost::urls::parse_absolute_uri(out);
+  if (!parsed) {
+    return out.find("password=") == std::string::npos ? out : std::string(kRedacted);
+  }
+  boost::urls::url copy(*parsed);
+  auto params = copy.params();
+  for (auto it = params.begin(); it != params.end(); ++it) {
+    if ((*it).key == "password") it = params.replace(it, {"password", kRedacted});
+  }
+  return std::string(copy.buffer());
+}
 
 std::string EffectiveConfigToml(const Config& config) {
   std::ostringstream out;

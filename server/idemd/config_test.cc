@@ -672,6 +672,10 @@ status_path = "/v1/orders/by-key/{key}"
 timeout_ms = 2000
 lease_ms = 5000
 retention_hours = 12
+[[routes]]
+name = "orders.cancel"
+match = "DELETE /v1/orders/{id}"
+upstream = "http://127.0.0.1:3000"
 )"));
   auto first = LoadConfig(path, {});
   ASSERT_TRUE(first.has_value()) << first.error().message;
@@ -681,6 +685,15 @@ retention_hours = 12
   }
   EXPECT_NE(printed.find("postgresql://idem:REDACTED@db.internal:5432/idem"), std::string::npos)
       << printed;
+  // Text Boost.URL does not take still loses what precedes the host.
+  EXPECT_EQ(RedactedUrl("postgresql://idem:pw@db1:5432,db2:5432/idem"),
+            "postgresql://idem:REDACTED@db1:5432,db2:5432/idem");
+  EXPECT_EQ(RedactedUrl("redis://:p@ss@cache:6379/0"), "redis://:REDACTED@cache:6379/0");
+  EXPECT_EQ(RedactedUrl("postgresql://db/idem?user=idem&password=pw"),
+            "postgresql://db/idem?user=idem&password=REDACTED");
+  EXPECT_EQ(RedactedUrl("redis://cache:6379/2"), "redis://cache:6379/2");
+  EXPECT_EQ(RedactedUrl("host=db password=pw"), "REDACTED");
+  EXPECT_EQ(RedactedUrl("sqlite:///var/lib/idem/idem.db"), "sqlite:///var/lib/idem/idem.db");
   for (const auto& [key, kind] : ConfigKeys()) {
     const std::string last = key.substr(key.rfind('.') + 1);
     if (key == "idempotency.retention_hours" || key.rfind("server.", 0) == 0) continue;
@@ -725,7 +738,8 @@ TEST_F(ConfigTest, EnvironmentVariablesOverrideTheFileAndFlagsOverrideThem) {
   {
     Env pool("IDEMD_STORE_POOL_SIZE", "7");
     Env fivexx("IDEMD_PROVIDER_5XX_MEANS_NOTHING_CHARGED", "true");
-    Env currencies("IDEMD_PAYMENTS_CURRENCIES", "USD,EUR");
+    Env currencies("IDEMD_PAYMENTS_CURRENCIES", "USD, EUR");
+    Env empty("IDEMD_STORE_READ_THREADS", "");
     Env listen("IDEMD_SERVER_LISTEN", "[::1]:7001");
     Env url("IDEMD_STORE_URL", "postgresql://idem:pw@db/idem");
     auto c = LoadConfig(path, {"--store", "sqlite://flag.db"});
@@ -736,6 +750,7 @@ TEST_F(ConfigTest, EnvironmentVariablesOverrideTheFileAndFlagsOverrideThem) {
     EXPECT_EQ(c->server.host, "::1");
     EXPECT_EQ(c->server.port, 7001);
     EXPECT_EQ(c->store_url, "sqlite://flag.db") << "a flag wins over the environment";
+    EXPECT_EQ(c->store_read_threads, 2) << "an empty variable counts as unset";
   }
   const std::vector<std::tuple<const char*, const char*, std::string>> bad = {
       {"IDEMD_STORE_POOL_SIZ", "3", "IDEMD_STORE_POOL_SIZ names no configuration key"},

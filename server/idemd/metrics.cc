@@ -11,6 +11,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "server/http/log.h"
 #include "server/idemd/config.h"
 
 namespace idem::idemd {
@@ -323,9 +324,8 @@ std::string Metrics::Render() const {
 void TakeCensus(Store& store, Metrics& metrics, Clock& clock) {
   auto census = store.Census();
   if (!census) {
-    std::fprintf(stderr,
-                 "{\"level\":\"warn\",\"msg\":\"records census failed\",\"error\":\"%s\"}\n",
-                 std::string(ErrcName(census.error().code)).c_str());
+    http::Log(http::LogLevel::kWarn, "records census failed",
+              {{"code", ErrcName(census.error().code)}, {"error", census.error().message}});
     return;
   }
   metrics.SetRecords(*census, clock.Now());

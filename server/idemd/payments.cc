@@ -8,6 +8,7 @@
 #include "idem/canonical.h"
 #include "idem/failpoint.h"
 #include "idem/fingerprint.h"
+#include "server/http/log.h"
 #include "server/http/problem.h"
 #include "server/idemd/routes.h"
 
@@ -486,13 +487,8 @@ Execution Payments::FromFoundCharge(const Ticket& ticket, Payment payment, const
     // the payment stays pending (its merchant order blocked), every retry and every reconciler
     // pass looks again and answers this 500 without charging, and the log says so, until an
     // operator settles it (docs/idemd.md).
-    const std::string line =
-        json::serialize(json::object{{"level", "error"},
-                                     {"msg", "provider charge does not match its payment"},
-                                     {"payment", payment.id},
-                                     {"charge", charge.id}}) +
-        "\n";
-    std::fwrite(line.data(), 1, line.size(), stderr);
+    http::Log(http::LogLevel::kError, "provider charge does not match its payment",
+              {{"payment", payment.id}, {"charge", charge.id}});
     e.response =
         http::Problem(http::ProblemKind::kInternal,
                       "the payment provider reports a charge for this payment that does "

@@ -37,8 +37,7 @@ Result<std::unique_ptr<Store>> OpenStoreUrl(const std::string& url,
     postgres.app_migrations = options.app_migrations;
     return OpenPostgresStore(postgres, SystemRandom());
   }
-  return MakeError(Errc::kInvalidArgument,
-                   "store URL must start with sqlite:// or postgresql://, got '" + url + "'");
+  return MakeError(Errc::kInvalidArgument, "store URL must start with sqlite:// or postgresql://");
 }
 
 }  // namespace idem::idemd

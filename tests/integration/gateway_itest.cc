@@ -163,6 +163,7 @@ TEST_F(GatewayTest, TheUpstreamGetsTheClientsTraceWithIdemdsSpanAsTheParent) {
   const std::string idemd_span = sent.substr(36, 16);
   EXPECT_NE(idemd_span, client_span) << "idemd's own span is the parent";
   EXPECT_EQ(sent.substr(52), "-01") << "the sampled flag is kept";
+  EXPECT_EQ(ParseObject(first.body).at("tracestate"), "vendor=opaque");
   // The access line of that request carries the trace and idemd's span.
   std::ifstream log(dir_.File("idemd.log"));
   std::string line;
@@ -178,11 +179,14 @@ TEST_F(GatewayTest, TheUpstreamGetsTheClientsTraceWithIdemdsSpanAsTheParent) {
   }
   EXPECT_TRUE(logged) << "no request line with span_id " << idemd_span;
   // Without a traceparent, idemd starts a trace and the upstream still gets one.
-  auto second = Call("POST", "/v1/orders", "order-trace-0002", R"({"sku":"T2"})");
+  auto second = Call("POST", "/v1/orders", "order-trace-0002", R"({"sku":"T2"})",
+                     {{"tracestate", "vendor=orphan"}});
   ASSERT_EQ(second.status, 201) << second.body;
   const std::string started(ParseObject(second.body).at("traceparent").as_string());
   EXPECT_EQ(started.size(), 55u);
   EXPECT_EQ(started.find(trace), std::string::npos);
+  EXPECT_TRUE(ParseObject(second.body).at("tracestate").is_null())
+      << "a tracestate without its traceparent is dropped";
 }
 
 TEST_F(GatewayTest, TheSameKeyWithAnotherRequestIs422AndExecutesNothing) {

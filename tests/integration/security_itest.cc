@@ -626,7 +626,11 @@ TEST_F(SecurityTest, LogsCarryNoSecretsApiKeysIdempotencyKeysOrBodies) {
   }
   EXPECT_GE(lines_401, unauthorized) << "the log has a line per request:\n" << log;
   EXPECT_GE(lines_422, 2) << log;
-  if (auto hits = Find(log, w.needles); !hits.empty()) {
+  // Every line carries its time to the millisecond, which may be a payment's created_at: times
+  // are no secret, so that needle is left out here (it stays for the stores at rest).
+  std::vector<Needle> log_needles = w.needles;
+  std::erase_if(log_needles, [](const Needle& n) { return n.what.ends_with(" created_at"); });
+  if (auto hits = Find(log, log_needles); !hits.empty()) {
     ADD_FAILURE() << "idemd.log (" << dir_.File("idemd.log") << "):\n  " << Join(hits);
   }
 

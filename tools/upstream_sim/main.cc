@@ -88,6 +88,11 @@ class UpstreamSim final : public http::Handler {
     } else {
       body["traceparent"] = context.trace.CallerTraceparent();
     }
+    if (auto state = request.headers.Get("tracestate")) {
+      body["tracestate"] = *state;
+    } else {
+      body["tracestate"] = nullptr;
+    }
     http::Response r{static_cast<int>(status), {}, boost::json::serialize(body)};
     r.headers.Set("Content-Type", "application/json");
     r.headers.Set("Location", "/things/" + std::to_string(n));

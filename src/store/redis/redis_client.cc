@@ -77,7 +77,7 @@ bool RedisConn::Expect(const std::vector<std::string_view>& args, std::string* w
 
 Result<Endpoint> ParseRedisUrl(const std::string& text) {
   auto url = boost::urls::parse_absolute_uri(text);
-  if (!url) return BadUrl("'" + text + "' is not a URL");
+  if (!url) return BadUrl("not a URL (percent-encode @ : / % in the password)");
   if (url->scheme() == "rediss") {
     return BadUrl("rediss:// (TLS) is not supported by this build: its hiredis has no TLS");
   }
@@ -153,13 +153,17 @@ void RedisClient::CountFallback() const {
 void RedisClient::Fallback(std::string_view why) {
   CountFallback();
   resting_until_ms_ = NowMs() + options_.rest_after_failure.count();
-  if (!failing_.exchange(true) && options_.on_health) options_.on_health(why);
+  // Under the lock, so the reports of concurrent calls come out in the order of the changes.
+  std::lock_guard lock(health_mu_);
+  if (failing_.exchange(true)) return;
+  if (options_.on_health) options_.on_health(why);
 }
 
 void RedisClient::Answered() {
-  if (failing_.load(std::memory_order_relaxed) && failing_.exchange(false) && options_.on_health) {
-    options_.on_health("");
-  }
+  if (!failing_.load(std::memory_order_relaxed)) return;  // healthy traffic takes no lock
+  std::lock_guard lock(health_mu_);
+  if (!failing_.exchange(false)) return;
+  if (options_.on_health) options_.on_health("");
 }
 
 }  // namespace idem::redis_internal

@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -96,6 +97,7 @@ class RedisClient {
   MonotonicClock& monotonic_;
   store_internal::Pool<RedisConn> pool_;
   std::atomic<int64_t> resting_until_ms_{0};
+  std::mutex health_mu_;  // orders on_health's reports
   std::atomic<bool> failing_{false};
 };
 
