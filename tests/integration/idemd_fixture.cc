@@ -90,6 +90,18 @@ std::unique_ptr<Store> OpenExistingStore(const std::string& store_url) {
   return store ? std::move(*store) : nullptr;
 }
 
+http::Response PayAt(const http::Url& url, const std::string& key, const std::string& body,
+                     const std::string& prefer) {
+  http::Request req{"POST", "/v1/payments", {}, body};
+  req.headers.Set("Authorization", std::string("Bearer ") + kAlice);
+  req.headers.Set("Content-Type", "application/json");
+  req.headers.Set("Idempotency-Key", key);
+  if (!prefer.empty()) req.headers.Set("Prefer", prefer);
+  auto r = http::Call(url, std::move(req));
+  EXPECT_TRUE(r.has_value());
+  return r ? std::move(*r) : http::Response{};
+}
+
 void IdemdTest::StartService(const char* path, const std::string& name, const std::string& log,
                              std::optional<testing::ChildProcess>* process, http::Url* url) {
   auto started = testing::ChildProcess::Spawn({path, "--listen", "127.0.0.1:0"}, {},

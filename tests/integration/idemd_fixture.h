@@ -58,6 +58,11 @@ std::string FreshPostgresStoreUrl(std::string* schema_out = nullptr);
 // Fails the test (and returns null) when it cannot be opened.
 std::unique_ptr<Store> OpenExistingStore(const std::string& store_url);
 
+// POST /v1/payments as alice to the idemd at `url` (another instance than the fixture's), with
+// Prefer when `prefer` is set. A call that gets no answer fails the test and returns status 0.
+http::Response PayAt(const http::Url& url, const std::string& key, const std::string& body,
+                     const std::string& prefer = "");
+
 class IdemdTest : public ::testing::Test {
  public:
   void SetUp() override;

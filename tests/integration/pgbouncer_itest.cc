@@ -74,17 +74,6 @@ class PgBouncerIdemdTest : public IdemdTest {
   std::vector<std::optional<testing::ChildProcess>> instances_{3};
 };
 
-http::Response PayAt(const http::Url& url, const std::string& key, const std::string& body,
-                     const std::string& prefer = "") {
-  http::Request req{"POST", "/v1/payments", {}, body};
-  req.headers.Set("Authorization", std::string("Bearer ") + kAlice);
-  req.headers.Set("Content-Type", "application/json");
-  req.headers.Set("Idempotency-Key", key);
-  if (!prefer.empty()) req.headers.Set("Prefer", prefer);
-  auto answer = http::Call(url, std::move(req));
-  return answer ? *answer : http::Response{};
-}
-
 // Three instances restarted one after another, over and over, while they take payments: every
 // start migrates (checks the schema) through the pooler at the same time as the others' traffic,
 // and every start must become ready. A migration lock taken on one server session and released

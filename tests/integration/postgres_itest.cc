@@ -345,18 +345,6 @@ SkewedInstance StartSkewed(PostgresIdemdTest& t, const IdemdTest::IdemdOptions& 
   return out;
 }
 
-http::Response PayAt(const http::Url& url, const std::string& key, const std::string& body,
-                     const std::string& prefer = "") {
-  http::Request req{"POST", "/v1/payments", {}, body};
-  req.headers.Set("Authorization", std::string("Bearer ") + kAlice);
-  req.headers.Set("Content-Type", "application/json");
-  req.headers.Set("Idempotency-Key", key);
-  if (!prefer.empty()) req.headers.Set("Prefer", prefer);
-  auto r = http::Call(url, std::move(req));
-  EXPECT_TRUE(r.has_value());
-  return r ? std::move(*r) : http::Response{};
-}
-
 // One clock: two instances on one database, one of them with its wall clock far ahead or far
 // behind, and a provider that ignores idempotency keys. A payment is in flight at the provider
 // through one instance while its retries reach the other: they are told it is in progress (409)
