@@ -46,6 +46,10 @@ struct RoutePolicy {
   // the downstream. A retryable failure at any other point is left to the client's retry. At
   // most limits::kMaxSentPoints, none empty.
   std::vector<std::string> sent_points;
+  // The largest stored answer of a finished record (encoded: status, headers and body), in
+  // bytes; at most limits::kSealedResponseCeiling and the sealer's own cap. Finish refuses a
+  // larger one with kTooLarge.
+  std::size_t max_response_bytes = limits::kSealedResponseMaxBytes;
 };
 
 // Who is asking: from authentication, never from the request.
@@ -82,6 +86,8 @@ struct Ticket {
   // How long each renewal extends the lease (AdvanceBeforeCall, Heartbeat): the route's lease
   // when the ticket was issued. Set by the engine.
   Millis lease_ttl{0};
+  // The route's RoutePolicy::max_response_bytes when the ticket was issued. Set by the engine.
+  std::size_t max_response_bytes = limits::kSealedResponseMaxBytes;
   // A moment inside the claim's transaction, by the caller's monotonic clock, no later than the
   // claim hook's first statement and the read back (so no later than the store reckoned
   // record.observed_at): set by the caller (idemd's filter takes it as its hook starts), never
@@ -231,8 +237,9 @@ class Engine {
   // `recovery_point` names the point the next attempt resumes from (e.g. one before the send,
   // once a lookup proved the call had no effect, so the reconciler stops listing it).
   // Errors: kFenced (lost the lease; nothing was written, the business writes included),
-  // kTooLarge (response over the cap), kInvalidArgument (recovery_point given with a final
-  // state, or too long), kUnavailable.
+  // kTooLarge (a replayable response over ticket.max_response_bytes or the sealer's cap; nothing
+  // was written: finish again with an answer that fits), kInvalidArgument (recovery_point given
+  // with a final state, or too long), kUnavailable.
   Status Finish(const Ticket& ticket, RecordState state, const StoredResponse& response,
                 const TxnHook& business = {}, std::string_view recovery_point = {});
 

@@ -26,8 +26,10 @@ inline constexpr std::size_t kJsonMaxContainerSize = 4096;
 inline constexpr std::size_t kJsonMaxNumberDigits = 100;
 inline constexpr int64_t kJsonMaxExponent = 1000;
 
-// Plaintext of one stored (sealed) response.
+// Plaintext of one stored (sealed) response: a route's default (RoutePolicy::max_response_bytes),
+// and the most any route may keep (as large as the largest answer idemd's HTTP client takes).
 inline constexpr std::size_t kSealedResponseMaxBytes = 16 * 1024;
+inline constexpr std::size_t kSealedResponseCeiling = 1024 * 1024;
 
 // Principal identity and route id lengths.
 inline constexpr std::size_t kPrincipalMaxLength = 128;
@@ -40,7 +42,10 @@ inline constexpr std::size_t kMaxSentPoints = 4;
 
 // Quotas per principal.
 inline constexpr int64_t kMaxProcessingPerPrincipal = 100;
-inline constexpr int64_t kMaxRetainedPerPrincipal = 100000;
+// Sized for a busy merchant: 100 new keys a second, sustained over the default retention of 7 days,
+// is 100 × 604,800 = 60,480,000 records; rounded up. The count is one row per principal
+// (idem_retained), so a claim costs the same at any number retained.
+inline constexpr int64_t kMaxRetainedPerPrincipal = 64'000'000;
 
 // Time of records: how long a claim's lease lasts before another executor may take over (renewed
 // by a heartbeat), how long a record is retained and its key recognised, and the longest

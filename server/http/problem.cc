@@ -71,6 +71,8 @@ ProblemSpec Spec(ProblemKind kind) {
       return {503, "urn:idem:problem:unavailable", "Service Unavailable", kRetry1s};
     case K::kTimeout:
       return {504, "urn:idem:problem:timeout", "Gateway Timeout"};
+    case K::kAnswerTooLarge:
+      return {502, "urn:idem:problem:answer-too-large", "Bad Gateway", kNoRetry, kExpires};
 
     case K::kPaymentDeclined:
       return {402, "urn:idem:problem:payment-declined", "Payment Required", kNoRetry, kExpires};

@@ -47,10 +47,11 @@ enum class ProblemKind : uint8_t {
   kQuotaExceeded,         // too many running or retained keys for the principal
   kUnavailable,           // the store is busy or unreachable; retry
   kTimeout,               // a deadline passed; the outcome may be unknown
+  kAnswerTooLarge,        // executed, but its answer is too large to keep: final, replayed
 
   // Payments.
   kPaymentDeclined,      // the provider declined the charge; final
-  kProviderUnavailable,  // the provider is down and nothing was charged; retry
+  kProviderUnavailable,  // the provider is down or failed; retry (an unknown outcome is looked up)
   kProviderTimeout,      // the provider did not answer; retry to learn the outcome
   kOrderInProgress,      // the merchant order is being paid under another key; retry
   kOrderConflict,        // the merchant order is already paid differently

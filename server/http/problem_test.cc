@@ -97,6 +97,7 @@ TEST(ProblemTable, KeepsThePublishedStatusTypeAndTitleOfEveryKind) {
       {K::kQuotaExceeded, {429, "quota-exceeded", "Too Many Requests", 1, false}},
       {K::kUnavailable, {503, "unavailable", "Service Unavailable", 1, false}},
       {K::kTimeout, {504, "timeout", "Gateway Timeout", 0, false}},
+      {K::kAnswerTooLarge, {502, "answer-too-large", "Bad Gateway", 0, true}},
       {K::kPaymentDeclined, {402, "payment-declined", "Payment Required", 0, true}},
       {K::kProviderUnavailable, {503, "provider-unavailable", "Service Unavailable", 1, true}},
       {K::kProviderTimeout, {504, "provider-timeout", "Gateway Timeout", 0, true}},

@@ -95,6 +95,36 @@ Status ReadSeconds(const toml::table& t, std::string_view section, std::string_v
   return ReadDuration(t, section, key, out, origin);
 }
 
+// [provider] nothing_charged_statuses: 5xx codes, as integers or as their three digits in a
+// string (the form an IDEMD_PROVIDER_NOTHING_CHARGED_STATUSES list takes), each at most once.
+Status ReadNothingChargedStatuses(const toml::table& t, std::vector<int>& out,
+                                  const std::string& origin) {
+  constexpr std::string_view kName = "provider.nothing_charged_statuses";
+  const toml::node* node = t.at_path(kName).node();
+  if (node == nullptr) return Ok();
+  const toml::array* array = node->as_array();
+  if (array == nullptr) return Bad(origin, std::string(kName) + " must be an array of 5xx codes");
+  out.clear();
+  for (const toml::node& n : *array) {
+    std::optional<int64_t> code = n.value<int64_t>();
+    if (auto text = n.value<std::string>();
+        text && text->size() == 3 && std::all_of(text->begin(), text->end(), ::isdigit)) {
+      code = std::stoi(*text);
+    }
+    if (!n.is_integer() && !n.is_string()) code.reset();
+    if (!code || *code < 500 || *code > 599) {
+      return Bad(origin, std::string(kName) +
+                             ": only 5xx statuses can prove that nothing was charged (a 2xx is "
+                             "a charge, a 402 a decline)");
+    }
+    if (std::find(out.begin(), out.end(), *code) != out.end()) {
+      return Bad(origin, std::string(kName) + ": " + std::to_string(*code) + " is listed twice");
+    }
+    out.push_back(static_cast<int>(*code));
+  }
+  return Ok();
+}
+
 Result<std::vector<Secret>> ReadSecretArray(const toml::table& t, const char* name,
                                             const std::string& origin) {
   std::vector<Secret> out;
@@ -353,6 +383,14 @@ Result<GatewayRoute> ReadGatewayRoute(const toml::table& t, const std::string& o
        : k == "timeout_ms" ? r.timeout
                            : r.retention) =
           Millis(k == "retention_hours" ? *value * 3'600'000 : *value);
+    } else if (k == "max_stored_bytes") {
+      auto value = node.value<int64_t>();
+      if (!node.is_integer() || !value || *value < int64_t{kMinStoredBytes} ||
+          *value > static_cast<int64_t>(limits::kSealedResponseCeiling)) {
+        return at("must be an integer " + std::to_string(kMinStoredBytes) + ".." +
+                  std::to_string(limits::kSealedResponseCeiling));
+      }
+      r.max_stored_bytes = static_cast<std::size_t>(*value);
     } else {
       return at("unknown key");
     }
@@ -458,7 +496,14 @@ Status ReadGatewayRoutes(const toml::table& t, const std::string& origin,
 Status CheckKnownKeys(const toml::table& t, const std::string& origin) {
   const std::map<std::string, Kind>& known = ConfigKeys();
   auto unknown = [&](const std::string& name, const toml::node& n) {
-    return Bad(origin + ":" + std::to_string(n.source().begin.line), "unknown key " + name);
+    // A key of an earlier version says what replaced it.
+    const std::string replaced =
+        name == "provider.5xx_means_nothing_charged"
+            ? " (replaced by provider.nothing_charged_statuses: the 5xx statuses the provider "
+              "documents as \"nothing was charged\", e.g. [503]; docs/config.md)"
+            : "";
+    return Bad(origin + ":" + std::to_string(n.source().begin.line),
+               "unknown key " + name + replaced);
   };
   auto check_table = [&](const toml::table& table, const std::string& prefix) -> Status {
     for (const auto& [key, node] : table) {
@@ -624,8 +669,7 @@ Result<Config> LoadConfig(const std::string& path, const std::vector<std::string
       ReadMillis(t, "provider", "connect_timeout_ms", c.provider_connect_timeout, o));
   IDEM_RETURN_IF_ERROR(Read(t, "provider", "max_connections", c.provider_max_connections, o));
   IDEM_RETURN_IF_ERROR(Read(t, "provider", "ca_file", c.provider_ca_file, o));
-  IDEM_RETURN_IF_ERROR(
-      Read(t, "provider", "5xx_means_nothing_charged", c.provider_5xx_means_nothing_charged, o));
+  IDEM_RETURN_IF_ERROR(ReadNothingChargedStatuses(t, c.provider_nothing_charged_statuses, o));
   IDEM_RETURN_IF_ERROR(
       Read(t, "provider", "deduplicates_by_key", c.provider_deduplicates_by_key, o));
   IDEM_RETURN_IF_ERROR(ReadMillis(t, "provider", "settle_ms", c.provider_settle, o));

@@ -65,10 +65,12 @@ struct Config {
   Millis provider_connect_timeout{2000};
   int provider_max_connections = 1024;
   std::string provider_ca_file;  // https: the CAs to trust; empty: the system's
-  // The provider's declared semantics: a 5xx answer to a charge means nothing was charged. Off
-  // (the default), a 5xx after the request left proves nothing and the charge is looked up
-  // before the order can be paid again (docs/idemd.md, "Ambiguous failures").
-  bool provider_5xx_means_nothing_charged = false;
+  // The provider's declared semantics: the 5xx statuses of a charge's answer that prove nothing
+  // was charged (e.g. {503} for a provider that documents 503 as "not processed"). Empty (the
+  // default): every 5xx after the request left is an unknown outcome, like a timeout; the charge
+  // is looked up, once its send has settled, before anything is charged again (docs/idemd.md,
+  // "Ambiguous failures").
+  std::vector<int> provider_nothing_charged_statuses;
   // The provider's declared semantics: a repeated charge with the same reference (its
   // idempotency key) charges at most once. On, a charge whose outcome is unknown is sent again at
   // once; off (the default), only after settle_ms.

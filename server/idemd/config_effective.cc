@@ -21,6 +21,12 @@ toml::array Strings(const std::vector<std::string>& values) {
   return out;
 }
 
+toml::array Integers(const std::vector<int>& values) {
+  toml::array out;
+  for (int v : values) out.push_back(int64_t{v});
+  return out;
+}
+
 int64_t Ms(Millis m) { return m.count(); }
 
 toml::table RouteTable(const GatewayRoute& r) {
@@ -41,6 +47,7 @@ toml::table RouteTable(const GatewayRoute& r) {
       {"status_path", r.status_path},
       {"lease_ms", Ms(r.lease)},
       {"timeout_ms", Ms(r.timeout)},
+      {"max_stored_bytes", static_cast<int64_t>(r.max_stored_bytes)},
       {"retention_hours", std::chrono::duration_cast<std::chrono::hours>(r.retention).count()},
   };
 }
@@ -92,7 +99,7 @@ toml::table EffectiveTable(const Config& c) {
            {"connect_timeout_ms", Ms(c.provider_connect_timeout)},
            {"max_connections", int64_t{c.provider_max_connections}},
            {"ca_file", c.provider_ca_file},
-           {"5xx_means_nothing_charged", c.provider_5xx_means_nothing_charged},
+           {"nothing_charged_statuses", Integers(c.provider_nothing_charged_statuses)},
            {"deduplicates_by_key", c.provider_deduplicates_by_key},
            {"settle_ms", Ms(c.provider_settle)},
        }},

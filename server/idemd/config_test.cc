@@ -54,7 +54,7 @@ keepalives_count = 4
 [provider]
 url = "http://127.0.0.1:9000"
 timeout_ms = 1500
-5xx_means_nothing_charged = true
+nothing_charged_statuses = [503, "502"]
 [idempotency]
 lease_ms = 20000
 retention_hours = 24
@@ -76,7 +76,7 @@ user = "alice"
   EXPECT_EQ(c->store_url, "sqlite:///tmp/b.db");
   EXPECT_EQ(c->provider_url, "http://10.0.0.1:1");
   EXPECT_EQ(c->provider_timeout, Millis(1500));
-  EXPECT_TRUE(c->provider_5xx_means_nothing_charged);
+  EXPECT_EQ(c->provider_nothing_charged_statuses, (std::vector<int>{503, 502}));
   EXPECT_EQ(c->lease, Millis(20000));
   EXPECT_EQ(c->retention, Millis(24LL * 3600 * 1000));
   EXPECT_EQ(c->max_processing, 7);
@@ -102,7 +102,8 @@ TEST_F(ConfigTest, DefaultsWhenKeysAreAbsent) {
   EXPECT_EQ(c->store_url, "sqlite://data/idem.db");
   EXPECT_EQ(c->retention, Millis(7LL * 24 * 3600 * 1000));
   EXPECT_EQ(c->server.max_body_bytes, 64u * 1024);
-  EXPECT_FALSE(c->provider_5xx_means_nothing_charged) << "the conservative reading by default";
+  EXPECT_TRUE(c->provider_nothing_charged_statuses.empty())
+      << "the conservative reading by default: every 5xx is an unknown outcome";
   // docs/config.md states these.
   EXPECT_EQ(c->store_timeouts.connect, Millis(5000));
   EXPECT_EQ(c->store_timeouts.statement, Millis(10000));
@@ -167,6 +168,14 @@ TEST_F(ConfigTest, ErrorsNameTheProblem) {
        {},
        "principals"},
       {Minimal("[payments]\ncurrencies = [\"EURO\"]\n"), {}, "currencies"},
+      {Minimal("[provider]\nnothing_charged_statuses = [402]\n"), {}, "only 5xx statuses"},
+      {Minimal("[provider]\nnothing_charged_statuses = [\"5xx\"]\n"), {}, "only 5xx statuses"},
+      {Minimal("[provider]\nnothing_charged_statuses = [503, 503]\n"), {}, "listed twice"},
+      {Minimal("[provider]\nnothing_charged_statuses = 503\n"), {}, "an array of 5xx codes"},
+      // The boolean of an earlier version says what replaced it.
+      {Minimal("[provider]\n5xx_means_nothing_charged = true\n"),
+       {},
+       "replaced by provider.nothing_charged_statuses"},
       {"[secrets]\nfile = \"/nonexistent/x.toml\"\n", {}, "does not exist"},
       {"this is = not [toml\n", {}, "c.toml"},
       {Minimal("[store]\nlisten_url = \"postgresql://db/idem\"\n"), {}, "store.listen_url"},
@@ -645,7 +654,7 @@ url = "redis://:s3cret@cache:6379/2"
 [provider]
 url = "https://provider.example/v2"
 timeout_ms = 1500
-5xx_means_nothing_charged = true
+nothing_charged_statuses = [503]
 [idempotency]
 lease_ms = 20000
 retention_hours = 48
@@ -737,7 +746,7 @@ TEST_F(ConfigTest, EnvironmentVariablesOverrideTheFileAndFlagsOverrideThem) {
                                                    "listen = \"127.0.0.1:7000\"\n"));
   {
     Env pool("IDEMD_STORE_POOL_SIZE", "7");
-    Env fivexx("IDEMD_PROVIDER_5XX_MEANS_NOTHING_CHARGED", "true");
+    Env fivexx("IDEMD_PROVIDER_NOTHING_CHARGED_STATUSES", "503, 504");
     Env currencies("IDEMD_PAYMENTS_CURRENCIES", "USD, EUR");
     Env empty("IDEMD_STORE_READ_THREADS", "");
     Env listen("IDEMD_SERVER_LISTEN", "[::1]:7001");
@@ -745,7 +754,7 @@ TEST_F(ConfigTest, EnvironmentVariablesOverrideTheFileAndFlagsOverrideThem) {
     auto c = LoadConfig(path, {"--store", "sqlite://flag.db"});
     ASSERT_TRUE(c.has_value()) << c.error().message;
     EXPECT_EQ(c->store_pool_size, 7);
-    EXPECT_TRUE(c->provider_5xx_means_nothing_charged);
+    EXPECT_EQ(c->provider_nothing_charged_statuses, (std::vector<int>{503, 504}));
     EXPECT_EQ(c->currencies, (std::vector<std::string>{"USD", "EUR"}));
     EXPECT_EQ(c->server.host, "::1");
     EXPECT_EQ(c->server.port, 7001);

@@ -2,9 +2,11 @@
 #include "server/idemd/filter.h"
 
 #include <algorithm>
+#include <atomic>
 #include <boost/json.hpp>
 #include <chrono>
 #include <mutex>
+#include <thread>
 #include <unordered_map>
 
 #include "server/http/log.h"
@@ -19,6 +21,38 @@ struct Preferences {
   std::optional<Millis> wait;
   bool respond_async = false;
 };
+
+// What is kept of `response`: its status, body and the headers `names` lists, every value of
+// each in the order they came (a Link or Set-Cookie-like header may repeat).
+StoredResponse Stored(const http::Response& response, const std::vector<std::string>& names) {
+  StoredResponse stored;
+  stored.status = response.status;
+  for (const std::string& name : names) {
+    const std::string lower = http::ToLower(name);
+    for (const auto& [field, value] : response.headers.fields) {
+      if (field == lower) stored.headers.emplace_back(name, value);  // fields are lower case
+    }
+  }
+  stored.body = response.body;
+  return stored;
+}
+
+// The final answer kept instead of `original`, an execution's answer over the route's
+// stored-answer cap: 502 answer-too-large, with the original's Location (a payment's), so a
+// client can still find what was made.
+http::Response TooLargeToKeep(const http::Response& original, const Ticket& ticket) {
+  const std::optional<std::string_view> location = original.headers.Get("Location");
+  http::Response r =
+      http::Problem(http::ProblemKind::kAnswerTooLarge,
+                    "the request was executed (status " + std::to_string(original.status) +
+                        "), but its answer of " + std::to_string(original.body.size()) +
+                        " bytes is larger than the " + std::to_string(ticket.max_response_bytes) +
+                        " bytes this route keeps; it is not executed again for this key" +
+                        (location ? "; what it made is at its Location" : ""),
+                    {.key_expires = ticket.record.expires_at});
+  if (location) r.headers.Set("Location", *location);
+  return r;
+}
 
 // RFC 7240: comma-separated preferences, each token[=value] with ;parameters, across headers.
 Preferences ParsePrefer(const http::Headers& headers) {
@@ -404,16 +438,27 @@ http::Response IdempotencyFilter::Finish(Ticket& ticket, Execution execution,
   }
   const RecordState state =
       execution.state.value_or(policy_.failures.Classify(execution.response.status));
-  StoredResponse stored;
-  stored.status = execution.response.status;
-  for (const std::string& name : policy_.stored_headers) {
-    if (auto value = execution.response.headers.Get(name))
-      stored.headers.emplace_back(name, *value);
-  }
-  stored.body = execution.response.body;
+  const std::string resume_at =
+      state == RecordState::kFailedRetryable ? execution.recovery_point : std::string();
   Status finished =
-      engine_.Finish(ticket, state, stored, execution.business,
-                     state == RecordState::kFailedRetryable ? execution.recovery_point : "");
+      engine_.Finish(ticket, state, Stored(execution.response, policy_.stored_headers),
+                     execution.business, resume_at);
+  if (!finished && finished.error().code == Errc::kTooLarge) {
+    // The operation was executed and its answer cannot be kept. Left unfinished, the record
+    // would be taken over once its lease ends and executed again (a gateway route forwards
+    // again, on every retry). It is finished instead, in the state its answer had, with a small
+    // final answer that says so, which every copy of the request gets from now on, this one
+    // too: the same answer for every copy.
+    http::Log(http::LogLevel::kError, "answer too large to keep",
+              {{"route", policy_.route_label},
+               {"status", execution.response.status},
+               {"body_bytes", execution.response.body.size()},
+               {"max_bytes", ticket.max_response_bytes}});
+    execution.response = TooLargeToKeep(execution.response, ticket);
+    finished =
+        engine_.Finish(ticket, state, Stored(execution.response, {"Content-Type", "Location"}),
+                       execution.business, resume_at);
+  }
   failed(finished);
   if (!finished) {
     if (finished.error().code == Errc::kFenced) {
@@ -472,29 +517,47 @@ http::Response IdempotencyFilter::GetOperation(std::string_view key, const Princ
   return response;
 }
 
+void RunConcurrently(std::size_t n, std::size_t width,
+                     const std::function<void(std::size_t)>& body) {
+  std::atomic<std::size_t> next{0};
+  auto work = [&] {
+    for (std::size_t i = next++; i < n; i = next++) body(i);
+  };
+  {
+    std::vector<std::jthread> helpers;
+    for (std::size_t t = 1; t < std::min(n, width); ++t) helpers.emplace_back(work);
+    work();
+  }  // joined
+}
+
 int IdempotencyFilter::ReconcileOnce(int limit,
                                      const std::function<void(const std::string&)>& notify) {
-  bool failed = false;
-  int resolved = 0;
+  std::atomic<bool> failed = false;
+  std::atomic<int> resolved = 0;
   auto stale = engine_.ListStale(policy_.route, limit);
   if (!stale) failed = true;
-  for (const Record& record : stale ? *stale : std::vector<Record>()) {
+  const std::vector<Record> records = stale ? std::move(*stale) : std::vector<Record>();
+  // One record's downstream may stall until its timeout: the others are not held up behind it.
+  RunConcurrently(records.size(), kReconcileConcurrency, [&](std::size_t i) {
+    const Record& record = records[i];
     auto ticket = engine_.TakeOver(policy_.route, record);
     if (!ticket) {
       // Another instance or a retry got there first (kConflict), or a sweeper (kNotFound).
       const Errc code = ticket.error().code;
       if (code != Errc::kConflict && code != Errc::kNotFound) failed = true;
-      continue;
+      return;
     }
     metrics_.CountTakeover();
     Execution execution = operation_.Reconcile(*ticket, engine_);
     const bool unknown = execution.outcome_unknown;
+    bool store_failed = false;
     (void)Finish(*ticket, std::move(execution), /*location=*/{},
-                 /*settling=*/nullptr, &failed);  // nobody waits for this answer
+                 /*settling=*/nullptr, &store_failed);  // nobody waits for this answer
+    if (store_failed) failed = true;
     metrics_.CountReconciled(unknown ? "unknown" : "resolved");
     if (!unknown) ++resolved;
     if (notify) notify(ScopeKey(record.scope));
-  }
+  });
   metrics_.CountReconcilerRun(failed);
   return resolved;
 }

@@ -77,6 +77,16 @@ struct FailurePolicy {
   RecordState Classify(int status) const;
 };
 
+// How many stale records of one route the reconciler resolves at once: each may wait for a
+// downstream (a stalled provider or status URL) up to its timeout, so a pass over N of them takes
+// about ceil(N / kReconcileConcurrency) such waits, never N.
+inline constexpr std::size_t kReconcileConcurrency = 8;
+
+// Runs body(0) … body(n - 1) on up to `width` threads at once (the calling thread among them)
+// and returns once every call has. `body` must be safe to call concurrently.
+void RunConcurrently(std::size_t n, std::size_t width,
+                     const std::function<void(std::size_t)>& body);
+
 struct FilterPolicy {
   RoutePolicy route;
   FailurePolicy failures;
@@ -123,8 +133,9 @@ class IdempotencyFilter {
   // route (blocking).
   http::Response GetOperation(std::string_view key, const Principal& principal);
 
-  // Resolves up to `limit` stale records of this route; returns how many it resolved. Counts one
-  // reconciler run, failed when the store refused to list, take over or settle a record.
+  // Resolves up to `limit` stale records of this route, kReconcileConcurrency at once (each on a
+  // thread of its own, blocking); returns how many it resolved. Counts one reconciler run, failed
+  // when the store refused to list, take over or settle a record.
   int ReconcileOnce(int limit, const std::function<void(const std::string&)>& notify);
 
   const FilterPolicy& policy() const { return policy_; }

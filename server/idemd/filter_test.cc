@@ -8,12 +8,15 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <boost/json.hpp>
+#include <condition_variable>
 #include <functional>
 #include <future>
 #include <latch>
 #include <mutex>
+#include <set>
 #include <thread>
 #include <vector>
 
@@ -880,6 +883,64 @@ TEST_F(FilterTest, ARetryableFailureExecutesAgainWithTheSameKey) {
   EXPECT_EQ(Metric("idem_lease_takeovers_total"), 1);
 }
 
+// An executed operation whose answer is over the route's stored-answer cap is finished all the
+// same, in its answer's state, with a small final answer kept instead (502 answer-too-large, the
+// original's Location): every copy gets that, and nothing executes again, also after the lease
+// has ended and under the reconciler. Before, Finish failed with kTooLarge, the first copy got
+// 413, and the record stayed PROCESSING to be taken over and executed again on every retry.
+TEST_F(FilterTest, AnAnswerTooLargeToKeepFinishesTheRecordAndIsNeverExecutedAgain) {
+  policy_.route.max_response_bytes = 2048;
+  op_.execute = [](int n, Ticket&) {
+    Execution e;
+    e.response = {201, {}, std::string(4096, 'x')};
+    e.response.headers.Set("Location", "/v1/things/" + std::to_string(n));
+    e.response.headers.Set("Content-Type", "text/plain");
+    e.business = [](StoreTxn& txn, const Record&) {
+      return txn.Exec("CREATE TABLE business_done (x INTEGER)", {}).has_value()
+                 ? Ok()
+                 : MakeError(Errc::kInternal, "business write failed");
+    };
+    return e;
+  };
+  const http::Response first = Handle(Post("key-00000001"));
+  EXPECT_EQ(first.status, 502) << first.body;
+  EXPECT_EQ(TypeOf(first), "urn:idem:problem:answer-too-large");
+  EXPECT_EQ(HeaderOf(first, "Location"), "/v1/things/1");
+  EXPECT_EQ(HeaderOf(first, "Idempotency-Key-Expires"), ExpiresFor(t0_));
+  const std::optional<FoundRecord> found = Found("key-00000001");
+  ASSERT_TRUE(found.has_value());
+  EXPECT_EQ(found->record.state, RecordState::kSucceeded) << "the work was done";
+  EXPECT_TRUE(store_->Query("SELECT count(*) FROM business_done").has_value())
+      << "the business writes committed with the completion";
+
+  clock_.Advance(kLease + Millis(1));
+  EXPECT_EQ(Filter().ReconcileOnce(10, {}), 0) << "nothing is left to take over";
+  const http::Response again = Handle(Post("key-00000001"));
+  EXPECT_EQ(again.status, 502);
+  EXPECT_EQ(again.body, first.body);
+  EXPECT_EQ(HeaderOf(again, "Idempotent-Replayed"), "true");
+  EXPECT_EQ(HeaderOf(again, "Location"), "/v1/things/1");
+  EXPECT_EQ(HeaderOf(again, "Content-Type"), "application/problem+json");
+  EXPECT_EQ(op_.Executed(), 1);
+}
+
+// A kept header that came more than once is replayed with every value, in order. Before, the
+// replay had the first value only.
+TEST_F(FilterTest, AKeptHeaderWithSeveralValuesIsReplayedWithAll) {
+  policy_.stored_headers = {"Link", "Content-Type"};
+  op_.execute = [](int n, Ticket&) {
+    Execution e = Answer(201, n);
+    e.response.headers.Add("Link", "</a>; rel=a");
+    e.response.headers.Add("Link", "</b>; rel=b");
+    return e;
+  };
+  ASSERT_EQ(Handle(Post("key-00000001")).status, 201);
+  const http::Response replay = Handle(Post("key-00000001"));
+  ASSERT_EQ(HeaderOf(replay, "Idempotent-Replayed"), "true");
+  EXPECT_EQ(replay.headers.List("link"),
+            (std::vector<std::string_view>{"</a>; rel=a", "</b>; rel=b"}));
+}
+
 TEST_F(FilterTest, AnExecutionsStateOverridesThePolicy) {
   // A 503 declared final is replayed; a 201 declared retryable executes again.
   op_.execute = [](int n, Ticket&) {
@@ -1195,6 +1256,51 @@ TEST_F(FilterTest, ReconcileOnceLeavesAnUnknownOutcomeForLater) {
   EXPECT_EQ(Filter().ReconcileOnce(10, {}), 1);
   EXPECT_EQ(op_.Reconciled().size(), 2u);
   EXPECT_EQ(Found("key-00000001")->record.state, RecordState::kSucceeded);
+}
+
+// The reconciler resolves a route's stale records side by side, kReconcileConcurrency at once: a
+// downstream that stalls until its timeout on every lookup holds each pass up for about one
+// timeout per kReconcileConcurrency records, never one per record. Here each Reconcile waits
+// until all of them have started (a stalled provider that answers only then); one at a time,
+// the first would wait its whole bound and the pass would find each record alone.
+TEST_F(FilterTest, ReconcileOnceResolvesStaleRecordsSideBySide) {
+  constexpr int kRecords = static_cast<int>(kReconcileConcurrency);
+  for (int i = 0; i < kRecords; ++i) {
+    auto claimed =
+        engine_->Start(policy_.route, EngineRequest(kAlice, "key-side-" + std::to_string(i)));
+    ASSERT_TRUE(claimed && claimed->kind == Decision::Kind::kExecute);
+  }
+  clock_.Advance(kLease + Millis(1));
+  std::mutex mu;
+  std::condition_variable all_in;
+  int started = 0;
+  int alone = 0;
+  op_.reconcile = [&](Ticket& ticket) {
+    std::unique_lock lock(mu);
+    ++started;
+    all_in.notify_all();
+    if (!all_in.wait_for(lock, std::chrono::seconds(10), [&] { return started == kRecords; })) {
+      ++alone;
+    }
+    return Answer(201, static_cast<int>(ticket.record.resource_id.size()));
+  };
+  EXPECT_EQ(Filter().ReconcileOnce(100, {}), kRecords);
+  EXPECT_EQ(alone, 0) << "the stale records were resolved one after another";
+  EXPECT_EQ(Metric("idem_reconciler_records_total{result=\"resolved\"}"), kRecords);
+}
+
+TEST(RunConcurrentlyTest, CallsEveryIndexOnceOnAtMostWidthThreads) {
+  std::mutex mu;
+  std::vector<int> calls(50, 0);
+  std::set<std::thread::id> threads;
+  RunConcurrently(50, 4, [&](std::size_t i) {
+    std::lock_guard lock(mu);
+    ++calls[i];
+    threads.insert(std::this_thread::get_id());
+  });
+  EXPECT_EQ(std::count(calls.begin(), calls.end(), 1), 50);
+  EXPECT_LE(threads.size(), 4u);
+  RunConcurrently(0, 4, [&](std::size_t) { ADD_FAILURE() << "called for nothing"; });
 }
 
 // ReconcileOnce promises up to `limit` stale records *of this route*, but it takes the `limit`

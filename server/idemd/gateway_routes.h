@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "idem/clock.h"
+#include "idem/limits.h"
 
 namespace idem::idemd {
 
@@ -18,6 +19,9 @@ inline constexpr std::size_t kMaxGatewayRoutes = 256;
 inline constexpr std::size_t kMaxRouteNameLength = 64;
 inline constexpr std::size_t kMaxRouteSegments = 32;
 inline constexpr std::size_t kMaxRouteListEntries = 64;
+// The smallest stored-answer cap a route may set: room for the answer kept instead of one too
+// large (answer-too-large).
+inline constexpr std::size_t kMinStoredBytes = 1024;
 
 struct GatewayRoute {
   std::string name;     // [a-z0-9._-], unique: metrics, logs, and the records' route id
@@ -45,7 +49,11 @@ struct GatewayRoute {
   Millis lease{30000};
   Millis retention{24LL * 3600 * 1000};
   Millis timeout{10000};  // the upstream exchange's deadline
-  int64_t line = 0;       // where its [[routes]] table begins in the file
+  // The largest answer kept and replayed (status, kept headers and body, encoded), in bytes:
+  // kMinStoredBytes..limits::kSealedResponseCeiling. An answer over it finishes the operation
+  // with 502 answer-too-large, kept instead, and is never forwarded again.
+  std::size_t max_stored_bytes = limits::kSealedResponseMaxBytes;
+  int64_t line = 0;  // where its [[routes]] table begins in the file
 
   // The records' route id: "gw." + name. Part of every record's scope: renaming a route forgets
   // its keys.

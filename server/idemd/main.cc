@@ -177,7 +177,10 @@ int Run(int argc, char** argv) {
   }
   auto fingerprinter = Fingerprinter::Create(config->secrets.hmac, config->secrets.hmac_current);
   if (!fingerprinter) return Fail("secrets: " + fingerprinter.error().message);
-  auto sealer = Sealer::Create(config->secrets.seal, config->secrets.seal_current, SystemRandom());
+  // Each route caps its own stored answers (RoutePolicy::max_response_bytes); the sealer takes
+  // any a route may keep.
+  auto sealer = Sealer::Create(config->secrets.seal, config->secrets.seal_current, SystemRandom(),
+                               limits::kSealedResponseCeiling);
   if (!sealer) return Fail("secrets: " + sealer.error().message);
   auto provider = MakeHttpProvider(config->provider_url, ProviderOptionsOf(*config));
   if (!provider) return Fail("provider: " + provider.error().message);
@@ -192,10 +195,11 @@ int Run(int argc, char** argv) {
   // Snapshot reads (replays not held in memory, parked requests' polls, GETs) on threads of their
   // own: they never queue behind claims and completions.
   http::BlockingPool read_pool(config->store_read_threads);
+  auto payment_namespace = PaymentsNamespace(**store, SystemRandom());
+  if (!payment_namespace) return Fail("store: " + payment_namespace.error().message);
   Payments payments(**store, store_pool, timed_provider, SystemClock(), SystemMonotonicClock(),
-                    SystemRandom(), config->currencies,
+                    std::move(*payment_namespace), config->currencies,
                     ChargeCover{config->provider_timeout, config->lease_margin},
-                    config->provider_5xx_means_nothing_charged,
                     config->provider_deduplicates_by_key, config->provider_settle);
   FilterPolicy payments_policy =
       PaymentsPolicy(keys, config->lease, config->retention, config->max_processing,
@@ -248,9 +252,18 @@ int Run(int argc, char** argv) {
     Loop sweeper(config->sweep_interval, [&] { (void)SweepExpired(**store); });
     Loop census(kCensusInterval, [&] { TakeCensus(**store, metrics, SystemClock()); });
     Loop reconciler(config->reconcile_interval, [&] {
-      filter.ReconcileOnce(100, [&](const std::string& key) { (*server)->Notify(key); });
-      service.CurrentGateway()->ReconcileOnce(
-          100, [&](const std::string& key) { (*server)->Notify(key); });
+      // Payments and the gateway's routes side by side: a stalled provider delays no route's
+      // records, and a stalled upstream no payment's (docs/idemd.md, "Ambiguous failures").
+      const std::function<void(const std::string&)> notify = [&](const std::string& key) {
+        (*server)->Notify(key);
+      };
+      RunConcurrently(2, 2, [&](std::size_t i) {
+        if (i == 0) {
+          filter.ReconcileOnce(100, notify);
+        } else {
+          service.CurrentGateway()->ReconcileOnce(100, notify);
+        }
+      });
     });
     // The books: the provider's charges against the payments (docs/reconciliation.md).
     Reconciliation books(**store, timed_provider, SystemClock(), SystemRandom(), &metrics,

@@ -1,6 +1,8 @@
 // server/idemd/payments.cc — the payments reference API (POST /v1/payments in docs/openapi.yaml).
 #include "server/idemd/payments.h"
 
+#include <openssl/sha.h>
+
 #include <boost/json.hpp>
 #include <chrono>
 #include <cstdio>
@@ -71,6 +73,27 @@ std::optional<std::string> ToMinor(const std::string& canonical, int digits, int
   if (minor >= kMaxMinorUnits) return "amount is out of range";
   *out = minor;
   return std::nullopt;
+}
+
+// The id of the `n`-th payment (from 0) of a merchant order in the database's namespace, derived
+// from the business unique number, never drawn at random: the guide's downstream key (§2, §8). A
+// claim lost after its charge left — a restored backup, a failover to a replica the commit had
+// not reached — leaves the order with as many payments as before it, so the retry makes the
+// same id again, and the provider, which gets the id as the charge's reference and idempotency
+// key, recognises the charge instead of making another. The namespace keeps two databases
+// (a second region, a staging copy started afresh) on one provider account apart. 96 bits of
+// SHA-256 over a versioned, separated text.
+std::string PaymentIdFor(std::string_view space, std::string_view tenant, std::string_view order,
+                         int64_t n) {
+  const std::string count = std::to_string(n);
+  std::string text = "idem.payment.v1";
+  for (std::string_view part : {space, tenant, order, std::string_view(count)}) {
+    text += '\x1f';
+    text += part;
+  }
+  std::array<uint8_t, SHA256_DIGEST_LENGTH> digest;
+  SHA256(reinterpret_cast<const unsigned char*>(text.data()), text.size(), digest.data());
+  return "pay_" + ToHex(digest.data(), 12);
 }
 
 // The reconciler's answer for a record whose payment was never charged: retryable, so the next
@@ -173,8 +196,34 @@ CREATE TABLE reconcile_events (
 );
 CREATE INDEX reconcile_events_at ON reconcile_events (at);
 )sql"},
+      // A payment's id is derived from its merchant order and how many payments the order had
+      // (PaymentIdFor): the claim counts them, abandoned ones included, through this index.
+      // The database's payment namespace, drawn once (PaymentsNamespace), travels with its
+      // backups and replicas.
+      {4, R"sql(
+CREATE INDEX payments_order ON payments (tenant, merchant_order_no);
+CREATE TABLE payments_namespace (
+  singleton INTEGER PRIMARY KEY CHECK (singleton = 1),
+  id        TEXT NOT NULL
+);
+)sql"},
   };
   return kMigrations;
+}
+
+Result<std::string> PaymentsNamespace(Store& store, Random& random) {
+  std::array<uint8_t, 16> drawn;
+  random.Fill(drawn);
+  IDEM_ASSIGN_OR_RETURN(std::unique_ptr<StoreTxn> txn, store.Begin());
+  IDEM_RETURN_IF_ERROR(txn->Exec(
+      "INSERT INTO payments_namespace (singleton, id) VALUES (1, ?) ON CONFLICT DO NOTHING",
+      {ToHex(drawn)}));
+  IDEM_ASSIGN_OR_RETURN(auto rows, txn->Exec("SELECT id FROM payments_namespace", {}));
+  IDEM_RETURN_IF_ERROR(txn->Commit());
+  if (rows.size() != 1 || Text(rows[0][0]).empty()) {
+    return MakeError(Errc::kDataLoss, "payments_namespace holds no id");
+  }
+  return Text(rows[0][0]);
 }
 
 FilterPolicy PaymentsPolicy(const KeyPolicy& keys, Millis lease, Millis retention,
@@ -206,6 +255,14 @@ std::optional<int64_t> AmountInMinorUnits(std::string_view amount, std::string_v
   return minor;
 }
 
+bool IsPaymentId(std::string_view reference) {
+  constexpr std::string_view kPrefix = "pay_";
+  return reference.size() == kPrefix.size() + 24 &&
+         reference.substr(0, kPrefix.size()) == kPrefix &&
+         std::all_of(reference.begin() + kPrefix.size(), reference.end(),
+                     [](char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'); });
+}
+
 int MinorDigits(std::string_view currency) {
   return currency == "JPY" || currency == "KRW" ? 0 : 2;
 }
@@ -221,18 +278,17 @@ std::string FormatAmount(int64_t minor, int digits) {
 }
 
 Payments::Payments(Store& store, http::BlockingPool& pool, Provider& provider, Clock& clock,
-                   MonotonicClock& monotonic, Random& random, std::vector<std::string> currencies,
-                   ChargeCover cover, bool provider_5xx_means_nothing_charged,
+                   MonotonicClock& monotonic, std::string payment_namespace,
+                   std::vector<std::string> currencies, ChargeCover cover,
                    bool provider_deduplicates_by_key, Millis settle)
     : store_(store),
       pool_(pool),
       provider_(provider),
       clock_(clock),
       monotonic_(monotonic),
-      random_(random),
+      namespace_(std::move(payment_namespace)),
       currencies_(std::move(currencies)),
       cover_(cover),
-      provider_5xx_means_nothing_charged_(provider_5xx_means_nothing_charged),
       provider_deduplicates_by_key_(provider_deduplicates_by_key),
       settle_(settle) {}
 
@@ -348,9 +404,12 @@ Status Payments::OnClaim(StoreTxn& txn, const Record& record, const http::Reques
   // is tried again.
   std::string id = record.resource_id;
   if (point != kAbandoned) {
-    std::array<uint8_t, 12> id_bytes;
-    random_.Fill(id_bytes);
-    id = "pay_" + ToHex(id_bytes);
+    // The order's payments so far (abandoned ones included; business rows are never swept).
+    IDEM_ASSIGN_OR_RETURN(auto made, txn.Exec("SELECT count(*) FROM payments WHERE tenant = ? AND "
+                                              "merchant_order_no = ?",
+                                              {principal.tenant, p->merchant_order_no}));
+    id = PaymentIdFor(namespace_, principal.tenant, p->merchant_order_no,
+                      made.empty() ? 0 : Integer(made[0][0]));
   }
   constexpr int kAttempts = 3;
   for (int attempt = 1; attempt <= kAttempts; ++attempt) {
@@ -556,12 +615,13 @@ http::Async<Execution> Payments::ChargeOnce(Ticket& ticket, Payment payment, Eng
       co_return e;
     }
     if (*found) co_return FromFoundCharge(ticket, std::move(payment), **found);
-    // After an unknown outcome (the record was left PROCESSING: a timeout, a lost connection, a
-    // crash), nothing found proves nothing while the provider may still execute the last send
-    // (one that ignores keys would then charge twice): nothing is sent until the send has
-    // settled. A send the provider answered with a 5xx (FAILED_RETRYABLE) is retried at once.
-    if (ticket.record.recovery_point == kChargeSent &&
-        ticket.resumed_from == RecordState::kProcessing) {
+    // After a send whose outcome is unknown (a timeout, an undeclared 5xx, a lost connection,
+    // a crash), nothing found proves nothing while the provider may still execute it (one that
+    // ignores keys would then charge twice): nothing is sent until the send has settled. So
+    // whatever state the record was resumed from: a failure answer is no proof of no work, and
+    // a retryable record at charge_sent (one written by an earlier version for a 5xx, or one
+    // whose send was stopped for a slow store) waits for the same window.
+    if (ticket.record.recovery_point == kChargeSent) {
       if (auto left = Unsettled(ticket.record)) co_return Settling(*left);
     }
   }
@@ -570,7 +630,8 @@ http::Async<Execution> Payments::ChargeOnce(Ticket& ticket, Payment payment, Eng
   // claim_began: the margin is counted from there.
   const bool covered = !ticket.resumed && ticket.record.recovery_point == kChargeSent;
   SteadyTime advanced = ticket.claim_began;
-  co_await pool_.Run([&] { stopped = BeforeSend(ticket, engine, heartbeat, covered, &advanced); });
+  co_await pool_.Run(
+      [&] { stopped = BeforeSend(ticket, payment, engine, heartbeat, covered, &advanced); });
   if (stopped) co_return std::move(*stopped);
   // The charge leaves within the margin after the covered advance or not at all (then it is
   // kUnavailable, nothing sent): the lease covers the call's timeout from then.
@@ -585,8 +646,9 @@ http::Async<Execution> Payments::ChargeOnce(Ticket& ticket, Payment payment, Eng
   co_return AfterSend(ticket, std::move(payment), std::move(after), std::move(charged));
 }
 
-std::optional<Execution> Payments::BeforeSend(Ticket& ticket, Engine& engine, Heartbeat& heartbeat,
-                                              bool covered, SteadyTime* advanced) {
+std::optional<Execution> Payments::BeforeSend(Ticket& ticket, const Payment& payment,
+                                              Engine& engine, Heartbeat& heartbeat, bool covered,
+                                              SteadyTime* advanced) {
   Execution e;
   if (auto held = heartbeat.Check(); !held) {
     e.response = http::ProblemFor(held.error());
@@ -616,11 +678,13 @@ std::optional<Execution> Payments::BeforeSend(Ticket& ticket, Engine& engine, He
   // ends retryable at charge_sent, and the retry looks the charge up first, then sends it. What
   // is left of the margin bounds the send itself (Provider::CreateCharge's send_within).
   if (monotonic_.Now() - advancing > cover_.margin) {
-    e.response = http::Problem(http::ProblemKind::kUnavailable,
-                               "the store answered too slowly to send the charge safely; nothing "
-                               "was charged; retry with the same key");
-    e.state = RecordState::kFailedRetryable;
-    return e;
+    // Nothing was sent by this attempt, and no earlier send is unsettled (a fresh claim has
+    // none; a resumed one looked its charge up after the window): the attempt is abandoned, so
+    // a retry sends at once and the reconciler has nothing to settle.
+    return Abandoned(payment, http::Problem(http::ProblemKind::kUnavailable,
+                                            "the store answered too slowly to send the charge "
+                                            "safely; nothing was charged; retry with the same "
+                                            "key"));
   }
   if (auto fp = IDEM_FAILPOINT("after_charge_sent"); !fp) {
     e.response = http::ProblemFor(fp.error());
@@ -638,26 +702,35 @@ Execution Payments::AfterSend(const Ticket& ticket, Payment payment, Status fail
     e.outcome_unknown = true;
     return e;
   }
-  if (charged && !charged->declined) return Succeeded(std::move(payment), charged->charge);
   if (charged && charged->declined) return Declined(ticket, payment);
-  if (charged.error().code == Errc::kUnavailable) {
-    if (provider_5xx_means_nothing_charged_) {
-      // The provider declares that a 5xx charged nothing: the attempt is over, and its order is
-      // released at once for any key; a retry of this key takes it back if it is still free.
-      return Abandoned(payment,
-                       http::Problem(http::ProblemKind::kProviderUnavailable,
-                                     "the payment provider is unavailable; nothing was charged",
-                                     {.key_expires = ticket.record.expires_at}));
-    }
-    // A 5xx (or a transport error) after the charge_sent step proves nothing: the provider may
-    // have charged. Retryable, at charge_sent: a retry looks the charge up first, and if nobody
-    // retries, the reconciler does once this lease has ended (RoutePolicy::sent_points).
+  // The answer's charge counts as this payment's only after the checks a found charge passes.
+  if (charged && charged->unknown.empty()) {
+    return FromFoundCharge(ticket, std::move(payment), charged->charge);
+  }
+  if (charged) {
+    // A 5xx the provider does not declare as "nothing charged", or the connection lost after
+    // the send: the provider may have charged, now or later (a front end's 502 while its back
+    // end goes on). As unknown as a timeout: the record stays PROCESSING at charge_sent, and a
+    // retry or the reconciler looks the charge up, and sends it again only once the send has
+    // settled and the lookup still finds nothing.
+    http::Log(http::LogLevel::kWarn, "provider charge outcome unknown",
+              {{"payment", payment.id}, {"why", charged->unknown}});
     e.response = http::Problem(http::ProblemKind::kProviderUnavailable,
-                               "the payment provider is unavailable; retry with the same key "
-                               "(an earlier attempt is looked up before anything is charged)",
+                               "the payment provider failed after the charge was sent, and may "
+                               "have charged; retry with the same key: the charge is looked up "
+                               "before anything is charged again",
                                {.key_expires = ticket.record.expires_at});
-    e.state = RecordState::kFailedRetryable;
+    e.outcome_unknown = true;
     return e;
+  }
+  if (charged.error().code == Errc::kUnavailable) {
+    // Nothing was charged: the request never left, or the provider answered a 5xx it declares
+    // so ([provider] nothing_charged_statuses). The attempt is over, and its order is released
+    // at once for any key; a retry of this key takes it back if it is still free.
+    return Abandoned(payment, http::Problem(http::ProblemKind::kProviderUnavailable,
+                                            "the payment provider is unavailable; nothing was "
+                                            "charged; retry with the same key",
+                                            {.key_expires = ticket.record.expires_at}));
   }
   e.response = http::Problem(http::ProblemKind::kProviderTimeout,
                              "the payment provider did not answer in time; retry with the same "
@@ -758,11 +831,10 @@ Execution Payments::Reconcile(Ticket& ticket, Engine&) {
     return e;
   }
   if (*found) return FromFoundCharge(ticket, std::move(payment), **found);
-  // Within the settle window nothing found proves nothing: the record stays PROCESSING at
-  // charge_sent, held until the send has settled, when the next pass looks again.
-  if (ticket.resumed_from == RecordState::kProcessing) {
-    if (auto left = Unsettled(ticket.record)) return Settling(*left);
-  }
+  // Within the settle window nothing found proves nothing, whatever state the record was in: it
+  // stays PROCESSING at charge_sent, held until the send has settled, when the next pass looks
+  // again.
+  if (auto left = Unsettled(ticket.record)) return Settling(*left);
   if (ticket.resumed_from == RecordState::kFailedRetryable) {
     // A retryable failure whose lease, which covered the send, has ended: the send is settled
     // and the provider has no charge. The attempt is abandoned and the order released.

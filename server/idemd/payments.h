@@ -16,17 +16,22 @@ namespace idem::idemd {
 // The payments table, an application migration of the store ("payments" component).
 const std::vector<Migration>& PaymentsMigrations();
 
+// The database's payment namespace, part of every payment id (see PaymentIdFor in payments.cc):
+// drawn from `random` the first time, then read. Errors: the store's.
+Result<std::string> PaymentsNamespace(Store& store, Random& random);
+
 // The route policy of POST /v1/payments: key policy, canonical rules (amount is money, trace_id
 // is not part of the request's meaning), which outcomes are final.
 FilterPolicy PaymentsPolicy(const KeyPolicy& keys, Millis lease, Millis retention,
                             int64_t max_processing, int64_t max_retained, Millis wait_max);
 
-// Thread-safe. Borrows everything. `cover` is how long the lease must still run when a charge is
-// sent: the provider's timeout plus the lease margin (Engine::AdvanceBeforeCall).
-// `provider_5xx_means_nothing_charged` is the provider's declared semantics ([provider]
-// 5xx_means_nothing_charged): when true, a charge that failed with kUnavailable abandons the
-// attempt at once (its order is released for any key); when false, such a failure proves
-// nothing, stays retryable at charge_sent, and the reconciler settles it by a lookup.
+// Thread-safe. Borrows everything. `payment_namespace` is PaymentsNamespace's. `cover` is how long
+// the lease must still run when a charge is sent: the provider's timeout plus the lease margin
+// (Engine::AdvanceBeforeCall). A charge that failed with kUnavailable charged nothing (it never
+// left, or the provider declared its 5xx so: Provider::CreateCharge): the attempt is abandoned at
+// once and its order released for any key. Any other failure after the send (a timeout, an
+// undeclared 5xx, a lost connection) is an unknown outcome: the record stays PROCESSING at
+// charge_sent, and the charge is looked up before anything is sent again.
 // `provider_deduplicates_by_key` ([provider] deduplicates_by_key) declares that a repeated charge
 // with the same reference charges at most once: a charge whose outcome is unknown may be sent
 // again at once. Otherwise an unknown outcome is sent again only once `settle` ([provider]
@@ -45,8 +50,8 @@ class Payments final : public Operation {
  public:
   // `pool` runs the store calls of an execution; provider calls hold no thread.
   Payments(Store& store, http::BlockingPool& pool, Provider& provider, Clock& clock,
-           MonotonicClock& monotonic, Random& random, std::vector<std::string> currencies,
-           ChargeCover cover, bool provider_5xx_means_nothing_charged = false,
+           MonotonicClock& monotonic, std::string payment_namespace,
+           std::vector<std::string> currencies, ChargeCover cover,
            bool provider_deduplicates_by_key = false, Millis settle = Millis(0));
 
   std::optional<http::Response> Validate(const http::Request& request,
@@ -99,8 +104,8 @@ class Payments final : public Operation {
   // `covered`: the claim made the covered advance (OnClaim), no earlier than *advanced; unless
   // half the margin has gone since, it serves; otherwise the advance is made here and *advanced
   // is set to when it was asked for.
-  std::optional<Execution> BeforeSend(Ticket& ticket, Engine& engine, Heartbeat& heartbeat,
-                                      bool covered, SteadyTime* advanced);
+  std::optional<Execution> BeforeSend(Ticket& ticket, const Payment& payment, Engine& engine,
+                                      Heartbeat& heartbeat, bool covered, SteadyTime* advanced);
   // What the charge's answer (and the after_provider_charge failpoint's status) settles.
   Execution AfterSend(const Ticket& ticket, Payment payment, Status failpoint,
                       Result<ChargeResult> charged);
@@ -114,8 +119,9 @@ class Payments final : public Operation {
   Execution Declined(const Ticket& ticket, const Payment& payment);
   // A retryable failure that gives the attempt up: the payment row becomes `abandoned` (it no
   // longer holds its merchant order) and the record resumes at `abandoned`, in the completion's
-  // transaction. Only for an attempt that charged nothing: before the send, after a declared
-  // 5xx, or after a lookup found nothing once the send was settled.
+  // transaction. Only for an attempt that charged nothing: before the send, after a send that
+  // provably never left or a declared 5xx, or after a lookup found nothing once the send was
+  // settled.
   Execution Abandoned(const Payment& payment, http::Response response);
   // What a charge that the provider found by the payment's reference settles: success only for
   // this payment's succeeded charge, the final 402 for its declined one, an unresolved outcome
@@ -127,10 +133,9 @@ class Payments final : public Operation {
   Provider& provider_;
   Clock& clock_;
   MonotonicClock& monotonic_;
-  Random& random_;
+  const std::string namespace_;
   std::vector<std::string> currencies_;
   ChargeCover cover_;
-  bool provider_5xx_means_nothing_charged_;
   bool provider_deduplicates_by_key_;
   Millis settle_;
 };
@@ -144,6 +149,10 @@ inline int64_t Integer(const SqlValue& v) {
   const int64_t* n = std::get_if<int64_t>(&v);
   return n ? *n : 0;
 }
+
+// Whether `reference` has the shape of a payment id idemd makes: "pay_" and 24 lower-case hex
+// digits.
+bool IsPaymentId(std::string_view reference);
 
 // Minor-unit digits of a currency (0 for JPY and KRW, 2 otherwise).
 int MinorDigits(std::string_view currency);

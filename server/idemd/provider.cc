@@ -1,9 +1,11 @@
 // server/idemd/provider.cc — the provider over HTTP (the provider calls in docs/idemd.md).
 #include "server/idemd/provider.h"
 
+#include <algorithm>
 #include <boost/json.hpp>
 #include <boost/url/encode.hpp>
 #include <boost/url/rfc/unreserved_chars.hpp>
+#include <chrono>
 
 namespace idem::idemd {
 namespace {
@@ -50,15 +52,29 @@ Result<Charge> ParseCharge(const std::string& body) {
 
 // What each call's answer means. Each takes the exchange's result; transport errors pass through.
 
-Result<ChargeResult> ChargeAnswer(Result<http::Response> sent) {
+// `took` is how long the exchange took and `timeout` its deadline: a transport error after the
+// send that came before the deadline is a lost connection (an unknown outcome the provider
+// answered, in effect), not a timeout.
+Result<ChargeResult> ChargeAnswer(Result<http::Response> sent, const ProviderOptions& options,
+                                  Millis took) {
+  if (!sent && sent.error().code == Errc::kDeadlineExceeded && took < options.timeout) {
+    return ChargeResult::Unknown("the connection was lost after the charge was sent (" +
+                                 sent.error().message + ")");
+  }
   IDEM_ASSIGN_OR_RETURN(http::Response res, std::move(sent));
   if (res.status == 200 || res.status == 201) {
     IDEM_ASSIGN_OR_RETURN(Charge charge, ParseCharge(res.body));
-    return ChargeResult{false, std::move(charge)};
+    return ChargeResult::Charged(std::move(charge));
   }
-  if (res.status == 402) return ChargeResult{true, {}};
+  if (res.status == 402) return ChargeResult::Declined();
   if (res.status >= 500) {
-    return MakeError(Errc::kUnavailable, "provider answered " + std::to_string(res.status));
+    const std::vector<int>& declared = options.nothing_charged_statuses;
+    if (std::find(declared.begin(), declared.end(), res.status) != declared.end()) {
+      return MakeError(Errc::kUnavailable, "provider answered " + std::to_string(res.status) +
+                                               ", which it declares as nothing charged");
+    }
+    return ChargeResult::Unknown("the provider answered " + std::to_string(res.status) +
+                                 " after the charge was sent");
   }
   return MakeError(Errc::kDataLoss,
                    "provider answered an unexpected " + std::to_string(res.status));
@@ -119,7 +135,7 @@ Result<Refund> RefundAnswer(Result<http::Response> sent, const std::string& char
 class HttpProvider final : public Provider {
  public:
   HttpProvider(http::Url url, std::unique_ptr<http::ClientPool> pool, const ProviderOptions& o)
-      : url_(std::move(url)), pool_(std::move(pool)) {
+      : url_(std::move(url)), pool_(std::move(pool)), provider_options_(o) {
     options_.timeout = o.timeout;
     options_.connect_timeout = o.connect_timeout;
   }
@@ -141,7 +157,10 @@ class HttpProvider final : public Provider {
     req.body = json::serialize(body);
     http::CallOptions options = options_;
     options.send_by = std::chrono::steady_clock::now() + send_within;
-    co_return ChargeAnswer(co_await pool_->Call(std::move(req), options));
+    const auto began = std::chrono::steady_clock::now();
+    Result<http::Response> sent = co_await pool_->Call(std::move(req), options);
+    const auto took = std::chrono::duration_cast<Millis>(std::chrono::steady_clock::now() - began);
+    co_return ChargeAnswer(std::move(sent), provider_options_, took);
   }
 
   http::Async<Result<std::optional<Charge>>> FindCharge(const std::string& reference,
@@ -183,6 +202,7 @@ class HttpProvider final : public Provider {
 
   http::Url url_;
   std::unique_ptr<http::ClientPool> pool_;
+  ProviderOptions provider_options_;
   http::CallOptions options_;
 };
 

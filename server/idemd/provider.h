@@ -39,7 +39,16 @@ struct Refund {
 
 struct ChargeResult {
   bool declined = false;  // the provider refused (402): final
-  Charge charge;          // when not declined
+  // Not empty when the request left and what came back proves nothing: a 5xx the provider does
+  // not declare as "nothing charged" ([provider] nothing_charged_statuses), or the connection
+  // lost before the call's deadline. Says which. The provider may have charged, now or later:
+  // the outcome is unknown, as after a timeout.
+  std::string unknown;
+  Charge charge;  // when neither declined nor unknown
+
+  static ChargeResult Charged(Charge charge) { return {false, {}, std::move(charge)}; }
+  static ChargeResult Declined() { return {true, {}, {}}; }
+  static ChargeResult Unknown(std::string why) { return {false, std::move(why), {}}; }
 };
 
 // Thread-safe. Every call is a coroutine that holds no thread while the provider answers; code
@@ -50,9 +59,12 @@ class Provider {
   virtual ~Provider() = default;
   // POST /v1/charges with Idempotency-Key = reference. The request leaves within `send_within`
   // of the call or not at all (waiting for a connection and connecting count): a charge must not
-  // leave later than its lease allows (Payments). Errors: kUnavailable when nothing was charged
-  // (not sent, or a 5xx); kDeadlineExceeded when the request left and the outcome is unknown;
-  // kDataLoss for an answer that is not the documented shape.
+  // leave later than its lease allows (Payments). A 5xx or a connection lost after the send is
+  // an answer whose outcome is unknown (ChargeResult::unknown). Errors: kUnavailable only when
+  // nothing was charged: the request provably never left, or the provider answered a 5xx it
+  // declares as "nothing charged"; kDeadlineExceeded when the request left and no answer came by
+  // the call's deadline (the outcome is unknown); kDataLoss for an answer that is not the
+  // documented shape (the provider answered: the outcome is unknown too).
   // `traceparent` (W3C Trace Context; "" for none) goes with the request: the trace of the
   // payment request that made the call, with idemd's span as the parent.
   virtual http::Async<Result<ChargeResult>> CreateCharge(const std::string& reference,
@@ -85,13 +97,17 @@ struct ProviderOptions {
   Millis connect_timeout{2000};  // waiting for a free connection, connecting, the TLS handshake
   int max_connections = 1024;    // keep-alive connections open to the provider at most
   std::string ca_file;           // https: the CAs to trust (PEM); empty: the system's
+  // The 5xx statuses of a charge's answer that prove nothing was charged ([provider]
+  // nothing_charged_statuses); every other 5xx is an unknown outcome.
+  std::vector<int> nothing_charged_statuses;
 };
 
 inline ProviderOptions ProviderOptionsOf(const Config& c) {
   return {.timeout = c.provider_timeout,
           .connect_timeout = c.provider_connect_timeout,
           .max_connections = c.provider_max_connections,
-          .ca_file = c.provider_ca_file};
+          .ca_file = c.provider_ca_file,
+          .nothing_charged_statuses = c.provider_nothing_charged_statuses};
 }
 
 // The provider at `base_url` (http:// or https://, verified), over a pool of keep-alive

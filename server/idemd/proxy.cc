@@ -46,6 +46,7 @@ FilterPolicy GatewayPolicy(const GatewayRoute& route, const KeyPolicy& keys, int
   p.route.retention = route.retention;
   p.route.max_processing = max_processing;
   p.route.max_retained = max_retained;
+  p.route.max_response_bytes = route.max_stored_bytes;
   // No sent points: a record the reconciler made retryable at `forwarded` waits for the client's
   // retry (only the client has the request), and is not listed again as stale.
   p.failures.only_listed_final = true;

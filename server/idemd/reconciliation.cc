@@ -235,9 +235,14 @@ Status Reconciliation::Examine(Walk& walk, const Charge& charge) {
   f.charge_id = charge.id;
   f.amount = charge.amount;
   f.currency = charge.currency;
+  // A charge whose reference idemd could not have made (PaymentIdFor) is someone else's on a
+  // shared provider account: reported, never refunded.
+  bool ours = true;
   if (rows.empty()) {
     f.finding_class = "orphan";
     f.detail = "no payment has the reference '" + charge.reference + "'";
+    ours = IsPaymentId(charge.reference);
+    if (!ours) f.detail += ", which is not an idemd payment id: not idemd's charge";
   } else {
     const std::string status = Text(rows[0][0]);
     const std::string own_charge = Text(rows[0][1]);
@@ -273,7 +278,7 @@ Status Reconciliation::Examine(Walk& walk, const Charge& charge) {
 
   const bool refundable =
       (f.finding_class == "duplicate" && options_.refund_duplicates) ||
-      (f.finding_class == "orphan" && options_.refund_orphans && charge.created_at_ms > 0 &&
+      (f.finding_class == "orphan" && ours && options_.refund_orphans && charge.created_at_ms > 0 &&
        charge.created_at_ms <= walk.now_ms - options_.orphan_grace.count());
   if (refundable && charged && left <= 0) {
     f.action = "refunded";  // by an earlier run whose answer was lost, or by someone else

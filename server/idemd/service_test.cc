@@ -45,11 +45,15 @@ std::string Sha256Hex(std::string_view s) {
 // A provider that charges every first request for a reference and answers repeats and lookups
 // with that charge. A test may make the next charge time out before it is made (the request left,
 // nobody knows the outcome) and plant the charge a lookup then finds. While `create_error` is
-// set, charges fail with it and charge nothing; `on_find` runs at the start of every lookup. Those
-// two are set while no request runs; the rest is thread-safe.
+// set, charges fail with it and charge nothing (kUnavailable: it never left, or a 5xx the provider
+// declares as nothing charged). While `unknown` is set, charges answer an unknown outcome with it
+// (an undeclared 5xx, a connection lost after the send) and charge nothing; a test plants the
+// charge that lands after all. `on_find` runs at the start of every lookup. Those three are set
+// while no request runs; the rest is thread-safe.
 class FakeProvider final : public Provider {
  public:
   std::optional<Error> create_error;
+  std::string unknown;
   std::function<void()> on_find;
 
   http::Async<Result<ChargeResult>> CreateCharge(const std::string& reference,
@@ -89,6 +93,7 @@ class FakeProvider final : public Provider {
       return MakeError(Errc::kDeadlineExceeded, "provider did not answer in time");
     }
     if (create_error) return *create_error;
+    if (!unknown.empty()) return ChargeResult::Unknown(unknown);
     auto it = charges_.find(reference);
     if (it == charges_.end()) {
       const Charge charge{"ch_" + std::to_string(charges_.size() + 1),
@@ -100,7 +105,7 @@ class FakeProvider final : public Provider {
                           "0.00"};
       it = charges_.emplace(reference, charge).first;
     }
-    return ChargeResult{false, it->second};
+    return ChargeResult::Charged(it->second);
   }
   Result<std::optional<Charge>> Find(const std::string& reference) {
     if (on_find) on_find();
@@ -177,9 +182,9 @@ class ServiceTest : public testing::EngineFixture {
   void Build(bool deduplicates_by_key, Millis settle) {
     service_.reset();
     filter_.reset();
-    payments_ = std::make_unique<Payments>(*store_, pool_, timed_provider_, clock_, monotonic_,
-                                           random_, std::vector<std::string>{"CNY", "USD"},
-                                           kChargeCover, false, deduplicates_by_key, settle);
+    payments_ = std::make_unique<Payments>(
+        *store_, pool_, timed_provider_, clock_, monotonic_, *PaymentsNamespace(*store_, random_),
+        std::vector<std::string>{"CNY", "USD"}, kChargeCover, deduplicates_by_key, settle);
     filter_ = std::make_unique<IdempotencyFilter>(
         *engine_, pool_, monotonic_, metrics_,
         PaymentsPolicy(KeyPolicy{}, kLease, kRetention, 100, 1000, Millis(10000)), *payments_);
@@ -751,26 +756,33 @@ TEST_F(ServiceTest, TheReconcilerCountsAFoundChargeOnlyIfItIsThePaymentsCharge) 
   EXPECT_EQ(provider_.Calls(), calls) << "the reconciler never charges";
 }
 
-// A provider 5xx after the send proves nothing was charged only if the provider says so (it does
-// not, by default). The client gives that key up; the order must not stay blocked: once the
-// attempt's lease has run out, the reconciler looks the charge up, finds none, and releases the
-// order, so a new key for it pays, with one charge in total.
+// A provider 5xx after the send proves nothing was charged only if the provider declares so (it
+// does not, by default): it is an unknown outcome, like a timeout. The client gives that key up;
+// the order must not stay blocked: the reconciler looks the charge up, finds none once the send
+// has settled, marks the attempt retryable under its own lease, and the pass after that lease
+// releases the order, so a new key for it pays, with one charge in total.
 TEST_F(ServiceTest, AnOrderAbandonedAfterAProvider5xxBecomesPayableAfterTheReconciler) {
-  provider_.create_error = MakeError(Errc::kUnavailable, "provider answered 503");
+  provider_.unknown = "the provider answered 502 after the charge was sent";
   const http::Response failed = Handle(Pay("abandon-0001", "alice-key", "ORD-X1"));
   ASSERT_EQ(failed.status, 503) << failed.body;
-  provider_.create_error.reset();
+  EXPECT_EQ(TypeOf(failed), "urn:idem:problem:provider-unavailable");
+  EXPECT_FALSE(HeaderOf(failed, "Retry-After").empty());
+  provider_.unknown.clear();
   const std::string first_id = provider_.References().at(0);
+  EXPECT_EQ(RecordOf("abandon-0001")->state, RecordState::kProcessing);
+  EXPECT_EQ(RecordOf("abandon-0001")->recovery_point, "charge_sent");
 
   // Until the reconciler settled the attempt, the order is held for it.
   const http::Response held = Handle(Pay("abandon-0002", "alice-key", "ORD-X1"));
   EXPECT_EQ(held.status, 409) << held.body;
   EXPECT_EQ(TypeOf(held), "urn:idem:problem:order-in-progress");
 
+  EXPECT_EQ(filter_->ReconcileOnce(10, {}), 1);
+  EXPECT_EQ(RecordOf("abandon-0001")->state, RecordState::kFailedRetryable);
+  EXPECT_EQ(PaymentRow(first_id).first, "pending") << "released before the send was settled";
   clock_.Advance(kLease + Millis(1));
   EXPECT_EQ(filter_->ReconcileOnce(10, {}), 1);
   EXPECT_EQ(PaymentRow(first_id).first, "abandoned");
-  EXPECT_EQ(RecordOf("abandon-0001")->state, RecordState::kFailedRetryable);
 
   const http::Response paid = Handle(Pay("abandon-0003", "alice-key", "ORD-X1"));
   ASSERT_EQ(paid.status, 201) << paid.body;
@@ -785,39 +797,52 @@ TEST_F(ServiceTest, AnOrderAbandonedAfterAProvider5xxBecomesPayableAfterTheRecon
   EXPECT_EQ(provider_.Charges().size(), 1u);
 }
 
-// A timeout leaves the send unsettled: the provider may still be executing it. The reconciler's
-// first pass finds nothing and only marks the attempt retryable under its own lease; the pass
-// after that lease looks again and then releases the order. Bound: lease + 2 reconcile intervals.
-TEST_F(ServiceTest, AnOrderAbandonedAfterATimeoutIsReleasedOneLeaseAfterTheFirstLookup) {
-  const std::string id = TimedOutPayment("timeout-0001", "ORD-X5");
-  EXPECT_EQ(filter_->ReconcileOnce(10, {}), 1);
-  EXPECT_EQ(RecordOf("timeout-0001")->state, RecordState::kFailedRetryable);
-  EXPECT_EQ(RecordOf("timeout-0001")->recovery_point, "charge_sent");
-  EXPECT_EQ(PaymentRow(id).first, "pending") << "released before the send was settled";
-  EXPECT_EQ(filter_->ReconcileOnce(10, {}), 0) << "looked at again within the lease";
+// The finding: a provider whose front end answers 502 while its back end still makes the charge
+// 3 s later, and which ignores keys. The 503 must not let the same key charge again at once: the
+// retry a second later looks the charge up, finds nothing yet, and is told the operation is in
+// progress (the send has not settled); the retry after the charge landed finds it. One charge
+// sent, every answer about it. Before the fix the retry sent a second charge.
+TEST_F(ServiceTest, AnUndeclared5xxIsAnUnknownOutcomeAndTheRetryWaitsForTheSettleWindow) {
+  Build(false, Millis(30000));
+  provider_.unknown = "the provider answered 502 after the charge was sent";
+  const http::Response failed = Handle(Pay("late-502-0001", "alice-key", "ORD-L502"));
+  ASSERT_EQ(failed.status, 503) << failed.body;
+  provider_.unknown.clear();
+  ASSERT_EQ(provider_.Calls(), 1);
+  const std::string id = provider_.References().at(0);
 
-  clock_.Advance(kLease + Millis(1));
-  EXPECT_EQ(filter_->ReconcileOnce(10, {}), 1);
-  EXPECT_EQ(PaymentRow(id).first, "abandoned");
-  EXPECT_EQ(RecordOf("timeout-0001")->recovery_point, "abandoned");
-  const http::Response paid = Handle(Pay("timeout-0002", "alice-key", "ORD-X5"));
-  EXPECT_EQ(paid.status, 201) << paid.body;
-  EXPECT_EQ(provider_.Charges().size(), 1u);
+  clock_.Advance(Millis(1000));
+  const http::Response early = Handle(Pay("late-502-0001", "alice-key", "ORD-L502"));
+  EXPECT_EQ(early.status, 409) << early.body;
+  EXPECT_EQ(TypeOf(early), "urn:idem:problem:request-in-progress");
+  EXPECT_EQ(provider_.Calls(), 1) << "a 5xx is no proof that nothing was charged";
+  // Nor does the reconciler give the attempt up within the window.
+  clock_.Advance(Millis(1000));
+  (void)filter_->ReconcileOnce(10, {});
+  EXPECT_EQ(RecordOf("late-502-0001")->state, RecordState::kProcessing);
+  EXPECT_EQ(PaymentRow(id).first, "pending");
+
+  clock_.Advance(Millis(1000));
+  provider_.Plant(id, Charge{"ch_after_502", id, "100.00", "CNY", "succeeded", 0, "0.00"});
+  clock_.Advance(Millis(1000));
+  const http::Response paid = Handle(Pay("late-502-0001", "alice-key", "ORD-L502"));
+  ASSERT_EQ(paid.status, 201) << paid.body;
+  EXPECT_EQ(json::parse(paid.body).at("provider_charge_id").as_string(), "ch_after_502");
+  EXPECT_EQ(provider_.Calls(), 1);
 }
 
 // The provider did charge despite its 5xx: the reconciler finds the charge by reference and
 // settles the order as paid, so a new key for it gets the existing payment and nothing more is
 // charged.
 TEST_F(ServiceTest, AnOrderWhose5xxChargeHappenedIsSettledAsSucceededByTheReconciler) {
-  provider_.create_error = MakeError(Errc::kUnavailable, "provider answered 503");
+  provider_.unknown = "the provider answered 503 after the charge was sent";
   const http::Response failed = Handle(Pay("charged-0001", "alice-key", "ORD-X2"));
   ASSERT_EQ(failed.status, 503) << failed.body;
-  provider_.create_error.reset();
+  provider_.unknown.clear();
   const std::string id = provider_.References().at(0);
   provider_.Plant(id, Charge{"ch_despite_503", id, "100.00", "CNY", "succeeded", 0, "0.00"});
   const int calls = provider_.Calls();
 
-  clock_.Advance(kLease + Millis(1));
   EXPECT_EQ(filter_->ReconcileOnce(10, {}), 1);
   EXPECT_EQ(PaymentRow(id), (std::pair<std::string, std::string>{"succeeded", "ch_despite_503"}));
   EXPECT_EQ(RecordOf("charged-0001")->state, RecordState::kSucceeded);
@@ -830,49 +855,109 @@ TEST_F(ServiceTest, AnOrderWhose5xxChargeHappenedIsSettledAsSucceededByTheReconc
   EXPECT_EQ(provider_.Charges().size(), 1u);
 }
 
-// The key given up comes back after the reconciler released its order, and no other key paid
-// it meanwhile: the key executes again under its own payment, which it looks up first.
-TEST_F(ServiceTest, AKeyRetriedAfterItsOrderWasReleasedPaysItOnce) {
-  provider_.create_error = MakeError(Errc::kUnavailable, "provider answered 503");
-  ASSERT_EQ(Handle(Pay("revive-0001", "alice-key", "ORD-X3")).status, 503);
-  provider_.create_error.reset();
-  const std::string id = provider_.References().at(0);
-  clock_.Advance(kLease + Millis(1));
-  ASSERT_EQ(filter_->ReconcileOnce(10, {}), 1);
-
-  const http::Response paid = Handle(Pay("revive-0001", "alice-key", "ORD-X3"));
-  ASSERT_EQ(paid.status, 201) << paid.body;
-  EXPECT_EQ(json::parse(paid.body).at("id").as_string(), id);
-  EXPECT_EQ(PaymentRow(id).first, "succeeded");
-  EXPECT_EQ(provider_.Charges().size(), 1u);
-  const http::Response other = Handle(Pay("revive-0002", "alice-key", "ORD-X3"));
-  EXPECT_EQ(other.status, 200) << other.body;
-}
-
-// A provider that declares a 5xx a proof that nothing was charged: the order is released at
-// once, without waiting for the reconciler, and the failure stays retryable.
+// A charge that provably charged nothing (it never left, or the provider declares its 5xx so:
+// [provider] nothing_charged_statuses) releases the order at once, without waiting for the
+// reconciler, and the failure stays retryable: a new key pays the order, and the first key,
+// retried, answers from that payment; or, when no other key took the order, takes its own
+// payment back and pays it once.
 TEST_F(ServiceTest, ADeclared5xxReleasesTheOrderAtOnce) {
-  Payments declared(*store_, pool_, provider_, clock_, monotonic_, random_,
-                    std::vector<std::string>{"CNY"}, kChargeCover,
-                    /*provider_5xx_means_nothing_charged=*/true);
-  IdempotencyFilter filter(
-      *engine_, pool_, monotonic_, metrics_,
-      PaymentsPolicy(KeyPolicy{}, kLease, kRetention, 100, 1000, Millis(10000)), declared);
-  auto handle = [&](std::string_view key) {
-    http::RequestContext context;
-    return http::RunSync(
-        filter.Handle(Pay(key, "alice-key", "ORD-X4"), {"acme", "alice"}, context));
-  };
-  provider_.create_error = MakeError(Errc::kUnavailable, "provider answered 503");
-  const http::Response failed = handle("declared-0001");
+  provider_.create_error =
+      MakeError(Errc::kUnavailable, "provider answered 503, which it declares as nothing charged");
+  const http::Response failed = Handle(Pay("declared-0001", "alice-key", "ORD-X4"));
   ASSERT_EQ(failed.status, 503) << failed.body;
+  EXPECT_FALSE(HeaderOf(failed, "Retry-After").empty());
   provider_.create_error.reset();
   EXPECT_EQ(PaymentRow(provider_.References().at(0)).first, "abandoned");
   EXPECT_EQ(RecordOf("declared-0001")->state, RecordState::kFailedRetryable);
+  EXPECT_EQ(filter_->ReconcileOnce(10, {}), 0) << "nothing to settle";
 
-  const http::Response paid = handle("declared-0002");
+  const http::Response paid = Handle(Pay("declared-0002", "alice-key", "ORD-X4"));
   EXPECT_EQ(paid.status, 201) << paid.body;
   EXPECT_EQ(provider_.Charges().size(), 1u);
+  const http::Response late = Handle(Pay("declared-0001", "alice-key", "ORD-X4"));
+  EXPECT_EQ(late.status, 200) << late.body;
+  EXPECT_EQ(provider_.Charges().size(), 1u);
+
+  provider_.create_error = MakeError(Errc::kUnavailable, "connecting: Connection refused");
+  ASSERT_EQ(Handle(Pay("revive-0001", "alice-key", "ORD-X3")).status, 503);
+  provider_.create_error.reset();
+  const std::string id = provider_.References().back();
+  const http::Response revived = Handle(Pay("revive-0001", "alice-key", "ORD-X3"));
+  ASSERT_EQ(revived.status, 201) << revived.body;
+  EXPECT_EQ(json::parse(revived.body).at("id").as_string(), id);
+  EXPECT_EQ(PaymentRow(id).first, "succeeded");
+  EXPECT_EQ(provider_.Charges().size(), 2u) << "one charge for each order";
+}
+
+// A payment's id is derived from its merchant order (and the database's namespace), not drawn at
+// random: a claim lost after its charge left (a restored backup: here the rows deleted as the
+// restore would) makes the same id again on the retry, and a provider that honours keys answers
+// with the charge it made. Another order, or another database's namespace, makes another id.
+TEST_F(ServiceTest, APaymentIdIsDerivedFromItsOrderSoALostClaimMakesTheSameIdAgain) {
+  const http::Response paid = Handle(Pay("restore-0001", "alice-key", "ORD-R1"));
+  ASSERT_EQ(paid.status, 201) << paid.body;
+  const std::string id(json::parse(paid.body).at("id").as_string());
+  {
+    auto txn = store_->Begin();
+    ASSERT_TRUE(txn.has_value());
+    ASSERT_TRUE((*txn)->Exec("DELETE FROM idem_records", {}).has_value());
+    ASSERT_TRUE((*txn)->Exec("DELETE FROM payments", {}).has_value());
+    ASSERT_TRUE((*txn)->Commit().has_value());
+  }
+
+  const http::Response again = Handle(Pay("restore-0001", "alice-key", "ORD-R1"));
+  ASSERT_EQ(again.status, 201) << again.body;
+  EXPECT_EQ(json::parse(again.body).at("id").as_string(), id);
+  EXPECT_EQ(provider_.Calls(), 2);
+  EXPECT_EQ(provider_.Charges().size(), 1u) << "the provider recognised the payment's key";
+
+  const http::Response other = Handle(Pay("restore-0002", "alice-key", "ORD-R2"));
+  EXPECT_NE(json::parse(other.body).at("id").as_string(), id);
+  auto space = PaymentsNamespace(*store_, random_);
+  ASSERT_TRUE(space.has_value());
+  EXPECT_EQ(*space, *PaymentsNamespace(*store_, random_)) << "drawn once, then read";
+  EXPECT_EQ(space->size(), 32u);
+}
+
+// A charge the provider answered 201 counts only after the checks a found charge passes: the
+// payment's reference, amount and currency. Another charge is never taken for this payment's.
+TEST_F(ServiceTest, AChargeAnswerCountsOnlyIfItIsThePaymentsCharge) {
+  class WrongCharge final : public Provider {
+   public:
+    explicit WrongCharge(FakeProvider& real) : real_(real) {}
+    http::Async<Result<ChargeResult>> CreateCharge(const std::string& reference, const std::string&,
+                                                   const std::string&, Millis,
+                                                   const std::string&) override {
+      co_return ChargeResult::Charged(
+          Charge{"ch_other", reference, "1.00", "CNY", "succeeded", 0, "0.00"});
+    }
+    http::Async<Result<std::optional<Charge>>> FindCharge(const std::string& reference,
+                                                          const std::string& t) override {
+      return real_.FindCharge(reference, t);
+    }
+    http::Async<Result<ChargePage>> ListCharges(int64_t a, int64_t b, int l,
+                                                const std::string& s) override {
+      return real_.ListCharges(a, b, l, s);
+    }
+    http::Async<Result<Refund>> RefundCharge(const std::string& k, const std::string& c,
+                                             const std::string& a, const std::string& r) override {
+      return real_.RefundCharge(k, c, a, r);
+    }
+
+   private:
+    FakeProvider& real_;
+  } wrong(provider_);
+  Payments payments(*store_, pool_, wrong, clock_, monotonic_, *PaymentsNamespace(*store_, random_),
+                    std::vector<std::string>{"CNY"}, kChargeCover);
+  IdempotencyFilter filter(
+      *engine_, pool_, monotonic_, metrics_,
+      PaymentsPolicy(KeyPolicy{}, kLease, kRetention, 100, 1000, Millis(10000)), payments);
+  http::RequestContext context;
+  const http::Response r = http::RunSync(
+      filter.Handle(Pay("wrong-charge-1", "alice-key", "ORD-WC"), {"acme", "alice"}, context));
+  EXPECT_EQ(r.status, 500) << r.body;
+  EXPECT_EQ(RecordOf("wrong-charge-1")->state, RecordState::kProcessing);
+  EXPECT_EQ(RecordOf("wrong-charge-1")->recovery_point, "charge_sent");
 }
 
 // Payments' own 409s are answers of an execution about its record: each carries that record's
@@ -1146,8 +1231,9 @@ TEST_F(SlowStoreTest, AClaimsCoverServesTheSendWithWhatIsLeftOfTheMargin) {
 // statement ran. A store that answers it later than the margin (a slow commit; a pause of this
 // process) may leave the lease shorter than the call, and a charge sent then may land after the
 // settle window counted from sent_at, where another executor's lookup finds nothing and charges
-// again (the simulator found this: docs/testing.md). Nothing is sent; the attempt ends retryable
-// at charge_sent, so the retry looks the charge up and, finding none, sends it once. (The claim's
+// again (the simulator found this: docs/testing.md). Nothing is sent; the attempt is abandoned
+// (retryable, nothing to settle), so the retry looks the charge up and, finding none, sends it
+// once. (The claim's
 // commit is slowed past half the margin first, so the attempt advances again on its own.)
 TEST_F(SlowStoreTest, NoChargeIsSentWhenTheCoveredAdvanceAnsweredAfterTheMargin) {
   const SlowCommits slow{.claim = kMargin / 2 + Millis(1), .advance = kMargin + Millis(1)};
@@ -1158,7 +1244,7 @@ TEST_F(SlowStoreTest, NoChargeIsSentWhenTheCoveredAdvanceAnsweredAfterTheMargin)
   EXPECT_EQ(TypeOf(first), "urn:idem:problem:unavailable");
   EXPECT_EQ(provider_.Calls(), 0) << "a charge left under a lease that may not outlast it";
   EXPECT_EQ(RecordOf("slow-advance-1")->state, RecordState::kFailedRetryable);
-  EXPECT_EQ(RecordOf("slow-advance-1")->recovery_point, "charge_sent");
+  EXPECT_EQ(RecordOf("slow-advance-1")->recovery_point, "abandoned") << "nothing to settle";
 
   const http::Response paid = Handle(Pay("slow-advance-1", "alice-key", "ORD-SLOW"));
   EXPECT_EQ(paid.status, 201) << paid.body;

@@ -278,8 +278,8 @@ Result<Decision> Engine::ClaimInTxn(const RoutePolicy& policy, const Request& re
   IDEM_RETURN_IF_ERROR(IDEM_FAILPOINT("after_claim"));
   decision.kind = Decision::Kind::kExecute;
   decision.key_expires = record.expires_at;
-  decision.ticket =
-      Ticket{spec.scope, record.lease, record, resumed, resumed_from, std::nullopt, spec.lease_ttl};
+  decision.ticket = Ticket{spec.scope,   record.lease, record,         resumed,
+                           resumed_from, std::nullopt, spec.lease_ttl, policy.max_response_bytes};
   decision.record = std::move(record);
   return decision;
 }
@@ -400,9 +400,14 @@ Result<Ticket> Engine::TakeOver(const RoutePolicy& policy, const Record& stale) 
   IDEM_ASSIGN_OR_RETURN(std::unique_ptr<StoreTxn> txn, store_.Begin());
   IDEM_ASSIGN_OR_RETURN(Record record, txn->Reclaim(spec, stale.lease.fence));
   IDEM_RETURN_IF_ERROR(txn->Commit());
-  return Ticket{stale.scope,      record.lease, record,
-                /*resumed=*/true, stale.state,  /*marker=*/std::nullopt,
-                policy.lease};
+  return Ticket{stale.scope,
+                record.lease,
+                record,
+                /*resumed=*/true,
+                stale.state,
+                /*marker=*/std::nullopt,
+                policy.lease,
+                policy.max_response_bytes};
 }
 
 Status Engine::Finish(const Ticket& ticket, RecordState state, const StoredResponse& response,
@@ -417,9 +422,14 @@ Status Engine::Finish(const Ticket& ticket, RecordState state, const StoredRespo
   outcome.state = state;
   outcome.status_code = response.status;
   if (IsReplayable(state)) {
+    const std::string encoded = EncodeResponse(response);
+    if (encoded.size() > ticket.max_response_bytes) {
+      return MakeError(Errc::kTooLarge, "response of " + std::to_string(encoded.size()) +
+                                            " bytes exceeds the route's stored-response cap of " +
+                                            std::to_string(ticket.max_response_bytes));
+    }
     // Sealed before the transaction starts, so the write lock is held only for the writes.
-    IDEM_ASSIGN_OR_RETURN(outcome.sealed_response,
-                          sealer_.Seal(ticket.scope, EncodeResponse(response)));
+    IDEM_ASSIGN_OR_RETURN(outcome.sealed_response, sealer_.Seal(ticket.scope, encoded));
     outcome.recovery_point = "done";
   }
   IDEM_ASSIGN_OR_RETURN(std::unique_ptr<StoreTxn> txn, store_.Begin());

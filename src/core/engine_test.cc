@@ -207,6 +207,29 @@ TEST_F(EngineTest, ContentTypeParametersAndCaseDoNotChangeTheFingerprint) {
             Errc::kFingerprintMismatch);
 }
 
+// A route's stored-answer cap holds at its value and one past it: Finish refuses the larger
+// answer with kTooLarge and writes nothing, so the caller can finish with one that fits.
+TEST_F(EngineTest, FinishKeepsAnAnswerAtTheRoutesCapAndRefusesOnePast) {
+  policy_.max_response_bytes = 1000;
+  const std::size_t overhead = EncodeResponse(StoredResponse{201, {}, ""}).size();
+  const StoredResponse at_cap{201, {}, std::string(1000 - overhead, 'a')};
+  const StoredResponse past_cap{201, {}, std::string(1001 - overhead, 'a')};
+  ASSERT_EQ(EncodeResponse(past_cap).size(), 1001u);
+
+  Decision past = MustStart(Req("cap-00001"));
+  ASSERT_EQ(past.ticket.max_response_bytes, 1000u) << "the ticket carries the route's cap";
+  const Status refused = engine_->Finish(past.ticket, RecordState::kSucceeded, past_cap);
+  ASSERT_FALSE(refused.has_value());
+  EXPECT_EQ(refused.error().code, Errc::kTooLarge);
+  EXPECT_EQ(RecordOf("cap-00001")->state, RecordState::kProcessing) << "nothing was written";
+
+  Decision at = MustStart(Req("cap-00002"));
+  ASSERT_TRUE(engine_->Finish(at.ticket, RecordState::kSucceeded, at_cap).has_value());
+  Decision replay = MustStart(Req("cap-00002"));
+  ASSERT_EQ(replay.kind, Decision::Kind::kReplay);
+  EXPECT_EQ(replay.response, at_cap);
+}
+
 TEST_F(EngineTest, BadInputLeavesNoRecord) {
   Request missing = Req("unused-key");
   missing.key_header.reset();

@@ -41,6 +41,7 @@ TEST(OperationKey, IsAUuidV7AcceptedByTheDefaultKeyPolicy) {
 }
 
 TEST_F(IdemdTest, ClientRetriesRetryableFailuresWithOneKey) {
+  StartIdemd({.extra_provider = "nothing_charged_statuses = [503]"});
   std::vector<Millis> sleeps;
   client::Client c = MakeClient(*this, &sleeps);
   Fault(R"({"fault":"error","times":2})");

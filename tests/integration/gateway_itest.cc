@@ -568,5 +568,46 @@ TEST_F(GatewayTest, AParkedDuplicateFinishesOnItsRouteAcrossAReload) {
       << "the parked copy was not passed through";
 }
 
+// The finding: an upstream answering 201 with a body of 20 KiB (upstream-sim echoes the request
+// body), three requests with one key, each after the route's lease (2 s) has ended. Before the
+// fix: three upstream executions, every answer 413 — the answer did not fit the 16 KiB stored-
+// answer cap, Finish failed, and the record stayed PROCESSING to be forwarded again. Now the
+// operation is finished with 502 answer-too-large kept in its place, and nothing is forwarded
+// again; a route whose max_stored_bytes holds the answer keeps it as it is.
+TEST_F(GatewayTest, AnAnswerTooLargeToKeepIsFinishedAndNeverForwardedAgain) {
+  IdemdOptions options = WithRoutes();
+  options.reconcile_interval_ms = 200;
+  options.extra_tables +=
+      "[[routes]]\nname = \"big.create\"\nmatch = \"POST /v1/big\"\n"
+      "upstream = \"http://127.0.0.1:" +
+      std::to_string(upstream_url_.port) +
+      "\"\nmax_stored_bytes = 65536\nlease_ms = 2000\ntimeout_ms = 500\n";
+  StartIdemd(options);
+  const std::string body = R"({"sku":"Z1","note":")" + std::string(20 * 1024, 'n') + R"("})";
+  std::string first_body;
+  for (int i = 0; i < 3; ++i) {
+    if (i > 0) std::this_thread::sleep_for(std::chrono::milliseconds(2300));
+    auto r = Call("POST", "/v1/orders", "order-key-big-1", body);
+    ASSERT_EQ(r.status, 502) << r.body;
+    EXPECT_NE(r.body.find("urn:idem:problem:answer-too-large"), std::string::npos) << r.body;
+    EXPECT_EQ(r.headers.Get("Location").value_or(""), "/things/1") << "where the upstream put it";
+    EXPECT_TRUE(r.headers.Get("Idempotency-Key-Expires").has_value());
+    if (i == 0) first_body = r.body;
+    EXPECT_EQ(r.body, first_body);
+    EXPECT_EQ(Total(), 1) << "forwarded again after " << i << " retries";
+  }
+  auto op = ParseObject(Get("/v1/operations/order-key-big-1?route=orders.create").body);
+  EXPECT_EQ(op.at("state").as_string(), "SUCCEEDED");
+
+  auto kept = Call("POST", "/v1/big", "big-key-0001", body);
+  ASSERT_EQ(kept.status, 201) << kept.body.substr(0, 300);
+  EXPECT_GT(kept.body.size(), 20u * 1024);
+  auto replay = Call("POST", "/v1/big", "big-key-0001", body);
+  EXPECT_EQ(replay.status, 201);
+  EXPECT_EQ(replay.headers.Get("Idempotent-Replayed").value_or(""), "true");
+  EXPECT_EQ(replay.body, kept.body);
+  EXPECT_EQ(Total(), 2);
+}
+
 }  // namespace
 }  // namespace idem::itest

@@ -136,6 +136,7 @@ void IdemdTest::WriteConfig(const std::string& config, const IdemdOptions& optio
       << "\"\ntimeout_ms = " << options.provider_timeout_ms << "\n"
       << "settle_ms = "
       << (options.settle_ms > 0 ? options.settle_ms : options.provider_timeout_ms + 1000) << "\n"
+      << options.extra_provider << "\n"
       << "[idempotency]\nlease_ms = " << options.lease_ms
       << "\nlease_margin_ms = " << options.lease_margin_ms
       << "\nreconcile_interval_ms = " << options.reconcile_interval_ms << "\n"

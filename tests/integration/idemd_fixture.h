@@ -85,7 +85,9 @@ class IdemdTest : public ::testing::Test {
     bool keep_config = false;                  // restart on the config file as it is now
     std::string store_url{};                   // default: a SQLite file in the test's directory
     std::string extra_store{};                 // lines appended to [store]
-    std::string redis_url{};                   // [redis] url, when set
+    std::string
+        extra_provider{};     // lines appended to [provider], e.g. "deduplicates_by_key = true"
+    std::string redis_url{};  // [redis] url, when set
     std::string
         extra_tables{};  // whole tables appended, e.g. "[reconciliation]\ninterval_ms = 500"
   };

@@ -5,6 +5,7 @@
 #include <sys/wait.h>
 
 #include <atomic>
+#include <filesystem>
 #include <fstream>
 #include <regex>
 #include <set>
@@ -211,7 +212,50 @@ TEST_F(IdemdTest, DeclineIs402AndFinal) {
   EXPECT_EQ(TotalCharges(), 0);
 }
 
-TEST_F(IdemdTest, Provider5xxIs503AndTheSameKeyExecutesAgain) {
+// A backup restored after a payment (or a failover to a replica the commit had not reached) loses
+// the claim, the payment row and the record, but not the charge at the provider. The retry claims
+// afresh; its payment id is derived from the merchant order (and how many payments it had), so it
+// is the lost payment's id again, the provider recognises its key, and nothing is charged twice.
+// Before, the retry's id was drawn at random: a second charge.
+TEST_F(IdemdTest, ARestoredBackupDoesNotChargeTheOrderTwice) {
+  namespace fs = std::filesystem;
+  auto stop = [&] {
+    idemd_->Signal(SIGTERM);
+    ASSERT_TRUE(idemd_->Wait(std::chrono::seconds(10)).has_value());
+  };
+  const fs::path db = dir_.File("idem.db");
+  const fs::path backup = dir_.File("backup");
+  auto copy_files = [](const fs::path& from, const fs::path& to) {
+    for (const char* suffix : {"", "-wal", "-shm"}) {
+      fs::remove(to.string() + suffix);
+      if (fs::exists(from.string() + suffix)) {
+        fs::copy_file(from.string() + suffix, to.string() + suffix);
+      }
+    }
+  };
+  stop();
+  copy_files(db, backup);
+  StartIdemd();
+  const http::Response paid = Pay("order-0044-key", Body("ORD-0044"));
+  ASSERT_EQ(paid.status, 201) << paid.body;
+  auto first = ParseObject(paid.body);
+  ASSERT_EQ(TotalCharges(), 1);
+  stop();
+  copy_files(backup, db);  // the restore: the payment and its record are gone
+  StartIdemd();
+  const http::Response again = Pay("order-0044-key", Body("ORD-0044"));
+  ASSERT_EQ(again.status, 201) << again.body;
+  EXPECT_FALSE(again.headers.Get("idempotent-replayed").has_value()) << "the record was lost";
+  auto second = ParseObject(again.body);
+  EXPECT_EQ(Str(second, "id"), Str(first, "id"));
+  EXPECT_EQ(Str(second, "provider_charge_id"), Str(first, "provider_charge_id"));
+  EXPECT_EQ(TotalCharges(), 1);
+}
+
+// A 5xx the provider documents as "nothing was charged" ([provider] nothing_charged_statuses):
+// retryable at once, the same key executes again.
+TEST_F(IdemdTest, ADeclared5xxIs503AndTheSameKeyExecutesAgain) {
+  StartIdemd({.extra_provider = "nothing_charged_statuses = [503]"});
   Fault(R"({"fault":"error","times":1})");
   http::Response r = Pay("order-0009-key", Body("ORD-0009"));
   EXPECT_EQ(r.status, 503);
@@ -223,9 +267,62 @@ TEST_F(IdemdTest, Provider5xxIs503AndTheSameKeyExecutesAgain) {
   EXPECT_EQ(TotalCharges(), 1);
 }
 
+// The finding: the provider's front end answers 502 while its back end still makes the charge 3 s
+// later, and the provider ignores keys. The 503 is an unknown outcome: the client's retries (every
+// second, as idem's client does) look the charge up and are told the operation is in progress
+// until the send has settled; the one after the charge landed gets it. One charge in the end.
+// Before the fix the retry a second later charged again: two charges.
+TEST_F(IdemdTest, AnUndeclared5xxIsAnUnknownOutcomeAndTheLateChargeIsFoundNotRepeated) {
+  StartIdemd({.lease_ms = 3000, .provider_timeout_ms = 1000, .settle_ms = 5000});
+  ProviderMode(true);
+  Fault(R"({"fault":"error","status":502,"charge_after_ms":3000,"times":1})");
+  const http::Response first = Pay("order-0042-key", Body("ORD-0042"));
+  ASSERT_EQ(first.status, 503) << first.body;
+  EXPECT_EQ(ProblemType(first), "urn:idem:problem:provider-unavailable");
+  EXPECT_TRUE(first.headers.Get("retry-after").has_value());
+  EXPECT_EQ(TotalCharges(), 0) << "the charge has not landed yet";
+  auto op = ParseObject(Get("/v1/operations/order-0042-key").body);
+  EXPECT_EQ(Str(op, "state"), "PROCESSING");
+  EXPECT_EQ(Str(op, "recovery_point"), "charge_sent");
+  http::Response again;
+  int in_progress = 0;
+  for (int i = 0; i < 10; ++i) {
+    std::this_thread::sleep_for(std::chrono::seconds(1));
+    again = Pay("order-0042-key", Body("ORD-0042"));
+    if (again.status != 409) break;
+    ++in_progress;
+    EXPECT_EQ(ProblemType(again), "urn:idem:problem:request-in-progress");
+  }
+  EXPECT_GE(in_progress, 1) << "the retry a second after the 502 was not held";
+  ASSERT_EQ(again.status, 201) << again.body;
+  std::this_thread::sleep_for(std::chrono::milliseconds(3500));  // anything late has landed
+  auto body = ParseObject(again.body);
+  EXPECT_EQ(ChargesFor(Str(body, "id")), 1);
+  EXPECT_EQ(TotalCharges(), 1);
+}
+
+// A connection lost after the charge left (the provider charged, then its connection reset,
+// before idemd's deadline) is not a timeout but as unknown: 503, and the retry after the settle
+// window finds the charge instead of making another, with a provider that ignores keys.
+TEST_F(IdemdTest, AConnectionLostAfterTheChargeLeftIs503AndTheRetryFindsTheCharge) {
+  ProviderMode(true);
+  Fault(R"({"fault":"succeed_then_timeout","delay_ms":200,"times":1})");
+  const http::Response first = Pay("order-0043-key", Body("ORD-0043"));
+  ASSERT_EQ(first.status, 503) << first.body;
+  EXPECT_EQ(TotalCharges(), 1);
+  http::Response again;
+  for (int i = 0; i < 10; ++i) {
+    again = Pay("order-0043-key", Body("ORD-0043"));
+    if (again.status != 409) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  }
+  ASSERT_EQ(again.status, 201) << again.body;
+  EXPECT_EQ(TotalCharges(), 1);
+}
+
 // A 5xx after the charge was sent proves nothing (the default provider semantics). The client
-// gives that key up; within lease_ms + reconcile_interval_ms the reconciler finds no charge and
-// releases the order, and a new key for it pays, once.
+// gives that key up; within settle_ms + lease_ms + 2 × reconcile_interval_ms the reconciler finds
+// no charge and releases the order, and a new key for it pays, once.
 TEST_F(IdemdTest, AnOrderAbandonedAfterAProvider5xxIsPayableAgainWithinTheBound) {
   constexpr int kReconcileMs = 200;
   StartIdemd({.reconcile_interval_ms = kReconcileMs});
@@ -236,8 +333,9 @@ TEST_F(IdemdTest, AnOrderAbandonedAfterAProvider5xxIsPayableAgainWithinTheBound)
   EXPECT_EQ(held.status, 409) << held.body;
   EXPECT_EQ(ProblemType(held), "urn:idem:problem:order-in-progress");
 
-  // lease_ms (3000) + one interval, and room for a slow machine.
-  const auto deadline = failed_at + std::chrono::milliseconds(3000 + kReconcileMs + 3000);
+  // settle_ms (2000) + lease_ms (3000) + two intervals, and room for a slow machine.
+  const auto deadline =
+      failed_at + std::chrono::milliseconds(2000 + 3000 + 2 * kReconcileMs + 3000);
   http::Response paid;
   for (int attempt = 0; std::chrono::steady_clock::now() < deadline; ++attempt) {
     paid = Pay("order-0040-key-c" + std::to_string(attempt), Body("ORD-0040"));

@@ -211,14 +211,19 @@ TEST_F(ReconcileTest, ARunKilledAfterARefundRefundsNothingTwice) {
 }
 
 // A charge whose reference is no payment is an orphan: reported, never refunded unless the
-// configuration says so, and then only once older than the grace period.
+// configuration says so, and then only once older than the grace period, and only if its
+// reference is shaped like an idemd payment id: a charge someone else made on a shared provider
+// account (reference "ext-order-77") is never idemd's to refund.
 TEST_F(ReconcileTest, AnOrphanIsReportedThenRefundedAfterItsGraceWhenConfigured) {
-  const std::string young = InjectCharge("not-a-payment-1", "9.00", "CNY");
-  const std::string old = InjectCharge("not-a-payment-2", "4.00", "CNY", Now(Millis(-30'000)));
+  const std::string young = InjectCharge("pay_00000000000000000000000a", "9.00", "CNY");
+  const std::string old =
+      InjectCharge("pay_00000000000000000000000b", "4.00", "CNY", Now(Millis(-30'000)));
+  const std::string foreign = InjectCharge("ext-order-77", "6.00", "CNY", Now(Millis(-30'000)));
   auto [ran, out] = Reconcile();
   EXPECT_EQ(ran, 0) << out;
   EXPECT_NE(out.find("orphan"), std::string::npos) << out;
-  EXPECT_EQ(RefundsOf(young) + RefundsOf(old), 0) << "refunded without being configured to";
+  EXPECT_EQ(RefundsOf(young) + RefundsOf(old) + RefundsOf(foreign), 0)
+      << "refunded without being configured to";
 
   StartIdemd(
       {.extra_tables = "[reconciliation]\nrefund_orphans = true\norphan_grace_ms = 20000\n"});
@@ -226,8 +231,9 @@ TEST_F(ReconcileTest, AnOrphanIsReportedThenRefundedAfterItsGraceWhenConfigured)
   EXPECT_EQ(again, 0) << again_out;
   EXPECT_EQ(RefundsOf(old), 1) << again_out;
   EXPECT_EQ(RefundsOf(young), 0) << "refunded within its grace period";
+  EXPECT_EQ(RefundsOf(foreign), 0) << "refunded a charge that is not idemd's";
   json::array report = Report();
-  ASSERT_EQ(report.size(), 2u);
+  ASSERT_EQ(report.size(), 3u);
   for (const json::value& v : report) {
     const json::object& f = v.as_object();
     EXPECT_EQ(f.at("class").as_string(), "orphan");

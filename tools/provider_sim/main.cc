@@ -16,7 +16,7 @@
 //   POST /admin/faults             {"fault": "decline"|"error"|"hang"|"slow"|
 //                                   "succeed_then_timeout"|"late"|"none",
 //                                   "reference": R (optional; else global), "delay_ms": N,
-//                                   "times": N}
+//                                   "times": N, "status": 5xx, "charge_after_ms": N (error)}
 //
 // Listing: every parameter is optional. The window is created_gte <= created_at < created_lt
 // (RFC 3339, `Z` or a numeric offset, optional fraction; absent: unbounded), oldest first and
@@ -30,7 +30,10 @@
 // honoured as for charges: a repeat answers the refund it made (201, the same body) and refunds
 // nothing more, even if nothing is left.
 //
-// Faults: `decline` answers 402, `error` 503, both charging nothing. `hang` charges nothing and
+// Faults: `decline` answers 402, `error` 503 (or its `status`, 500..599), both charging nothing
+// — unless `error` has `charge_after_ms`: then the charge is made that long after the request
+// arrived, as a provider's back end goes on after its front end failed (lookups find nothing
+// until then). `hang` charges nothing and
 // drops the connection after delay_ms (default 60 s). `slow` charges at once and answers after
 // delay_ms. `succeed_then_timeout` charges at once and drops the connection after delay_ms.
 // `late` models a provider that executes a request after its caller gave up: the charge is
@@ -61,6 +64,7 @@
 #include <limits>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <stop_token>
 #include <thread>
@@ -83,7 +87,11 @@ constexpr std::size_t kMaxAmountDigits = 18;
 struct Fault {
   std::string kind;  // decline, error, hang, slow, succeed_then_timeout, late
   Millis delay{0};
-  int times = -1;  // -1: until cleared
+  int times = -1;    // -1: until cleared
+  int status = 503;  // error: the status answered (500..599)
+  // error: the charge is made this long after the request arrived (a front end that fails while
+  // its back end goes on); nullopt: nothing is charged.
+  std::optional<Millis> charge_after;
 };
 
 http::Response Json(int status, const json::value& v) {
@@ -277,7 +285,9 @@ class ProviderSim final : public http::Handler {
     std::optional<Fault> fault = TakeFault(charge.reference);
     if (fault && fault->kind == "decline")
       return Json(402, json::object{{"error", "card_declined"}});
-    if (fault && fault->kind == "error") return Json(503, json::object{{"error", "unavailable"}});
+    if (fault && fault->kind == "error" && !fault->charge_after) {
+      return Json(fault->status, json::object{{"error", "unavailable"}});
+    }
     if (fault && fault->kind == "hang") {
       context.delay = fault->delay.count() > 0 ? fault->delay : Millis(60000);
       context.drop = true;
@@ -287,12 +297,12 @@ class ProviderSim final : public http::Handler {
 
     charge.id = NewId("ch_");
     charge.created_ms = ToUnixMillis(SystemClock().Now());
-    if (fault && fault->kind == "late") {
-      // Answered at the landing time if the caller still waits; made then whatever it did. Its
-      // slot is held from now, so a landing never finds the simulator full.
+    if (fault && (fault->kind == "late" || fault->kind == "error")) {
+      // Made at the landing time whatever the caller did; its slot is held from now, so a
+      // landing never finds the simulator full. `late` answers then if the caller still waits;
+      // `error` answers its 5xx at once.
       if (charges_.size() + landing_ >= max_records_) return Full();
-      const Millis delay = fault->delay;
-      context.delay = delay;
+      const Millis delay = fault->kind == "late" ? fault->delay : *fault->charge_after;
       charge.created_ms += delay.count();
       ++landing_;
       late_.emplace_back([this, delay, key, charge](std::stop_token stop) {
@@ -302,6 +312,9 @@ class ProviderSim final : public http::Handler {
         --landing_;
         (void)AddCharge(key, charge);
       });
+      if (fault->kind == "error")
+        return Json(fault->status, json::object{{"error", "bad_gateway"}});
+      context.delay = delay;
       return Json(201, ToJson(charge));
     }
     const std::optional<std::size_t> made = AddCharge(key, std::move(charge));
@@ -496,6 +509,18 @@ class ProviderSim final : public http::Handler {
     }
     if (const json::value* t = o->if_contains("times"); t && t->is_int64()) {
       f.times = static_cast<int>(t->as_int64());
+    }
+    if (const json::value* st = o->if_contains("status"); st != nullptr) {
+      if (!st->is_int64() || st->as_int64() < 500 || st->as_int64() > 599) {
+        return Json(400, json::object{{"error", "status must be 500..599"}});
+      }
+      f.status = static_cast<int>(st->as_int64());
+    }
+    if (const json::value* after = o->if_contains("charge_after_ms"); after != nullptr) {
+      if (!after->is_int64() || after->as_int64() < 0) {
+        return Json(400, json::object{{"error", "charge_after_ms must be a non-negative integer"}});
+      }
+      f.charge_after = Millis(after->as_int64());
     }
     std::optional<Fault> value = f.kind == "none" ? std::nullopt : std::optional<Fault>(f);
     std::lock_guard lock(mu_);

@@ -496,10 +496,13 @@ Result<std::unique_ptr<Connection>> Connect(const PostgresStoreOptions& options,
   }
   if (PQsetnonblocking(conn, 1) != 0) return fail(PQerrorMessage(conn));
   auto c = std::make_unique<Connection>(conn, options.prepared_statements, bounds.answer);
-  // One round trip for every setting of the session.
+  // One round trip for every setting of the session. synchronous_commit is on whatever the
+  // server's or the role's default: a commit acknowledged before it is durable (and, with
+  // synchronous replicas, replicated) could be lost after its charge left (docs/deploy.md).
   std::string sql =
       "SELECT set_config('statement_timeout', $1, false), set_config('lock_timeout', $2, false), "
-      "set_config('idle_in_transaction_session_timeout', $3, false)";
+      "set_config('idle_in_transaction_session_timeout', $3, false), "
+      "set_config('synchronous_commit', 'on', false)";
   std::vector<SqlValue> params = {std::to_string(bounds.statement.count()),
                                   std::to_string(bounds.lock.count()),
                                   std::to_string(bounds.idle_in_transaction.count())};
