@@ -22,6 +22,7 @@ for _ in $(seq 1 50); do grep -q listening "$work/provider.out" && break; sleep 
 provider=$(grep -o 'http://[0-9.:]*' "$work/provider.out")
 sed -e "s|^url = \"sqlite://data/idem.db\".*|url = \"$store\"|" \
     -e "s|^file = \"data/dev-secrets.toml\"|file = \"$work/secrets.toml\"|" \
+    -e "s|^\\[idempotency\\]|[idempotency]\\nmax_new_keys_per_second = 0|" \
     "$root/config/idemd.dev.toml" > "$work/idemd.toml"
 if [ -n "$redis" ]; then printf '\n[redis]\nurl = "%s"\n' "$redis" >> "$work/idemd.toml"; fi
 "$bin/server/idemd" --config "$work/idemd.toml" --listen 127.0.0.1:0 --provider "$provider" \

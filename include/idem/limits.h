@@ -47,6 +47,12 @@ inline constexpr int64_t kMaxProcessingPerPrincipal = 100;
 // (idem_retained), so a claim costs the same at any number retained.
 inline constexpr int64_t kMaxRetainedPerPrincipal = 64'000'000;
 
+// Requests one principal may bring to the claim (new keys, and keys not finished) on one route
+// of one instance, each second, and at once after a pause: a key flood is refused (429) within a
+// second, long before the retained quota, while a busy merchant (100 new keys a second) is never
+// near it.
+inline constexpr int64_t kMaxNewKeysPerSecondPerPrincipal = 1000;
+
 // Time of records: how long a claim's lease lasts before another executor may take over (renewed
 // by a heartbeat), how long a record is retained and its key recognised, and the longest
 // Retry-After suggested to a duplicate that meets a running execution.

@@ -684,6 +684,8 @@ Result<Config> LoadConfig(const std::string& path, const std::vector<std::string
   IDEM_RETURN_IF_ERROR(ReadMillis(t, "idempotency", "retention_ms", c.retention, o));
   IDEM_RETURN_IF_ERROR(Read(t, "idempotency", "max_processing", c.max_processing, o));
   IDEM_RETURN_IF_ERROR(Read(t, "idempotency", "max_retained", c.max_retained, o));
+  IDEM_RETURN_IF_ERROR(
+      Read(t, "idempotency", "max_new_keys_per_second", c.max_new_keys_per_second, o));
   IDEM_RETURN_IF_ERROR(ReadMillis(t, "idempotency", "wait_max_ms", c.wait_max, o));
   IDEM_RETURN_IF_ERROR(
       Read(t, "idempotency", "max_waiters_per_principal", c.max_waiters_per_principal, o));
@@ -803,6 +805,9 @@ Result<Config> LoadConfig(const std::string& path, const std::vector<std::string
   }
   if (c.server.max_parked < 0 || c.server.max_parked > limits::kParkedCeiling) {
     return Bad(o, "server.max_parked must be 0.." + std::to_string(limits::kParkedCeiling));
+  }
+  if (c.max_new_keys_per_second > 1'000'000) {
+    return Bad(o, "idempotency.max_new_keys_per_second must be 0..1000000");
   }
   if (c.max_waiters_per_principal < 0 || c.max_waiters_per_principal > limits::kParkedCeiling) {
     return Bad(o, "idempotency.max_waiters_per_principal must be 0.." +

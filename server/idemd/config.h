@@ -92,6 +92,9 @@ struct Config {
   Millis retention{limits::kDefaultRetention};
   int64_t max_processing = limits::kMaxProcessingPerPrincipal;
   int64_t max_retained = limits::kMaxRetainedPerPrincipal;
+  // Requests a principal may bring to the claim each second, per route and instance (0: no
+  // limit); FilterPolicy::max_new_keys_per_second.
+  int64_t max_new_keys_per_second = limits::kMaxNewKeysPerSecondPerPrincipal;
   Millis wait_max{10000};
   int64_t max_waiters_per_principal = limits::kMaxWaitersPerPrincipal;
   std::size_t key_min_length = limits::kKeyMinLength;

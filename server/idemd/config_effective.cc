@@ -114,6 +114,7 @@ toml::table EffectiveTable(const Config& c) {
            {"max_retained", c.max_retained},
            {"wait_max_ms", Ms(c.wait_max)},
            {"max_waiters_per_principal", c.max_waiters_per_principal},
+           {"max_new_keys_per_second", c.max_new_keys_per_second},
            {"key_min_length", static_cast<int64_t>(c.key_min_length)},
            {"key_max_length", static_cast<int64_t>(c.key_max_length)},
            {"sweep_interval_ms", Ms(c.sweep_interval)},

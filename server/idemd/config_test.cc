@@ -222,6 +222,8 @@ TEST_F(ConfigTest, LimitsHoldAtTheirValueAndOnePast) {
       {"[server]\nmax_parked = " + parked + "\n", "[server]\nmax_parked = " + parked_past + "\n",
        "max_parked"},
       {"[idempotency]\nmax_retained = 1\n", "[idempotency]\nmax_retained = 0\n", "quotas"},
+      {"[idempotency]\nmax_new_keys_per_second = 1000000\n",
+       "[idempotency]\nmax_new_keys_per_second = 1000001\n", "max_new_keys_per_second"},
       {"[idempotency]\nlease_ms = 59999\nretention_ms = 60000\n",
        "[idempotency]\nlease_ms = 60000\nretention_ms = 60000\n", "lease"},
       {"[store]\nconnect_timeout_ms = 1\n", "[store]\nconnect_timeout_ms = 0\n", "connect"},

@@ -118,6 +118,49 @@ class IdempotencyFilter::Waiters {
   std::unordered_map<std::string, int64_t> parked_;
 };
 
+// Claims per principal: a token bucket of `rate` tokens a second holding at most `rate`. The
+// table is bounded: past kMaxBuckets principals, buckets that have refilled (idle principals) are
+// dropped, and if every one is busy the table starts afresh (a fresh burst each: the store's
+// quotas still hold).
+class IdempotencyFilter::ClaimRate {
+ public:
+  explicit ClaimRate(int64_t rate) : rate_(static_cast<double>(rate)) {}
+
+  // Takes a token of `who` at `now`; false when none is left.
+  bool Take(const std::string& who, SteadyTime now) {
+    if (rate_ <= 0) return true;
+    std::lock_guard lock(mu_);
+    if (buckets_.size() >= kMaxBuckets && !buckets_.contains(who)) Prune(now);
+    auto [it, inserted] = buckets_.try_emplace(who, Bucket{rate_, now});
+    Bucket& b = it->second;
+    b.tokens = Refilled(b, now);
+    b.at = now;
+    if (b.tokens < 1) return false;
+    b.tokens -= 1;
+    return true;
+  }
+
+ private:
+  static constexpr std::size_t kMaxBuckets = 65536;
+  struct Bucket {
+    double tokens;
+    SteadyTime at;
+  };
+  double Refilled(const Bucket& b, SteadyTime now) const {
+    const double seconds = std::chrono::duration<double>(now - b.at).count();
+    return std::min(rate_, b.tokens + std::max(0.0, seconds) * rate_);
+  }
+  void Prune(SteadyTime now) {
+    std::erase_if(buckets_,
+                  [&](const auto& entry) { return Refilled(entry.second, now) >= rate_; });
+    if (buckets_.size() >= kMaxBuckets) buckets_.clear();
+  }
+
+  const double rate_;
+  std::mutex mu_;
+  std::unordered_map<std::string, Bucket> buckets_;
+};
+
 // One waiter's place among its principal's: given back when the request's context lets it go.
 class IdempotencyFilter::WaiterPlace {
  public:
@@ -179,9 +222,12 @@ IdempotencyFilter::IdempotencyFilter(Engine& engine, http::BlockingPool& pool,
       metrics_(metrics),
       policy_(std::move(policy)),
       operation_(operation),
-      waiters_(std::make_shared<Waiters>()) {
+      waiters_(std::make_shared<Waiters>()),
+      claim_rate_(std::make_unique<ClaimRate>(policy_.max_new_keys_per_second)) {
   metrics_.DeclareRoute(policy_.route_label);
 }
+
+IdempotencyFilter::~IdempotencyFilter() = default;
 
 http::Response IdempotencyFilter::Accepted(std::string_view key, const std::string& location,
                                            Timestamp expires) const {
@@ -294,6 +340,13 @@ http::Async<http::Response> IdempotencyFilter::Decide(const http::Request& reque
     // what it cannot answer goes to the claim, which queues with the other writes.
     held = co_await reads_.Call(
         [&] { return engine_.ReplayFromStore(policy_.route, engine_request, &mismatch_expires); });
+    if (held && !*held && !claim_rate_->Take(PrincipalKey(principal), monotonic_.Now())) {
+      count("quota");
+      co_return http::Problem(http::ProblemKind::kQuotaExceeded,
+                              "too many new requests for this principal (limit " +
+                                  std::to_string(policy_.max_new_keys_per_second) +
+                                  " a second); retry shortly");
+    }
     if (held && !*held) {
       decision = co_await pool_.Call([&] {
         return engine_.Start(

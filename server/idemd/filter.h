@@ -94,6 +94,11 @@ struct FilterPolicy {
   // Requests one principal may have parked on Prefer: wait at once; beyond, a would-be waiter gets
   // the answer it would get without Prefer: wait (409 + Retry-After) at once.
   int64_t max_waiters_per_principal = limits::kMaxWaitersPerPrincipal;
+  // Requests one principal may bring to the claim each second (a token bucket holding as many:
+  // a burst of that size after a pause); beyond, 429 quota-exceeded with Retry-After at once,
+  // before the store. Replays of finished records and parked polls are not counted. Per filter
+  // and process; 0: no limit.
+  int64_t max_new_keys_per_second = limits::kMaxNewKeysPerSecondPerPrincipal;
   std::string route_label;  // for metrics and logs, e.g. "payments.create"
   // The URL of a running operation is operations_prefix + key + operations_suffix, e.g.
   // "/v1/operations/" + key, or with "?route=orders.create" for a gateway route.
@@ -118,6 +123,7 @@ class IdempotencyFilter {
   IdempotencyFilter(Engine& engine, http::BlockingPool& pool, MonotonicClock& monotonic,
                     Metrics& metrics, FilterPolicy policy, Operation& operation,
                     http::BlockingPool* reads = nullptr);
+  ~IdempotencyFilter();
 
   // Prefer: wait parks a duplicate of a running operation (context.park) when its principal has
   // fewer than policy.max_waiters_per_principal parked and the server has room
@@ -190,6 +196,8 @@ class IdempotencyFilter {
   class Waiters;
   class WaiterPlace;
   std::shared_ptr<Waiters> waiters_;
+  class ClaimRate;
+  std::unique_ptr<ClaimRate> claim_rate_;
 };
 
 }  // namespace idem::idemd

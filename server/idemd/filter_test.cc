@@ -941,6 +941,32 @@ TEST_F(FilterTest, AKeptHeaderWithSeveralValuesIsReplayedWithAll) {
             (std::vector<std::string_view>{"</a>; rel=a", "</b>; rel=b"}));
 }
 
+// A principal may bring max_new_keys_per_second requests to the claim each second (and as many
+// at once after a pause); beyond, 429 at once, and no record is made. A replay of a finished key
+// is not counted, another principal has its own, and a second later there is room again.
+TEST_F(FilterTest, AKeyFloodIsRefusedBeforeTheClaimAndReplaysAreNotCounted) {
+  policy_.max_new_keys_per_second = 3;
+  for (int i = 1; i <= 3; ++i) {
+    ASSERT_EQ(Handle(Post("flood-key-" + std::to_string(i))).status, 201);
+  }
+  const http::Response refused = Handle(Post("flood-key-4"));
+  EXPECT_EQ(refused.status, 429) << refused.body;
+  EXPECT_EQ(TypeOf(refused), "urn:idem:problem:quota-exceeded");
+  EXPECT_EQ(HeaderOf(refused, "Retry-After"), "1");
+  EXPECT_EQ(Records(), 3) << "a refused request made no record";
+  EXPECT_EQ(Requests("quota"), 1);
+
+  const http::Response replay = Handle(Post("flood-key-1"));
+  EXPECT_EQ(replay.status, 201);
+  EXPECT_EQ(HeaderOf(replay, "Idempotent-Replayed"), "true");
+  EXPECT_EQ(Handle(Post("flood-key-5", kBody), kBob).status, 201) << "bob has his own";
+
+  monotonic_.Advance(Millis(334));  // a third of a second: one token
+  EXPECT_EQ(Handle(Post("flood-key-4")).status, 201);
+  EXPECT_EQ(Handle(Post("flood-key-6")).status, 429);
+  EXPECT_EQ(op_.Executed(), 5);
+}
+
 TEST_F(FilterTest, AnExecutionsStateOverridesThePolicy) {
   // A 503 declared final is replayed; a 201 declared retryable executes again.
   op_.execute = [](int n, Ticket&) {

@@ -32,6 +32,7 @@ Result<std::shared_ptr<const Gateway>> Gateway::Make(GatewayConfig config,
     FilterPolicy policy =
         GatewayPolicy(route, deps.keys, deps.max_processing, deps.max_retained, deps.wait_max);
     policy.max_waiters_per_principal = deps.max_waiters_per_principal;
+    policy.max_new_keys_per_second = deps.max_new_keys_per_second;
     g->filters_.push_back(
         std::make_unique<IdempotencyFilter>(deps.engine, deps.pool, deps.monotonic, deps.metrics,
                                             std::move(policy), *g->proxies_.back(), &deps.reads));

@@ -33,6 +33,7 @@ struct GatewayDeps {
   int64_t max_processing;
   int64_t max_retained;
   int64_t max_waiters_per_principal;
+  int64_t max_new_keys_per_second;
   Millis wait_max;
   Millis lease_margin;
 };

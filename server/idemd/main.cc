@@ -205,6 +205,7 @@ int Run(int argc, char** argv) {
       PaymentsPolicy(keys, config->lease, config->retention, config->max_processing,
                      config->max_retained, config->wait_max);
   payments_policy.max_waiters_per_principal = config->max_waiters_per_principal;
+  payments_policy.max_new_keys_per_second = config->max_new_keys_per_second;
   IdempotencyFilter filter(engine, store_pool, SystemMonotonicClock(), metrics,
                            std::move(payments_policy), payments, &read_pool);
   // The gateway (docs/gateway.md): each route a filter in front of a proxy to its upstream, with
@@ -218,6 +219,7 @@ int Run(int argc, char** argv) {
                                  .max_processing = config->max_processing,
                                  .max_retained = config->max_retained,
                                  .max_waiters_per_principal = config->max_waiters_per_principal,
+                                 .max_new_keys_per_second = config->max_new_keys_per_second,
                                  .wait_max = config->wait_max,
                                  .lease_margin = config->lease_margin};
   auto gateway = Gateway::Make(config->gateway, gateway_deps);
