@@ -424,6 +424,7 @@ class MemoryStore final : public Store {
       if (r.state == RecordState::kFailedRetryable) ++census.failed_retryable;
       if (r.state != RecordState::kProcessing) continue;
       ++census.processing;
+      ++census.processing_by_route[r.route];
       const Millis age =
           std::max(Millis(0), std::chrono::duration_cast<Millis>(now - r.created_at));
       census.oldest_processing_age = std::max(census.oldest_processing_age.value_or(age), age);

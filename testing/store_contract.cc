@@ -636,6 +636,10 @@ TEST_P(StoreContractTest, TheCensusCountsUnfinishedRecordsAndAgesTheOldestProces
   MustClaim(*store_, oldest);
   env_.clock.Advance(Millis(4000));
   MustClaim(*store_, ContractSpec("census-newer", "acme", "bob"));
+  ClaimSpec elsewhere = ContractSpec("census-other-route");
+  elsewhere.route = "gw.orders.create";
+  elsewhere.scope = *Scope{"acme", "alice", elsewhere.route, "census-other-route"}.Hash();
+  MustClaim(*store_, elsewhere);
   const ClaimSpec done = ContractSpec("census-done");
   MustFinish(*store_, done, MustClaim(*store_, done).lease, Succeeded());
   const ClaimSpec failed = ContractSpec("census-failed");
@@ -648,18 +652,20 @@ TEST_P(StoreContractTest, TheCensusCountsUnfinishedRecordsAndAgesTheOldestProces
   env_.clock.Advance(Millis(1500));
 
   RecordCensus c = census();
-  EXPECT_EQ(c.processing, 2);
+  EXPECT_EQ(c.processing, 3);
+  EXPECT_EQ(c.processing_by_route,
+            (std::map<std::string, int64_t>{{"gw.orders.create", 1}, {"payments.create", 2}}));
   EXPECT_EQ(c.failed_retryable, 1);
-  EXPECT_EQ(c.retained, 4);
+  EXPECT_EQ(c.retained, 5);
   ASSERT_TRUE(c.oldest_processing_age.has_value());
   EXPECT_EQ(*c.oldest_processing_age, Millis(5500));
 
   env_.clock.Advance(kRetention);
   EXPECT_EQ(*store_->Sweep(100), 2) << "the finished ones";
   c = census();
-  EXPECT_EQ(c.processing, 2);
+  EXPECT_EQ(c.processing, 3);
   EXPECT_EQ(c.failed_retryable, 0);
-  EXPECT_EQ(c.retained, 2);
+  EXPECT_EQ(c.retained, 3);
   EXPECT_EQ(*c.oldest_processing_age, kRetention + Millis(5500));
 }
 

@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -64,7 +65,10 @@ struct ClaimSpec {
 
 // How many records there are, for gauges (Store::Census).
 struct RecordCensus {
-  int64_t processing = 0;        // PROCESSING records
+  int64_t processing = 0;  // PROCESSING records
+  // PROCESSING records by route id, routes without any left out: a route no process serves any
+  // more (a gateway route removed or renamed) shows here, as nothing else resolves its records.
+  std::map<std::string, int64_t> processing_by_route;
   int64_t failed_retryable = 0;  // FAILED_RETRYABLE records
   int64_t retained = 0;          // records in every state, not yet swept
   // The store's time now minus the created_at of the oldest PROCESSING record (when its

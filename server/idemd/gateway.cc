@@ -60,6 +60,12 @@ const GatewayEndpoint* Gateway::Named(std::string_view name) const {
   return it == endpoints_.end() ? nullptr : &*it;
 }
 
+bool Gateway::Serves(std::string_view route_id) const {
+  constexpr std::string_view kPrefix = "gw.";
+  return route_id.substr(0, kPrefix.size()) == kPrefix &&
+         Named(route_id.substr(kPrefix.size())) != nullptr;
+}
+
 void Gateway::ReconcileOnce(int limit,
                             const std::function<void(const std::string&)>& notify) const {
   // Routes' passes side by side (up to 32 at once): one route's stalled upstream holds up no

@@ -48,6 +48,8 @@ class Gateway {
   const GatewayEndpoint* Match(std::string_view method, std::string_view path) const;
   // The endpoint of the route named `name`, or nullptr.
   const GatewayEndpoint* Named(std::string_view name) const;
+  // Whether `route_id` (GatewayRoute::RouteId: "gw." + name) is one of these routes.
+  bool Serves(std::string_view route_id) const;
   // Whether requests no route matches pass through (else they are answered 404).
   bool ForwardsUnmatched() const { return unmatched_ != nullptr; }
   // A request no route matches, forwarded as it is but for hop-by-hop headers, with the

@@ -23,6 +23,7 @@
 #include "server/idemd/payments.h"
 #include "server/idemd/provider.h"
 #include "server/idemd/reconciliation.h"
+#include "server/idemd/routes.h"
 #include "server/idemd/service.h"
 #include "server/idemd/store_url.h"
 #include "server/idemd/timed.h"
@@ -227,7 +228,13 @@ int Run(int argc, char** argv) {
   Service service(config->principals, **store, store_pool, metrics, filter, payments,
                   std::move(*gateway), &read_pool);
   JsonAccessLog log(&metrics);
-  TakeCensus(**store, metrics, SystemClock());  // the records gauges hold values from the start
+  // The routes whose records this instance resolves: any other route's PROCESSING records are
+  // reported (TakeCensus).
+  const auto served = [&service](std::string_view route) {
+    return route == kPaymentsCreateRoute || service.CurrentGateway()->Serves(route);
+  };
+  // The records gauges hold values from the start, and a removed route's records are reported.
+  TakeCensus(**store, metrics, SystemClock(), served);
   auto server = http::Server::Start(config->server, service, &log);
   if (!server) return Fail(server.error().message);
   metrics.WatchServer([&running = **server] {
@@ -252,7 +259,7 @@ int Run(int argc, char** argv) {
       if (subscription) finished = std::move(*subscription);
     }
     Loop sweeper(config->sweep_interval, [&] { (void)SweepExpired(**store); });
-    Loop census(kCensusInterval, [&] { TakeCensus(**store, metrics, SystemClock()); });
+    Loop census(kCensusInterval, [&] { TakeCensus(**store, metrics, SystemClock(), served); });
     Loop reconciler(config->reconcile_interval, [&] {
       // Payments and the gateway's routes side by side: a stalled provider delays no route's
       // records, and a stalled upstream no payment's (docs/idemd.md, "Ambiguous failures").

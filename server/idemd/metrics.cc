@@ -195,6 +195,20 @@ void Metrics::SetRecords(const RecordCensus& census, Timestamp taken) {
   census_taken_ = taken;
 }
 
+std::map<std::string, int64_t> Metrics::SetUnserved(std::map<std::string, int64_t> unserved) {
+  std::lock_guard lock(mu_);
+  std::map<std::string, int64_t> changed;
+  for (const auto& [route, n] : unserved) {
+    auto was = unserved_.find(route);
+    if (was == unserved_.end() || was->second != n) changed[route] = n;
+  }
+  for (const auto& [route, n] : unserved_) {
+    if (!unserved.contains(route)) changed[route] = 0;
+  }
+  unserved_ = std::move(unserved);
+  return changed;
+}
+
 void Metrics::WatchServer(std::function<ServerLoad()> read) {
   std::lock_guard lock(mu_);
   server_load_ = std::move(read);
@@ -245,6 +259,12 @@ std::string Metrics::Render() const {
   Sample(out, "idem_records", Label("state", "PROCESSING"), std::to_string(census_.processing));
   Sample(out, "idem_records", Label("state", "FAILED_RETRYABLE"),
          std::to_string(census_.failed_retryable));
+  Header(out, "idem_records_unserved", "gauge",
+         "PROCESSING records of routes this instance does not serve (a gateway route removed or "
+         "renamed), by route id, at the last census: nothing resolves them (docs/gateway.md).");
+  for (const auto& [route, n] : unserved_) {
+    Sample(out, "idem_records_unserved", Label("route", route), std::to_string(n));
+  }
   Header(out, "idem_records_retained", "gauge",
          "Records in the store in every state, not yet swept, at the last census.");
   Sample(out, "idem_records_retained", "", std::to_string(census_.retained));
@@ -321,7 +341,8 @@ std::string Metrics::Render() const {
   return out;
 }
 
-void TakeCensus(Store& store, Metrics& metrics, Clock& clock) {
+void TakeCensus(Store& store, Metrics& metrics, Clock& clock,
+                const std::function<bool(std::string_view)>& served) {
   auto census = store.Census();
   if (!census) {
     http::Log(http::LogLevel::kWarn, "records census failed",
@@ -329,6 +350,21 @@ void TakeCensus(Store& store, Metrics& metrics, Clock& clock) {
     return;
   }
   metrics.SetRecords(*census, clock.Now());
+  if (!served) return;
+  std::map<std::string, int64_t> unserved;
+  for (const auto& [route, n] : census->processing_by_route) {
+    if (!served(route)) unserved[route] = n;
+  }
+  for (const auto& [route, n] : metrics.SetUnserved(std::move(unserved))) {
+    http::Log(n > 0 ? http::LogLevel::kError : http::LogLevel::kInfo,
+              "records of a route this instance does not serve",
+              {{"route", route},
+               {"processing", n},
+               {"detail", n > 0 ? "no retry and no reconciler pass resolves them while the route "
+                                  "is not configured; configure the route again, or settle them "
+                                  "(docs/gateway.md, \"Changing routes without a restart\")"
+                                : "none left"}});
+  }
 }
 
 void RenderProcessMetrics(std::string& out) {

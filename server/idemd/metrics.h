@@ -114,6 +114,9 @@ class Metrics {
 
   // The records gauges, from a census of the store taken at `taken` (system time).
   void SetRecords(const RecordCensus& census, Timestamp taken);
+  // idem_records_unserved{route}: PROCESSING records of routes this process does not serve, by
+  // route id. Returns the routes whose count changed since the last call (0 for one now gone).
+  std::map<std::string, int64_t> SetUnserved(std::map<std::string, int64_t> unserved);
   // Where idem_http_requests_in_flight and idem_http_requests_parked are read at each scrape;
   // 0 until set (a server starts after the handler that renders them).
   struct ServerLoad {
@@ -154,6 +157,7 @@ class Metrics {
   std::map<std::pair<std::string, int>, Histogram> http_;  // by route, code
   std::map<std::string, Histogram> upstream_;              // by route
   RecordCensus census_;
+  std::map<std::string, int64_t> unserved_;
   Timestamp census_taken_{};
   std::function<ServerLoad()> server_load_;           // guarded by mu_
   std::vector<std::unique_ptr<Histogram>> store_;     // by StoreOperation
@@ -173,8 +177,12 @@ inline constexpr Millis kCensusInterval{15000};
 
 // Takes a census of `store` (Store::Census) into `metrics`' records gauges; on an error the
 // gauges keep their last values (idem_records_census_timestamp_seconds tells how old) and a line
-// is logged. Blocking.
-void TakeCensus(Store& store, Metrics& metrics, Clock& clock);
+// is logged. With `served` (whether this process serves a route id), PROCESSING records of
+// routes it does not serve — a gateway route removed or renamed, whose records no retry and no
+// reconciler pass can resolve — are counted (Metrics::SetUnserved) and logged at error level
+// whenever a route's count changes. Blocking.
+void TakeCensus(Store& store, Metrics& metrics, Clock& clock,
+                const std::function<bool(std::string_view)>& served = {});
 
 // The process_* series of the Prometheus client libraries' process collector, read from
 // /proc/self: CPU seconds, resident memory, open and maximum file descriptors, start time.

@@ -10,6 +10,8 @@
 #include <sstream>
 
 #include "server/idemd/config.h"
+#include "testing/fakes.h"
+#include "testing/memory_store.h"
 
 namespace idem::idemd {
 namespace {
@@ -152,6 +154,38 @@ TEST(MetricsTest, TheGaugesShowTheLastCensusAndTheServersLoad) {
   EXPECT_EQ(Value(text, "idem_records_census_timestamp_seconds"), 1'700'000'000);
   EXPECT_EQ(Value(text, "idem_http_requests_in_flight"), 7);
   EXPECT_EQ(Value(text, "idem_http_requests_parked"), 4);
+}
+
+// PROCESSING records of a route this instance does not serve (a gateway route removed from the
+// config) are counted by route and logged whenever their count changes; a served route's are not.
+TEST(MetricsTest, TheCensusCountsRecordsOfRoutesNoLongerServed) {
+  testing::FakeClock clock;
+  testing::SeededRandom random(3);
+  std::unique_ptr<Store> store = testing::MakeMemoryStore(clock, random);
+  auto claim = [&](const std::string& route, const std::string& key) {
+    ClaimSpec spec;
+    spec.scope = *Scope{"acme", "alice", route, key}.Hash();
+    spec.tenant = "acme";
+    spec.user = "alice";
+    spec.route = route;
+    auto txn = store->Begin();
+    ASSERT_TRUE(txn.has_value());
+    ASSERT_TRUE((*txn)->Claim(spec).has_value());
+    ASSERT_TRUE((*txn)->Commit().has_value());
+  };
+  claim("gw.gone", "key-00000001");
+  claim("gw.gone", "key-00000002");
+  claim("payments.create", "key-00000003");
+  Metrics metrics;
+  const auto served = [](std::string_view route) { return route == "payments.create"; };
+  TakeCensus(*store, metrics, clock, served);
+  const std::string text = "\n" + metrics.Render();
+  EXPECT_EQ(Value(text, R"(idem_records_unserved{route="gw.gone"})"), 2);
+  EXPECT_EQ(text.find(R"(idem_records_unserved{route="payments.create"})"), std::string::npos);
+  EXPECT_EQ(Value(text, R"(idem_records{state="PROCESSING"})"), 3);
+
+  EXPECT_TRUE(metrics.SetUnserved({{"gw.gone", 2}}).empty()) << "unchanged: not logged again";
+  EXPECT_EQ(metrics.SetUnserved({}), (std::map<std::string, int64_t>{{"gw.gone", 0}}));
 }
 
 TEST(MetricsTest, ProcessMetricsAreReadFromProc) {

@@ -399,8 +399,9 @@ RecordSql::RecordSql(const Dialect& d) : dialect(d) {
   // The WHERE is the partial index's own (idem_records_stale_by_route), which SQLite uses only
   // when the query repeats it.
   census_unfinished = Render(d,
-                             "SELECT state, count(*), min(created_at), {now} FROM idem_records "
-                             "WHERE state IN ('PROCESSING', 'FAILED_RETRYABLE') GROUP BY state");
+                             "SELECT state, count(*), min(created_at), {now}, route FROM "
+                             "idem_records WHERE state IN ('PROCESSING', 'FAILED_RETRYABLE') "
+                             "GROUP BY state, route");
   census_retained = Render(d,
                            "SELECT CAST(COALESCE(sum(records), 0) AS BIGINT), {now} "
                            "FROM idem_retained");
@@ -616,17 +617,23 @@ Result<RecordCensus> CensusRecords(SqlRunner& conn, const RecordSql& sql, StoreT
   RecordCensus census;
   IDEM_ASSIGN_OR_RETURN(auto rows, conn.Run(sql.census_unfinished, {time.Param()}, nullptr));
   for (const SqlRow& row : rows) {
-    const std::string* state = row.size() == 4 ? std::get_if<std::string>(&row[0]) : nullptr;
-    const std::optional<int64_t> count = row.size() == 4 ? integer(row[1]) : std::nullopt;
-    if (state == nullptr || !count) return MakeError(Errc::kDataLoss, "census: malformed row");
+    const std::string* state = row.size() == 5 ? std::get_if<std::string>(&row[0]) : nullptr;
+    const std::optional<int64_t> count = row.size() == 5 ? integer(row[1]) : std::nullopt;
+    const std::string* route = row.size() == 5 ? std::get_if<std::string>(&row[4]) : nullptr;
+    if (state == nullptr || !count || route == nullptr) {
+      return MakeError(Errc::kDataLoss, "census: malformed row");
+    }
     if (*state == "PROCESSING") {
-      census.processing = *count;
+      census.processing += *count;
+      census.processing_by_route[*route] = *count;
       const std::optional<int64_t> oldest = integer(row[2]);
       const std::optional<int64_t> now = integer(row[3]);
-      if (oldest && now)
-        census.oldest_processing_age = Millis(std::max<int64_t>(0, *now - *oldest));
+      if (oldest && now) {
+        const Millis age(std::max<int64_t>(0, *now - *oldest));
+        census.oldest_processing_age = std::max(census.oldest_processing_age.value_or(age), age);
+      }
     } else {
-      census.failed_retryable = *count;
+      census.failed_retryable += *count;
     }
   }
   IDEM_ASSIGN_OR_RETURN(rows, conn.Run(sql.census_retained, {time.Param()}, nullptr));
