@@ -99,8 +99,9 @@ struct ProblemOptions {
 // The answer of `kind`: the row's status, Content-Type application/problem+json, Retry-After and
 // Idempotency-Key-Expires as the row says, and the body
 // {"type","title","status","detail"} (then "errors":[{"field","message"},...] for
-// kValidationFailed, always present there). Options the row does not allow are programmer errors
-// and abort.
+// kValidationFailed, always present there). Options the row does not allow are programmer errors,
+// but the request may be anyone's: they are logged (error level, with the kind) and answered 500
+// kInternal ("unexpected failure"), never an abort.
 Response Problem(ProblemKind kind, std::string_view detail, const ProblemOptions& options = {});
 
 // The kind that answers a libidem error. Exhaustive over Errc.
@@ -110,8 +111,8 @@ ProblemKind ProblemKindFor(Errc code);
 // kUnavailable ("try again shortly: " + message) and kInternal (a fixed "unexpected failure":
 // internal messages are not for clients). `key_expires` is the expiry of the record the error is
 // about (Engine::Start reports it with kFingerprintMismatch); kinds whose row carries
-// Idempotency-Key-Expires require it (it is a programmer error to leave it out, as for Problem),
-// the others ignore it.
+// Idempotency-Key-Expires require it (leaving it out is a programmer error, answered as Problem
+// answers one: a logged 500), the others ignore it.
 Response ProblemFor(const Error& error, std::optional<Timestamp> key_expires = std::nullopt);
 
 }  // namespace idem::http

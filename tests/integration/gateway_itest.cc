@@ -441,6 +441,45 @@ TEST_F(GatewayTest, UnmatchedPathsPassThroughAsTheyAreWhenTheGatewaySaysSo) {
   EXPECT_EQ(Total(), 2);
 }
 
+// Passed-through requests have no record, so their failures name no key expiry: every way the
+// unmatched upstream can fail is a problem answer, and idemd serves on after each.
+TEST_F(GatewayTest, APassThroughToAFailingUpstreamIsAProblemAndIdemdServesOn) {
+  auto expect_problem = [&](const http::Response& r, int status, const std::string& type) {
+    EXPECT_EQ(r.status, status) << r.body;
+    EXPECT_NE(r.body.find("\"type\":\"urn:idem:problem:" + type + "\""), std::string::npos)
+        << r.body;
+    EXPECT_FALSE(r.headers.Get("Idempotency-Key-Expires").has_value())
+        << "no record stands behind it";
+    EXPECT_FALSE(idemd_->Wait(std::chrono::milliseconds(0)).has_value()) << "idemd exited";
+    EXPECT_EQ(Get("/healthz").status, 200);
+  };
+  // Down: nothing listens at port 1, so nothing was sent.
+  IdemdOptions down = WithRoutes();
+  down.extra_tables =
+      "[gateway]\nunmatched = \"forward\"\nupstream = \"http://127.0.0.1:1\"\n" + down.extra_tables;
+  StartIdemd(down);
+  expect_problem(Call("POST", "/v2/things", "", "{}"), 503, "unavailable");
+
+  IdemdOptions up = WithRoutes();
+  up.extra_tables =
+      "[gateway]\nunmatched = \"forward\"\ntimeout_ms = 300\nupstream = "
+      "\"http://127.0.0.1:" +
+      std::to_string(upstream_url_.port) + "\"\n" + up.extra_tables;
+  StartIdemd(up);
+  // Slower than [gateway] timeout_ms.
+  expect_problem(Call("POST", "/v2/things", "", "{}", {{"X-Upstream-Delay-Ms", "1000"}}), 504,
+                 "timeout");
+  // A lone interim answer.
+  expect_problem(Call("POST", "/v2/things", "", "{}", {{"X-Upstream-Status", "100"}}), 504,
+                 "timeout");
+  // A body over 1 MiB.
+  expect_problem(Call("POST", "/v2/things", "", "{}",
+                      {{"X-Upstream-Body-Bytes", std::to_string(1 << 20 | 1)}}),
+                 504, "timeout");
+  // And one that fits still passes.
+  EXPECT_EQ(Call("POST", "/v2/things", "", "{}").status, 201);
+}
+
 TEST_F(GatewayTest, ATrustedPrincipalHeaderNamesThePrincipalWhenTheGatewaySaysSo) {
   IdemdOptions options = WithRoutes();
   options.extra_tables =

@@ -7,7 +7,8 @@
 //       execution, K is the Idempotency-Key it received and B the body as text; headers
 //       Location: /things/N, X-Upstream-Execution: N and Set-Cookie (which a gateway must not
 //       keep). X-Upstream-Drop: true executes, then closes the connection without an answer;
-//       X-Upstream-Drop: unexecuted closes it without executing.
+//       X-Upstream-Drop: unexecuted closes it without executing. X-Upstream-Body-Bytes: N (at
+//       most 4 MiB) answers N bytes of 'x' instead of that body (an answer too large to pass on).
 //   GET /status/K → 404 if no request with Idempotency-Key K came, 503 while one executes, else
 //       the answer the last one got (a status URL for the gateway's routes).
 //   GET /admin/executions  → {"total":N,"by_target":{T:N,…},"keys":{K:N,…},
@@ -29,6 +30,7 @@ namespace idem {
 namespace {
 
 constexpr int64_t kMaxDelayMs = 60000;
+constexpr int64_t kMaxBodyBytes = 4 << 20;
 
 std::optional<int64_t> Number(std::optional<std::string_view> text, int64_t low, int64_t high) {
   if (!text) return std::nullopt;
@@ -94,6 +96,9 @@ class UpstreamSim final : public http::Handler {
       body["tracestate"] = nullptr;
     }
     http::Response r{static_cast<int>(status), {}, boost::json::serialize(body)};
+    if (auto size = Number(request.headers.Get("x-upstream-body-bytes"), 0, kMaxBodyBytes)) {
+      r.body.assign(static_cast<std::size_t>(*size), 'x');
+    }
     r.headers.Set("Content-Type", "application/json");
     r.headers.Set("Location", "/things/" + std::to_string(n));
     r.headers.Set("X-Upstream-Execution", std::to_string(n));
