@@ -269,6 +269,7 @@ Result<GatewayRoute> ReadGatewayRoute(const toml::table& t, const std::string& o
                "' is taken: metrics and logs use it for requests no route "
                "matches");
   }
+  std::optional<Millis> retention_ms;  // wins over retention_hours, as in [idempotency]
   for (const auto& [key, node] : t) {
     const std::string k(key.str());
     auto at = [&, line = node.source().begin.line](const std::string& what) {
@@ -343,20 +344,28 @@ Result<GatewayRoute> ReadGatewayRoute(const toml::table& t, const std::string& o
             "\"/v1/orders/by-key/{key}\"");
       }
       r.status_path = *text;
-    } else if (k == "lease_ms" || k == "timeout_ms" || k == "retention_hours") {
+    } else if (k == "lease_ms" || k == "timeout_ms" || k == "retention_hours" ||
+               k == "retention_ms") {
       auto value = node.value<int64_t>();
-      const int64_t max = k == "retention_hours" ? 10LL * 365 * 24 : 3'600'000;
+      const int64_t max = k == "retention_hours" ? 10LL * 365 * 24
+                          : k == "retention_ms"  ? kMaxConfigDuration.count()
+                                                 : 3'600'000;
       if (!node.is_integer() || !value || *value < 1 || *value > max) {
         return at("must be an integer 1.." + std::to_string(max));
       }
-      (k == "lease_ms"     ? r.lease
-       : k == "timeout_ms" ? r.timeout
-                           : r.retention) =
-          Millis(k == "retention_hours" ? *value * 3'600'000 : *value);
+      if (k == "retention_ms") {
+        retention_ms = Millis(*value);
+      } else {
+        (k == "lease_ms"     ? r.lease
+         : k == "timeout_ms" ? r.timeout
+                             : r.retention) =
+            Millis(k == "retention_hours" ? *value * 3'600'000 : *value);
+      }
     } else {
       return at("unknown key");
     }
   }
+  if (retention_ms) r.retention = *retention_ms;
   if (r.method.empty()) return bad("needs match = \"METHOD /path\"");
   if (r.upstream.empty()) return bad("needs upstream = \"http://host:port\"");
   if (ShadowsIdemd(r)) return bad("match " + r.pattern + " would shadow idemd's own paths");
@@ -364,7 +373,7 @@ Result<GatewayRoute> ReadGatewayRoute(const toml::table& t, const std::string& o
     return bad("lease_ms (" + std::to_string(r.lease.count()) +
                ") must be longer than timeout_ms (" + std::to_string(r.timeout.count()) + ")");
   }
-  if (r.retention <= r.lease) return bad("retention_hours must be longer than lease_ms");
+  if (r.retention <= r.lease) return bad("retention (retention_ms) must be longer than lease_ms");
   if (!r.json_body && (!r.fingerprint_ignore.empty() || !r.fingerprint_decimals.empty())) {
     return bad("fingerprint.ignore and fingerprint.decimals need body = \"json\"");
   }

@@ -41,7 +41,7 @@ toml::table RouteTable(const GatewayRoute& r) {
       {"status_path", r.status_path},
       {"lease_ms", Ms(r.lease)},
       {"timeout_ms", Ms(r.timeout)},
-      {"retention_hours", std::chrono::duration_cast<std::chrono::hours>(r.retention).count()},
+      {"retention_ms", Ms(r.retention)},
   };
 }
 
@@ -141,7 +141,8 @@ toml::table EffectiveTable(const Config& c) {
 // Keys accepted but not printed: another spelling of a printed key, or keys of an older model
 // that are still read and ignored with a warning.
 constexpr std::string_view kAcceptedAliases[] = {"idempotency.retention_hours",
-                                                 "server.worker_threads", "server.max_queued"};
+                                                 "routes.retention_hours", "server.worker_threads",
+                                                 "server.max_queued"};
 
 void AddKeys(const toml::table& table, const std::string& prefix,
              std::map<std::string, Kind>& out) {

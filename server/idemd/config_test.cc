@@ -381,6 +381,8 @@ TEST_F(ConfigTest, GatewayRoutesAreReadWithEverySetting) {
 name = "orders.capture"
 match = "PUT /v1/orders/{id}/capture"
 upstream = "https://orders.internal:8443/"
+retention_ms = 90000
+retention_hours = 2
 )")),
                       {});
   ASSERT_TRUE(c.has_value()) << c.error().message;
@@ -408,6 +410,7 @@ upstream = "https://orders.internal:8443/"
   EXPECT_TRUE(r.json_body && capture.json_body)
       << "bodies are JSON unless the route says otherwise";
   EXPECT_EQ(capture.upstream, "https://orders.internal:8443");
+  EXPECT_EQ(capture.retention, Millis(90000)) << "retention_ms wins over retention_hours";
   EXPECT_EQ(capture.line, 19);
 
   EXPECT_EQ(MatchGatewayRoute(c->gateway.routes, "POST", "/v1/orders"), &c->gateway.routes[0]);
@@ -478,6 +481,12 @@ TEST_F(ConfigTest, BadGatewayRoutesAreStartUpErrorsWithTheirLine) {
        "timeout_ms = 0\n",
        "timeout_ms: must be an integer 1..3600000"},
       {"[routes]\nname = \"a\"\n", "routes must be [[routes]] tables"},
+      {"[[routes]]\nname = \"a\"\nmatch = \"POST /a\"\nupstream = \"http://h:1\"\n"
+       "lease_ms = 5000\ntimeout_ms = 1000\nretention_ms = 5000\n",
+       "retention (retention_ms) must be longer than lease_ms"},
+      {"[[routes]]\nname = \"a\"\nmatch = \"POST /a\"\nupstream = \"http://h:1\"\n"
+       "retention_ms = 0\n",
+       ":8: [[routes]] a: retention_ms: must be an integer 1..315360000000"},
       {"[[routes]]\nname = \"a\"\nmatch = \"POST /a\"\nupstream = \"http://h:1\"\n"
        "forward_key_header = \"K\"\nstatus_path = \"/status\"\n",
        ":9: [[routes]] a: status_path: must be a path"},
@@ -696,7 +705,10 @@ upstream = "http://127.0.0.1:3000"
   EXPECT_EQ(RedactedUrl("sqlite:///var/lib/idem/idem.db"), "sqlite:///var/lib/idem/idem.db");
   for (const auto& [key, kind] : ConfigKeys()) {
     const std::string last = key.substr(key.rfind('.') + 1);
-    if (key == "idempotency.retention_hours" || key.rfind("server.", 0) == 0) continue;
+    if (key == "idempotency.retention_hours" || key == "routes.retention_hours" ||
+        key.rfind("server.", 0) == 0) {
+      continue;  // aliases: printed as retention_ms
+    }
     EXPECT_NE(printed.find(last + " = "), std::string::npos) << key << " is not printed";
   }
   auto again = LoadConfig(Write("printed.toml", printed), {});

@@ -1,6 +1,8 @@
 // server/idemd/proxy.cc — a gateway route's operation.
 #include "server/idemd/proxy.h"
 
+#include <openssl/sha.h>
+
 #include <algorithm>
 #include <cctype>
 
@@ -79,8 +81,27 @@ std::optional<http::Response> ProxyOperation::Validate(const http::Request& requ
   return RefuseUnlessJson(request);
 }
 
-Status ProxyOperation::OnClaim(StoreTxn&, const Record&, const http::Request&, const Principal&) {
-  return Ok();
+std::string UpstreamKeyOf(const Record& record) {
+  // Records claimed before the key was fixed in the claim forwarded the scope's hex: they keep it.
+  return record.resource_id.empty() ? ToHex(record.scope) : record.resource_id;
+}
+
+Status ProxyOperation::OnClaim(StoreTxn& txn, const Record& record, const http::Request&,
+                               const Principal&) {
+  // Fixed once per operation, in its first claim: a resume (a retry, a takeover) keeps it. A
+  // record claimed afresh after its key expired has neither (the store clears both), so a new
+  // operation with the same client key never sends an earlier operation's upstream key. A
+  // record at a point without an id was forwarded under the scope's hex (UpstreamKeyOf).
+  if (!record.resource_id.empty() || !record.recovery_point.empty()) return Ok();
+  // The scope and the claim's owner token, which no other claim holds; hashed, so the upstream
+  // learns neither the lease's token nor anything the client sent.
+  std::array<uint8_t, sizeof(record.scope) + sizeof(record.lease.owner)> input;
+  std::copy(record.scope.begin(), record.scope.end(), input.begin());
+  std::copy(record.lease.owner.begin(), record.lease.owner.end(),
+            input.begin() + static_cast<std::ptrdiff_t>(record.scope.size()));
+  std::array<uint8_t, SHA256_DIGEST_LENGTH> key;
+  SHA256(input.data(), input.size(), key.data());
+  return txn.Advance(record.scope, record.lease, record.recovery_point, ToHex(key));
 }
 
 http::Request ProxyOperation::Upstream(const http::Request& request,
@@ -137,11 +158,10 @@ http::Async<Execution> ProxyOperation::Execute(Ticket& ticket, const http::Reque
   options.timeout = route_.timeout;
   options.connect_timeout = margin_;
   options.send_by = advanced + margin_;
-  // One key per operation, the same on every forward of it: the scope hash (the principal, the
-  // route and the client's key), which names nothing the client sent.
+  // One key per operation, the same on every forward of it, fixed in its first claim (OnClaim).
   const SteadyTime sent = monotonic_.Now();
   Result<http::Response> answer =
-      Usable(co_await upstream_.Call(Upstream(request, ToHex(ticket.scope)), options));
+      Usable(co_await upstream_.Call(Upstream(request, UpstreamKeyOf(ticket.record)), options));
   metrics_.ObserveUpstream(route_.name, monotonic_.SecondsSince(sent));
   // Answered, or not sent: the outcome is known, and a retry of a retryable one forwards again
   // without asking.
@@ -182,7 +202,7 @@ std::optional<Millis> ProxyOperation::Unsettled(const Record& record) const {
 
 http::Async<std::optional<Execution>> ProxyOperation::AskStatus(const Ticket& ticket,
                                                                 Millis timeout) {
-  const std::string key = ToHex(ticket.scope);
+  const std::string key = UpstreamKeyOf(ticket.record);
   std::string target = route_.status_path;
   target.replace(target.find("{key}"), 5, key);
   http::Request ask{"GET", std::move(target), {}, ""};

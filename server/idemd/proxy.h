@@ -19,6 +19,12 @@ inline constexpr std::string_view kForwarded = "forwarded";
 // without asking.
 inline constexpr std::string_view kSettled = "settled";
 
+// The key a record's operation forwards in the route's forward_key_header and asks its status URL
+// with: 64 hex digits, one per operation (fixed in its first claim as the record's resource id),
+// the same on every forward and question of it, and never another operation's, also after the
+// record expired and its client key began a new one.
+std::string UpstreamKeyOf(const Record& record);
+
 // The headers of `in` but those `never` names (lower case) and those the Connection header lists.
 http::Headers ForwardableHeaders(const http::Headers& in, bool (*never)(std::string_view));
 
@@ -46,6 +52,8 @@ class ProxyOperation final : public Operation {
   // type. A route of bytes takes any.
   std::optional<http::Response> Validate(const http::Request& request,
                                          const Principal& principal) override;
+  // Fixes the operation's upstream key (UpstreamKeyOf) as the record's resource id in its first
+  // claim; a resume keeps it. Errors: the store's (the claim is then not made).
   Status OnClaim(StoreTxn& txn, const Record& record, const http::Request& request,
                  const Principal& principal) override;
   // A request whose earlier forward's outcome is unknown (resumed at `forwarded`) asks the route's

@@ -292,6 +292,40 @@ TEST_F(GatewayTest, AnUpstreamTimeoutLeavesTheOutcomeUnknownAndTheRetryForwardsW
   EXPECT_EQ(Call("POST", "/v1/orders", "order-key-0004", R"({"sku":"D4"})").body, retry.body);
 }
 
+// The upstream key is one per operation: every forward of one operation carries it, and once its
+// record has expired the same client key is a new operation, with a new upstream key, so an
+// upstream that keeps keys longer than idemd does not answer it with the earlier execution.
+TEST_F(GatewayTest, AnOperationKeepsOneUpstreamKeyAndANewOneAfterExpiryGetsAnother) {
+  IdemdOptions options = WithRoutes();
+  options.extra_tables +=
+      "[[routes]]\nname = \"tokens.create\"\nmatch = \"POST /v1/tokens\"\n"
+      "upstream = \"http://127.0.0.1:" +
+      std::to_string(upstream_url_.port) +
+      "\"\nforward_key_header = \"Idempotency-Key\"\n"
+      "lease_ms = 1200\ntimeout_ms = 300\nretention_ms = 2000\n";
+  StartIdemd(options);
+  auto slow =
+      Call("POST", "/v1/tokens", "token-key-0001", R"({"n":1})", {{"X-Upstream-Delay-Ms", "700"}});
+  EXPECT_EQ(slow.status, 504) << slow.body;
+  auto retry = Call("POST", "/v1/tokens", "token-key-0001", R"({"n":1})");
+  ASSERT_EQ(retry.status, 201) << retry.body;
+  const std::string first_key(ParseObject(retry.body).at("key").as_string());
+  EXPECT_EQ(first_key.size(), 64u);
+  EXPECT_EQ(Executions().at("keys").as_object().at(first_key).as_int64(), 2)
+      << "the retry of the operation carried its key";
+
+  std::this_thread::sleep_for(std::chrono::milliseconds(2300));  // retention_ms = 2000
+  auto again = Call("POST", "/v1/tokens", "token-key-0001", R"({"n":1})");
+  ASSERT_EQ(again.status, 201) << again.body;
+  EXPECT_FALSE(again.headers.Get("Idempotent-Replayed").has_value()) << "the record had expired";
+  const std::string second_key(ParseObject(again.body).at("key").as_string());
+  EXPECT_EQ(second_key.size(), 64u);
+  EXPECT_NE(second_key, first_key) << "a new operation must not send the earlier one's key";
+  const boost::json::object books = Executions();
+  EXPECT_EQ(books.at("keys").as_object().size(), 2u);
+  EXPECT_EQ(books.at("total").as_int64(), 3);
+}
+
 // idemd is killed (SIGKILL) while a request is at the upstream, and restarted. Until the lease
 // ends a retry is told the operation is running; then the reconciler makes the record retryable,
 // and the retry forwards again with the same upstream key.
