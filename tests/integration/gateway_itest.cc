@@ -164,17 +164,21 @@ TEST_F(GatewayTest, TheUpstreamGetsTheClientsTraceWithIdemdsSpanAsTheParent) {
   EXPECT_NE(idemd_span, client_span) << "idemd's own span is the parent";
   EXPECT_EQ(sent.substr(52), "-01") << "the sampled flag is kept";
   EXPECT_EQ(ParseObject(first.body).at("tracestate"), "vendor=opaque");
-  // The access line of that request carries the trace and idemd's span.
-  std::ifstream log(dir_.File("idemd.log"));
-  std::string line;
+  // The access line of that request carries the trace and idemd's span. idemd writes it after the
+  // answer, so it may come a moment after the answer did.
   bool logged = false;
-  while (std::getline(log, line)) {
-    if (line.find("\"msg\":\"request\"") == std::string::npos) continue;
-    const boost::json::object o = boost::json::parse(line).as_object();
-    if (o.at("span_id").as_string() == idemd_span) {
-      logged = true;
-      EXPECT_EQ(o.at("trace_id").as_string(), trace);
-      EXPECT_EQ(o.at("route").as_string(), "orders.create");
+  for (int i = 0; i < 100 && !logged; ++i) {
+    if (i > 0) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    std::ifstream log(dir_.File("idemd.log"));
+    std::string line;
+    while (std::getline(log, line)) {
+      if (line.find("\"msg\":\"request\"") == std::string::npos) continue;
+      const boost::json::object o = boost::json::parse(line).as_object();
+      if (o.at("span_id").as_string() == idemd_span) {
+        logged = true;
+        EXPECT_EQ(o.at("trace_id").as_string(), trace);
+        EXPECT_EQ(o.at("route").as_string(), "orders.create");
+      }
     }
   }
   EXPECT_TRUE(logged) << "no request line with span_id " << idemd_span;
