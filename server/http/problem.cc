@@ -88,6 +88,8 @@ ProblemSpec Spec(ProblemKind kind) {
       return {502, "urn:idem:problem:upstream-unavailable", "Bad Gateway", kRetry1s, kExpires};
     case K::kUpstreamTimeout:
       return {504, "urn:idem:problem:upstream-timeout", "Gateway Timeout", kNoRetry, kExpires};
+    case K::kUpstreamOutcomeUnknown:
+      return {502, "urn:idem:problem:upstream-outcome-unknown", "Bad Gateway", kNoRetry, kExpires};
   }
   Unknown("ProblemKind", static_cast<int>(kind));
 }

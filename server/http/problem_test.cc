@@ -104,6 +104,7 @@ TEST(ProblemTable, KeepsThePublishedStatusTypeAndTitleOfEveryKind) {
       {K::kOrderConflict, {409, "order-conflict", "Conflict", 0, true}},
       {K::kUpstreamUnavailable, {502, "upstream-unavailable", "Bad Gateway", 1, true}},
       {K::kUpstreamTimeout, {504, "upstream-timeout", "Gateway Timeout", 0, true}},
+      {K::kUpstreamOutcomeUnknown, {502, "upstream-outcome-unknown", "Bad Gateway", 0, true}},
   };
   EXPECT_EQ(published.size(), AllKinds().size()) << "a new kind needs its published row here";
   for (ProblemKind kind : AllKinds()) {

@@ -344,6 +344,34 @@ Result<GatewayRoute> ReadGatewayRoute(const toml::table& t, const std::string& o
             "\"/v1/orders/by-key/{key}\"");
       }
       r.status_path = *text;
+    } else if (k == "status_auth_header" || k == "status_auth_env") {
+      auto text = node.value<std::string>();
+      const bool header = k == "status_auth_header";
+      const bool ok = text && text->size() <= 64 &&
+                      std::all_of(text->begin(), text->end(), [&](unsigned char ch) {
+                        return std::isalnum(ch) != 0 || ch == '-' || ch == '_';
+                      });
+      if (!ok || (header && IsHopByHopHeader(http::ToLower(*text)))) {
+        return at(header ? "must be a header name of at most 64 letters, digits, - and _, not "
+                           "a hop-by-hop header"
+                         : "must be an environment variable's name of at most 64 letters, "
+                           "digits and _");
+      }
+      (header ? r.status_auth_header : r.status_auth_env) = *text;
+      if (!header && !text->empty()) {
+        // Read once here (and at each reload); never printed or logged.
+        const char* value = std::getenv(text->c_str());
+        if (value == nullptr || *value == '\0') {
+          return at("the environment variable " + *text + " is not set (or empty)");
+        }
+        r.status_auth_value = value;
+      }
+    } else if (k == "status_unknown_max_ms") {
+      auto value = node.value<int64_t>();
+      if (!node.is_integer() || !value || *value < 1 || *value > kMaxConfigDuration.count()) {
+        return at("must be an integer 1.." + std::to_string(kMaxConfigDuration.count()));
+      }
+      r.status_unknown_max = Millis(*value);
     } else if (k == "lease_ms" || k == "timeout_ms" || k == "retention_hours" ||
                k == "retention_ms") {
       auto value = node.value<int64_t>();
@@ -379,6 +407,12 @@ Result<GatewayRoute> ReadGatewayRoute(const toml::table& t, const std::string& o
   }
   if (!r.status_path.empty() && r.forward_key_header.empty()) {
     return bad("status_path needs forward_key_header: the upstream must know each request's key");
+  }
+  if (r.status_auth_header.empty() != r.status_auth_env.empty()) {
+    return bad("status_auth_header and status_auth_env go together");
+  }
+  if (!r.status_auth_header.empty() && r.status_path.empty()) {
+    return bad("status_auth_header needs status_path");
   }
   return r;
 }

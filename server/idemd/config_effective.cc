@@ -39,6 +39,9 @@ toml::table RouteTable(const GatewayRoute& r) {
       {"store_headers", Strings(r.store_headers)},
       {"forward_key_header", r.forward_key_header},
       {"status_path", r.status_path},
+      {"status_unknown_max_ms", Ms(r.status_unknown_max)},
+      {"status_auth_header", r.status_auth_header},
+      {"status_auth_env", r.status_auth_env},  // the variable's name; its value is never printed
       {"lease_ms", Ms(r.lease)},
       {"timeout_ms", Ms(r.timeout)},
       {"retention_ms", Ms(r.retention)},

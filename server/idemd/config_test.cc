@@ -507,6 +507,19 @@ TEST_F(ConfigTest, BadGatewayRoutesAreStartUpErrorsWithTheirLine) {
       {"[[routes]]\nname = \"a\"\nmatch = \"POST /a\"\nupstream = \"http://h:1\"\n"
        "body = \"bytes\"\nfingerprint.ignore = [\"x\"]\n",
        "need body = \"json\""},
+      {"[[routes]]\nname = \"a\"\nmatch = \"POST /a\"\nupstream = \"http://h:1\"\n"
+       "forward_key_header = \"K\"\nstatus_path = \"/s/{key}\"\n"
+       "status_auth_header = \"Authorization\"\n",
+       "status_auth_header and status_auth_env go together"},
+      {"[[routes]]\nname = \"a\"\nmatch = \"POST /a\"\nupstream = \"http://h:1\"\n"
+       "status_auth_header = \"Authorization\"\nstatus_auth_env = \"HOME\"\n",
+       "status_auth_header needs status_path"},
+      {"[[routes]]\nname = \"a\"\nmatch = \"POST /a\"\nupstream = \"http://h:1\"\n"
+       "status_auth_header = \"Connection\"\n",
+       ":8: [[routes]] a: status_auth_header: must be a header name"},
+      {"[[routes]]\nname = \"a\"\nmatch = \"POST /a\"\nupstream = \"http://h:1\"\n"
+       "status_unknown_max_ms = 0\n",
+       ":8: [[routes]] a: status_unknown_max_ms: must be an integer 1..315360000000"},
   };
   for (const Case& k : cases) {
     auto c = LoadConfig(Write("c.toml", Minimal(k.routes)), {});
@@ -515,6 +528,44 @@ TEST_F(ConfigTest, BadGatewayRoutesAreStartUpErrorsWithTheirLine) {
     EXPECT_NE(c.error().message.find(k.expect), std::string::npos)
         << "expected: " << k.expect << "\ngot: " << c.error().message;
   }
+}
+
+// A status URL's credential: a header name and the environment variable its value comes from,
+// read at load; the value is never printed, and a variable that is not set stops the load.
+TEST_F(ConfigTest, AStatusUrlCredentialComesFromTheEnvironmentAndIsNeverPrinted) {
+  const std::string route =
+      "[[routes]]\nname = \"a\"\nmatch = \"POST /a\"\nupstream = \"http://h:1\"\n"
+      "forward_key_header = \"K\"\nstatus_path = \"/s/{key}\"\n"
+      "status_auth_header = \"Authorization\"\nstatus_auth_env = \"IDEM_TEST_STATUS_TOKEN\"\n"
+      "status_unknown_max_ms = 60000\n";
+  setenv("IDEM_TEST_STATUS_TOKEN", "Bearer very-secret", 1);
+  auto c = LoadConfig(Write("c.toml", Minimal(route)), {});
+  ASSERT_TRUE(c.has_value()) << c.error().message;
+  const GatewayRoute& r = c->gateway.routes[0];
+  EXPECT_EQ(r.status_auth_header, "Authorization");
+  EXPECT_EQ(r.status_auth_env, "IDEM_TEST_STATUS_TOKEN");
+  EXPECT_EQ(r.status_auth_value, "Bearer very-secret");
+  EXPECT_EQ(r.status_unknown_max, Millis(60000));
+  const std::string printed = EffectiveConfigToml(*c);
+  EXPECT_EQ(printed.find("very-secret"), std::string::npos) << printed;
+  EXPECT_NE(printed.find("status_auth_env = 'IDEM_TEST_STATUS_TOKEN'"), std::string::npos)
+      << printed;
+  auto again = LoadConfig(Write("printed.toml", printed), {});
+  ASSERT_TRUE(again.has_value()) << again.error().message;
+  EXPECT_EQ(again->gateway.routes[0].status_auth_value, "Bearer very-secret");
+
+  unsetenv("IDEM_TEST_STATUS_TOKEN");
+  auto unset = LoadConfig(Write("c.toml", Minimal(route)), {});
+  ASSERT_FALSE(unset.has_value());
+  EXPECT_NE(
+      unset.error().message.find(":11: [[routes]] a: status_auth_env: the environment variable "
+                                 "IDEM_TEST_STATUS_TOKEN is not set"),
+      std::string::npos)
+      << unset.error().message;
+  // The default bound of "cannot tell".
+  auto plain = LoadConfig(Write("c.toml", Minimal(std::string(kOrders))), {});
+  ASSERT_TRUE(plain.has_value()) << plain.error().message;
+  EXPECT_EQ(plain->gateway.routes[0].status_unknown_max, Millis(3'600'000));
 }
 
 TEST_F(ConfigTest, TheGatewaySectionHasSafeDefaultsAndIsChecked) {

@@ -92,6 +92,11 @@ class Metrics {
   void ObserveProvider(ProviderOperation operation, double seconds);
   // A gateway route's exchanges with its upstream, "unmatched" for requests passed through.
   void ObserveUpstream(const std::string& route, double seconds);
+  // idem_gateway_unknown_outcomes_total{route}: operations a gateway route gave up asking its
+  // status URL about (it could not tell for the route's status_unknown_max_ms), which wait for an
+  // operator. DeclareUnknownOutcomes renders the route's series from now on (0 until counted).
+  void DeclareUnknownOutcomes(const std::string& route);
+  void CountUnknownOutcome(const std::string& route);
 
   void CountTakeover() { ++takeovers_; }
   // A completion refused because the record's fence moved on (another executor took over).
@@ -153,6 +158,7 @@ class Metrics {
       {"refunded", 0}, {"refused", 0}, {"unknown", 0}};
   std::map<std::pair<std::string, int>, Histogram> http_;  // by route, code
   std::map<std::string, Histogram> upstream_;              // by route
+  std::map<std::string, uint64_t> unknown_outcomes_;       // by route
   RecordCensus census_;
   Timestamp census_taken_{};
   std::function<ServerLoad()> server_load_;           // guarded by mu_

@@ -7,6 +7,7 @@
 #include <cctype>
 
 #include "idem/record.h"
+#include "server/http/log.h"
 #include "server/http/problem.h"
 
 namespace idem::idemd {
@@ -73,6 +74,7 @@ ProxyOperation::ProxyOperation(const GatewayRoute& route, http::ClientPool& upst
       metrics_(metrics),
       margin_(margin) {
   metrics_.DeclareUpstream(route_.name);
+  if (!route_.status_path.empty()) metrics_.DeclareUnknownOutcomes(route_.name);
 }
 
 std::optional<http::Response> ProxyOperation::Validate(const http::Request& request,
@@ -193,12 +195,34 @@ http::Async<Execution> ProxyOperation::Execute(Ticket& ticket, const http::Reque
   co_return e;
 }
 
-std::optional<Millis> ProxyOperation::Unsettled(const Record& record) const {
+Timestamp ProxyOperation::Settled(const Record& record) const {
   const Timestamp sent = record.sent_at != Timestamp{} ? record.sent_at : record.updated_at;
-  const Timestamp settled = sent + route_.timeout + margin_;
+  return sent + route_.timeout + margin_;
+}
+
+std::optional<Millis> ProxyOperation::Unsettled(const Record& record) const {
+  const Timestamp settled = Settled(record);
   if (record.observed_at >= settled) return std::nullopt;
   return std::chrono::duration_cast<Millis>(settled - record.observed_at);
 }
+
+namespace {
+
+// The status a status URL's 2xx reports for the answer it reports: kOriginalStatusHeader when
+// sent (three digits, 200..599), else the 2xx itself; nullopt for a header that is none.
+std::optional<int> OriginalStatus(const http::Response& answer) {
+  const std::optional<std::string_view> header = answer.headers.Get(kOriginalStatusHeader);
+  if (!header) return answer.status;
+  if (answer.headers.Count(kOriginalStatusHeader) != 1 || header->size() != 3 ||
+      !std::all_of(header->begin(), header->end(), [](char c) { return c >= '0' && c <= '9'; })) {
+    return std::nullopt;
+  }
+  const int status = std::stoi(std::string(*header));
+  if (status < 200) return std::nullopt;
+  return status;
+}
+
+}  // namespace
 
 http::Async<std::optional<Execution>> ProxyOperation::AskStatus(const Ticket& ticket,
                                                                 Millis timeout) {
@@ -207,32 +231,63 @@ http::Async<std::optional<Execution>> ProxyOperation::AskStatus(const Ticket& ti
   target.replace(target.find("{key}"), 5, key);
   http::Request ask{"GET", std::move(target), {}, ""};
   ask.headers.Set(route_.forward_key_header, key);
+  if (!route_.status_auth_header.empty()) {
+    ask.headers.Set(route_.status_auth_header, route_.status_auth_value);
+  }
   http::CallOptions options;
   options.timeout = timeout;
   options.connect_timeout = std::min(margin_, timeout);
   const SteadyTime sent = monotonic_.Now();
   Result<http::Response> answer = Usable(co_await upstream_.Call(std::move(ask), options));
   metrics_.ObserveUpstream(route_.name, monotonic_.SecondsSince(sent));
+  // The status URL's own vocabulary, apart from the route's final_statuses (which are about the
+  // request's answers): 404 never ran, a 2xx ran (and reports its answer), anything else cannot
+  // tell.
   if (answer && answer->status == 404) co_return std::nullopt;
+  const bool ran = answer && answer->status >= 200 && answer->status < 300;
+  const std::optional<int> original = ran ? OriginalStatus(*answer) : std::nullopt;
   Execution e;
-  const bool executed = answer && answer->status >= 200 && answer->status < 300;
-  const bool final = answer && std::find(route_.final_statuses.begin(), route_.final_statuses.end(),
-                                         answer->status) != route_.final_statuses.end();
-  if (!executed && !final) {
-    // 5xx, 429, 401, 405, ...: about the question, not the request.
+  if (!original) {
     const std::string why =
-        answer ? "it answered " + std::to_string(answer->status) : answer.error().message;
+        !answer ? answer.error().message
+        : ran   ? "a 2xx with an unusable " + std::string(kOriginalStatusHeader) + " header"
+                : "it answered " + std::to_string(answer->status);
+    const Record& record = ticket.record;
+    if (record.observed_at >= Settled(record) + route_.status_unknown_max) {
+      // Asked for long enough: the outcome stays unknown, and it is final. Nothing is forwarded
+      // again; the operator finds the record by this line and the metric, and settles it.
+      http::Log(http::LogLevel::kError, "gateway outcome unknown; no longer asking",
+                {{"route", route_.name},
+                 {"tenant", record.tenant},
+                 {"user", record.user},
+                 {"scope", ToHex(record.scope)},
+                 {"upstream_key", key},
+                 {"status_unknown_max_ms", route_.status_unknown_max.count()},
+                 {"why", why}});
+      metrics_.CountUnknownOutcome(route_.name);
+      e.response = http::Problem(http::ProblemKind::kUpstreamOutcomeUnknown,
+                                 "the upstream's status URL could not tell whether this request "
+                                 "executed, and idemd no longer asks; it is not forwarded again",
+                                 {.key_expires = record.expires_at});
+      e.state = RecordState::kFailedFinal;
+      co_return e;
+    }
+    // About the question, not the request: the record stays as it is, and a later retry (or the
+    // reconciler) asks again.
+    http::Log(http::LogLevel::kWarn, "gateway status URL could not tell",
+              {{"route", route_.name}, {"scope", ToHex(record.scope)}, {"why", why}});
     e.response = http::Problem(http::ProblemKind::kUpstreamUnavailable,
                                "the upstream's status URL could not tell whether an earlier "
-                               "forward of this request executed (" +
-                                   why + "); nothing was forwarded again. Retry later",
-                               {.key_expires = ticket.record.expires_at});
+                               "forward of this request executed; nothing was forwarded again. "
+                               "Retry later",
+                               {.key_expires = record.expires_at});
     e.outcome_unknown = true;
     co_return e;
   }
-  // It ran, and this is what it answered: the outcome (a 2xx succeeded, whatever the route lists).
+  // It ran, and this is what it answered: the outcome, classified as the route classifies the
+  // upstream's answers.
   e.response = Kept(*answer);
-  if (executed) e.state = RecordState::kSucceeded;
+  e.response.status = *original;
   e.recovery_point = std::string(kSettled);
   co_return e;
 }

@@ -82,14 +82,20 @@ class ProxyOperation final : public Operation {
   http::Request Upstream(const http::Request& request, std::string_view upstream_key) const;
   // The upstream's answer with only the headers the route keeps.
   http::Response Kept(const http::Response& answer) const;
-  // Asks the route's status URL about the operation's earlier forward: nullopt when the upstream
-  // has no such request (404: forward it); else what to finish with: the upstream's answer as the
-  // outcome (a 2xx, which succeeded, or a status of final_statuses), or an unknown outcome (502)
-  // when it could not tell (any other answer, or none within `timeout`).
+  // Asks the route's status URL about the operation's earlier forward (with the route's
+  // credential header, when it has one): nullopt when the upstream has no such request (404:
+  // forward it); else what to finish with: on a 2xx, the answer it reports as the outcome (its
+  // status from kOriginalStatusHeader), classified as the route classifies answers; otherwise
+  // (any other status, a malformed header, no answer within `timeout`) an unknown outcome (502
+  // upstream-unavailable, the record stays PROCESSING), or, once it has not told for the route's
+  // status_unknown_max since the forward settled, the final 502 upstream-outcome-unknown, logged
+  // at error level and counted (idem_gateway_unknown_outcomes_total).
   http::Async<std::optional<Execution>> AskStatus(const Ticket& ticket, Millis timeout);
-  // How long until the last forward of `record` can no longer be executing at the upstream (sent
-  // at sent_at, out for the route's timeout at most, the margin for a late arrival), by the
-  // store's clock when the record was read; nullopt once it cannot.
+  // When the last forward of `record` can no longer be executing at the upstream, by the store's
+  // clock: sent at sent_at, out for the route's timeout at most, the margin for a late arrival.
+  Timestamp Settled(const Record& record) const;
+  // How long until Settled(record), by the store's clock when the record was read; nullopt once
+  // it has passed.
   std::optional<Millis> Unsettled(const Record& record) const;
 
   const GatewayRoute& route_;

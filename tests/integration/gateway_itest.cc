@@ -49,7 +49,7 @@ class GatewayTest : public IdemdTest {
         "upstream = \"" +
         upstream +
         "\"\nforward_key_header = \"Idempotency-Key\"\nstatus_path = \"/status/{key}\"\n"
-        "lease_ms = 2000\ntimeout_ms = 500\n"
+        "final_statuses = [\"2xx\", 422]\nlease_ms = 2000\ntimeout_ms = 500\n"
         "[[routes]]\nname = \"forms.create\"\nmatch = \"POST /v1/forms\"\n"
         "upstream = \"" +
         upstream + "\"\nbody = \"bytes\"\n";
@@ -91,6 +91,23 @@ class GatewayTest : public IdemdTest {
     IdemdOptions restart = WithRoutes();
     restart.reconcile_interval_ms = 200;
     StartIdemd(restart);
+  }
+
+  // A route like transfers.create named `name` on `path`, with `extra` lines.
+  std::string StatusRoute(const std::string& name, const std::string& path,
+                          const std::string& extra) const {
+    return "[[routes]]\nname = \"" + name + "\"\nmatch = \"POST " + path +
+           "\"\nupstream = \"http://127.0.0.1:" + std::to_string(upstream_url_.port) +
+           "\"\nforward_key_header = \"Idempotency-Key\"\nstatus_path = \"/status/{key}\"\n"
+           "lease_ms = 2000\ntimeout_ms = 500\n" +
+           extra;
+  }
+
+  // How upstream-sim's status URL answers (POST /admin/status).
+  void StatusUrl(const std::string& json) {
+    http::Request req{"POST", "/admin/status", {}, json};
+    auto r = http::Call(upstream_url_, std::move(req));
+    ASSERT_TRUE(r.has_value() && r->status == 200);
   }
 
   // upstream-sim's books.
@@ -377,6 +394,97 @@ TEST_F(GatewayTest, AStatusUrlTellsTheOutcomeOfAnUnknownForwardSoNothingRunsTwic
   ASSERT_EQ(forwarded.status, 201) << forwarded.body;
   EXPECT_EQ(ParseObject(forwarded.body).at("execution").as_int64(), 2);
   EXPECT_EQ(Total(), 2);
+}
+
+// The status URL's own vocabulary: a 2xx says the request ran and reports its answer, whatever its
+// status (Original-Status); any other answer cannot tell, even one the route lists as final.
+TEST_F(GatewayTest, AStatusUrlReportsTheOutcomeInA2xxAndNothingElseCounts) {
+  // The forward timed out; the upstream went on and answered 503.
+  auto slow = Call("POST", "/v1/transfers", "transfer-key-5", R"({"to":"P"})",
+                   {{"X-Upstream-Delay-Ms", "1000"}, {"X-Upstream-Status", "503"}});
+  EXPECT_EQ(slow.status, 504) << slow.body;
+  std::this_thread::sleep_for(std::chrono::milliseconds(1100));  // settled, and answered
+  auto told = Call("POST", "/v1/transfers", "transfer-key-5", R"({"to":"P"})");
+  EXPECT_EQ(told.status, 503) << "the outcome the status URL reports: " << told.body;
+  EXPECT_EQ(ParseObject(told.body).at("execution").as_int64(), 1) << told.body;
+  // 503 is retryable on this route: the next retry forwards again, at once.
+  auto again = Call("POST", "/v1/transfers", "transfer-key-5", R"({"to":"P"})");
+  ASSERT_EQ(again.status, 201) << again.body;
+  EXPECT_EQ(ParseObject(again.body).at("execution").as_int64(), 2);
+
+  // The status URL's own 422 is no outcome, although final_statuses lists 422.
+  auto lost = Call("POST", "/v1/transfers", "transfer-key-6", R"({"to":"Q"})",
+                   {{"X-Upstream-Delay-Ms", "1000"}});
+  EXPECT_EQ(lost.status, 504) << lost.body;
+  StatusUrl(R"({"status":422})");
+  std::this_thread::sleep_for(std::chrono::milliseconds(1100));
+  auto cannot_tell = Call("POST", "/v1/transfers", "transfer-key-6", R"({"to":"Q"})");
+  EXPECT_EQ(cannot_tell.status, 502) << cannot_tell.body;
+  EXPECT_NE(cannot_tell.body.find("upstream-unavailable"), std::string::npos) << cannot_tell.body;
+  StatusUrl("{}");
+  auto found = Call("POST", "/v1/transfers", "transfer-key-6", R"({"to":"Q"})");
+  ASSERT_EQ(found.status, 201) << "not a stored 422: " << found.body;
+  EXPECT_EQ(ParseObject(found.body).at("execution").as_int64(), 3) << "the timed-out forward's";
+  EXPECT_EQ(Total(), 3);
+}
+
+// A status URL behind a credential: the route sends it in a header, its value from idemd's
+// environment, and never logs it.
+TEST_F(GatewayTest, AStatusUrlThatWantsACredentialGetsItFromTheEnvironment) {
+  IdemdOptions options = WithRoutes();
+  options.extra_tables += StatusRoute("transfers.secure", "/v1/secure-transfers",
+                                      "status_auth_header = \"Authorization\"\n"
+                                      "status_auth_env = \"TRANSFERS_STATUS_TOKEN\"\n");
+  options.env["TRANSFERS_STATUS_TOKEN"] = "Bearer s3cret-status-token";
+  StartIdemd(options);
+  StatusUrl(R"({"token":"s3cret-status-token"})");
+  auto slow = Call("POST", "/v1/secure-transfers", "secure-key-1", R"({"to":"S"})",
+                   {{"X-Upstream-Delay-Ms", "1000"}});
+  EXPECT_EQ(slow.status, 504) << slow.body;
+  std::this_thread::sleep_for(std::chrono::milliseconds(1100));
+  auto told = Call("POST", "/v1/secure-transfers", "secure-key-1", R"({"to":"S"})");
+  ASSERT_EQ(told.status, 201) << told.body;
+  EXPECT_EQ(ParseObject(told.body).at("execution").as_int64(), 1);
+  EXPECT_EQ(Total(), 1);
+  EXPECT_GE(Executions().at("status_questions").as_int64(), 1);
+  std::ifstream log(dir_.File("idemd.log"));
+  const std::string logged((std::istreambuf_iterator<char>(log)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(logged.find("s3cret"), std::string::npos) << "the credential was logged";
+}
+
+// "Cannot tell" is bounded: once the status URL has not told for status_unknown_max_ms after the
+// forward settled, the operation's answer is a final 502 upstream-outcome-unknown, logged and
+// counted, and nothing is forwarded again.
+TEST_F(GatewayTest, AStatusUrlThatCannotTellIsGivenUpOnAfterItsBound) {
+  IdemdOptions options = WithRoutes();
+  options.extra_tables +=
+      StatusRoute("transfers.bounded", "/v1/bounded-transfers", "status_unknown_max_ms = 1500\n");
+  StartIdemd(options);
+  StatusUrl(R"({"status":503})");
+  auto slow = Call("POST", "/v1/bounded-transfers", "bounded-key-1", R"({"to":"B"})",
+                   {{"X-Upstream-Delay-Ms", "1000"}});
+  EXPECT_EQ(slow.status, 504) << slow.body;
+  std::this_thread::sleep_for(std::chrono::milliseconds(1100));  // settled 1000 ms after the send
+  auto unknown = Call("POST", "/v1/bounded-transfers", "bounded-key-1", R"({"to":"B"})");
+  EXPECT_EQ(unknown.status, 502) << unknown.body;
+  EXPECT_NE(unknown.body.find("upstream-unavailable"), std::string::npos) << unknown.body;
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  auto given_up = Call("POST", "/v1/bounded-transfers", "bounded-key-1", R"({"to":"B"})");
+  EXPECT_EQ(given_up.status, 502) << given_up.body;
+  EXPECT_NE(given_up.body.find("urn:idem:problem:upstream-outcome-unknown"), std::string::npos)
+      << given_up.body;
+  auto replay = Call("POST", "/v1/bounded-transfers", "bounded-key-1", R"({"to":"B"})");
+  EXPECT_EQ(replay.headers.Get("Idempotent-Replayed"), "true") << "final: " << replay.body;
+  EXPECT_EQ(replay.body, given_up.body);
+  EXPECT_EQ(Total(), 1) << "never forwarded again";
+  EXPECT_NE(Get("/metrics")
+                .body.find("idem_gateway_unknown_outcomes_total{route=\"transfers.bounded\"} 1\n"),
+            std::string::npos);
+  std::ifstream log(dir_.File("idemd.log"));
+  const std::string logged((std::istreambuf_iterator<char>(log)), std::istreambuf_iterator<char>());
+  EXPECT_NE(logged.find(R"("level":"error","msg":"gateway outcome unknown; no longer asking")"),
+            std::string::npos)
+      << logged;
 }
 
 // As AKilledGatewayForwardsAgainWithTheSameKeyOnceTheLeaseHasEnded, on a route with a status URL:

@@ -10,10 +10,14 @@
 //       X-Upstream-Drop: unexecuted closes it without executing. X-Upstream-Body-Bytes: N (at
 //       most 4 MiB) answers N bytes of 'x' instead of that body (an answer too large to pass on).
 //   GET /status/K → 404 if no request with Idempotency-Key K came, 503 while one executes, else
-//       the answer the last one got (a status URL for the gateway's routes).
+//       200 with the answer the last one got (its headers and body) and its status in
+//       Original-Status: a status URL as the gateway's routes expect one (docs/gateway.md).
+//   POST /admin/status {"status":S,"token":T} → from then on the status URL answers S (with an
+//       empty body) to every question when S is set, and 401 to a question without
+//       Authorization: Bearer T when T is set; {} turns both off.
 //   GET /admin/executions  → {"total":N,"by_target":{T:N,…},"keys":{K:N,…},
-//       "credentials_seen":N} — credentials_seen counts executions that received an
-//       Authorization or Cookie header.
+//       "credentials_seen":N,"status_questions":N} — credentials_seen counts executions that
+//       received an Authorization or Cookie header; status_questions the status URL's questions.
 #include <atomic>
 #include <boost/json.hpp>
 #include <charconv>
@@ -48,7 +52,7 @@ class UpstreamSim final : public http::Handler {
                                      http::RequestContext& context) override {
     if (request.Path().rfind("/admin/", 0) == 0) co_return Admin(request);
     if (request.method == "GET" && request.Path().rfind("/status/", 0) == 0) {
-      co_return StatusOf(std::string(request.Path().substr(8)));
+      co_return StatusOf(request, std::string(request.Path().substr(8)));
     }
     if (request.headers.Get("x-upstream-drop") == "unexecuted") {
       context.drop = true;  // read, not executed: nothing counted, nothing kept
@@ -114,15 +118,37 @@ class UpstreamSim final : public http::Handler {
  private:
   // GET /status/K: 404 if no request with Idempotency-Key K came, 503 while one executes, else
   // the answer the last one got.
-  http::Response StatusOf(const std::string& key) {
+  http::Response StatusOf(const http::Request& request, const std::string& key) {
     std::lock_guard lock(mu_);
+    ++status_questions_;
+    if (!status_token_.empty() &&
+        request.headers.Get("authorization") != "Bearer " + status_token_) {
+      return http::Response{401, {}, "a credential is required\n"};
+    }
+    if (status_answer_ != 0) return http::Response{status_answer_, {}, ""};
     if (!keys_.contains(key)) return http::Response{404, {}, "no request with this key\n"};
     auto answer = answers_.find(key);
     if (answer == answers_.end()) return http::Response{503, {}, "still executing\n"};
-    return answer->second;
+    http::Response r = answer->second;
+    r.headers.Set("Original-Status", std::to_string(r.status));
+    r.status = 200;
+    return r;
   }
 
   http::Response Admin(const http::Request& request) {
+    if (request.Path() == "/admin/status" && request.method == "POST") {
+      boost::system::error_code ec;
+      const boost::json::value v = boost::json::parse(request.body, ec);
+      if (ec || !v.is_object()) return http::Response{400, {}, "a JSON object expected\n"};
+      const boost::json::object& o = v.as_object();
+      std::lock_guard lock(mu_);
+      const boost::json::value* status = o.if_contains("status");
+      status_answer_ =
+          status != nullptr && status->is_int64() ? static_cast<int>(status->as_int64()) : 0;
+      const boost::json::value* token = o.if_contains("token");
+      status_token_ = token != nullptr && token->is_string() ? std::string(token->as_string()) : "";
+      return http::Response{200, {}, "ok\n"};
+    }
     if (request.Path() != "/admin/executions" || request.method != "GET") {
       return http::Response{404, {}, "no such admin resource\n"};
     }
@@ -136,6 +162,7 @@ class UpstreamSim final : public http::Handler {
     out["by_target"] = std::move(by_target);
     out["keys"] = std::move(keys);
     out["credentials_seen"] = credentials_seen_;
+    out["status_questions"] = status_questions_;
     http::Response r{200, {}, boost::json::serialize(out)};
     r.headers.Set("Content-Type", "application/json");
     return r;
@@ -147,6 +174,9 @@ class UpstreamSim final : public http::Handler {
   std::map<std::string, int64_t> by_target_;
   std::map<std::string, int64_t> keys_;
   std::map<std::string, http::Response> answers_;  // by key: the last execution's answer
+  int status_answer_ = 0;                          // 0: the status URL answers by its books
+  std::string status_token_;                       // "": the status URL wants no credential
+  int64_t status_questions_ = 0;
 };
 
 }  // namespace
