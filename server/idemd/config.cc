@@ -90,6 +90,20 @@ Status ReadMillis(const toml::table& t, std::string_view section, std::string_vi
   return ReadDuration(t, section, key, out, origin);
 }
 
+// ReadMillis for an interval or a deadline that 0 would break (a loop that never sleeps, a call
+// that times out before it starts): at least 1 ms. Errors name the key and its line.
+Status ReadPositiveMillis(const toml::table& t, std::string_view section, std::string_view key,
+                          Millis& out, const std::string& origin) {
+  IDEM_RETURN_IF_ERROR(ReadMillis(t, section, key, out, origin));
+  if (out.count() > 0) return Ok();
+  const std::string name = std::string(section) + "." + std::string(key);
+  const toml::node* node = t.at_path(name).node();
+  const int64_t line = node != nullptr ? node->source().begin.line : 0;
+  // A value set by an IDEMD_ variable has no line in the file.
+  return Bad(line > 0 ? origin + ":" + std::to_string(line) : origin + " (or its IDEMD_ variable)",
+             name + " must be at least 1");
+}
+
 Status ReadSeconds(const toml::table& t, std::string_view section, std::string_view key,
                    std::chrono::seconds& out, const std::string& origin) {
   return ReadDuration(t, section, key, out, origin);
@@ -640,7 +654,8 @@ Result<Config> LoadConfig(const std::string& path, const std::vector<std::string
   IDEM_RETURN_IF_ERROR(Read(t, "server", "max_connections", c.server.max_connections, o));
   IDEM_RETURN_IF_ERROR(Read(t, "server", "max_parked", c.server.max_parked, o));
   IDEM_RETURN_IF_ERROR(Read(t, "server", "max_body_bytes", c.server.max_body_bytes, o));
-  IDEM_RETURN_IF_ERROR(ReadMillis(t, "server", "read_timeout_ms", c.server.read_timeout, o));
+  IDEM_RETURN_IF_ERROR(
+      ReadPositiveMillis(t, "server", "read_timeout_ms", c.server.read_timeout, o));
   IDEM_RETURN_IF_ERROR(ReadMillis(t, "server", "drain_timeout_ms", c.server.drain_timeout, o));
 
   IDEM_RETURN_IF_ERROR(Read(t, "store", "url", c.store_url, o));
@@ -662,9 +677,9 @@ Result<Config> LoadConfig(const std::string& path, const std::vector<std::string
   IDEM_RETURN_IF_ERROR(Read(t, "store", "keepalives_count", timeouts.keepalives_count, o));
   IDEM_RETURN_IF_ERROR(Read(t, "redis", "url", c.redis_url, o));
   IDEM_RETURN_IF_ERROR(Read(t, "provider", "url", c.provider_url, o));
-  IDEM_RETURN_IF_ERROR(ReadMillis(t, "provider", "timeout_ms", c.provider_timeout, o));
+  IDEM_RETURN_IF_ERROR(ReadPositiveMillis(t, "provider", "timeout_ms", c.provider_timeout, o));
   IDEM_RETURN_IF_ERROR(
-      ReadMillis(t, "provider", "connect_timeout_ms", c.provider_connect_timeout, o));
+      ReadPositiveMillis(t, "provider", "connect_timeout_ms", c.provider_connect_timeout, o));
   IDEM_RETURN_IF_ERROR(Read(t, "provider", "max_connections", c.provider_max_connections, o));
   IDEM_RETURN_IF_ERROR(Read(t, "provider", "ca_file", c.provider_ca_file, o));
   IDEM_RETURN_IF_ERROR(
@@ -676,7 +691,7 @@ Result<Config> LoadConfig(const std::string& path, const std::vector<std::string
   IDEM_RETURN_IF_ERROR(Read(t, "secrets", "generate_if_missing", c.generate_secrets, o));
 
   IDEM_RETURN_IF_ERROR(ReadMillis(t, "idempotency", "lease_ms", c.lease, o));
-  IDEM_RETURN_IF_ERROR(ReadMillis(t, "idempotency", "lease_margin_ms", c.lease_margin, o));
+  IDEM_RETURN_IF_ERROR(ReadPositiveMillis(t, "idempotency", "lease_margin_ms", c.lease_margin, o));
   std::chrono::hours retention_hours = std::chrono::duration_cast<std::chrono::hours>(c.retention);
   IDEM_RETURN_IF_ERROR(ReadDuration(t, "idempotency", "retention_hours", retention_hours, o));
   c.retention = retention_hours;
@@ -688,9 +703,10 @@ Result<Config> LoadConfig(const std::string& path, const std::vector<std::string
       Read(t, "idempotency", "max_waiters_per_principal", c.max_waiters_per_principal, o));
   IDEM_RETURN_IF_ERROR(Read(t, "idempotency", "key_min_length", c.key_min_length, o));
   IDEM_RETURN_IF_ERROR(Read(t, "idempotency", "key_max_length", c.key_max_length, o));
-  IDEM_RETURN_IF_ERROR(ReadMillis(t, "idempotency", "sweep_interval_ms", c.sweep_interval, o));
   IDEM_RETURN_IF_ERROR(
-      ReadMillis(t, "idempotency", "reconcile_interval_ms", c.reconcile_interval, o));
+      ReadPositiveMillis(t, "idempotency", "sweep_interval_ms", c.sweep_interval, o));
+  IDEM_RETURN_IF_ERROR(
+      ReadPositiveMillis(t, "idempotency", "reconcile_interval_ms", c.reconcile_interval, o));
   IDEM_RETURN_IF_ERROR(ReadMillis(t, "reconciliation", "interval_ms", c.books_interval, o));
   IDEM_RETURN_IF_ERROR(ReadMillis(t, "reconciliation", "window_ms", c.books_window, o));
   IDEM_RETURN_IF_ERROR(ReadMillis(t, "reconciliation", "lag_ms", c.books_lag, o));
@@ -734,6 +750,18 @@ Result<Config> LoadConfig(const std::string& path, const std::vector<std::string
 
   IDEM_RETURN_IF_ERROR(ReadGatewaySection(t, o, c.gateway));
   IDEM_RETURN_IF_ERROR(ReadGatewayRoutes(t, o, c.gateway.routes));
+  for (const GatewayRoute& r : c.gateway.routes) {
+    if (r.lease <= r.timeout + c.lease_margin) {
+      // As for charges: a request is forwarded only under a lease that covers the whole exchange
+      // (AdvanceBeforeCall), so a shorter one would refuse every forward (503).
+      return BadRoute(o, r.line, r.name,
+                      "lease_ms (" + std::to_string(r.lease.count()) +
+                          ") must be longer than timeout_ms (" + std::to_string(r.timeout.count()) +
+                          ") + idempotency.lease_margin_ms (" +
+                          std::to_string(c.lease_margin.count()) +
+                          "): a request is forwarded only under a lease that covers the exchange");
+    }
+  }
 
   for (std::size_t i = 0; i < overrides.size(); ++i) {
     const std::string& flag = overrides[i];

@@ -227,6 +227,19 @@ TEST_F(ConfigTest, LimitsHoldAtTheirValueAndOnePast) {
        "keepalives_interval"},
       {"[store]\nkeepalives_count = 127\n", "[store]\nkeepalives_count = 128\n",
        "keepalives_count"},
+      // Intervals and deadlines of 0: a loop that never sleeps, a call that times out at once.
+      {"[idempotency]\nsweep_interval_ms = 1\n", "[idempotency]\nsweep_interval_ms = 0\n",
+       "bad.toml:5: idempotency.sweep_interval_ms must be at least 1"},
+      {"[idempotency]\nreconcile_interval_ms = 1\n", "[idempotency]\nreconcile_interval_ms = 0\n",
+       "bad.toml:5: idempotency.reconcile_interval_ms must be at least 1"},
+      {"[idempotency]\nlease_margin_ms = 1\n", "[idempotency]\nlease_margin_ms = 0\n",
+       "bad.toml:5: idempotency.lease_margin_ms must be at least 1"},
+      {"[server]\nread_timeout_ms = 1\n", "[server]\nread_timeout_ms = 0\n",
+       "bad.toml:5: server.read_timeout_ms must be at least 1"},
+      {"[provider]\ntimeout_ms = 1\n", "[provider]\ntimeout_ms = 0\n",
+       "bad.toml:5: provider.timeout_ms must be at least 1"},
+      {"[provider]\nconnect_timeout_ms = 1\n", "[provider]\nconnect_timeout_ms = 0\n",
+       "bad.toml:5: provider.connect_timeout_ms must be at least 1"},
   };
   for (const Case& k : cases) {
     auto ok = LoadConfig(Write("ok.toml", Minimal(k.at_limit)), {});
@@ -312,7 +325,8 @@ TEST_F(ConfigTest, TheLeaseMustOutlastTheProviderTimeoutPlusTheMargin) {
   auto defaulted = load(covered + 1, "");
   ASSERT_TRUE(defaulted.has_value()) << defaulted.error().message;
   EXPECT_EQ(defaulted->lease_margin, limits::kDefaultLeaseMargin);
-  EXPECT_TRUE(load(5001, "lease_margin_ms = 0\n").has_value());
+  // No margin at all: nothing could ever leave after its covered advance.
+  EXPECT_FALSE(load(5001, "lease_margin_ms = 0\n").has_value());
 }
 
 // The settle window is counted from sent_at, and a charge leaves up to the margin after it (a
@@ -517,6 +531,11 @@ TEST_F(ConfigTest, BadGatewayRoutesAreStartUpErrorsWithTheirLine) {
       {"[[routes]]\nname = \"a\"\nmatch = \"POST /a\"\nupstream = \"http://h:1\"\n"
        "status_auth_header = \"Connection\"\n",
        ":8: [[routes]] a: status_auth_header: must be a header name"},
+      // The default lease_margin_ms is 2000: the lease must outlast the exchange and the margin.
+      {"[[routes]]\nname = \"a\"\nmatch = \"POST /a\"\nupstream = \"http://h:1\"\n"
+       "lease_ms = 2500\ntimeout_ms = 500\n",
+       ":4: [[routes]] a: lease_ms (2500) must be longer than timeout_ms (500) + "
+       "idempotency.lease_margin_ms (2000)"},
       {"[[routes]]\nname = \"a\"\nmatch = \"POST /a\"\nupstream = \"http://h:1\"\n"
        "status_unknown_max_ms = 0\n",
        ":8: [[routes]] a: status_unknown_max_ms: must be an integer 1..315360000000"},

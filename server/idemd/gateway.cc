@@ -74,11 +74,8 @@ http::Async<http::Response> Gateway::PassThrough(const http::Request& request) c
   metrics_.ObserveUpstream("unmatched", monotonic_.SecondsSince(sent));
   if (!answer) {
     // No record stands behind a passed-through request, so no kind that names a record's expiry
-    // (upstream-unavailable, upstream-timeout): the kinds of ForwardWithoutKey.
-    co_return http::Problem(answer.error().code == Errc::kUnavailable
-                                ? http::ProblemKind::kUnavailable
-                                : http::ProblemKind::kTimeout,
-                            "the upstream gave no usable answer: " + answer.error().message);
+    // (upstream-unavailable, upstream-timeout): the answers of ForwardWithoutKey.
+    co_return UpstreamFailure("unmatched", request.method, answer.error());
   }
   co_return http::Response{answer->status, ForwardableHeaders(answer->headers, IsHopByHopHeader),
                            std::move(answer->body)};

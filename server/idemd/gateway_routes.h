@@ -86,6 +86,12 @@ struct GatewayConfig {
 const GatewayRoute* MatchGatewayRoute(const std::vector<GatewayRoute>& routes,
                                       std::string_view method, std::string_view path);
 
+// The first segment of `path` (a path `route` matches) in a {name} position that a server behind
+// idemd could read as other than one plain segment: "." or ".." (also percent-encoded: %2E, any
+// case), or one holding an encoded '/' or '\' (%2F, %5C, any case) or a raw '\'. "" when none.
+// Forwarded, `POST /v1/orders/../cancel` would match /v1/orders/{id}/cancel and reach /v1/cancel.
+std::string_view AmbiguousParameterSegment(const GatewayRoute& route, std::string_view path);
+
 // Whether a request could match both routes.
 bool GatewayRoutesOverlap(const GatewayRoute& a, const GatewayRoute& b);
 

@@ -83,6 +83,24 @@ std::optional<http::Response> ProxyOperation::Validate(const http::Request& requ
   return RefuseUnlessJson(request);
 }
 
+void LogUpstreamFailure(std::string_view route, std::string_view method, const Error& error) {
+  http::Log(http::LogLevel::kWarn, "upstream gave no usable answer",
+            {{"route", route},
+             {"method", method},
+             {"code", ErrcName(error.code)},
+             {"why", error.message}});
+}
+
+http::Response UpstreamFailure(std::string_view route, std::string_view method,
+                               const Error& error) {
+  LogUpstreamFailure(route, method, error);
+  if (error.code == Errc::kUnavailable) {
+    return http::Problem(http::ProblemKind::kUnavailable,
+                         "the upstream could not be reached and nothing was sent; retry");
+  }
+  return http::Problem(http::ProblemKind::kTimeout, "the upstream gave no usable answer in time");
+}
+
 std::string UpstreamKeyOf(const Record& record) {
   // Records claimed before the key was fixed in the claim forwarded the scope's hex: they keep it.
   return record.resource_id.empty() ? ToHex(record.scope) : record.resource_id;
@@ -110,8 +128,11 @@ http::Request ProxyOperation::Upstream(const http::Request& request,
                                        std::string_view upstream_key) const {
   http::Request out{request.method, request.target,
                     ForwardableHeaders(request.headers, IsUnforwardableHeader), request.body};
-  if (!route_.forward_key_header.empty() && !upstream_key.empty()) {
-    out.headers.Set(route_.forward_key_header, upstream_key);
+  if (!route_.forward_key_header.empty()) {
+    // Only idemd names the operation to the upstream: the client's copy of the header never
+    // passes, also without a key of idemd's to put there (ForwardWithoutKey).
+    out.headers.Remove(route_.forward_key_header);
+    if (!upstream_key.empty()) out.headers.Set(route_.forward_key_header, upstream_key);
   }
   return out;
 }
@@ -173,12 +194,15 @@ http::Async<Execution> ProxyOperation::Execute(Ticket& ticket, const http::Reque
     co_return e;
   }
   const Timestamp expires = ticket.record.expires_at;
+  // The transport's message names the upstream's address: for the log, not for the client.
+  LogUpstreamFailure(route_.name, request.method, answer.error());
   if (answer.error().code == Errc::kUnavailable) {
     // Not sent: the upstream cannot have acted. Retryable at once.
-    e.response = http::Problem(
-        http::ProblemKind::kUpstreamUnavailable,
-        "the upstream could not be reached and nothing was sent: " + answer.error().message,
-        {.key_expires = expires});
+    e.response =
+        http::Problem(http::ProblemKind::kUpstreamUnavailable,
+                      "the upstream could not be reached and nothing was sent; retry with the "
+                      "same key",
+                      {.key_expires = expires});
     e.state = RecordState::kFailedRetryable;
     co_return e;
   }
@@ -187,9 +211,9 @@ http::Async<Execution> ProxyOperation::Execute(Ticket& ticket, const http::Reque
   // the upstream's own deduplication decides.
   e.recovery_point.clear();
   e.response = http::Problem(http::ProblemKind::kUpstreamTimeout,
-                             "the upstream gave no usable answer (" + answer.error().message +
-                                 "); it may have acted. Retry with the same key: the request is "
-                                 "forwarded again with the same upstream key",
+                             "the upstream gave no usable answer in time; it may have acted. "
+                             "Retry with the same key: the request is forwarded again with the "
+                             "same upstream key",
                              {.key_expires = expires});
   e.outcome_unknown = true;
   co_return e;
@@ -329,10 +353,7 @@ http::Async<http::Response> ProxyOperation::ForwardWithoutKey(const http::Reques
   Result<http::Response> answer = Usable(co_await upstream_.Call(Upstream(request, ""), options));
   metrics_.ObserveUpstream(route_.name, monotonic_.SecondsSince(sent));
   if (answer) co_return Kept(*answer);
-  co_return http::Problem(answer.error().code == Errc::kUnavailable
-                              ? http::ProblemKind::kUnavailable
-                              : http::ProblemKind::kTimeout,
-                          "the upstream gave no usable answer: " + answer.error().message);
+  co_return UpstreamFailure(route_.name, request.method, answer.error());
 }
 
 }  // namespace idem::idemd

@@ -19,6 +19,14 @@ inline constexpr std::string_view kForwarded = "forwarded";
 // without asking.
 inline constexpr std::string_view kSettled = "settled";
 
+// Logs why an exchange with a route's upstream (or the unmatched one: route "unmatched") failed:
+// the transport's message names the upstream's address, which answers never do.
+void LogUpstreamFailure(std::string_view route, std::string_view method, const Error& error);
+// The answer to a request without a record (passed through, or without a key) whose upstream
+// failed, logged as LogUpstreamFailure: 503 unavailable when nothing was sent (kUnavailable), else
+// 504 timeout; the details name neither the upstream nor the transport's error.
+http::Response UpstreamFailure(std::string_view route, std::string_view method, const Error& error);
+
 // The key a record's operation forwards in the route's forward_key_header and asks its status URL
 // with: 64 hex digits, one per operation (fixed in its first claim as the record's resource id),
 // the same on every forward and question of it, and never another operation's, also after the

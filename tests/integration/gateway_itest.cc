@@ -626,6 +626,107 @@ TEST_F(GatewayTest, APassThroughToAFailingUpstreamIsAProblemAndIdemdServesOn) {
   EXPECT_EQ(Call("POST", "/v2/things", "", "{}").status, 201);
 }
 
+// A {name} segment that a normalising upstream would read as a step up or as more than one segment
+// is refused: POST /v1/orders/../capture must not reach /v1/capture.
+TEST_F(GatewayTest, PathParametersThatAreDotSegmentsOrHoldEncodedSlashesAreRefused) {
+  for (const std::string segment :
+       {"..", ".", "%2e%2E", "%2E", "a%2Fb", "a%2fb", "a%5Cb", "a%5cb"}) {
+    SCOPED_TRACE(segment);
+    auto r = Call("PUT", "/v1/orders/" + segment + "/capture", "capture-key-9", "{}");
+    EXPECT_EQ(r.status, 400) << r.body;
+    EXPECT_NE(r.body.find("urn:idem:problem:invalid-request"), std::string::npos) << r.body;
+  }
+  // A raw backslash is no valid path for the HTTP layer already.
+  EXPECT_EQ(Call("PUT", "/v1/orders/a\\b/capture", "capture-key-9", "{}").status, 400);
+  EXPECT_EQ(Total(), 0) << "nothing forwarded";
+  // Dots inside a segment, and other escapes, are a plain segment.
+  EXPECT_EQ(Call("PUT", "/v1/orders/a..b/capture", "capture-key-9", "{}").status, 201);
+  EXPECT_EQ(Call("PUT", "/v1/orders/%41.1/capture", "capture-key-10", "{}").status, 201);
+  EXPECT_EQ(Total(), 2);
+}
+
+// CONNECT (a tunnel) and TRACE (an echo of the request, credentials included) are never passed
+// through: idemd authenticates nothing there.
+TEST_F(GatewayTest, ConnectAndTraceAreNotPassedThrough) {
+  IdemdOptions options = WithRoutes();
+  options.extra_tables = "[gateway]\nunmatched = \"forward\"\nupstream = \"http://127.0.0.1:" +
+                         std::to_string(upstream_url_.port) + "\"\n" + options.extra_tables;
+  StartIdemd(options);
+  for (const std::string method : {"TRACE", "CONNECT"}) {
+    SCOPED_TRACE(method);
+    auto r = Call(method, "/v2/things", "", "");
+    EXPECT_EQ(r.status, 405) << r.body;
+    EXPECT_NE(r.body.find("method-not-allowed"), std::string::npos) << r.body;
+    EXPECT_TRUE(r.headers.Get("Allow").has_value());
+  }
+  EXPECT_TRUE(Executions().at("by_target").as_object().empty()) << "nothing reached the upstream";
+  EXPECT_EQ(Call("POST", "/v2/things", "", "{}").status, 201) << "other methods still pass";
+}
+
+// On a key-optional route the forward key header is idemd's alone: a client without an
+// Idempotency-Key cannot set it for the upstream, nor can one with a key.
+TEST_F(GatewayTest, TheClientsCopyOfTheForwardKeyHeaderIsNeverForwarded) {
+  IdemdOptions options = WithRoutes();
+  options.extra_tables +=
+      "[[routes]]\nname = \"notes.keyed\"\nmatch = \"POST /v1/keyed-notes\"\n"
+      "upstream = \"http://127.0.0.1:" +
+      std::to_string(upstream_url_.port) +
+      "\"\nkey = \"optional\"\nforward_key_header = \"X-Operation-Key\"\n";
+  StartIdemd(options);
+  const std::vector<std::pair<std::string, std::string>> forged = {
+      {"X-Operation-Key", "forged-key"}, {"X-Upstream-Echo", "x-operation-key"}};
+  auto keyless = Call("POST", "/v1/keyed-notes", "", "{}", forged);
+  ASSERT_EQ(keyless.status, 201) << keyless.body;
+  EXPECT_TRUE(ParseObject(keyless.body).at("echo").is_null()) << keyless.body;
+  auto keyed = Call("POST", "/v1/keyed-notes", "note-key-0001", "{}", forged);
+  ASSERT_EQ(keyed.status, 201) << keyed.body;
+  EXPECT_EQ(ParseObject(keyed.body).at("echo").as_string().size(), 64u) << keyed.body;
+  EXPECT_EQ(Total(), 2);
+}
+
+// Error answers say what happened in plain words; the upstream's address and the transport's
+// error text go to the log only.
+TEST_F(GatewayTest, ErrorAnswersNameNeitherTheUpstreamNorTheTransportError) {
+  IdemdOptions options = WithRoutes();
+  options.extra_tables = "[gateway]\nunmatched = \"forward\"\nupstream = \"http://127.0.0.1:1\"\n" +
+                         options.extra_tables +
+                         "[[routes]]\nname = \"down.create\"\nmatch = \"POST /v1/down\"\n"
+                         "upstream = \"http://127.0.0.1:1\"\nkey = \"optional\"\n";
+  StartIdemd(options);
+  auto expect_plain = [](const http::Response& r, int status) {
+    EXPECT_EQ(r.status, status) << r.body;
+    for (const char* internal : {"127.0.0.1", "http://", "refused", "connecting",
+                                 "timeout:", "end of stream", "operation"}) {
+      EXPECT_EQ(r.body.find(internal), std::string::npos) << internal << " in " << r.body;
+    }
+  };
+  expect_plain(Call("POST", "/v1/down", "down-key-0001", "{}"), 502);  // a route's record
+  expect_plain(Call("POST", "/v1/down", "", "{}"), 503);               // no key
+  expect_plain(Call("POST", "/v2/anything", "", "{}"), 503);           // passed through
+  expect_plain(Call("POST", "/v1/orders", "order-key-0060", R"({"sku":"M1"})",
+                    {{"X-Upstream-Delay-Ms", "1500"}}),
+               504);  // sent, no answer in time
+  std::ifstream log(dir_.File("idemd.log"));
+  const std::string logged((std::istreambuf_iterator<char>(log)), std::istreambuf_iterator<char>());
+  EXPECT_NE(logged.find("Connection refused"), std::string::npos) << "the cause is logged";
+}
+
+// A trusted principal header's value is the user part of every record's scope: one longer than a
+// scope part is no principal (401), not a request that fails at its claim.
+TEST_F(GatewayTest, APrincipalHeaderLongerThanAScopePartIsNoPrincipal) {
+  IdemdOptions options = WithRoutes();
+  options.extra_tables =
+      "[gateway]\nprincipal_header = \"X-Authenticated-User\"\n" + options.extra_tables;
+  StartIdemd(options);
+  auto longest = Call("POST", "/v1/orders", "order-key-0070", R"({"sku":"N1"})",
+                      {{"X-Authenticated-User", std::string(128, 'u')}});
+  EXPECT_EQ(longest.status, 201) << longest.body;
+  auto longer = Call("POST", "/v1/orders", "order-key-0071", R"({"sku":"N1"})",
+                     {{"X-Authenticated-User", std::string(129, 'u')}});
+  EXPECT_EQ(longer.status, 401) << longer.body;
+  EXPECT_EQ(Total(), 1);
+}
+
 TEST_F(GatewayTest, ATrustedPrincipalHeaderNamesThePrincipalWhenTheGatewaySaysSo) {
   IdemdOptions options = WithRoutes();
   options.extra_tables =

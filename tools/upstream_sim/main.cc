@@ -9,6 +9,7 @@
 //       keep). X-Upstream-Drop: true executes, then closes the connection without an answer;
 //       X-Upstream-Drop: unexecuted closes it without executing. X-Upstream-Body-Bytes: N (at
 //       most 4 MiB) answers N bytes of 'x' instead of that body (an answer too large to pass on).
+//       X-Upstream-Echo: NAME adds "echo": the value of the request's header NAME (or null).
 //   GET /status/K → 404 if no request with Idempotency-Key K came, 503 while one executes, else
 //       200 with the answer the last one got (its headers and body) and its status in
 //       Original-Status: a status URL as the gateway's routes expect one (docs/gateway.md).
@@ -87,6 +88,13 @@ class UpstreamSim final : public http::Handler {
       body["key"] = *key;
     } else {
       body["key"] = nullptr;
+    }
+    if (auto echo = request.headers.Get("x-upstream-echo")) {
+      if (auto value = request.headers.Get(*echo)) {
+        body["echo"] = *value;
+      } else {
+        body["echo"] = nullptr;
+      }
     }
     // The traceparent the request came with (W3C Trace Context), before this hop's own span.
     if (context.trace.parent_id.empty()) {
