@@ -58,8 +58,9 @@ enum class ProblemKind : uint8_t {
   // Gateway routes.
   kUpstreamUnavailable,  // the upstream could not be reached and nothing was sent; retry
   kUpstreamTimeout,      // the upstream did not answer; retry with the same key to learn more
-  // Final: the route's status URL could not tell for status_unknown_max_ms whether a forward
-  // executed; nothing is forwarded again, and an operator settles the record.
+  // Final: whether a forward executed stays unknown (the route's status URL could not tell for
+  // status_unknown_max_ms, or the route has none and no upstream_deduplicates); nothing is
+  // forwarded again, and an operator settles the record.
   kUpstreamOutcomeUnknown,
 
   kLast = kUpstreamOutcomeUnknown,  // keep naming the last kind: tests walk every kind up to it

@@ -380,6 +380,10 @@ Result<GatewayRoute> ReadGatewayRoute(const toml::table& t, const std::string& o
         }
         r.status_auth_value = value;
       }
+    } else if (k == "upstream_deduplicates") {
+      auto value = node.value<bool>();
+      if (!node.is_boolean() || !value) return at("must be true or false");
+      r.upstream_deduplicates = *value;
     } else if (k == "status_unknown_max_ms") {
       auto value = node.value<int64_t>();
       if (!node.is_integer() || !value || *value < 1 || *value > kMaxConfigDuration.count()) {
@@ -421,6 +425,9 @@ Result<GatewayRoute> ReadGatewayRoute(const toml::table& t, const std::string& o
   }
   if (!r.status_path.empty() && r.forward_key_header.empty()) {
     return bad("status_path needs forward_key_header: the upstream must know each request's key");
+  }
+  if (r.upstream_deduplicates && r.forward_key_header.empty()) {
+    return bad("upstream_deduplicates needs forward_key_header: the upstream deduplicates by it");
   }
   if (r.status_auth_header.empty() != r.status_auth_env.empty()) {
     return bad("status_auth_header and status_auth_env go together");

@@ -38,6 +38,7 @@ toml::table RouteTable(const GatewayRoute& r) {
       {"final_statuses", statuses},
       {"store_headers", Strings(r.store_headers)},
       {"forward_key_header", r.forward_key_header},
+      {"upstream_deduplicates", r.upstream_deduplicates},
       {"status_path", r.status_path},
       {"status_unknown_max_ms", Ms(r.status_unknown_max)},
       {"status_auth_header", r.status_auth_header},

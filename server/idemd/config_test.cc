@@ -414,6 +414,7 @@ retention_hours = 2
   EXPECT_EQ(r.final_statuses, (std::vector<int>{400, 402, 404, 409, 422}));
   EXPECT_EQ(r.store_headers, (std::vector<std::string>{"location", "content-type"}));
   EXPECT_EQ(r.forward_key_header, "Idempotency-Key");
+  EXPECT_FALSE(r.upstream_deduplicates) << "unknown outcomes are held unless the route says so";
   EXPECT_EQ(r.status_path, "/v1/orders?reference={key}");
   EXPECT_EQ(r.lease, Millis(20000));
   EXPECT_EQ(r.timeout, Millis(5000));
@@ -536,6 +537,12 @@ TEST_F(ConfigTest, BadGatewayRoutesAreStartUpErrorsWithTheirLine) {
        "lease_ms = 2500\ntimeout_ms = 500\n",
        ":4: [[routes]] a: lease_ms (2500) must be longer than timeout_ms (500) + "
        "idempotency.lease_margin_ms (2000)"},
+      {"[[routes]]\nname = \"a\"\nmatch = \"POST /a\"\nupstream = \"http://h:1\"\n"
+       "upstream_deduplicates = true\n",
+       "upstream_deduplicates needs forward_key_header"},
+      {"[[routes]]\nname = \"a\"\nmatch = \"POST /a\"\nupstream = \"http://h:1\"\n"
+       "upstream_deduplicates = \"yes\"\n",
+       ":8: [[routes]] a: upstream_deduplicates: must be true or false"},
       {"[[routes]]\nname = \"a\"\nmatch = \"POST /a\"\nupstream = \"http://h:1\"\n"
        "status_unknown_max_ms = 0\n",
        ":8: [[routes]] a: status_unknown_max_ms: must be an integer 1..315360000000"},

@@ -41,6 +41,10 @@ struct GatewayRoute {
   std::vector<int> final_statuses;                // replayed; every other status is retryable
   std::vector<std::string> store_headers;         // response headers kept and replayed
   std::string forward_key_header;                 // "" sends none
+  // The upstream's declared semantics: a repeated request with the same forward_key_header value
+  // executes at most once. Only then is a request whose forward's outcome is unknown forwarded
+  // again on a route without a status_path; otherwise that outcome is held (final 502).
+  bool upstream_deduplicates = false;
   // "" (none), or the upstream's status URL's path and query with one {key}, e.g.
   // "/v1/orders/by-key/{key}": asked (GET, {key} the forwarded key) before a request whose earlier
   // forward's outcome is unknown is forwarded again. 404: the upstream has no such request, and

@@ -249,8 +249,8 @@ std::string Metrics::Render() const {
     histogram.Render("idem_upstream_request_duration_seconds", Label("route", route), bounds_, out);
   }
   Header(out, "idem_gateway_unknown_outcomes_total", "counter",
-         "Gateway operations whose status URL could not tell for the route's "
-         "status_unknown_max_ms whether they executed: answered 502 upstream-outcome-unknown, "
+         "Gateway operations whose outcome stays unknown (the status URL could not tell, or the "
+         "route can neither ask nor forward again): answered 502 upstream-outcome-unknown, "
          "finally, and left for an operator.");
   for (const auto& [route, n] : unknown_outcomes_) {
     Sample(out, "idem_gateway_unknown_outcomes_total", Label("route", route), n);

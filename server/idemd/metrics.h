@@ -92,9 +92,10 @@ class Metrics {
   void ObserveProvider(ProviderOperation operation, double seconds);
   // A gateway route's exchanges with its upstream, "unmatched" for requests passed through.
   void ObserveUpstream(const std::string& route, double seconds);
-  // idem_gateway_unknown_outcomes_total{route}: operations a gateway route gave up asking its
-  // status URL about (it could not tell for the route's status_unknown_max_ms), which wait for an
-  // operator. DeclareUnknownOutcomes renders the route's series from now on (0 until counted).
+  // idem_gateway_unknown_outcomes_total{route}: operations of a gateway route whose outcome
+  // stays unknown (its status URL could not tell for status_unknown_max_ms, or it has none and
+  // no upstream_deduplicates), answered 502 upstream-outcome-unknown, which wait for an operator.
+  // DeclareUnknownOutcomes renders the route's series from now on (0 until counted).
   void DeclareUnknownOutcomes(const std::string& route);
   void CountUnknownOutcome(const std::string& route);
 

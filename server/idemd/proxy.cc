@@ -74,7 +74,7 @@ ProxyOperation::ProxyOperation(const GatewayRoute& route, http::ClientPool& upst
       metrics_(metrics),
       margin_(margin) {
   metrics_.DeclareUpstream(route_.name);
-  if (!route_.status_path.empty()) metrics_.DeclareUnknownOutcomes(route_.name);
+  metrics_.DeclareUnknownOutcomes(route_.name);
 }
 
 std::optional<http::Response> ProxyOperation::Validate(const http::Request& request,
@@ -151,8 +151,13 @@ http::Async<Execution> ProxyOperation::Execute(Ticket& ticket, const http::Reque
                                                const Principal&, Engine& engine,
                                                Heartbeat& heartbeat) {
   // An earlier forward may have executed: the upstream's status URL tells, when it has one, once
-  // that forward can no longer be executing.
-  if (!route_.status_path.empty() && ticket.resumed && ticket.record.recovery_point == kForwarded) {
+  // that forward can no longer be executing. Without one, only an upstream that deduplicates by
+  // the forwarded key may get it again; for any other the unknown outcome is held.
+  const bool unknown = ticket.resumed && ticket.record.recovery_point == kForwarded;
+  if (unknown && route_.status_path.empty() && !route_.upstream_deduplicates) {
+    co_return HeldUnknown(ticket.record);
+  }
+  if (!route_.status_path.empty() && unknown) {
     if (std::optional<Millis> left = Unsettled(ticket.record)) {
       Execution settling;
       settling.settling_for = *left;
@@ -208,15 +213,39 @@ http::Async<Execution> ProxyOperation::Execute(Ticket& ticket, const http::Reque
   }
   // Sent, and no usable answer: the upstream may have acted. The record stays PROCESSING at
   // `forwarded`; a retry asks the status URL, or forwards again with the same upstream key, and
-  // the upstream's own deduplication decides.
+  // the upstream's own deduplication decides, or, on a route that has neither, gets the held
+  // unknown outcome (HeldUnknown).
   e.recovery_point.clear();
-  e.response = http::Problem(http::ProblemKind::kUpstreamTimeout,
-                             "the upstream gave no usable answer in time; it may have acted. "
-                             "Retry with the same key: the request is forwarded again with the "
-                             "same upstream key",
-                             {.key_expires = expires});
+  const bool again = !route_.status_path.empty() || route_.upstream_deduplicates;
+  e.response = http::Problem(
+      http::ProblemKind::kUpstreamTimeout,
+      again ? "the upstream gave no usable answer in time; it may have acted. Retry with the same "
+              "key: the upstream is asked, or the request is forwarded again with the same "
+              "upstream key"
+            : "the upstream gave no usable answer in time; it may have acted. It is not forwarded "
+              "again: a retry with the same key is answered 502 upstream-outcome-unknown",
+      {.key_expires = expires});
   e.outcome_unknown = true;
   co_return e;
+}
+
+Execution ProxyOperation::HeldUnknown(const Record& record) {
+  http::Log(http::LogLevel::kError, "gateway outcome unknown; not forwarded again",
+            {{"route", route_.name},
+             {"tenant", record.tenant},
+             {"user", record.user},
+             {"scope", ToHex(record.scope)},
+             {"upstream_key", UpstreamKeyOf(record)},
+             {"why", "no status_path, and upstream_deduplicates is false"}});
+  metrics_.CountUnknownOutcome(route_.name);
+  Execution e;
+  e.response = http::Problem(http::ProblemKind::kUpstreamOutcomeUnknown,
+                             "an earlier forward of this request may have executed, and this "
+                             "route can neither ask the upstream nor rely on it to deduplicate: "
+                             "it is not forwarded again",
+                             {.key_expires = record.expires_at});
+  e.state = RecordState::kFailedFinal;
+  return e;
 }
 
 Timestamp ProxyOperation::Settled(const Record& record) const {
@@ -327,6 +356,9 @@ Execution ProxyOperation::Reconcile(Ticket& ticket, Engine&) {
     std::optional<Execution> asked =
         http::RunSync(AskStatus(ticket, std::min(route_.timeout, kReconcileAskTimeout)));
     if (asked) return std::move(*asked);
+  }
+  if (forwarded && route_.status_path.empty() && !route_.upstream_deduplicates) {
+    return HeldUnknown(ticket.record);
   }
   if (!forwarded || !route_.status_path.empty()) {
     // Never forwarded, or the status URL says it never ran: nothing happened upstream.

@@ -70,7 +70,8 @@ class ProxyOperation final : public Operation {
   // lease covering the exchange, and forwards: the
   // upstream's answer, kept as the route says; an unreachable upstream (nothing sent) a retryable
   // 502; a timeout or a lost connection after the send an unknown outcome (504, the record stays
-  // PROCESSING at `forwarded` and a retry forwards again with the same upstream key).
+  // PROCESSING at `forwarded`). A retry of such a record asks the status URL (above), or, with
+  // upstream_deduplicates, forwards again with the same upstream key, or else gets HeldUnknown.
   http::Async<Execution> Execute(Ticket& ticket, const http::Request& request,
                                  const Principal& principal, Engine& engine,
                                  Heartbeat& heartbeat) override;
@@ -78,7 +79,8 @@ class ProxyOperation final : public Operation {
   // forwarded becomes retryable. Else, with a status URL, the upstream is asked once the forward
   // has settled (at most kReconcileAskTimeout, the loop is shared): its answer is the outcome;
   // 404 (never executed) makes the record retryable; no answer leaves it as it is. Without one it
-  // becomes retryable, and the client's retry forwards it again.
+  // becomes retryable, and the client's retry forwards it again, when the route declares
+  // upstream_deduplicates; else it ends with HeldUnknown.
   Execution Reconcile(Ticket& ticket, Engine& engine) override;
 
   // A route with key = "optional" and a request without a key: forwarded as it is, no protocol.
@@ -99,6 +101,11 @@ class ProxyOperation final : public Operation {
   // status_unknown_max since the forward settled, the final 502 upstream-outcome-unknown, logged
   // at error level and counted (idem_gateway_unknown_outcomes_total).
   http::Async<std::optional<Execution>> AskStatus(const Ticket& ticket, Millis timeout);
+  // The final answer to an operation whose forward's outcome is unknown on a route without a
+  // status URL whose upstream is not declared to deduplicate (upstream_deduplicates): 502
+  // upstream-outcome-unknown, FAILED_FINAL, never forwarded again; logged at error level and
+  // counted (idem_gateway_unknown_outcomes_total) for an operator to settle.
+  Execution HeldUnknown(const Record& record);
   // When the last forward of `record` can no longer be executing at the upstream, by the store's
   // clock: sent at sent_at, out for the route's timeout at most, the margin for a late arrival.
   Timestamp Settled(const Record& record) const;

@@ -35,6 +35,8 @@ class GatewayTest : public IdemdTest {
         "final_statuses = [\"2xx\", 400, 404, 422]\n"
         "store_headers = [\"Location\", \"Content-Type\"]\n"
         "forward_key_header = \"Idempotency-Key\"\n"
+        // Declared, so that the tests can show what a re-forward does (upstream-sim executes it).
+        "upstream_deduplicates = true\n"
         "lease_ms = 2000\ntimeout_ms = 500\n"
         "[[routes]]\nname = \"orders.capture\"\n"
         "match = \"PUT /v1/orders/{id}/capture\"\n"
@@ -52,7 +54,13 @@ class GatewayTest : public IdemdTest {
         "final_statuses = [\"2xx\", 422]\nlease_ms = 2000\ntimeout_ms = 500\n"
         "[[routes]]\nname = \"forms.create\"\nmatch = \"POST /v1/forms\"\n"
         "upstream = \"" +
-        upstream + "\"\nbody = \"bytes\"\n";
+        upstream +
+        "\"\nbody = \"bytes\"\n"
+        // Neither a status URL nor declared deduplication: unknown outcomes are held.
+        "[[routes]]\nname = \"payouts.create\"\nmatch = \"POST /v1/payouts\"\n"
+        "upstream = \"" +
+        upstream +
+        "\"\nforward_key_header = \"Idempotency-Key\"\nlease_ms = 2000\ntimeout_ms = 500\n";
     return o;
   }
 
@@ -306,7 +314,8 @@ TEST_F(GatewayTest, AnUpstreamTimeoutLeavesTheOutcomeUnknownAndTheRetryForwardsW
   ASSERT_EQ(retry.status, 201) << retry.body;
   EXPECT_FALSE(retry.headers.Get("Idempotent-Replayed").has_value());
   const boost::json::object books = Executions();
-  EXPECT_EQ(books.at("total").as_int64(), 2) << "this upstream does not deduplicate by key";
+  EXPECT_EQ(books.at("total").as_int64(), 2)
+      << "the route declares upstream_deduplicates; upstream-sim does not, and executes again";
   const boost::json::object& keys = books.at("keys").as_object();
   ASSERT_EQ(keys.size(), 1u) << "both forwards carried the same upstream key";
   EXPECT_EQ(keys.begin()->value().as_int64(), 2);
@@ -322,7 +331,7 @@ TEST_F(GatewayTest, AnOperationKeepsOneUpstreamKeyAndANewOneAfterExpiryGetsAnoth
       "[[routes]]\nname = \"tokens.create\"\nmatch = \"POST /v1/tokens\"\n"
       "upstream = \"http://127.0.0.1:" +
       std::to_string(upstream_url_.port) +
-      "\"\nforward_key_header = \"Idempotency-Key\"\n"
+      "\"\nforward_key_header = \"Idempotency-Key\"\nupstream_deduplicates = true\n"
       "lease_ms = 1200\ntimeout_ms = 300\nretention_ms = 2000\n";
   StartIdemd(options);
   auto slow =
@@ -345,6 +354,43 @@ TEST_F(GatewayTest, AnOperationKeepsOneUpstreamKeyAndANewOneAfterExpiryGetsAnoth
   const boost::json::object books = Executions();
   EXPECT_EQ(books.at("keys").as_object().size(), 2u);
   EXPECT_EQ(books.at("total").as_int64(), 3);
+}
+
+// payouts.create has no status URL and does not declare upstream_deduplicates: after a forward
+// whose outcome is unknown nothing is forwarded again; retries get a final 502 naming it.
+TEST_F(GatewayTest, WithoutAStatusUrlOrDeduplicationAnUnknownOutcomeIsHeld) {
+  auto slow = Call("POST", "/v1/payouts", "payout-key-0001", R"({"to":"R"})",
+                   {{"X-Upstream-Delay-Ms", "1500"}});
+  EXPECT_EQ(slow.status, 504) << slow.body;
+  EXPECT_NE(slow.body.find("not forwarded again"), std::string::npos) << slow.body;
+  auto held = Call("POST", "/v1/payouts", "payout-key-0001", R"({"to":"R"})");
+  EXPECT_EQ(held.status, 502) << held.body;
+  EXPECT_NE(held.body.find("urn:idem:problem:upstream-outcome-unknown"), std::string::npos)
+      << held.body;
+  auto replay = Call("POST", "/v1/payouts", "payout-key-0001", R"({"to":"R"})");
+  EXPECT_EQ(replay.headers.Get("Idempotent-Replayed"), "true") << replay.body;
+  EXPECT_EQ(replay.body, held.body);
+  EXPECT_EQ(Total(), 1) << "never forwarded a second time";
+  EXPECT_NE(Get("/metrics")
+                .body.find("idem_gateway_unknown_outcomes_total{route=\"payouts.create\"} 1\n"),
+            std::string::npos);
+  // A forward the upstream answered is known: a retryable answer is forwarded again.
+  EXPECT_EQ(
+      Call("POST", "/v1/payouts", "payout-key-0002", "{}", {{"X-Upstream-Status", "503"}}).status,
+      503);
+  EXPECT_EQ(Call("POST", "/v1/payouts", "payout-key-0002", "{}").status, 201);
+  EXPECT_EQ(Total(), 3);
+}
+
+// The same after a crash: the reconciler holds the killed forward's unknown outcome.
+TEST_F(GatewayTest, TheReconcilerHoldsAKilledForwardsUnknownOutcomeWithoutAStatusUrl) {
+  KillDuringForwardAndRestart("/v1/payouts", "payout-key-0003", R"({"to":"T"})");
+  std::this_thread::sleep_for(std::chrono::milliseconds(2800));  // lease_ms = 2000
+  auto retry = Call("POST", "/v1/payouts", "payout-key-0003", R"({"to":"T"})");
+  EXPECT_EQ(retry.status, 502) << retry.body;
+  EXPECT_NE(retry.body.find("upstream-outcome-unknown"), std::string::npos) << retry.body;
+  EXPECT_EQ(retry.headers.Get("Idempotent-Replayed"), "true") << "settled by the reconciler";
+  EXPECT_EQ(Total(), 1);
 }
 
 // idemd is killed (SIGKILL) while a request is at the upstream, and restarted. Until the lease
