@@ -90,16 +90,31 @@ ProblemSpec Spec(ProblemKind kind) {
       return {502, "urn:idem:problem:upstream-unavailable", "Bad Gateway", kRetry1s, kExpires};
     case K::kUpstreamTimeout:
       return {504, "urn:idem:problem:upstream-timeout", "Gateway Timeout", kNoRetry, kExpires};
+    case K::kUpstreamOutcomeUnknown:
+      return {502, "urn:idem:problem:upstream-outcome-unknown", "Bad Gateway", kNoRetry, kExpires};
   }
   Unknown("ProblemKind", static_cast<int>(kind));
 }
 
 Response Problem(ProblemKind kind, std::string_view detail, const ProblemOptions& options) {
   const ProblemSpec spec = Spec(kind);
-  IDEM_CHECK(!options.retry_after_seconds ||
-             (spec.retry_after_seconds > 0 && *options.retry_after_seconds > 0));
-  IDEM_CHECK(options.key_expires.has_value() == spec.key_expires);
-  IDEM_CHECK(options.errors.empty() || kind == ProblemKind::kValidationFailed);
+  // A caller that gives options its kind's row does not allow has a bug, but its request may come
+  // from anyone: the bug is logged with the kind and answered 500, never an abort.
+  const char* misfit = nullptr;
+  if (options.retry_after_seconds &&
+      (spec.retry_after_seconds == 0 || *options.retry_after_seconds <= 0)) {
+    misfit = "a Retry-After the row does not carry, or one that is not positive";
+  } else if (options.key_expires.has_value() != spec.key_expires) {
+    misfit = spec.key_expires ? "no Idempotency-Key-Expires for a row that requires it"
+                              : "an Idempotency-Key-Expires for a row that carries none";
+  } else if (!options.errors.empty() && kind != ProblemKind::kValidationFailed) {
+    misfit = "field errors for a kind other than validation-failed";
+  }
+  if (misfit != nullptr) {
+    Log(LogLevel::kError, "problem options do not fit the kind (a bug)",
+        {{"kind", spec.type}, {"why", misfit}, {"detail", detail}});
+    return Problem(ProblemKind::kInternal, "unexpected failure");
+  }
 
   boost::json::object body;
   body["type"] = spec.type;

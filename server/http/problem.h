@@ -59,8 +59,12 @@ enum class ProblemKind : uint8_t {
   // Gateway routes.
   kUpstreamUnavailable,  // the upstream could not be reached and nothing was sent; retry
   kUpstreamTimeout,      // the upstream did not answer; retry with the same key to learn more
+  // Final: whether a forward executed stays unknown (the route's status URL could not tell for
+  // status_unknown_max_ms, or the route has none and no upstream_deduplicates); nothing is
+  // forwarded again, and an operator settles the record.
+  kUpstreamOutcomeUnknown,
 
-  kLast = kUpstreamTimeout,  // keep naming the last kind: tests walk every kind up to it
+  kLast = kUpstreamOutcomeUnknown,  // keep naming the last kind: tests walk every kind up to it
 };
 
 // One row of the problem table. Value type.
@@ -100,8 +104,9 @@ struct ProblemOptions {
 // The answer of `kind`: the row's status, Content-Type application/problem+json, Retry-After and
 // Idempotency-Key-Expires as the row says, and the body
 // {"type","title","status","detail"} (then "errors":[{"field","message"},...] for
-// kValidationFailed, always present there). Options the row does not allow are programmer errors
-// and abort.
+// kValidationFailed, always present there). Options the row does not allow are programmer errors,
+// but the request may be anyone's: they are logged (error level, with the kind) and answered 500
+// kInternal ("unexpected failure"), never an abort.
 Response Problem(ProblemKind kind, std::string_view detail, const ProblemOptions& options = {});
 
 // The kind that answers a libidem error. Exhaustive over Errc.
@@ -111,8 +116,8 @@ ProblemKind ProblemKindFor(Errc code);
 // kUnavailable ("try again shortly: " + message) and kInternal (a fixed "unexpected failure":
 // internal messages are not for clients). `key_expires` is the expiry of the record the error is
 // about (Engine::Start reports it with kFingerprintMismatch); kinds whose row carries
-// Idempotency-Key-Expires require it (it is a programmer error to leave it out, as for Problem),
-// the others ignore it.
+// Idempotency-Key-Expires require it (leaving it out is a programmer error, answered as Problem
+// answers one: a logged 500), the others ignore it.
 Response ProblemFor(const Error& error, std::optional<Timestamp> key_expires = std::nullopt);
 
 }  // namespace idem::http

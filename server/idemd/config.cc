@@ -90,6 +90,20 @@ Status ReadMillis(const toml::table& t, std::string_view section, std::string_vi
   return ReadDuration(t, section, key, out, origin);
 }
 
+// ReadMillis for an interval or a deadline that 0 would break (a loop that never sleeps, a call
+// that times out before it starts): at least 1 ms. Errors name the key and its line.
+Status ReadPositiveMillis(const toml::table& t, std::string_view section, std::string_view key,
+                          Millis& out, const std::string& origin) {
+  IDEM_RETURN_IF_ERROR(ReadMillis(t, section, key, out, origin));
+  if (out.count() > 0) return Ok();
+  const std::string name = std::string(section) + "." + std::string(key);
+  const toml::node* node = t.at_path(name).node();
+  const int64_t line = node != nullptr ? node->source().begin.line : 0;
+  // A value set by an IDEMD_ variable has no line in the file.
+  return Bad(line > 0 ? origin + ":" + std::to_string(line) : origin + " (or its IDEMD_ variable)",
+             name + " must be at least 1");
+}
+
 Status ReadSeconds(const toml::table& t, std::string_view section, std::string_view key,
                    std::chrono::seconds& out, const std::string& origin) {
   return ReadDuration(t, section, key, out, origin);
@@ -299,6 +313,7 @@ Result<GatewayRoute> ReadGatewayRoute(const toml::table& t, const std::string& o
                "' is taken: metrics and logs use it for requests no route "
                "matches");
   }
+  std::optional<Millis> retention_ms;  // wins over retention_hours, as in [idempotency]
   for (const auto& [key, node] : t) {
     const std::string k(key.str());
     auto at = [&, line = node.source().begin.line](const std::string& what) {
@@ -373,16 +388,55 @@ Result<GatewayRoute> ReadGatewayRoute(const toml::table& t, const std::string& o
             "\"/v1/orders/by-key/{key}\"");
       }
       r.status_path = *text;
-    } else if (k == "lease_ms" || k == "timeout_ms" || k == "retention_hours") {
+    } else if (k == "status_auth_header" || k == "status_auth_env") {
+      auto text = node.value<std::string>();
+      const bool header = k == "status_auth_header";
+      const bool ok = text && text->size() <= 64 &&
+                      std::all_of(text->begin(), text->end(), [&](unsigned char ch) {
+                        return std::isalnum(ch) != 0 || ch == '-' || ch == '_';
+                      });
+      if (!ok || (header && IsHopByHopHeader(http::ToLower(*text)))) {
+        return at(header ? "must be a header name of at most 64 letters, digits, - and _, not "
+                           "a hop-by-hop header"
+                         : "must be an environment variable's name of at most 64 letters, "
+                           "digits and _");
+      }
+      (header ? r.status_auth_header : r.status_auth_env) = *text;
+      if (!header && !text->empty()) {
+        // Read once here (and at each reload); never printed or logged.
+        const char* value = std::getenv(text->c_str());
+        if (value == nullptr || *value == '\0') {
+          return at("the environment variable " + *text + " is not set (or empty)");
+        }
+        r.status_auth_value = value;
+      }
+    } else if (k == "upstream_deduplicates") {
+      auto value = node.value<bool>();
+      if (!node.is_boolean() || !value) return at("must be true or false");
+      r.upstream_deduplicates = *value;
+    } else if (k == "status_unknown_max_ms") {
       auto value = node.value<int64_t>();
-      const int64_t max = k == "retention_hours" ? 10LL * 365 * 24 : 3'600'000;
+      if (!node.is_integer() || !value || *value < 1 || *value > kMaxConfigDuration.count()) {
+        return at("must be an integer 1.." + std::to_string(kMaxConfigDuration.count()));
+      }
+      r.status_unknown_max = Millis(*value);
+    } else if (k == "lease_ms" || k == "timeout_ms" || k == "retention_hours" ||
+               k == "retention_ms") {
+      auto value = node.value<int64_t>();
+      const int64_t max = k == "retention_hours" ? 10LL * 365 * 24
+                          : k == "retention_ms"  ? kMaxConfigDuration.count()
+                                                 : 3'600'000;
       if (!node.is_integer() || !value || *value < 1 || *value > max) {
         return at("must be an integer 1.." + std::to_string(max));
       }
-      (k == "lease_ms"     ? r.lease
-       : k == "timeout_ms" ? r.timeout
-                           : r.retention) =
-          Millis(k == "retention_hours" ? *value * 3'600'000 : *value);
+      if (k == "retention_ms") {
+        retention_ms = Millis(*value);
+      } else {
+        (k == "lease_ms"     ? r.lease
+         : k == "timeout_ms" ? r.timeout
+                             : r.retention) =
+            Millis(k == "retention_hours" ? *value * 3'600'000 : *value);
+      }
     } else if (k == "max_stored_bytes") {
       auto value = node.value<int64_t>();
       if (!node.is_integer() || !value || *value < int64_t{kMinStoredBytes} ||
@@ -395,6 +449,7 @@ Result<GatewayRoute> ReadGatewayRoute(const toml::table& t, const std::string& o
       return at("unknown key");
     }
   }
+  if (retention_ms) r.retention = *retention_ms;
   if (r.method.empty()) return bad("needs match = \"METHOD /path\"");
   if (r.upstream.empty()) return bad("needs upstream = \"http://host:port\"");
   if (ShadowsIdemd(r)) return bad("match " + r.pattern + " would shadow idemd's own paths");
@@ -402,12 +457,21 @@ Result<GatewayRoute> ReadGatewayRoute(const toml::table& t, const std::string& o
     return bad("lease_ms (" + std::to_string(r.lease.count()) +
                ") must be longer than timeout_ms (" + std::to_string(r.timeout.count()) + ")");
   }
-  if (r.retention <= r.lease) return bad("retention_hours must be longer than lease_ms");
+  if (r.retention <= r.lease) return bad("retention (retention_ms) must be longer than lease_ms");
   if (!r.json_body && (!r.fingerprint_ignore.empty() || !r.fingerprint_decimals.empty())) {
     return bad("fingerprint.ignore and fingerprint.decimals need body = \"json\"");
   }
   if (!r.status_path.empty() && r.forward_key_header.empty()) {
     return bad("status_path needs forward_key_header: the upstream must know each request's key");
+  }
+  if (r.upstream_deduplicates && r.forward_key_header.empty()) {
+    return bad("upstream_deduplicates needs forward_key_header: the upstream deduplicates by it");
+  }
+  if (r.status_auth_header.empty() != r.status_auth_env.empty()) {
+    return bad("status_auth_header and status_auth_env go together");
+  }
+  if (!r.status_auth_header.empty() && r.status_path.empty()) {
+    return bad("status_auth_header needs status_path");
   }
   return r;
 }
@@ -642,7 +706,8 @@ Result<Config> LoadConfig(const std::string& path, const std::vector<std::string
   IDEM_RETURN_IF_ERROR(Read(t, "server", "max_connections", c.server.max_connections, o));
   IDEM_RETURN_IF_ERROR(Read(t, "server", "max_parked", c.server.max_parked, o));
   IDEM_RETURN_IF_ERROR(Read(t, "server", "max_body_bytes", c.server.max_body_bytes, o));
-  IDEM_RETURN_IF_ERROR(ReadMillis(t, "server", "read_timeout_ms", c.server.read_timeout, o));
+  IDEM_RETURN_IF_ERROR(
+      ReadPositiveMillis(t, "server", "read_timeout_ms", c.server.read_timeout, o));
   IDEM_RETURN_IF_ERROR(ReadMillis(t, "server", "drain_timeout_ms", c.server.drain_timeout, o));
 
   IDEM_RETURN_IF_ERROR(Read(t, "store", "url", c.store_url, o));
@@ -664,9 +729,9 @@ Result<Config> LoadConfig(const std::string& path, const std::vector<std::string
   IDEM_RETURN_IF_ERROR(Read(t, "store", "keepalives_count", timeouts.keepalives_count, o));
   IDEM_RETURN_IF_ERROR(Read(t, "redis", "url", c.redis_url, o));
   IDEM_RETURN_IF_ERROR(Read(t, "provider", "url", c.provider_url, o));
-  IDEM_RETURN_IF_ERROR(ReadMillis(t, "provider", "timeout_ms", c.provider_timeout, o));
+  IDEM_RETURN_IF_ERROR(ReadPositiveMillis(t, "provider", "timeout_ms", c.provider_timeout, o));
   IDEM_RETURN_IF_ERROR(
-      ReadMillis(t, "provider", "connect_timeout_ms", c.provider_connect_timeout, o));
+      ReadPositiveMillis(t, "provider", "connect_timeout_ms", c.provider_connect_timeout, o));
   IDEM_RETURN_IF_ERROR(Read(t, "provider", "max_connections", c.provider_max_connections, o));
   IDEM_RETURN_IF_ERROR(Read(t, "provider", "ca_file", c.provider_ca_file, o));
   IDEM_RETURN_IF_ERROR(ReadNothingChargedStatuses(t, c.provider_nothing_charged_statuses, o));
@@ -677,7 +742,7 @@ Result<Config> LoadConfig(const std::string& path, const std::vector<std::string
   IDEM_RETURN_IF_ERROR(Read(t, "secrets", "generate_if_missing", c.generate_secrets, o));
 
   IDEM_RETURN_IF_ERROR(ReadMillis(t, "idempotency", "lease_ms", c.lease, o));
-  IDEM_RETURN_IF_ERROR(ReadMillis(t, "idempotency", "lease_margin_ms", c.lease_margin, o));
+  IDEM_RETURN_IF_ERROR(ReadPositiveMillis(t, "idempotency", "lease_margin_ms", c.lease_margin, o));
   std::chrono::hours retention_hours = std::chrono::duration_cast<std::chrono::hours>(c.retention);
   IDEM_RETURN_IF_ERROR(ReadDuration(t, "idempotency", "retention_hours", retention_hours, o));
   c.retention = retention_hours;
@@ -691,9 +756,10 @@ Result<Config> LoadConfig(const std::string& path, const std::vector<std::string
       Read(t, "idempotency", "max_waiters_per_principal", c.max_waiters_per_principal, o));
   IDEM_RETURN_IF_ERROR(Read(t, "idempotency", "key_min_length", c.key_min_length, o));
   IDEM_RETURN_IF_ERROR(Read(t, "idempotency", "key_max_length", c.key_max_length, o));
-  IDEM_RETURN_IF_ERROR(ReadMillis(t, "idempotency", "sweep_interval_ms", c.sweep_interval, o));
   IDEM_RETURN_IF_ERROR(
-      ReadMillis(t, "idempotency", "reconcile_interval_ms", c.reconcile_interval, o));
+      ReadPositiveMillis(t, "idempotency", "sweep_interval_ms", c.sweep_interval, o));
+  IDEM_RETURN_IF_ERROR(
+      ReadPositiveMillis(t, "idempotency", "reconcile_interval_ms", c.reconcile_interval, o));
   IDEM_RETURN_IF_ERROR(ReadMillis(t, "reconciliation", "interval_ms", c.books_interval, o));
   IDEM_RETURN_IF_ERROR(ReadMillis(t, "reconciliation", "window_ms", c.books_window, o));
   IDEM_RETURN_IF_ERROR(ReadMillis(t, "reconciliation", "lag_ms", c.books_lag, o));
@@ -737,6 +803,18 @@ Result<Config> LoadConfig(const std::string& path, const std::vector<std::string
 
   IDEM_RETURN_IF_ERROR(ReadGatewaySection(t, o, c.gateway));
   IDEM_RETURN_IF_ERROR(ReadGatewayRoutes(t, o, c.gateway.routes));
+  for (const GatewayRoute& r : c.gateway.routes) {
+    if (r.lease <= r.timeout + c.lease_margin) {
+      // As for charges: a request is forwarded only under a lease that covers the whole exchange
+      // (AdvanceBeforeCall), so a shorter one would refuse every forward (503).
+      return BadRoute(o, r.line, r.name,
+                      "lease_ms (" + std::to_string(r.lease.count()) +
+                          ") must be longer than timeout_ms (" + std::to_string(r.timeout.count()) +
+                          ") + idempotency.lease_margin_ms (" +
+                          std::to_string(c.lease_margin.count()) +
+                          "): a request is forwarded only under a lease that covers the exchange");
+    }
+  }
 
   for (std::size_t i = 0; i < overrides.size(); ++i) {
     const std::string& flag = overrides[i];

@@ -44,11 +44,15 @@ toml::table RouteTable(const GatewayRoute& r) {
       {"final_statuses", statuses},
       {"store_headers", Strings(r.store_headers)},
       {"forward_key_header", r.forward_key_header},
+      {"upstream_deduplicates", r.upstream_deduplicates},
       {"status_path", r.status_path},
+      {"status_unknown_max_ms", Ms(r.status_unknown_max)},
+      {"status_auth_header", r.status_auth_header},
+      {"status_auth_env", r.status_auth_env},  // the variable's name; its value is never printed
       {"lease_ms", Ms(r.lease)},
       {"timeout_ms", Ms(r.timeout)},
       {"max_stored_bytes", static_cast<int64_t>(r.max_stored_bytes)},
-      {"retention_hours", std::chrono::duration_cast<std::chrono::hours>(r.retention).count()},
+      {"retention_ms", Ms(r.retention)},
   };
 }
 
@@ -149,7 +153,8 @@ toml::table EffectiveTable(const Config& c) {
 // Keys accepted but not printed: another spelling of a printed key, or keys of an older model
 // that are still read and ignored with a warning.
 constexpr std::string_view kAcceptedAliases[] = {"idempotency.retention_hours",
-                                                 "server.worker_threads", "server.max_queued"};
+                                                 "routes.retention_hours", "server.worker_threads",
+                                                 "server.max_queued"};
 
 void AddKeys(const toml::table& table, const std::string& prefix,
              std::map<std::string, Kind>& out) {

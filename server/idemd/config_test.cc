@@ -238,6 +238,19 @@ TEST_F(ConfigTest, LimitsHoldAtTheirValueAndOnePast) {
        "keepalives_interval"},
       {"[store]\nkeepalives_count = 127\n", "[store]\nkeepalives_count = 128\n",
        "keepalives_count"},
+      // Intervals and deadlines of 0: a loop that never sleeps, a call that times out at once.
+      {"[idempotency]\nsweep_interval_ms = 1\n", "[idempotency]\nsweep_interval_ms = 0\n",
+       "bad.toml:5: idempotency.sweep_interval_ms must be at least 1"},
+      {"[idempotency]\nreconcile_interval_ms = 1\n", "[idempotency]\nreconcile_interval_ms = 0\n",
+       "bad.toml:5: idempotency.reconcile_interval_ms must be at least 1"},
+      {"[idempotency]\nlease_margin_ms = 1\n", "[idempotency]\nlease_margin_ms = 0\n",
+       "bad.toml:5: idempotency.lease_margin_ms must be at least 1"},
+      {"[server]\nread_timeout_ms = 1\n", "[server]\nread_timeout_ms = 0\n",
+       "bad.toml:5: server.read_timeout_ms must be at least 1"},
+      {"[provider]\ntimeout_ms = 1\n", "[provider]\ntimeout_ms = 0\n",
+       "bad.toml:5: provider.timeout_ms must be at least 1"},
+      {"[provider]\nconnect_timeout_ms = 1\n", "[provider]\nconnect_timeout_ms = 0\n",
+       "bad.toml:5: provider.connect_timeout_ms must be at least 1"},
   };
   for (const Case& k : cases) {
     auto ok = LoadConfig(Write("ok.toml", Minimal(k.at_limit)), {});
@@ -323,7 +336,8 @@ TEST_F(ConfigTest, TheLeaseMustOutlastTheProviderTimeoutPlusTheMargin) {
   auto defaulted = load(covered + 1, "");
   ASSERT_TRUE(defaulted.has_value()) << defaulted.error().message;
   EXPECT_EQ(defaulted->lease_margin, limits::kDefaultLeaseMargin);
-  EXPECT_TRUE(load(5001, "lease_margin_ms = 0\n").has_value());
+  // No margin at all: nothing could ever leave after its covered advance.
+  EXPECT_FALSE(load(5001, "lease_margin_ms = 0\n").has_value());
 }
 
 // The settle window is counted from sent_at, and a charge leaves up to the margin after it (a
@@ -392,6 +406,8 @@ TEST_F(ConfigTest, GatewayRoutesAreReadWithEverySetting) {
 name = "orders.capture"
 match = "PUT /v1/orders/{id}/capture"
 upstream = "https://orders.internal:8443/"
+retention_ms = 90000
+retention_hours = 2
 )")),
                       {});
   ASSERT_TRUE(c.has_value()) << c.error().message;
@@ -409,6 +425,7 @@ upstream = "https://orders.internal:8443/"
   EXPECT_EQ(r.final_statuses, (std::vector<int>{400, 402, 404, 409, 422}));
   EXPECT_EQ(r.store_headers, (std::vector<std::string>{"location", "content-type"}));
   EXPECT_EQ(r.forward_key_header, "Idempotency-Key");
+  EXPECT_FALSE(r.upstream_deduplicates) << "unknown outcomes are held unless the route says so";
   EXPECT_EQ(r.status_path, "/v1/orders?reference={key}");
   EXPECT_EQ(r.lease, Millis(20000));
   EXPECT_EQ(r.timeout, Millis(5000));
@@ -419,6 +436,7 @@ upstream = "https://orders.internal:8443/"
   EXPECT_TRUE(r.json_body && capture.json_body)
       << "bodies are JSON unless the route says otherwise";
   EXPECT_EQ(capture.upstream, "https://orders.internal:8443");
+  EXPECT_EQ(capture.retention, Millis(90000)) << "retention_ms wins over retention_hours";
   EXPECT_EQ(capture.line, 19);
 
   EXPECT_EQ(MatchGatewayRoute(c->gateway.routes, "POST", "/v1/orders"), &c->gateway.routes[0]);
@@ -490,6 +508,12 @@ TEST_F(ConfigTest, BadGatewayRoutesAreStartUpErrorsWithTheirLine) {
        "timeout_ms: must be an integer 1..3600000"},
       {"[routes]\nname = \"a\"\n", "routes must be [[routes]] tables"},
       {"[[routes]]\nname = \"a\"\nmatch = \"POST /a\"\nupstream = \"http://h:1\"\n"
+       "lease_ms = 5000\ntimeout_ms = 1000\nretention_ms = 5000\n",
+       "retention (retention_ms) must be longer than lease_ms"},
+      {"[[routes]]\nname = \"a\"\nmatch = \"POST /a\"\nupstream = \"http://h:1\"\n"
+       "retention_ms = 0\n",
+       ":8: [[routes]] a: retention_ms: must be an integer 1..315360000000"},
+      {"[[routes]]\nname = \"a\"\nmatch = \"POST /a\"\nupstream = \"http://h:1\"\n"
        "forward_key_header = \"K\"\nstatus_path = \"/status\"\n",
        ":9: [[routes]] a: status_path: must be a path"},
       {"[[routes]]\nname = \"a\"\nmatch = \"POST /a\"\nupstream = \"http://h:1\"\n"
@@ -509,6 +533,30 @@ TEST_F(ConfigTest, BadGatewayRoutesAreStartUpErrorsWithTheirLine) {
       {"[[routes]]\nname = \"a\"\nmatch = \"POST /a\"\nupstream = \"http://h:1\"\n"
        "body = \"bytes\"\nfingerprint.ignore = [\"x\"]\n",
        "need body = \"json\""},
+      {"[[routes]]\nname = \"a\"\nmatch = \"POST /a\"\nupstream = \"http://h:1\"\n"
+       "forward_key_header = \"K\"\nstatus_path = \"/s/{key}\"\n"
+       "status_auth_header = \"Authorization\"\n",
+       "status_auth_header and status_auth_env go together"},
+      {"[[routes]]\nname = \"a\"\nmatch = \"POST /a\"\nupstream = \"http://h:1\"\n"
+       "status_auth_header = \"Authorization\"\nstatus_auth_env = \"HOME\"\n",
+       "status_auth_header needs status_path"},
+      {"[[routes]]\nname = \"a\"\nmatch = \"POST /a\"\nupstream = \"http://h:1\"\n"
+       "status_auth_header = \"Connection\"\n",
+       ":8: [[routes]] a: status_auth_header: must be a header name"},
+      // The default lease_margin_ms is 2000: the lease must outlast the exchange and the margin.
+      {"[[routes]]\nname = \"a\"\nmatch = \"POST /a\"\nupstream = \"http://h:1\"\n"
+       "lease_ms = 2500\ntimeout_ms = 500\n",
+       ":4: [[routes]] a: lease_ms (2500) must be longer than timeout_ms (500) + "
+       "idempotency.lease_margin_ms (2000)"},
+      {"[[routes]]\nname = \"a\"\nmatch = \"POST /a\"\nupstream = \"http://h:1\"\n"
+       "upstream_deduplicates = true\n",
+       "upstream_deduplicates needs forward_key_header"},
+      {"[[routes]]\nname = \"a\"\nmatch = \"POST /a\"\nupstream = \"http://h:1\"\n"
+       "upstream_deduplicates = \"yes\"\n",
+       ":8: [[routes]] a: upstream_deduplicates: must be true or false"},
+      {"[[routes]]\nname = \"a\"\nmatch = \"POST /a\"\nupstream = \"http://h:1\"\n"
+       "status_unknown_max_ms = 0\n",
+       ":8: [[routes]] a: status_unknown_max_ms: must be an integer 1..315360000000"},
   };
   for (const Case& k : cases) {
     auto c = LoadConfig(Write("c.toml", Minimal(k.routes)), {});
@@ -517,6 +565,44 @@ TEST_F(ConfigTest, BadGatewayRoutesAreStartUpErrorsWithTheirLine) {
     EXPECT_NE(c.error().message.find(k.expect), std::string::npos)
         << "expected: " << k.expect << "\ngot: " << c.error().message;
   }
+}
+
+// A status URL's credential: a header name and the environment variable its value comes from,
+// read at load; the value is never printed, and a variable that is not set stops the load.
+TEST_F(ConfigTest, AStatusUrlCredentialComesFromTheEnvironmentAndIsNeverPrinted) {
+  const std::string route =
+      "[[routes]]\nname = \"a\"\nmatch = \"POST /a\"\nupstream = \"http://h:1\"\n"
+      "forward_key_header = \"K\"\nstatus_path = \"/s/{key}\"\n"
+      "status_auth_header = \"Authorization\"\nstatus_auth_env = \"IDEM_TEST_STATUS_TOKEN\"\n"
+      "status_unknown_max_ms = 60000\n";
+  setenv("IDEM_TEST_STATUS_TOKEN", "Bearer very-secret", 1);
+  auto c = LoadConfig(Write("c.toml", Minimal(route)), {});
+  ASSERT_TRUE(c.has_value()) << c.error().message;
+  const GatewayRoute& r = c->gateway.routes[0];
+  EXPECT_EQ(r.status_auth_header, "Authorization");
+  EXPECT_EQ(r.status_auth_env, "IDEM_TEST_STATUS_TOKEN");
+  EXPECT_EQ(r.status_auth_value, "Bearer very-secret");
+  EXPECT_EQ(r.status_unknown_max, Millis(60000));
+  const std::string printed = EffectiveConfigToml(*c);
+  EXPECT_EQ(printed.find("very-secret"), std::string::npos) << printed;
+  EXPECT_NE(printed.find("status_auth_env = 'IDEM_TEST_STATUS_TOKEN'"), std::string::npos)
+      << printed;
+  auto again = LoadConfig(Write("printed.toml", printed), {});
+  ASSERT_TRUE(again.has_value()) << again.error().message;
+  EXPECT_EQ(again->gateway.routes[0].status_auth_value, "Bearer very-secret");
+
+  unsetenv("IDEM_TEST_STATUS_TOKEN");
+  auto unset = LoadConfig(Write("c.toml", Minimal(route)), {});
+  ASSERT_FALSE(unset.has_value());
+  EXPECT_NE(
+      unset.error().message.find(":11: [[routes]] a: status_auth_env: the environment variable "
+                                 "IDEM_TEST_STATUS_TOKEN is not set"),
+      std::string::npos)
+      << unset.error().message;
+  // The default bound of "cannot tell".
+  auto plain = LoadConfig(Write("c.toml", Minimal(std::string(kOrders))), {});
+  ASSERT_TRUE(plain.has_value()) << plain.error().message;
+  EXPECT_EQ(plain->gateway.routes[0].status_unknown_max, Millis(3'600'000));
 }
 
 TEST_F(ConfigTest, TheGatewaySectionHasSafeDefaultsAndIsChecked) {
@@ -707,7 +793,10 @@ upstream = "http://127.0.0.1:3000"
   EXPECT_EQ(RedactedUrl("sqlite:///var/lib/idem/idem.db"), "sqlite:///var/lib/idem/idem.db");
   for (const auto& [key, kind] : ConfigKeys()) {
     const std::string last = key.substr(key.rfind('.') + 1);
-    if (key == "idempotency.retention_hours" || key.rfind("server.", 0) == 0) continue;
+    if (key == "idempotency.retention_hours" || key == "routes.retention_hours" ||
+        key.rfind("server.", 0) == 0) {
+      continue;  // aliases: printed as retention_ms
+    }
     EXPECT_NE(printed.find(last + " = "), std::string::npos) << key << " is not printed";
   }
   auto again = LoadConfig(Write("printed.toml", printed), {});

@@ -83,10 +83,9 @@ http::Async<http::Response> Gateway::PassThrough(const http::Request& request) c
   Result<http::Response> answer = Usable(co_await unmatched_->Call(std::move(out), options));
   metrics_.ObserveUpstream("unmatched", monotonic_.SecondsSince(sent));
   if (!answer) {
-    co_return http::Problem(answer.error().code == Errc::kUnavailable
-                                ? http::ProblemKind::kUpstreamUnavailable
-                                : http::ProblemKind::kUpstreamTimeout,
-                            "the upstream gave no usable answer: " + answer.error().message);
+    // No record stands behind a passed-through request, so no kind that names a record's expiry
+    // (upstream-unavailable, upstream-timeout): the answers of ForwardWithoutKey.
+    co_return UpstreamFailure("unmatched", request.method, answer.error());
   }
   co_return http::Response{answer->status, ForwardableHeaders(answer->headers, IsHopByHopHeader),
                            std::move(answer->body)};

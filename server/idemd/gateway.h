@@ -53,8 +53,9 @@ class Gateway {
   // Whether requests no route matches pass through (else they are answered 404).
   bool ForwardsUnmatched() const { return unmatched_ != nullptr; }
   // A request no route matches, forwarded as it is but for hop-by-hop headers, with the
-  // upstream's answer likewise: 502 if the upstream cannot be reached, 504 if it gives no usable
-  // answer. Only when ForwardsUnmatched().
+  // upstream's answer likewise: 503 `unavailable` if the upstream cannot be reached, 504
+  // `timeout` if it gives no usable answer in time (none, a lone 1xx, a body over 1 MiB). Only
+  // when ForwardsUnmatched().
   http::Async<http::Response> PassThrough(const http::Request& request) const;
   const GatewayConfig& Settings() const { return config_; }
 

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cctype>
 
 namespace idem::idemd {
 namespace {
@@ -47,6 +48,32 @@ const GatewayRoute* MatchGatewayRoute(const std::vector<GatewayRoute>& routes,
     if (Matches(route, method, *segments)) return &route;
   }
   return nullptr;
+}
+
+std::string_view AmbiguousParameterSegment(const GatewayRoute& route, std::string_view path) {
+  auto segments = Split(path);
+  if (!segments || segments->size() != route.segments.size()) return {};
+  for (std::size_t i = 0; i < segments->size(); ++i) {
+    if (route.segments[i]) continue;  // a literal: matched as written
+    const std::string_view s = (*segments)[i];
+    std::string decoded_dots;  // the segment with %2E read as '.', to find a dot-segment
+    for (std::size_t j = 0; j < s.size(); ++j) {
+      if (s[j] == '\\') return s;
+      if (s[j] == '%' && j + 2 < s.size()) {
+        const char hi = s[j + 1];
+        const char lo = static_cast<char>(std::tolower(static_cast<unsigned char>(s[j + 2])));
+        if ((hi == '2' && lo == 'f') || (hi == '5' && lo == 'c')) return s;
+        if (hi == '2' && lo == 'e') {
+          decoded_dots += '.';
+          j += 2;
+          continue;
+        }
+      }
+      decoded_dots += s[j];
+    }
+    if (decoded_dots == "." || decoded_dots == "..") return s;
+  }
+  return {};
 }
 
 bool GatewayRoutesOverlap(const GatewayRoute& a, const GatewayRoute& b) {

@@ -14,6 +14,10 @@
 
 namespace idem::idemd {
 
+// The header in which a status URL's 2xx answer names the status of the answer it reports
+// (docs/gateway.md); without it, the status URL's own status is taken.
+inline constexpr std::string_view kOriginalStatusHeader = "original-status";
+
 // Bounds of a route's settings.
 inline constexpr std::size_t kMaxGatewayRoutes = 256;
 inline constexpr std::size_t kMaxRouteNameLength = 64;
@@ -41,11 +45,24 @@ struct GatewayRoute {
   std::vector<int> final_statuses;                // replayed; every other status is retryable
   std::vector<std::string> store_headers;         // response headers kept and replayed
   std::string forward_key_header;                 // "" sends none
+  // The upstream's declared semantics: a repeated request with the same forward_key_header value
+  // executes at most once. Only then is a request whose forward's outcome is unknown forwarded
+  // again on a route without a status_path; otherwise that outcome is held (final 502).
+  bool upstream_deduplicates = false;
   // "" (none), or the upstream's status URL's path and query with one {key}, e.g.
   // "/v1/orders/by-key/{key}": asked (GET, {key} the forwarded key) before a request whose earlier
   // forward's outcome is unknown is forwarded again. 404: the upstream has no such request, and
-  // it is forwarded; any other answer but 5xx and 429 is that request's outcome.
+  // it is forwarded; a 2xx: it ran, and the answer (its status in kOriginalStatusHeader, when
+  // sent) is its outcome; anything else: it cannot tell (docs/gateway.md).
   std::string status_path;
+  // How long after a forward settled the status URL may go on not telling; then the operation
+  // is answered 502 upstream-outcome-unknown, finally, for an operator to settle.
+  Millis status_unknown_max{3'600'000};
+  // A header sent with every question to the status URL ("" none), and the environment variable
+  // its value was read from at load. The value is a credential: never printed or logged.
+  std::string status_auth_header;
+  std::string status_auth_env;
+  std::string status_auth_value;
   Millis lease{30000};
   Millis retention{24LL * 3600 * 1000};
   Millis timeout{10000};  // the upstream exchange's deadline
@@ -80,6 +97,12 @@ struct GatewayConfig {
 // at start), so at most one matches.
 const GatewayRoute* MatchGatewayRoute(const std::vector<GatewayRoute>& routes,
                                       std::string_view method, std::string_view path);
+
+// The first segment of `path` (a path `route` matches) in a {name} position that a server behind
+// idemd could read as other than one plain segment: "." or ".." (also percent-encoded: %2E, any
+// case), or one holding an encoded '/' or '\' (%2F, %5C, any case) or a raw '\'. "" when none.
+// Forwarded, `POST /v1/orders/../cancel` would match /v1/orders/{id}/cancel and reach /v1/cancel.
+std::string_view AmbiguousParameterSegment(const GatewayRoute& route, std::string_view path);
 
 // Whether a request could match both routes.
 bool GatewayRoutesOverlap(const GatewayRoute& a, const GatewayRoute& b);

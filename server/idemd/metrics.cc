@@ -164,6 +164,16 @@ void Metrics::ObserveUpstream(const std::string& route, double seconds) {
   upstream_.try_emplace(route, bounds_.size()).first->second.Observe(bounds_, seconds);
 }
 
+void Metrics::DeclareUnknownOutcomes(const std::string& route) {
+  std::lock_guard lock(mu_);
+  unknown_outcomes_.try_emplace(route, 0);
+}
+
+void Metrics::CountUnknownOutcome(const std::string& route) {
+  std::lock_guard lock(mu_);
+  ++unknown_outcomes_[route];
+}
+
 void Metrics::CountReconciled(const std::string& result) {
   std::lock_guard lock(mu_);
   ++reconciled_[result];
@@ -251,6 +261,13 @@ std::string Metrics::Render() const {
          "passed through).");
   for (const auto& [route, histogram] : upstream_) {
     histogram.Render("idem_upstream_request_duration_seconds", Label("route", route), bounds_, out);
+  }
+  Header(out, "idem_gateway_unknown_outcomes_total", "counter",
+         "Gateway operations whose outcome stays unknown (the status URL could not tell, or the "
+         "route can neither ask nor forward again): answered 502 upstream-outcome-unknown, "
+         "finally, and left for an operator.");
+  for (const auto& [route, n] : unknown_outcomes_) {
+    Sample(out, "idem_gateway_unknown_outcomes_total", Label("route", route), n);
   }
 
   Header(out, "idem_records", "gauge",

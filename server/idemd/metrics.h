@@ -92,6 +92,12 @@ class Metrics {
   void ObserveProvider(ProviderOperation operation, double seconds);
   // A gateway route's exchanges with its upstream, "unmatched" for requests passed through.
   void ObserveUpstream(const std::string& route, double seconds);
+  // idem_gateway_unknown_outcomes_total{route}: operations of a gateway route whose outcome
+  // stays unknown (its status URL could not tell for status_unknown_max_ms, or it has none and
+  // no upstream_deduplicates), answered 502 upstream-outcome-unknown, which wait for an operator.
+  // DeclareUnknownOutcomes renders the route's series from now on (0 until counted).
+  void DeclareUnknownOutcomes(const std::string& route);
+  void CountUnknownOutcome(const std::string& route);
 
   void CountTakeover() { ++takeovers_; }
   // A completion refused because the record's fence moved on (another executor took over).
@@ -156,6 +162,7 @@ class Metrics {
       {"refunded", 0}, {"refused", 0}, {"unknown", 0}};
   std::map<std::pair<std::string, int>, Histogram> http_;  // by route, code
   std::map<std::string, Histogram> upstream_;              // by route
+  std::map<std::string, uint64_t> unknown_outcomes_;       // by route
   RecordCensus census_;
   std::map<std::string, int64_t> unserved_;
   Timestamp census_taken_{};

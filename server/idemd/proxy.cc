@@ -1,10 +1,13 @@
 // server/idemd/proxy.cc — a gateway route's operation.
 #include "server/idemd/proxy.h"
 
+#include <openssl/sha.h>
+
 #include <algorithm>
 #include <cctype>
 
 #include "idem/record.h"
+#include "server/http/log.h"
 #include "server/http/problem.h"
 
 namespace idem::idemd {
@@ -72,6 +75,7 @@ ProxyOperation::ProxyOperation(const GatewayRoute& route, http::ClientPool& upst
       metrics_(metrics),
       margin_(margin) {
   metrics_.DeclareUpstream(route_.name);
+  metrics_.DeclareUnknownOutcomes(route_.name);
 }
 
 std::optional<http::Response> ProxyOperation::Validate(const http::Request& request,
@@ -80,16 +84,56 @@ std::optional<http::Response> ProxyOperation::Validate(const http::Request& requ
   return RefuseUnlessJson(request);
 }
 
-Status ProxyOperation::OnClaim(StoreTxn&, const Record&, const http::Request&, const Principal&) {
-  return Ok();
+void LogUpstreamFailure(std::string_view route, std::string_view method, const Error& error) {
+  http::Log(http::LogLevel::kWarn, "upstream gave no usable answer",
+            {{"route", route},
+             {"method", method},
+             {"code", ErrcName(error.code)},
+             {"why", error.message}});
+}
+
+http::Response UpstreamFailure(std::string_view route, std::string_view method,
+                               const Error& error) {
+  LogUpstreamFailure(route, method, error);
+  if (error.code == Errc::kUnavailable) {
+    return http::Problem(http::ProblemKind::kUnavailable,
+                         "the upstream could not be reached and nothing was sent; retry");
+  }
+  return http::Problem(http::ProblemKind::kTimeout, "the upstream gave no usable answer in time");
+}
+
+std::string UpstreamKeyOf(const Record& record) {
+  // Records claimed before the key was fixed in the claim forwarded the scope's hex: they keep it.
+  return record.resource_id.empty() ? ToHex(record.scope) : record.resource_id;
+}
+
+Status ProxyOperation::OnClaim(StoreTxn& txn, const Record& record, const http::Request&,
+                               const Principal&) {
+  // Fixed once per operation, in its first claim: a resume (a retry, a takeover) keeps it. A
+  // record claimed afresh after its key expired has neither (the store clears both), so a new
+  // operation with the same client key never sends an earlier operation's upstream key. A
+  // record at a point without an id was forwarded under the scope's hex (UpstreamKeyOf).
+  if (!record.resource_id.empty() || !record.recovery_point.empty()) return Ok();
+  // The scope and the claim's owner token, which no other claim holds; hashed, so the upstream
+  // learns neither the lease's token nor anything the client sent.
+  std::array<uint8_t, sizeof(record.scope) + sizeof(record.lease.owner)> input;
+  std::copy(record.scope.begin(), record.scope.end(), input.begin());
+  std::copy(record.lease.owner.begin(), record.lease.owner.end(),
+            input.begin() + static_cast<std::ptrdiff_t>(record.scope.size()));
+  std::array<uint8_t, SHA256_DIGEST_LENGTH> key;
+  SHA256(input.data(), input.size(), key.data());
+  return txn.Advance(record.scope, record.lease, record.recovery_point, ToHex(key));
 }
 
 http::Request ProxyOperation::Upstream(const http::Request& request,
                                        std::string_view upstream_key) const {
   http::Request out{request.method, request.target,
                     ForwardableHeaders(request.headers, IsUnforwardableHeader), request.body};
-  if (!route_.forward_key_header.empty() && !upstream_key.empty()) {
-    out.headers.Set(route_.forward_key_header, upstream_key);
+  if (!route_.forward_key_header.empty()) {
+    // Only idemd names the operation to the upstream: the client's copy of the header never
+    // passes, also without a key of idemd's to put there (ForwardWithoutKey).
+    out.headers.Remove(route_.forward_key_header);
+    if (!upstream_key.empty()) out.headers.Set(route_.forward_key_header, upstream_key);
   }
   return out;
 }
@@ -108,8 +152,13 @@ http::Async<Execution> ProxyOperation::Execute(Ticket& ticket, const http::Reque
                                                const Principal&, Engine& engine,
                                                Heartbeat& heartbeat) {
   // An earlier forward may have executed: the upstream's status URL tells, when it has one, once
-  // that forward can no longer be executing.
-  if (!route_.status_path.empty() && ticket.resumed && ticket.record.recovery_point == kForwarded) {
+  // that forward can no longer be executing. Without one, only an upstream that deduplicates by
+  // the forwarded key may get it again; for any other the unknown outcome is held.
+  const bool unknown = ticket.resumed && ticket.record.recovery_point == kForwarded;
+  if (unknown && route_.status_path.empty() && !route_.upstream_deduplicates) {
+    co_return HeldUnknown(ticket.record);
+  }
+  if (!route_.status_path.empty() && unknown) {
     if (std::optional<Millis> left = Unsettled(ticket.record)) {
       Execution settling;
       settling.settling_for = *left;
@@ -138,11 +187,10 @@ http::Async<Execution> ProxyOperation::Execute(Ticket& ticket, const http::Reque
   options.timeout = route_.timeout;
   options.connect_timeout = margin_;
   options.send_by = advanced + margin_;
-  // One key per operation, the same on every forward of it: the scope hash (the principal, the
-  // route and the client's key), which names nothing the client sent.
+  // One key per operation, the same on every forward of it, fixed in its first claim (OnClaim).
   const SteadyTime sent = monotonic_.Now();
   Result<http::Response> answer =
-      Usable(co_await upstream_.Call(Upstream(request, ToHex(ticket.scope)), options));
+      Usable(co_await upstream_.Call(Upstream(request, UpstreamKeyOf(ticket.record)), options));
   metrics_.ObserveUpstream(route_.name, monotonic_.SecondsSince(sent));
   // Answered, or not sent: the outcome is known, and a retry of a retryable one forwards again
   // without asking.
@@ -152,68 +200,148 @@ http::Async<Execution> ProxyOperation::Execute(Ticket& ticket, const http::Reque
     co_return e;
   }
   const Timestamp expires = ticket.record.expires_at;
+  // The transport's message names the upstream's address: for the log, not for the client.
+  LogUpstreamFailure(route_.name, request.method, answer.error());
   if (answer.error().code == Errc::kUnavailable) {
     // Not sent: the upstream cannot have acted. Retryable at once.
-    e.response = http::Problem(
-        http::ProblemKind::kUpstreamUnavailable,
-        "the upstream could not be reached and nothing was sent: " + answer.error().message,
-        {.key_expires = expires});
+    e.response =
+        http::Problem(http::ProblemKind::kUpstreamUnavailable,
+                      "the upstream could not be reached and nothing was sent; retry with the "
+                      "same key",
+                      {.key_expires = expires});
     e.state = RecordState::kFailedRetryable;
     co_return e;
   }
   // Sent, and no usable answer: the upstream may have acted. The record stays PROCESSING at
   // `forwarded`; a retry asks the status URL, or forwards again with the same upstream key, and
-  // the upstream's own deduplication decides.
+  // the upstream's own deduplication decides, or, on a route that has neither, gets the held
+  // unknown outcome (HeldUnknown).
   e.recovery_point.clear();
-  e.response = http::Problem(http::ProblemKind::kUpstreamTimeout,
-                             "the upstream gave no usable answer (" + answer.error().message +
-                                 "); it may have acted. Retry with the same key: the request is "
-                                 "forwarded again with the same upstream key",
-                             {.key_expires = expires});
+  const bool again = !route_.status_path.empty() || route_.upstream_deduplicates;
+  e.response = http::Problem(
+      http::ProblemKind::kUpstreamTimeout,
+      again ? "the upstream gave no usable answer in time; it may have acted. Retry with the same "
+              "key: the upstream is asked, or the request is forwarded again with the same "
+              "upstream key"
+            : "the upstream gave no usable answer in time; it may have acted. It is not forwarded "
+              "again: a retry with the same key is answered 502 upstream-outcome-unknown",
+      {.key_expires = expires});
   e.outcome_unknown = true;
   co_return e;
 }
 
-std::optional<Millis> ProxyOperation::Unsettled(const Record& record) const {
+Execution ProxyOperation::HeldUnknown(const Record& record) {
+  http::Log(http::LogLevel::kError, "gateway outcome unknown; not forwarded again",
+            {{"route", route_.name},
+             {"tenant", record.tenant},
+             {"user", record.user},
+             {"scope", ToHex(record.scope)},
+             {"upstream_key", UpstreamKeyOf(record)},
+             {"why", "no status_path, and upstream_deduplicates is false"}});
+  metrics_.CountUnknownOutcome(route_.name);
+  Execution e;
+  e.response = http::Problem(http::ProblemKind::kUpstreamOutcomeUnknown,
+                             "an earlier forward of this request may have executed, and this "
+                             "route can neither ask the upstream nor rely on it to deduplicate: "
+                             "it is not forwarded again",
+                             {.key_expires = record.expires_at});
+  e.state = RecordState::kFailedFinal;
+  return e;
+}
+
+Timestamp ProxyOperation::Settled(const Record& record) const {
   const Timestamp sent = record.sent_at != Timestamp{} ? record.sent_at : record.updated_at;
-  const Timestamp settled = sent + route_.timeout + margin_;
+  return sent + route_.timeout + margin_;
+}
+
+std::optional<Millis> ProxyOperation::Unsettled(const Record& record) const {
+  const Timestamp settled = Settled(record);
   if (record.observed_at >= settled) return std::nullopt;
   return std::chrono::duration_cast<Millis>(settled - record.observed_at);
 }
 
+namespace {
+
+// The status a status URL's 2xx reports for the answer it reports: kOriginalStatusHeader when
+// sent (three digits, 200..599), else the 2xx itself; nullopt for a header that is none.
+std::optional<int> OriginalStatus(const http::Response& answer) {
+  const std::optional<std::string_view> header = answer.headers.Get(kOriginalStatusHeader);
+  if (!header) return answer.status;
+  if (answer.headers.Count(kOriginalStatusHeader) != 1 || header->size() != 3 ||
+      !std::all_of(header->begin(), header->end(), [](char c) { return c >= '0' && c <= '9'; })) {
+    return std::nullopt;
+  }
+  const int status = std::stoi(std::string(*header));
+  if (status < 200) return std::nullopt;
+  return status;
+}
+
+}  // namespace
+
 http::Async<std::optional<Execution>> ProxyOperation::AskStatus(const Ticket& ticket,
                                                                 Millis timeout) {
-  const std::string key = ToHex(ticket.scope);
+  const std::string key = UpstreamKeyOf(ticket.record);
   std::string target = route_.status_path;
   target.replace(target.find("{key}"), 5, key);
   http::Request ask{"GET", std::move(target), {}, ""};
   ask.headers.Set(route_.forward_key_header, key);
+  if (!route_.status_auth_header.empty()) {
+    ask.headers.Set(route_.status_auth_header, route_.status_auth_value);
+  }
   http::CallOptions options;
   options.timeout = timeout;
   options.connect_timeout = std::min(margin_, timeout);
   const SteadyTime sent = monotonic_.Now();
   Result<http::Response> answer = Usable(co_await upstream_.Call(std::move(ask), options));
   metrics_.ObserveUpstream(route_.name, monotonic_.SecondsSince(sent));
+  // The status URL's own vocabulary, apart from the route's final_statuses (which are about the
+  // request's answers): 404 never ran, a 2xx ran (and reports its answer), anything else cannot
+  // tell.
   if (answer && answer->status == 404) co_return std::nullopt;
+  const bool ran = answer && answer->status >= 200 && answer->status < 300;
+  const std::optional<int> original = ran ? OriginalStatus(*answer) : std::nullopt;
   Execution e;
-  const bool executed = answer && answer->status >= 200 && answer->status < 300;
-  const bool final = answer && std::find(route_.final_statuses.begin(), route_.final_statuses.end(),
-                                         answer->status) != route_.final_statuses.end();
-  if (!executed && !final) {
-    // 5xx, 429, 401, 405, ...: about the question, not the request.
+  if (!original) {
     const std::string why =
-        answer ? "it answered " + std::to_string(answer->status) : answer.error().message;
+        !answer ? answer.error().message
+        : ran   ? "a 2xx with an unusable " + std::string(kOriginalStatusHeader) + " header"
+                : "it answered " + std::to_string(answer->status);
+    const Record& record = ticket.record;
+    if (record.observed_at >= Settled(record) + route_.status_unknown_max) {
+      // Asked for long enough: the outcome stays unknown, and it is final. Nothing is forwarded
+      // again; the operator finds the record by this line and the metric, and settles it.
+      http::Log(http::LogLevel::kError, "gateway outcome unknown; no longer asking",
+                {{"route", route_.name},
+                 {"tenant", record.tenant},
+                 {"user", record.user},
+                 {"scope", ToHex(record.scope)},
+                 {"upstream_key", key},
+                 {"status_unknown_max_ms", route_.status_unknown_max.count()},
+                 {"why", why}});
+      metrics_.CountUnknownOutcome(route_.name);
+      e.response = http::Problem(http::ProblemKind::kUpstreamOutcomeUnknown,
+                                 "the upstream's status URL could not tell whether this request "
+                                 "executed, and idemd no longer asks; it is not forwarded again",
+                                 {.key_expires = record.expires_at});
+      e.state = RecordState::kFailedFinal;
+      co_return e;
+    }
+    // About the question, not the request: the record stays as it is, and a later retry (or the
+    // reconciler) asks again.
+    http::Log(http::LogLevel::kWarn, "gateway status URL could not tell",
+              {{"route", route_.name}, {"scope", ToHex(record.scope)}, {"why", why}});
     e.response = http::Problem(http::ProblemKind::kUpstreamUnavailable,
                                "the upstream's status URL could not tell whether an earlier "
-                               "forward of this request executed (" +
-                                   why + "); nothing was forwarded again. Retry later",
-                               {.key_expires = ticket.record.expires_at});
+                               "forward of this request executed; nothing was forwarded again. "
+                               "Retry later",
+                               {.key_expires = record.expires_at});
     e.outcome_unknown = true;
     co_return e;
   }
-  // It ran, and this is what it answered: the outcome (a 2xx succeeded, whatever the route lists).
+  // It ran, and this is what it answered: the outcome, classified as the route classifies the
+  // upstream's answers.
   e.response = Kept(*answer);
-  if (executed) e.state = RecordState::kSucceeded;
+  e.response.status = *original;
   e.recovery_point = std::string(kSettled);
   co_return e;
 }
@@ -229,6 +357,9 @@ Execution ProxyOperation::Reconcile(Ticket& ticket, Engine&) {
     std::optional<Execution> asked =
         http::RunSync(AskStatus(ticket, std::min(route_.timeout, kReconcileAskTimeout)));
     if (asked) return std::move(*asked);
+  }
+  if (forwarded && route_.status_path.empty() && !route_.upstream_deduplicates) {
+    return HeldUnknown(ticket.record);
   }
   if (!forwarded || !route_.status_path.empty()) {
     // Never forwarded, or the status URL says it never ran: nothing happened upstream.
@@ -255,10 +386,7 @@ http::Async<http::Response> ProxyOperation::ForwardWithoutKey(const http::Reques
   Result<http::Response> answer = Usable(co_await upstream_.Call(Upstream(request, ""), options));
   metrics_.ObserveUpstream(route_.name, monotonic_.SecondsSince(sent));
   if (answer) co_return Kept(*answer);
-  co_return http::Problem(answer.error().code == Errc::kUnavailable
-                              ? http::ProblemKind::kUnavailable
-                              : http::ProblemKind::kTimeout,
-                          "the upstream gave no usable answer: " + answer.error().message);
+  co_return UpstreamFailure(route_.name, request.method, answer.error());
 }
 
 }  // namespace idem::idemd

@@ -81,7 +81,8 @@ std::optional<Principal> Service::GatewayPrincipal(const http::Request& request,
   if (header.empty()) return Authenticate(request);
   auto value = request.headers.Get(header);
   if (!value || request.headers.Count(header) != 1 || value->empty() ||
-      value->size() > kMaxPrincipalHeaderBytes) {
+      value->size() > kMaxPrincipalHeaderBytes ||
+      value->find('\x1f') != std::string_view::npos) {  // the scope's separator (Scope::Hash)
     return std::nullopt;
   }
   return Principal{"header", std::string(*value)};
@@ -144,6 +145,13 @@ http::Async<http::Response> Service::Handle(const http::Request& request,
   if (!payments && !payment && !operation) {
     if (gateway && gateway->ForwardsUnmatched()) {
       context.route = "unmatched";
+      if (request.method == "CONNECT" || request.method == "TRACE") {
+        // A tunnel or an echo of the request (its credentials included) through idemd, which
+        // does not authenticate what it passes through: never forwarded.
+        context.outcome = "invalid";
+        metrics_.CountRequest(context.route, context.outcome);
+        co_return MethodNotAllowed("GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS");
+      }
       context.outcome = "passed_through";
       metrics_.CountRequest(context.route, context.outcome);
       co_return co_await gateway->PassThrough(request);
@@ -195,6 +203,15 @@ http::Async<http::Response> Service::HandleRoute(const http::Request& request,
                      gateway](std::function<http::Async<void>()> task) {
       spawn([task = std::move(task), gateway] { return task(); });
     };
+  }
+  if (!AmbiguousParameterSegment(*endpoint.route, request.Path()).empty()) {
+    // An upstream that normalises the path would act on another resource than the one the
+    // route's pattern (and the record) names.
+    context.outcome = "invalid";
+    metrics_.CountRequest(context.route, context.outcome);
+    co_return http::Problem(http::ProblemKind::kInvalidRequest,
+                            "a path parameter must not be '.' or '..' or hold an encoded '/' or "
+                            "'\\' (%2F, %5C) or a '\\'");
   }
   if (!endpoint.route->key_required && request.headers.Count("idempotency-key") == 0) {
     context.outcome = "forwarded_without_key";

@@ -19,8 +19,10 @@ namespace idem::idemd {
 // second whatever the database does, 503 not-ready when the database does not answer in time.
 inline constexpr Millis kReadyTimeout{800};
 
-// The longest value of a trusted principal header ([gateway] principal_header).
-inline constexpr std::size_t kMaxPrincipalHeaderBytes = 256;
+// The longest value of a trusted principal header ([gateway] principal_header): the value is the
+// user part of every record's scope, so no longer than a scope part may be (a longer one would
+// pass authentication and fail at the claim).
+inline constexpr std::size_t kMaxPrincipalHeaderBytes = limits::kPrincipalMaxLength;
 
 // Thread-safe. Borrows everything but the gateway, which it shares with the requests that use
 // it. Store calls run on `pool`; reads (GETs) on `reads` (default: `pool`), so that with threads

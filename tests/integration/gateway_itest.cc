@@ -35,6 +35,8 @@ class GatewayTest : public IdemdTest {
         "final_statuses = [\"2xx\", 400, 404, 422]\n"
         "store_headers = [\"Location\", \"Content-Type\"]\n"
         "forward_key_header = \"Idempotency-Key\"\n"
+        // Declared, so that the tests can show what a re-forward does (upstream-sim executes it).
+        "upstream_deduplicates = true\n"
         "lease_ms = 2000\ntimeout_ms = 500\n"
         "[[routes]]\nname = \"orders.capture\"\n"
         "match = \"PUT /v1/orders/{id}/capture\"\n"
@@ -49,10 +51,16 @@ class GatewayTest : public IdemdTest {
         "upstream = \"" +
         upstream +
         "\"\nforward_key_header = \"Idempotency-Key\"\nstatus_path = \"/status/{key}\"\n"
-        "lease_ms = 2000\ntimeout_ms = 500\n"
+        "final_statuses = [\"2xx\", 422]\nlease_ms = 2000\ntimeout_ms = 500\n"
         "[[routes]]\nname = \"forms.create\"\nmatch = \"POST /v1/forms\"\n"
         "upstream = \"" +
-        upstream + "\"\nbody = \"bytes\"\n";
+        upstream +
+        "\"\nbody = \"bytes\"\n"
+        // Neither a status URL nor declared deduplication: unknown outcomes are held.
+        "[[routes]]\nname = \"payouts.create\"\nmatch = \"POST /v1/payouts\"\n"
+        "upstream = \"" +
+        upstream +
+        "\"\nforward_key_header = \"Idempotency-Key\"\nlease_ms = 2000\ntimeout_ms = 500\n";
     return o;
   }
 
@@ -91,6 +99,23 @@ class GatewayTest : public IdemdTest {
     IdemdOptions restart = WithRoutes();
     restart.reconcile_interval_ms = 200;
     StartIdemd(restart);
+  }
+
+  // A route like transfers.create named `name` on `path`, with `extra` lines.
+  std::string StatusRoute(const std::string& name, const std::string& path,
+                          const std::string& extra) const {
+    return "[[routes]]\nname = \"" + name + "\"\nmatch = \"POST " + path +
+           "\"\nupstream = \"http://127.0.0.1:" + std::to_string(upstream_url_.port) +
+           "\"\nforward_key_header = \"Idempotency-Key\"\nstatus_path = \"/status/{key}\"\n"
+           "lease_ms = 2000\ntimeout_ms = 500\n" +
+           extra;
+  }
+
+  // How upstream-sim's status URL answers (POST /admin/status).
+  void StatusUrl(const std::string& json) {
+    http::Request req{"POST", "/admin/status", {}, json};
+    auto r = http::Call(upstream_url_, std::move(req));
+    ASSERT_TRUE(r.has_value() && r->status == 200);
   }
 
   // upstream-sim's books.
@@ -164,17 +189,21 @@ TEST_F(GatewayTest, TheUpstreamGetsTheClientsTraceWithIdemdsSpanAsTheParent) {
   EXPECT_NE(idemd_span, client_span) << "idemd's own span is the parent";
   EXPECT_EQ(sent.substr(52), "-01") << "the sampled flag is kept";
   EXPECT_EQ(ParseObject(first.body).at("tracestate"), "vendor=opaque");
-  // The access line of that request carries the trace and idemd's span.
-  std::ifstream log(dir_.File("idemd.log"));
-  std::string line;
+  // The access line of that request carries the trace and idemd's span. idemd writes it after the
+  // answer, so it may come a moment after the answer did.
   bool logged = false;
-  while (std::getline(log, line)) {
-    if (line.find("\"msg\":\"request\"") == std::string::npos) continue;
-    const boost::json::object o = boost::json::parse(line).as_object();
-    if (o.at("span_id").as_string() == idemd_span) {
-      logged = true;
-      EXPECT_EQ(o.at("trace_id").as_string(), trace);
-      EXPECT_EQ(o.at("route").as_string(), "orders.create");
+  for (int i = 0; i < 100 && !logged; ++i) {
+    if (i > 0) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    std::ifstream log(dir_.File("idemd.log"));
+    std::string line;
+    while (std::getline(log, line)) {
+      if (line.find("\"msg\":\"request\"") == std::string::npos) continue;
+      const boost::json::object o = boost::json::parse(line).as_object();
+      if (o.at("span_id").as_string() == idemd_span) {
+        logged = true;
+        EXPECT_EQ(o.at("trace_id").as_string(), trace);
+        EXPECT_EQ(o.at("route").as_string(), "orders.create");
+      }
     }
   }
   EXPECT_TRUE(logged) << "no request line with span_id " << idemd_span;
@@ -285,11 +314,83 @@ TEST_F(GatewayTest, AnUpstreamTimeoutLeavesTheOutcomeUnknownAndTheRetryForwardsW
   ASSERT_EQ(retry.status, 201) << retry.body;
   EXPECT_FALSE(retry.headers.Get("Idempotent-Replayed").has_value());
   const boost::json::object books = Executions();
-  EXPECT_EQ(books.at("total").as_int64(), 2) << "this upstream does not deduplicate by key";
+  EXPECT_EQ(books.at("total").as_int64(), 2)
+      << "the route declares upstream_deduplicates; upstream-sim does not, and executes again";
   const boost::json::object& keys = books.at("keys").as_object();
   ASSERT_EQ(keys.size(), 1u) << "both forwards carried the same upstream key";
   EXPECT_EQ(keys.begin()->value().as_int64(), 2);
   EXPECT_EQ(Call("POST", "/v1/orders", "order-key-0004", R"({"sku":"D4"})").body, retry.body);
+}
+
+// The upstream key is one per operation: every forward of one operation carries it, and once its
+// record has expired the same client key is a new operation, with a new upstream key, so an
+// upstream that keeps keys longer than idemd does not answer it with the earlier execution.
+TEST_F(GatewayTest, AnOperationKeepsOneUpstreamKeyAndANewOneAfterExpiryGetsAnother) {
+  IdemdOptions options = WithRoutes();
+  options.extra_tables +=
+      "[[routes]]\nname = \"tokens.create\"\nmatch = \"POST /v1/tokens\"\n"
+      "upstream = \"http://127.0.0.1:" +
+      std::to_string(upstream_url_.port) +
+      "\"\nforward_key_header = \"Idempotency-Key\"\nupstream_deduplicates = true\n"
+      "lease_ms = 1200\ntimeout_ms = 300\nretention_ms = 2000\n";
+  StartIdemd(options);
+  auto slow =
+      Call("POST", "/v1/tokens", "token-key-0001", R"({"n":1})", {{"X-Upstream-Delay-Ms", "700"}});
+  EXPECT_EQ(slow.status, 504) << slow.body;
+  auto retry = Call("POST", "/v1/tokens", "token-key-0001", R"({"n":1})");
+  ASSERT_EQ(retry.status, 201) << retry.body;
+  const std::string first_key(ParseObject(retry.body).at("key").as_string());
+  EXPECT_EQ(first_key.size(), 64u);
+  EXPECT_EQ(Executions().at("keys").as_object().at(first_key).as_int64(), 2)
+      << "the retry of the operation carried its key";
+
+  std::this_thread::sleep_for(std::chrono::milliseconds(2300));  // retention_ms = 2000
+  auto again = Call("POST", "/v1/tokens", "token-key-0001", R"({"n":1})");
+  ASSERT_EQ(again.status, 201) << again.body;
+  EXPECT_FALSE(again.headers.Get("Idempotent-Replayed").has_value()) << "the record had expired";
+  const std::string second_key(ParseObject(again.body).at("key").as_string());
+  EXPECT_EQ(second_key.size(), 64u);
+  EXPECT_NE(second_key, first_key) << "a new operation must not send the earlier one's key";
+  const boost::json::object books = Executions();
+  EXPECT_EQ(books.at("keys").as_object().size(), 2u);
+  EXPECT_EQ(books.at("total").as_int64(), 3);
+}
+
+// payouts.create has no status URL and does not declare upstream_deduplicates: after a forward
+// whose outcome is unknown nothing is forwarded again; retries get a final 502 naming it.
+TEST_F(GatewayTest, WithoutAStatusUrlOrDeduplicationAnUnknownOutcomeIsHeld) {
+  auto slow = Call("POST", "/v1/payouts", "payout-key-0001", R"({"to":"R"})",
+                   {{"X-Upstream-Delay-Ms", "1500"}});
+  EXPECT_EQ(slow.status, 504) << slow.body;
+  EXPECT_NE(slow.body.find("not forwarded again"), std::string::npos) << slow.body;
+  auto held = Call("POST", "/v1/payouts", "payout-key-0001", R"({"to":"R"})");
+  EXPECT_EQ(held.status, 502) << held.body;
+  EXPECT_NE(held.body.find("urn:idem:problem:upstream-outcome-unknown"), std::string::npos)
+      << held.body;
+  auto replay = Call("POST", "/v1/payouts", "payout-key-0001", R"({"to":"R"})");
+  EXPECT_EQ(replay.headers.Get("Idempotent-Replayed"), "true") << replay.body;
+  EXPECT_EQ(replay.body, held.body);
+  EXPECT_EQ(Total(), 1) << "never forwarded a second time";
+  EXPECT_NE(Get("/metrics")
+                .body.find("idem_gateway_unknown_outcomes_total{route=\"payouts.create\"} 1\n"),
+            std::string::npos);
+  // A forward the upstream answered is known: a retryable answer is forwarded again.
+  EXPECT_EQ(
+      Call("POST", "/v1/payouts", "payout-key-0002", "{}", {{"X-Upstream-Status", "503"}}).status,
+      503);
+  EXPECT_EQ(Call("POST", "/v1/payouts", "payout-key-0002", "{}").status, 201);
+  EXPECT_EQ(Total(), 3);
+}
+
+// The same after a crash: the reconciler holds the killed forward's unknown outcome.
+TEST_F(GatewayTest, TheReconcilerHoldsAKilledForwardsUnknownOutcomeWithoutAStatusUrl) {
+  KillDuringForwardAndRestart("/v1/payouts", "payout-key-0003", R"({"to":"T"})");
+  std::this_thread::sleep_for(std::chrono::milliseconds(2800));  // lease_ms = 2000
+  auto retry = Call("POST", "/v1/payouts", "payout-key-0003", R"({"to":"T"})");
+  EXPECT_EQ(retry.status, 502) << retry.body;
+  EXPECT_NE(retry.body.find("upstream-outcome-unknown"), std::string::npos) << retry.body;
+  EXPECT_EQ(retry.headers.Get("Idempotent-Replayed"), "true") << "settled by the reconciler";
+  EXPECT_EQ(Total(), 1);
 }
 
 // idemd is killed (SIGKILL) while a request is at the upstream, and restarted. Until the lease
@@ -339,6 +440,97 @@ TEST_F(GatewayTest, AStatusUrlTellsTheOutcomeOfAnUnknownForwardSoNothingRunsTwic
   ASSERT_EQ(forwarded.status, 201) << forwarded.body;
   EXPECT_EQ(ParseObject(forwarded.body).at("execution").as_int64(), 2);
   EXPECT_EQ(Total(), 2);
+}
+
+// The status URL's own vocabulary: a 2xx says the request ran and reports its answer, whatever its
+// status (Original-Status); any other answer cannot tell, even one the route lists as final.
+TEST_F(GatewayTest, AStatusUrlReportsTheOutcomeInA2xxAndNothingElseCounts) {
+  // The forward timed out; the upstream went on and answered 503.
+  auto slow = Call("POST", "/v1/transfers", "transfer-key-5", R"({"to":"P"})",
+                   {{"X-Upstream-Delay-Ms", "1000"}, {"X-Upstream-Status", "503"}});
+  EXPECT_EQ(slow.status, 504) << slow.body;
+  std::this_thread::sleep_for(std::chrono::milliseconds(1100));  // settled, and answered
+  auto told = Call("POST", "/v1/transfers", "transfer-key-5", R"({"to":"P"})");
+  EXPECT_EQ(told.status, 503) << "the outcome the status URL reports: " << told.body;
+  EXPECT_EQ(ParseObject(told.body).at("execution").as_int64(), 1) << told.body;
+  // 503 is retryable on this route: the next retry forwards again, at once.
+  auto again = Call("POST", "/v1/transfers", "transfer-key-5", R"({"to":"P"})");
+  ASSERT_EQ(again.status, 201) << again.body;
+  EXPECT_EQ(ParseObject(again.body).at("execution").as_int64(), 2);
+
+  // The status URL's own 422 is no outcome, although final_statuses lists 422.
+  auto lost = Call("POST", "/v1/transfers", "transfer-key-6", R"({"to":"Q"})",
+                   {{"X-Upstream-Delay-Ms", "1000"}});
+  EXPECT_EQ(lost.status, 504) << lost.body;
+  StatusUrl(R"({"status":422})");
+  std::this_thread::sleep_for(std::chrono::milliseconds(1100));
+  auto cannot_tell = Call("POST", "/v1/transfers", "transfer-key-6", R"({"to":"Q"})");
+  EXPECT_EQ(cannot_tell.status, 502) << cannot_tell.body;
+  EXPECT_NE(cannot_tell.body.find("upstream-unavailable"), std::string::npos) << cannot_tell.body;
+  StatusUrl("{}");
+  auto found = Call("POST", "/v1/transfers", "transfer-key-6", R"({"to":"Q"})");
+  ASSERT_EQ(found.status, 201) << "not a stored 422: " << found.body;
+  EXPECT_EQ(ParseObject(found.body).at("execution").as_int64(), 3) << "the timed-out forward's";
+  EXPECT_EQ(Total(), 3);
+}
+
+// A status URL behind a credential: the route sends it in a header, its value from idemd's
+// environment, and never logs it.
+TEST_F(GatewayTest, AStatusUrlThatWantsACredentialGetsItFromTheEnvironment) {
+  IdemdOptions options = WithRoutes();
+  options.extra_tables += StatusRoute("transfers.secure", "/v1/secure-transfers",
+                                      "status_auth_header = \"Authorization\"\n"
+                                      "status_auth_env = \"TRANSFERS_STATUS_TOKEN\"\n");
+  options.env["TRANSFERS_STATUS_TOKEN"] = "Bearer s3cret-status-token";
+  StartIdemd(options);
+  StatusUrl(R"({"token":"s3cret-status-token"})");
+  auto slow = Call("POST", "/v1/secure-transfers", "secure-key-1", R"({"to":"S"})",
+                   {{"X-Upstream-Delay-Ms", "1000"}});
+  EXPECT_EQ(slow.status, 504) << slow.body;
+  std::this_thread::sleep_for(std::chrono::milliseconds(1100));
+  auto told = Call("POST", "/v1/secure-transfers", "secure-key-1", R"({"to":"S"})");
+  ASSERT_EQ(told.status, 201) << told.body;
+  EXPECT_EQ(ParseObject(told.body).at("execution").as_int64(), 1);
+  EXPECT_EQ(Total(), 1);
+  EXPECT_GE(Executions().at("status_questions").as_int64(), 1);
+  std::ifstream log(dir_.File("idemd.log"));
+  const std::string logged((std::istreambuf_iterator<char>(log)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(logged.find("s3cret"), std::string::npos) << "the credential was logged";
+}
+
+// "Cannot tell" is bounded: once the status URL has not told for status_unknown_max_ms after the
+// forward settled, the operation's answer is a final 502 upstream-outcome-unknown, logged and
+// counted, and nothing is forwarded again.
+TEST_F(GatewayTest, AStatusUrlThatCannotTellIsGivenUpOnAfterItsBound) {
+  IdemdOptions options = WithRoutes();
+  options.extra_tables +=
+      StatusRoute("transfers.bounded", "/v1/bounded-transfers", "status_unknown_max_ms = 1500\n");
+  StartIdemd(options);
+  StatusUrl(R"({"status":503})");
+  auto slow = Call("POST", "/v1/bounded-transfers", "bounded-key-1", R"({"to":"B"})",
+                   {{"X-Upstream-Delay-Ms", "1000"}});
+  EXPECT_EQ(slow.status, 504) << slow.body;
+  std::this_thread::sleep_for(std::chrono::milliseconds(1100));  // settled 1000 ms after the send
+  auto unknown = Call("POST", "/v1/bounded-transfers", "bounded-key-1", R"({"to":"B"})");
+  EXPECT_EQ(unknown.status, 502) << unknown.body;
+  EXPECT_NE(unknown.body.find("upstream-unavailable"), std::string::npos) << unknown.body;
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  auto given_up = Call("POST", "/v1/bounded-transfers", "bounded-key-1", R"({"to":"B"})");
+  EXPECT_EQ(given_up.status, 502) << given_up.body;
+  EXPECT_NE(given_up.body.find("urn:idem:problem:upstream-outcome-unknown"), std::string::npos)
+      << given_up.body;
+  auto replay = Call("POST", "/v1/bounded-transfers", "bounded-key-1", R"({"to":"B"})");
+  EXPECT_EQ(replay.headers.Get("Idempotent-Replayed"), "true") << "final: " << replay.body;
+  EXPECT_EQ(replay.body, given_up.body);
+  EXPECT_EQ(Total(), 1) << "never forwarded again";
+  EXPECT_NE(Get("/metrics")
+                .body.find("idem_gateway_unknown_outcomes_total{route=\"transfers.bounded\"} 1\n"),
+            std::string::npos);
+  std::ifstream log(dir_.File("idemd.log"));
+  const std::string logged((std::istreambuf_iterator<char>(log)), std::istreambuf_iterator<char>());
+  EXPECT_NE(logged.find(R"("level":"error","msg":"gateway outcome unknown; no longer asking")"),
+            std::string::npos)
+      << logged;
 }
 
 // As AKilledGatewayForwardsAgainWithTheSameKeyOnceTheLeaseHasEnded, on a route with a status URL:
@@ -439,6 +631,146 @@ TEST_F(GatewayTest, UnmatchedPathsPassThroughAsTheyAreWhenTheGatewaySaysSo) {
   EXPECT_EQ(Get("/healthz").status, 200);
   EXPECT_EQ(Call("POST", "/v1/orders", "", "{}").status, 400) << "the route still wants a key";
   EXPECT_EQ(Total(), 2);
+}
+
+// Passed-through requests have no record, so their failures name no key expiry: every way the
+// unmatched upstream can fail is a problem answer, and idemd serves on after each.
+TEST_F(GatewayTest, APassThroughToAFailingUpstreamIsAProblemAndIdemdServesOn) {
+  auto expect_problem = [&](const http::Response& r, int status, const std::string& type) {
+    EXPECT_EQ(r.status, status) << r.body;
+    EXPECT_NE(r.body.find("\"type\":\"urn:idem:problem:" + type + "\""), std::string::npos)
+        << r.body;
+    EXPECT_FALSE(r.headers.Get("Idempotency-Key-Expires").has_value())
+        << "no record stands behind it";
+    EXPECT_FALSE(idemd_->Wait(std::chrono::milliseconds(0)).has_value()) << "idemd exited";
+    EXPECT_EQ(Get("/healthz").status, 200);
+  };
+  // Down: nothing listens at port 1, so nothing was sent.
+  IdemdOptions down = WithRoutes();
+  down.extra_tables =
+      "[gateway]\nunmatched = \"forward\"\nupstream = \"http://127.0.0.1:1\"\n" + down.extra_tables;
+  StartIdemd(down);
+  expect_problem(Call("POST", "/v2/things", "", "{}"), 503, "unavailable");
+
+  IdemdOptions up = WithRoutes();
+  up.extra_tables =
+      "[gateway]\nunmatched = \"forward\"\ntimeout_ms = 300\nupstream = "
+      "\"http://127.0.0.1:" +
+      std::to_string(upstream_url_.port) + "\"\n" + up.extra_tables;
+  StartIdemd(up);
+  // Slower than [gateway] timeout_ms.
+  expect_problem(Call("POST", "/v2/things", "", "{}", {{"X-Upstream-Delay-Ms", "1000"}}), 504,
+                 "timeout");
+  // A lone interim answer.
+  expect_problem(Call("POST", "/v2/things", "", "{}", {{"X-Upstream-Status", "100"}}), 504,
+                 "timeout");
+  // A body over 1 MiB.
+  expect_problem(Call("POST", "/v2/things", "", "{}",
+                      {{"X-Upstream-Body-Bytes", std::to_string(1 << 20 | 1)}}),
+                 504, "timeout");
+  // And one that fits still passes.
+  EXPECT_EQ(Call("POST", "/v2/things", "", "{}").status, 201);
+}
+
+// A {name} segment that a normalising upstream would read as a step up or as more than one segment
+// is refused: POST /v1/orders/../capture must not reach /v1/capture.
+TEST_F(GatewayTest, PathParametersThatAreDotSegmentsOrHoldEncodedSlashesAreRefused) {
+  for (const std::string segment :
+       {"..", ".", "%2e%2E", "%2E", "a%2Fb", "a%2fb", "a%5Cb", "a%5cb"}) {
+    SCOPED_TRACE(segment);
+    auto r = Call("PUT", "/v1/orders/" + segment + "/capture", "capture-key-9", "{}");
+    EXPECT_EQ(r.status, 400) << r.body;
+    EXPECT_NE(r.body.find("urn:idem:problem:invalid-request"), std::string::npos) << r.body;
+  }
+  // A raw backslash is no valid path for the HTTP layer already.
+  EXPECT_EQ(Call("PUT", "/v1/orders/a\\b/capture", "capture-key-9", "{}").status, 400);
+  EXPECT_EQ(Total(), 0) << "nothing forwarded";
+  // Dots inside a segment, and other escapes, are a plain segment.
+  EXPECT_EQ(Call("PUT", "/v1/orders/a..b/capture", "capture-key-9", "{}").status, 201);
+  EXPECT_EQ(Call("PUT", "/v1/orders/%41.1/capture", "capture-key-10", "{}").status, 201);
+  EXPECT_EQ(Total(), 2);
+}
+
+// CONNECT (a tunnel) and TRACE (an echo of the request, credentials included) are never passed
+// through: idemd authenticates nothing there.
+TEST_F(GatewayTest, ConnectAndTraceAreNotPassedThrough) {
+  IdemdOptions options = WithRoutes();
+  options.extra_tables = "[gateway]\nunmatched = \"forward\"\nupstream = \"http://127.0.0.1:" +
+                         std::to_string(upstream_url_.port) + "\"\n" + options.extra_tables;
+  StartIdemd(options);
+  for (const std::string method : {"TRACE", "CONNECT"}) {
+    SCOPED_TRACE(method);
+    auto r = Call(method, "/v2/things", "", "");
+    EXPECT_EQ(r.status, 405) << r.body;
+    EXPECT_NE(r.body.find("method-not-allowed"), std::string::npos) << r.body;
+    EXPECT_TRUE(r.headers.Get("Allow").has_value());
+  }
+  EXPECT_TRUE(Executions().at("by_target").as_object().empty()) << "nothing reached the upstream";
+  EXPECT_EQ(Call("POST", "/v2/things", "", "{}").status, 201) << "other methods still pass";
+}
+
+// On a key-optional route the forward key header is idemd's alone: a client without an
+// Idempotency-Key cannot set it for the upstream, nor can one with a key.
+TEST_F(GatewayTest, TheClientsCopyOfTheForwardKeyHeaderIsNeverForwarded) {
+  IdemdOptions options = WithRoutes();
+  options.extra_tables +=
+      "[[routes]]\nname = \"notes.keyed\"\nmatch = \"POST /v1/keyed-notes\"\n"
+      "upstream = \"http://127.0.0.1:" +
+      std::to_string(upstream_url_.port) +
+      "\"\nkey = \"optional\"\nforward_key_header = \"X-Operation-Key\"\n";
+  StartIdemd(options);
+  const std::vector<std::pair<std::string, std::string>> forged = {
+      {"X-Operation-Key", "forged-key"}, {"X-Upstream-Echo", "x-operation-key"}};
+  auto keyless = Call("POST", "/v1/keyed-notes", "", "{}", forged);
+  ASSERT_EQ(keyless.status, 201) << keyless.body;
+  EXPECT_TRUE(ParseObject(keyless.body).at("echo").is_null()) << keyless.body;
+  auto keyed = Call("POST", "/v1/keyed-notes", "note-key-0001", "{}", forged);
+  ASSERT_EQ(keyed.status, 201) << keyed.body;
+  EXPECT_EQ(ParseObject(keyed.body).at("echo").as_string().size(), 64u) << keyed.body;
+  EXPECT_EQ(Total(), 2);
+}
+
+// Error answers say what happened in plain words; the upstream's address and the transport's
+// error text go to the log only.
+TEST_F(GatewayTest, ErrorAnswersNameNeitherTheUpstreamNorTheTransportError) {
+  IdemdOptions options = WithRoutes();
+  options.extra_tables = "[gateway]\nunmatched = \"forward\"\nupstream = \"http://127.0.0.1:1\"\n" +
+                         options.extra_tables +
+                         "[[routes]]\nname = \"down.create\"\nmatch = \"POST /v1/down\"\n"
+                         "upstream = \"http://127.0.0.1:1\"\nkey = \"optional\"\n";
+  StartIdemd(options);
+  auto expect_plain = [](const http::Response& r, int status) {
+    EXPECT_EQ(r.status, status) << r.body;
+    for (const char* internal : {"127.0.0.1", "http://", "refused", "connecting",
+                                 "timeout:", "end of stream", "operation"}) {
+      EXPECT_EQ(r.body.find(internal), std::string::npos) << internal << " in " << r.body;
+    }
+  };
+  expect_plain(Call("POST", "/v1/down", "down-key-0001", "{}"), 502);  // a route's record
+  expect_plain(Call("POST", "/v1/down", "", "{}"), 503);               // no key
+  expect_plain(Call("POST", "/v2/anything", "", "{}"), 503);           // passed through
+  expect_plain(Call("POST", "/v1/orders", "order-key-0060", R"({"sku":"M1"})",
+                    {{"X-Upstream-Delay-Ms", "1500"}}),
+               504);  // sent, no answer in time
+  std::ifstream log(dir_.File("idemd.log"));
+  const std::string logged((std::istreambuf_iterator<char>(log)), std::istreambuf_iterator<char>());
+  EXPECT_NE(logged.find("Connection refused"), std::string::npos) << "the cause is logged";
+}
+
+// A trusted principal header's value is the user part of every record's scope: one longer than a
+// scope part is no principal (401), not a request that fails at its claim.
+TEST_F(GatewayTest, APrincipalHeaderLongerThanAScopePartIsNoPrincipal) {
+  IdemdOptions options = WithRoutes();
+  options.extra_tables =
+      "[gateway]\nprincipal_header = \"X-Authenticated-User\"\n" + options.extra_tables;
+  StartIdemd(options);
+  auto longest = Call("POST", "/v1/orders", "order-key-0070", R"({"sku":"N1"})",
+                      {{"X-Authenticated-User", std::string(128, 'u')}});
+  EXPECT_EQ(longest.status, 201) << longest.body;
+  auto longer = Call("POST", "/v1/orders", "order-key-0071", R"({"sku":"N1"})",
+                     {{"X-Authenticated-User", std::string(129, 'u')}});
+  EXPECT_EQ(longer.status, 401) << longer.body;
+  EXPECT_EQ(Total(), 1);
 }
 
 TEST_F(GatewayTest, ATrustedPrincipalHeaderNamesThePrincipalWhenTheGatewaySaysSo) {

@@ -7,12 +7,18 @@
 //       execution, K is the Idempotency-Key it received and B the body as text; headers
 //       Location: /things/N, X-Upstream-Execution: N and Set-Cookie (which a gateway must not
 //       keep). X-Upstream-Drop: true executes, then closes the connection without an answer;
-//       X-Upstream-Drop: unexecuted closes it without executing.
+//       X-Upstream-Drop: unexecuted closes it without executing. X-Upstream-Body-Bytes: N (at
+//       most 4 MiB) answers N bytes of 'x' instead of that body (an answer too large to pass on).
+//       X-Upstream-Echo: NAME adds "echo": the value of the request's header NAME (or null).
 //   GET /status/K → 404 if no request with Idempotency-Key K came, 503 while one executes, else
-//       the answer the last one got (a status URL for the gateway's routes).
+//       200 with the answer the last one got (its headers and body) and its status in
+//       Original-Status: a status URL as the gateway's routes expect one (docs/gateway.md).
+//   POST /admin/status {"status":S,"token":T} → from then on the status URL answers S (with an
+//       empty body) to every question when S is set, and 401 to a question without
+//       Authorization: Bearer T when T is set; {} turns both off.
 //   GET /admin/executions  → {"total":N,"by_target":{T:N,…},"keys":{K:N,…},
-//       "credentials_seen":N} — credentials_seen counts executions that received an
-//       Authorization or Cookie header.
+//       "credentials_seen":N,"status_questions":N} — credentials_seen counts executions that
+//       received an Authorization or Cookie header; status_questions the status URL's questions.
 #include <atomic>
 #include <boost/json.hpp>
 #include <charconv>
@@ -29,6 +35,7 @@ namespace idem {
 namespace {
 
 constexpr int64_t kMaxDelayMs = 60000;
+constexpr int64_t kMaxBodyBytes = 4 << 20;
 
 std::optional<int64_t> Number(std::optional<std::string_view> text, int64_t low, int64_t high) {
   if (!text) return std::nullopt;
@@ -46,7 +53,7 @@ class UpstreamSim final : public http::Handler {
                                      http::RequestContext& context) override {
     if (request.Path().rfind("/admin/", 0) == 0) co_return Admin(request);
     if (request.method == "GET" && request.Path().rfind("/status/", 0) == 0) {
-      co_return StatusOf(std::string(request.Path().substr(8)));
+      co_return StatusOf(request, std::string(request.Path().substr(8)));
     }
     if (request.headers.Get("x-upstream-drop") == "unexecuted") {
       context.drop = true;  // read, not executed: nothing counted, nothing kept
@@ -82,6 +89,13 @@ class UpstreamSim final : public http::Handler {
     } else {
       body["key"] = nullptr;
     }
+    if (auto echo = request.headers.Get("x-upstream-echo")) {
+      if (auto value = request.headers.Get(*echo)) {
+        body["echo"] = *value;
+      } else {
+        body["echo"] = nullptr;
+      }
+    }
     // The traceparent the request came with (W3C Trace Context), before this hop's own span.
     if (context.trace.parent_id.empty()) {
       body["traceparent"] = nullptr;
@@ -94,6 +108,9 @@ class UpstreamSim final : public http::Handler {
       body["tracestate"] = nullptr;
     }
     http::Response r{static_cast<int>(status), {}, boost::json::serialize(body)};
+    if (auto size = Number(request.headers.Get("x-upstream-body-bytes"), 0, kMaxBodyBytes)) {
+      r.body.assign(static_cast<std::size_t>(*size), 'x');
+    }
     r.headers.Set("Content-Type", "application/json");
     r.headers.Set("Location", "/things/" + std::to_string(n));
     r.headers.Set("X-Upstream-Execution", std::to_string(n));
@@ -109,15 +126,37 @@ class UpstreamSim final : public http::Handler {
  private:
   // GET /status/K: 404 if no request with Idempotency-Key K came, 503 while one executes, else
   // the answer the last one got.
-  http::Response StatusOf(const std::string& key) {
+  http::Response StatusOf(const http::Request& request, const std::string& key) {
     std::lock_guard lock(mu_);
+    ++status_questions_;
+    if (!status_token_.empty() &&
+        request.headers.Get("authorization") != "Bearer " + status_token_) {
+      return http::Response{401, {}, "a credential is required\n"};
+    }
+    if (status_answer_ != 0) return http::Response{status_answer_, {}, ""};
     if (!keys_.contains(key)) return http::Response{404, {}, "no request with this key\n"};
     auto answer = answers_.find(key);
     if (answer == answers_.end()) return http::Response{503, {}, "still executing\n"};
-    return answer->second;
+    http::Response r = answer->second;
+    r.headers.Set("Original-Status", std::to_string(r.status));
+    r.status = 200;
+    return r;
   }
 
   http::Response Admin(const http::Request& request) {
+    if (request.Path() == "/admin/status" && request.method == "POST") {
+      boost::system::error_code ec;
+      const boost::json::value v = boost::json::parse(request.body, ec);
+      if (ec || !v.is_object()) return http::Response{400, {}, "a JSON object expected\n"};
+      const boost::json::object& o = v.as_object();
+      std::lock_guard lock(mu_);
+      const boost::json::value* status = o.if_contains("status");
+      status_answer_ =
+          status != nullptr && status->is_int64() ? static_cast<int>(status->as_int64()) : 0;
+      const boost::json::value* token = o.if_contains("token");
+      status_token_ = token != nullptr && token->is_string() ? std::string(token->as_string()) : "";
+      return http::Response{200, {}, "ok\n"};
+    }
     if (request.Path() != "/admin/executions" || request.method != "GET") {
       return http::Response{404, {}, "no such admin resource\n"};
     }
@@ -131,6 +170,7 @@ class UpstreamSim final : public http::Handler {
     out["by_target"] = std::move(by_target);
     out["keys"] = std::move(keys);
     out["credentials_seen"] = credentials_seen_;
+    out["status_questions"] = status_questions_;
     http::Response r{200, {}, boost::json::serialize(out)};
     r.headers.Set("Content-Type", "application/json");
     return r;
@@ -142,6 +182,9 @@ class UpstreamSim final : public http::Handler {
   std::map<std::string, int64_t> by_target_;
   std::map<std::string, int64_t> keys_;
   std::map<std::string, http::Response> answers_;  // by key: the last execution's answer
+  int status_answer_ = 0;                          // 0: the status URL answers by its books
+  std::string status_token_;                       // "": the status URL wants no credential
+  int64_t status_questions_ = 0;
 };
 
 }  // namespace
