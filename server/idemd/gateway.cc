@@ -16,10 +16,28 @@ Result<std::unique_ptr<http::ClientPool>> PoolOf(const std::string& upstream,
       *url, {.max_connections = config.max_connections, .tls = {.ca_file = config.ca_file}});
 }
 
+// The rules `before` verified records with, newest first, kept in `after` beside its own, up to
+// kMaxKeptRules versions in all.
+void KeepEarlierRules(const RoutePolicy& before, RoutePolicy& after) {
+  constexpr std::size_t kMaxKeptRules = 8;
+  std::vector<CanonicalRules> kept;
+  auto keep = [&](const CanonicalRules& rules) {
+    const bool known = rules.version == after.rules.version ||
+                       std::any_of(kept.begin(), kept.end(), [&](const CanonicalRules& k) {
+                         return k.version == rules.version;
+                       });
+    if (!known && kept.size() < kMaxKeptRules) kept.push_back(rules);
+  };
+  keep(before.rules);
+  for (const CanonicalRules& rules : before.previous_rules) keep(rules);
+  for (const CanonicalRules& rules : after.previous_rules) keep(rules);
+  after.previous_rules = std::move(kept);
+}
+
 }  // namespace
 
-Result<std::shared_ptr<const Gateway>> Gateway::Make(GatewayConfig config,
-                                                     const GatewayDeps& deps) {
+Result<std::shared_ptr<const Gateway>> Gateway::Make(GatewayConfig config, const GatewayDeps& deps,
+                                                     const Gateway* previous) {
   std::shared_ptr<Gateway> g(new Gateway(std::move(config), deps));
   for (const GatewayRoute& route : g->config_.routes) {
     auto pool = PoolOf(route.upstream, g->config_);
@@ -33,6 +51,9 @@ Result<std::shared_ptr<const Gateway>> Gateway::Make(GatewayConfig config,
         GatewayPolicy(route, deps.keys, deps.max_processing, deps.max_retained, deps.wait_max);
     policy.max_waiters_per_principal = deps.max_waiters_per_principal;
     policy.max_new_keys_per_second = deps.max_new_keys_per_second;
+    if (const GatewayEndpoint* kept = previous ? previous->Named(route.name) : nullptr) {
+      KeepEarlierRules(kept->filter->policy().route, policy.route);
+    }
     g->filters_.push_back(
         std::make_unique<IdempotencyFilter>(deps.engine, deps.pool, deps.monotonic, deps.metrics,
                                             std::move(policy), *g->proxies_.back(), &deps.reads));

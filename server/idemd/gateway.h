@@ -42,7 +42,11 @@ struct GatewayDeps {
 class Gateway {
  public:
   // Errors: kInvalidArgument for an upstream URL or CA file the pools refuse.
-  static Result<std::shared_ptr<const Gateway>> Make(GatewayConfig config, const GatewayDeps& deps);
+  // `previous` (the gateway a SIGHUP replaces, or null): a kept route (the same name) whose
+  // fingerprint rules changed keeps verifying its existing records under the rules they were
+  // made with (the newest kMaxKeptRules versions).
+  static Result<std::shared_ptr<const Gateway>> Make(GatewayConfig config, const GatewayDeps& deps,
+                                                     const Gateway* previous = nullptr);
 
   // The endpoint of the route `method` and `path` (no query) belong to, or nullptr.
   const GatewayEndpoint* Match(std::string_view method, std::string_view path) const;

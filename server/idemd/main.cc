@@ -69,16 +69,44 @@ class Loop {
 
 // SIGHUP: reads the config file again and serves its [gateway] and [[routes]] from now on; the
 // requests in flight finish on the routes they began on. Every other setting needs a restart. A
-// file that does not load, or routes whose pools cannot be made, change nothing.
+// file that does not load, or routes whose pools cannot be made, change nothing. Nor does one
+// that points a kept route with PROCESSING records (`store`'s census) at another upstream, status
+// URL or key header: the outcome of those records' forwards would be asked of, and forwarded
+// again to, a service that never had them. A kept route's fingerprint rules may change: its
+// records stay verifiable under theirs (Gateway::Make).
 void Reload(const std::string& path, const std::vector<std::string>& overrides,
-            const GatewayDeps& deps, Service& service) {
+            const GatewayDeps& deps, Service& service, Store& store) {
   auto fail = [](const std::string& why) {
     http::Log(http::LogLevel::kError, "reload failed; the routes are unchanged", {{"error", why}});
   };
   auto config = LoadConfig(path, overrides);
   if (!config) return fail(config.error().message);
+  const std::shared_ptr<const Gateway> current = service.CurrentGateway();
+  std::optional<RecordCensus> census;
+  for (const GatewayRoute& route : config->gateway.routes) {
+    const GatewayEndpoint* kept = current->Named(route.name);
+    if (kept == nullptr ||
+        (kept->route->upstream == route.upstream && kept->route->status_path == route.status_path &&
+         kept->route->forward_key_header == route.forward_key_header)) {
+      continue;
+    }
+    if (!census) {
+      auto taken = store.Census();
+      if (!taken)
+        return fail("the store's census, to check route " + route.name + ": " +
+                    taken.error().message);
+      census = std::move(*taken);
+    }
+    auto live = census->processing_by_route.find(route.RouteId());
+    if (live != census->processing_by_route.end() && live->second > 0) {
+      return fail("route " + route.name + " would change its upstream, status_path or " +
+                  "forward_key_header while " + std::to_string(live->second) +
+                  " of its operations are PROCESSING; let them finish first, or give the new "
+                  "upstream a route of another name (docs/gateway.md)");
+    }
+  }
   const std::size_t routes = config->gateway.routes.size();
-  auto gateway = Gateway::Make(std::move(config->gateway), deps);
+  auto gateway = Gateway::Make(std::move(config->gateway), deps, current.get());
   if (!gateway) return fail(gateway.error().message);
   service.SetGateway(std::move(*gateway));
   http::Log(http::LogLevel::kInfo, "routes reloaded",
@@ -300,7 +328,7 @@ int Run(int argc, char** argv) {
     }
     int sig = 0;
     while ((sig = http::WaitForSignal()) == SIGHUP)
-      Reload(config_path, overrides, gateway_deps, service);
+      Reload(config_path, overrides, gateway_deps, service, **store);
     http::Log(http::LogLevel::kInfo, "draining", {{"signal", sig}});
     (*server)->Drain();
   }

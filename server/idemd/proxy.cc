@@ -4,6 +4,7 @@
 #include <openssl/sha.h>
 
 #include <algorithm>
+#include <array>
 #include <cctype>
 
 #include "idem/record.h"
@@ -36,15 +37,37 @@ Result<http::Response> Usable(Result<http::Response> answer) {
   return answer;
 }
 
+uint32_t RulesVersion(const GatewayRoute& route) {
+  std::vector<std::string> ignore = route.fingerprint_ignore;
+  std::vector<std::string> decimals = route.fingerprint_decimals;
+  std::sort(ignore.begin(), ignore.end());
+  std::sort(decimals.begin(), decimals.end());
+  std::string text = route.json_body ? "json" : "bytes";
+  for (const auto* list : {&ignore, &decimals}) {
+    text += '\x1e';
+    for (const std::string& name : *list) text += name + '\x1f';
+  }
+  std::array<uint8_t, SHA256_DIGEST_LENGTH> digest;
+  SHA256(reinterpret_cast<const unsigned char*>(text.data()), text.size(), digest.data());
+  const uint32_t hash = (uint32_t{digest[0]} << 24) | (uint32_t{digest[1]} << 16) |
+                        (uint32_t{digest[2]} << 8) | uint32_t{digest[3]};
+  return hash | 0x80000000u;  // never 1, the version of records made before versions were hashes
+}
+
 FilterPolicy GatewayPolicy(const GatewayRoute& route, const KeyPolicy& keys, int64_t max_processing,
                            int64_t max_retained, Millis wait_max) {
   FilterPolicy p;
   p.route.route = route.RouteId();
   p.route.key_policy = keys;
-  p.route.rules.version = 1;
   p.route.rules.money_fields = route.fingerprint_decimals;
   p.route.rules.removed_fields = route.fingerprint_ignore;
   p.route.rules.opaque_body = !route.json_body;
+  // Records made before rule versions were hashes carry version 1, under the rules of their day:
+  // taken to be these (a change then already made their retries 422).
+  CanonicalRules legacy = p.route.rules;
+  legacy.version = 1;
+  p.route.previous_rules = {legacy};
+  p.route.rules.version = RulesVersion(route);
   p.route.lease = route.lease;
   p.route.retention = route.retention;
   p.route.max_processing = max_processing;

@@ -40,6 +40,11 @@ http::Headers ForwardableHeaders(const http::Headers& in, bool (*never)(std::str
 // kDataLoss, as any other unusable answer.
 Result<http::Response> Usable(Result<http::Response> answer);
 
+// The version of `route`'s fingerprint rules (body mode, ignored and decimal members, in any
+// order): a hash, so a record made under other rules is recognised as such and verified under
+// those (RoutePolicy::previous_rules) instead of being taken for another request.
+uint32_t RulesVersion(const GatewayRoute& route);
+
 // The filter policy of `route`: its route id, key policy, fingerprint (the JSON body with its
 // ignored and decimal members, and the request's target), lease, retention and final statuses.
 FilterPolicy GatewayPolicy(const GatewayRoute& route, const KeyPolicy& keys, int64_t max_processing,

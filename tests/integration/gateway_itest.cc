@@ -900,6 +900,84 @@ TEST_F(GatewayTest, AParkedDuplicateFinishesOnItsRouteAcrossAReload) {
       << "the parked copy was not passed through";
 }
 
+// Reloads the config as `next` plus a probe route, refunds.create, and returns once the reload
+// took effect (the probe answers) or, when `expect_refused`, once idemd logged that it refused it.
+void ReloadWithProbe(GatewayTest& t, GatewayTest::IdemdOptions next, bool expect_refused);
+
+// The finding: a SIGHUP that changes a kept route's fingerprint rules made every retry of its
+// earlier keys 422 (the records' fingerprints were checked under the new rules). Now the rules
+// have versions: a record made before is verified under the rules it was made with, so its retry
+// is the replay it always was, while new keys follow the new rules.
+TEST_F(GatewayTest, ASighupThatChangesARoutesFingerprintKeepsItsEarlierKeysVerifiable) {
+  auto first = Call("POST", "/v1/orders", "order-key-rules-1", R"({"sku":"R1","note":"first"})");
+  ASSERT_EQ(first.status, 201) << first.body;
+  IdemdOptions next = WithRoutes();
+  const std::string before = "fingerprint.ignore = [\"trace_id\"]";
+  next.extra_tables.replace(next.extra_tables.find(before), before.size(),
+                            "fingerprint.ignore = [\"trace_id\", \"note\"]");
+  ReloadWithProbe(*this, next, /*expect_refused=*/false);
+  if (HasFatalFailure()) return;
+
+  auto retry = Call("POST", "/v1/orders", "order-key-rules-1", R"({"sku":"R1","note":"first"})");
+  EXPECT_EQ(retry.status, 201) << retry.body;
+  EXPECT_EQ(retry.headers.Get("Idempotent-Replayed").value_or(""), "true");
+  EXPECT_EQ(retry.body, first.body);
+  auto fresh = Call("POST", "/v1/orders", "order-key-rules-2", R"({"sku":"R2","note":"a"})");
+  ASSERT_EQ(fresh.status, 201) << fresh.body;
+  auto other_note = Call("POST", "/v1/orders", "order-key-rules-2", R"({"sku":"R2","note":"b"})");
+  EXPECT_EQ(other_note.headers.Get("Idempotent-Replayed").value_or(""), "true")
+      << "the new rules ignore note";
+  EXPECT_EQ(Executions().at("by_target").as_object().at("/v1/orders").as_int64(), 2);
+}
+
+// A reload that would point a kept route with PROCESSING records at another upstream is refused:
+// the outcome of their forwards would be asked of, and forwarded again to, a service that never
+// had them. The routes stay as they were.
+TEST_F(GatewayTest, ASighupThatMovesARouteWithLiveRecordsToAnotherUpstreamIsRefused) {
+  auto lost = Call("POST", "/v1/orders", "order-key-moved-1", R"({"sku":"U1"})",
+                   {{"X-Upstream-Delay-Ms", "1500"}});
+  ASSERT_EQ(lost.status, 504) << "timeout_ms = 500: " << lost.body;
+  IdemdOptions next = WithRoutes();
+  const std::string upstream =
+      "upstream = \"http://127.0.0.1:" + std::to_string(upstream_url_.port) +
+      "\"\nfingerprint.ignore";
+  next.extra_tables.replace(next.extra_tables.find(upstream), upstream.size(),
+                            "upstream = \"http://127.0.0.1:1\"\nfingerprint.ignore");
+  ReloadWithProbe(*this, next, /*expect_refused=*/true);
+  if (HasFatalFailure()) return;
+  EXPECT_EQ(Call("POST", "/v1/refunds", "refund-key-moved", "{}").status, 404)
+      << "the reload took effect";
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));  // the first forward has run
+  auto retry = Call("POST", "/v1/orders", "order-key-moved-1", R"({"sku":"U1"})");
+  EXPECT_EQ(retry.status, 201) << "forwarded again to its own upstream: " << retry.body;
+}
+
+void ReloadWithProbe(GatewayTest& t, GatewayTest::IdemdOptions next, bool expect_refused) {
+  next.extra_tables +=
+      "[[routes]]\nname = \"refunds.create\"\nmatch = \"POST /v1/refunds\"\n"
+      "upstream = \"http://127.0.0.1:" +
+      std::to_string(t.upstream_url_.port) + "\"\n";
+  t.WriteConfig(t.dir_.File("idemd.toml"), next);
+  t.idemd_->Signal(SIGHUP);
+  for (int i = 0; i < 200; ++i) {
+    if (expect_refused) {
+      std::ifstream log(t.dir_.File("idemd.log"));
+      const std::string logged((std::istreambuf_iterator<char>(log)),
+                               std::istreambuf_iterator<char>());
+      const std::size_t at = logged.find("reload failed");
+      if (at != std::string::npos) {
+        EXPECT_NE(logged.find("orders.create would change its upstream", at), std::string::npos)
+            << logged.substr(at, 400);
+        return;
+      }
+    } else if (t.Call("POST", "/v1/refunds", "refund-key-probe", "{}").status != 404) {
+      return;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(25));
+  }
+  FAIL() << (expect_refused ? "no refusal logged" : "the reload never took effect");
+}
+
 // The finding: an upstream answering 201 with a body of 20 KiB (upstream-sim echoes the request
 // body), three requests with one key, each after the route's lease (2 s) has ended. Before the
 // fix: three upstream executions, every answer 413 — the answer did not fit the 16 KiB stored-
