@@ -171,8 +171,15 @@ ProblemKind ProblemKindFor(Errc code) {
 
 Response ProblemFor(const Error& error, std::optional<Timestamp> key_expires) {
   const ProblemKind kind = ProblemKindFor(error.code);
-  if (kind == ProblemKind::kUnavailable)
-    return Problem(kind, "try again shortly: " + error.message);
+  // A dependency's own words (a store's host, its SQL, a timeout's statement) are for the log.
+  if (kind == ProblemKind::kUnavailable || kind == ProblemKind::kTimeout) {
+    Log(LogLevel::kWarn, "answered a dependency's failure",
+        {{"code", ErrcName(error.code)}, {"error", error.message}});
+    return Problem(kind, kind == ProblemKind::kUnavailable
+                             ? "a dependency is busy or unreachable; try again shortly"
+                             : "a deadline passed and the outcome may be unknown; retry with the "
+                               "same key to learn it");
+  }
   if (kind == ProblemKind::kInternal) return Problem(kind, "unexpected failure");
   ProblemOptions options;
   if (Spec(kind).key_expires) options.key_expires = key_expires;
