@@ -250,8 +250,8 @@ Result<std::vector<Record>> FaultyStore::ListStale(std::string_view route,
                      [&] { return target().ListStale(route, sent_points, limit); });
 }
 
-Result<int> FaultyStore::Sweep(int batch) {
-  return state_->Run(StoreOp::kSweep, [&] { return target().Sweep(batch); });
+Result<int> FaultyStore::Sweep(int batch, const std::vector<std::string>& sent_points) {
+  return state_->Run(StoreOp::kSweep, [&] { return target().Sweep(batch, sent_points); });
 }
 
 }  // namespace idem::testing

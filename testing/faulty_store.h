@@ -134,7 +134,7 @@ class FaultyStore final : public StoreWrapper {
   Result<std::vector<Record>> ListStale(std::string_view route,
                                         const std::vector<std::string>& sent_points,
                                         int limit) override;
-  Result<int> Sweep(int batch) override;
+  Result<int> Sweep(int batch, const std::vector<std::string>& sent_points) override;
 
   // The counter and the plan, shared with the transactions this store began.
   class State;

@@ -139,9 +139,9 @@ TEST_P(FaultyStoreTest, AFailedBeforeCallChangesNothing) {
   }
   clock_.Advance(spec.retention);
   auto store = Faulty(FaultPlan::FailNthOf(StoreOp::kSweep, 1, Fault::FailBefore()));
-  EXPECT_EQ(store->Sweep(10).error().code, Errc::kUnavailable);
+  EXPECT_EQ(store->Sweep(10, {}).error().code, Errc::kUnavailable);
   EXPECT_TRUE(InnerRead(spec.scope).has_value());
-  EXPECT_EQ(*store->Sweep(10), 1);
+  EXPECT_EQ(*store->Sweep(10, {}), 1);
 }
 
 TEST_P(FaultyStoreTest, CommitThenFailLeavesTheDataCommitted) {
@@ -172,7 +172,7 @@ TEST_P(FaultyStoreTest, CommitThenFailLeavesTheDataCommitted) {
   }
   clock_.Advance(spec.retention);
   store->SetPlan(FaultPlan::FailNthOf(StoreOp::kSweep, 1, Fault::CommitThenFail()));
-  auto swept = store->Sweep(10);
+  auto swept = store->Sweep(10, {});
   ASSERT_FALSE(swept.has_value());
   EXPECT_EQ(swept.error().code, Errc::kDeadlineExceeded);
   EXPECT_FALSE(InnerRead(spec.scope).has_value());

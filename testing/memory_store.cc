@@ -355,32 +355,42 @@ class MemoryStore final : public Store {
     return MakeError(Errc::kInvalidArgument, kNoSql);
   }
 
-  // list_stale: the same validation (ListStaleRecords), the same WHERE, ORDER BY lease_until
-  // (ties by scope hash, the order of SQLite's index), LIMIT.
-  Result<std::vector<Record>> ListStale(std::string_view route,
-                                        const std::vector<std::string>& sent_points,
-                                        int limit) override {
+  // The validation of sent points (store_internal::AppendSentPoints).
+  static Status CheckSentPoints(std::string_view op, const std::vector<std::string>& sent_points) {
     if (sent_points.size() > limits::kMaxSentPoints) {
-      return MakeError(Errc::kInvalidArgument, "list stale: more than " +
+      return MakeError(Errc::kInvalidArgument, std::string(op) + ": more than " +
                                                    std::to_string(limits::kMaxSentPoints) +
                                                    " recovery points past the send");
     }
     for (const std::string& point : sent_points) {
       if (point.empty()) {
-        return MakeError(Errc::kInvalidArgument, "list stale: an empty recovery point is no send");
+        return MakeError(Errc::kInvalidArgument,
+                         std::string(op) + ": an empty recovery point is no send");
       }
     }
+    return Ok();
+  }
+  // A retryable failure at one of `sent_points`: left to the reconciler.
+  static bool PastSend(const Record& r, const std::vector<std::string>& sent_points) {
+    return r.state == RecordState::kFailedRetryable && !r.recovery_point.empty() &&
+           std::find(sent_points.begin(), sent_points.end(), r.recovery_point) != sent_points.end();
+  }
+
+  // list_stale: the same validation (ListStaleRecords), the same WHERE, ORDER BY lease_until
+  // (ties by scope hash, the order of SQLite's index), LIMIT.
+  Result<std::vector<Record>> ListStale(std::string_view route,
+                                        const std::vector<std::string>& sent_points,
+                                        int limit) override {
+    IDEM_RETURN_IF_ERROR(CheckSentPoints("list stale", sent_points));
     const Timestamp now = clock_.Now();
     std::vector<Record> stale;
     {
       std::shared_lock lock(data_->mu);
       for (const auto& [scope, r] : data_->records) {
         if (r.route != route || r.lease.until >= now) continue;
-        const bool past_send =
-            r.state == RecordState::kFailedRetryable && !r.recovery_point.empty() &&
-            std::find(sent_points.begin(), sent_points.end(), r.recovery_point) !=
-                sent_points.end();
-        if (r.state == RecordState::kProcessing || past_send) stale.push_back(Observed(r, now));
+        if (r.state == RecordState::kProcessing || PastSend(r, sent_points)) {
+          stale.push_back(Observed(r, now));
+        }
       }
     }
     std::stable_sort(stale.begin(), stale.end(), [](const Record& a, const Record& b) {
@@ -391,7 +401,8 @@ class MemoryStore final : public Store {
   }
 
   // sweep: on the write lock, like every write; ORDER BY expires_at (ties by scope hash) LIMIT.
-  Result<int> Sweep(int batch) override {
+  Result<int> Sweep(int batch, const std::vector<std::string>& sent_points) override {
+    IDEM_RETURN_IF_ERROR(CheckSentPoints("sweep", sent_points));
     if (!data_->write_lock.TryLockFor(data_->lock_wait)) {
       return MakeError(Errc::kUnavailable, "sweep: the write lock was not free within " +
                                                std::to_string(data_->lock_wait.count()) + " ms");
@@ -402,7 +413,8 @@ class MemoryStore final : public Store {
       std::unique_lock lock(data_->mu);
       std::vector<std::pair<Timestamp, ScopeHash>> expired;
       for (const auto& [scope, r] : data_->records) {
-        if (r.expires_at <= now && r.state != RecordState::kProcessing) {
+        if (r.expires_at <= now && r.state != RecordState::kProcessing &&
+            !PastSend(r, sent_points)) {
           expired.emplace_back(r.expires_at, scope);
         }
       }

@@ -530,7 +530,7 @@ TEST_P(StoreContractTest, AResumedThenFinishedRecordSurvivesASweepAtItsOldExpiry
   MustFinish(*store_, spec, resumed.lease, Succeeded("the answer"));
 
   env_.clock.Advance(Millis(1000));  // the first attempt's expiry
-  auto swept = store_->Sweep(100);
+  auto swept = store_->Sweep(100, {});
   ASSERT_TRUE(swept.has_value()) << swept.error().message;
   EXPECT_EQ(*swept, 0) << "the sweeper deleted an answer the client may still ask for";
   auto kept = MustRead(*store_, spec.scope);
@@ -540,7 +540,7 @@ TEST_P(StoreContractTest, AResumedThenFinishedRecordSurvivesASweepAtItsOldExpiry
 
   // A full retention after the resume, it goes.
   env_.clock.Advance(kRetention - Millis(1000));
-  EXPECT_EQ(*store_->Sweep(100), 1);
+  EXPECT_EQ(*store_->Sweep(100, {}), 1);
   EXPECT_FALSE(MustRead(*store_, spec.scope).has_value());
 }
 
@@ -606,11 +606,11 @@ TEST_P(StoreContractTest, TheRetainedCountFollowsClaimsRollbacksReclaimsAndSweep
   }
   EXPECT_EQ(retained("alice"), 4) << "a record claimed again in place is still one record";
 
-  auto swept = store_->Sweep(2);
+  auto swept = store_->Sweep(2, {});
   ASSERT_TRUE(swept.has_value()) << swept.error().message;
   EXPECT_EQ(*swept, 2);
   EXPECT_EQ(retained("alice"), 2);
-  EXPECT_EQ(*store_->Sweep(100), 1);
+  EXPECT_EQ(*store_->Sweep(100, {}), 1);
   EXPECT_EQ(retained("alice"), 1) << "the reclaimed record is PROCESSING and stays";
   EXPECT_EQ(retained("bob"), 1) << "bob's PROCESSING record is not swept, nor counted off";
 }
@@ -661,12 +661,40 @@ TEST_P(StoreContractTest, TheCensusCountsUnfinishedRecordsAndAgesTheOldestProces
   EXPECT_EQ(*c.oldest_processing_age, Millis(5500));
 
   env_.clock.Advance(kRetention);
-  EXPECT_EQ(*store_->Sweep(100), 2) << "the finished ones";
+  EXPECT_EQ(*store_->Sweep(100, {}), 2) << "the finished ones";
   c = census();
   EXPECT_EQ(c.processing, 3);
   EXPECT_EQ(c.failed_retryable, 0);
   EXPECT_EQ(c.retained, 3);
   EXPECT_EQ(*c.oldest_processing_age, kRetention + Millis(5500));
+}
+
+// A retryable failure past a send (at one of the sent points) is the reconciler's, like a
+// PROCESSING record: deleted at its expiry, it would leave its business row (a payment holding its
+// order) unresolved for ever. Other retryable failures are swept like finished records.
+TEST_P(StoreContractTest, TheSweeperLeavesRetryableFailuresPastASendToTheReconciler) {
+  const ClaimSpec past = ContractSpec("sweep-past-send");
+  Lease lease = MustClaim(*store_, past).lease;
+  {
+    auto txn = MustBegin(*store_);
+    ASSERT_TRUE(txn->Advance(past.scope, lease, "charge_sent", "pay_1").has_value());
+    ASSERT_TRUE(txn->Commit().has_value());
+  }
+  MustFinish(*store_, past, lease, Outcome{RecordState::kFailedRetryable, 503, "", ""});
+  const ClaimSpec before = ContractSpec("sweep-before-send");
+  MustFinish(*store_, before, MustClaim(*store_, before).lease,
+             Outcome{RecordState::kFailedRetryable, 503, "", ""});
+  env_.clock.Advance(kRetention);
+
+  auto swept = store_->Sweep(100, {"charge_sent"});
+  ASSERT_TRUE(swept.has_value()) << swept.error().message;
+  EXPECT_EQ(*swept, 1) << "only the retryable failure before any send";
+  EXPECT_TRUE(MustRead(*store_, past.scope).has_value());
+  EXPECT_FALSE(MustRead(*store_, before.scope).has_value());
+  auto invalid = store_->Sweep(100, {""});
+  ASSERT_FALSE(invalid.has_value()) << "an empty sent point was taken";
+  EXPECT_EQ(invalid.error().code, Errc::kInvalidArgument);
+  EXPECT_EQ(*store_->Sweep(100, {}), 1) << "with no sent points, it is swept like the others";
 }
 
 TEST_P(StoreContractTest, SweeperDeletesExpiredFinishedRecordsInBatchesOnly) {
@@ -683,12 +711,12 @@ TEST_P(StoreContractTest, SweeperDeletesExpiredFinishedRecordsInBatchesOnly) {
     MustFinish(*store_, live.back(), MustClaim(*store_, live.back()).lease, Succeeded());
   }
 
-  auto first = store_->Sweep(3);
+  auto first = store_->Sweep(3, {});
   ASSERT_TRUE(first.has_value()) << first.error().message;
   EXPECT_EQ(*first, 3);
-  EXPECT_EQ(*store_->Sweep(3), 3);
-  EXPECT_EQ(*store_->Sweep(3), 1);
-  EXPECT_EQ(*store_->Sweep(3), 0);
+  EXPECT_EQ(*store_->Sweep(3, {}), 3);
+  EXPECT_EQ(*store_->Sweep(3, {}), 1);
+  EXPECT_EQ(*store_->Sweep(3, {}), 0);
   for (const ClaimSpec& s : expired) EXPECT_FALSE(MustRead(*store_, s.scope).has_value());
   for (const ClaimSpec& s : live) EXPECT_TRUE(MustRead(*store_, s.scope).has_value());
   EXPECT_TRUE(MustRead(*store_, stuck.scope).has_value())

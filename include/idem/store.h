@@ -261,10 +261,13 @@ class Store {
                                                 const std::vector<std::string>& sent_points,
                                                 int limit) = 0;
 
-  // Deletes up to `batch` finished records (not PROCESSING) whose expiry has passed, oldest
-  // first, and returns how many it deleted. PROCESSING records are left to the reconciler, which
-  // must first learn whether their downstream call happened.
-  virtual Result<int> Sweep(int batch) = 0;
+  // Deletes up to `batch` finished records whose expiry has passed, oldest first, and returns how
+  // many it deleted. PROCESSING records, and FAILED_RETRYABLE ones at one of `sent_points` (a
+  // retryable failure past a call that cannot be called back: ListStale), are left to the
+  // reconciler, which must first learn whether their downstream call happened; deleted, they
+  // would leave their business rows (a payment holding its order) unresolved for ever.
+  // Errors: kInvalidArgument (sent_points as for ListStale); kUnavailable.
+  virtual Result<int> Sweep(int batch, const std::vector<std::string>& sent_points) = 0;
 
   // Counts the records for gauges, at a cost that does not grow with the history: the unfinished
   // ones (PROCESSING, FAILED_RETRYABLE) through the index the reconciler scans, all of them from
@@ -307,7 +310,9 @@ class StoreWrapper : public Store {
                                         int limit) override {
     return target_.ListStale(route, sent_points, limit);
   }
-  Result<int> Sweep(int batch) override { return target_.Sweep(batch); }
+  Result<int> Sweep(int batch, const std::vector<std::string>& sent_points) override {
+    return target_.Sweep(batch, sent_points);
+  }
   Result<RecordCensus> Census() override { return target_.Census(); }
 
  private:
@@ -320,8 +325,10 @@ class StoreWrapper : public Store {
 Status CheckProgress(std::string_view point, std::string_view resource_id);
 
 // Deletes expired finished records in batches of limits::kSweepBatch until a batch comes back
-// short or `max_batches` ran, and returns how many it deleted. Errors: the store's, after the
-// batches that succeeded (their deletions stand).
-Result<int> SweepExpired(Store& store, int max_batches = limits::kSweepBatchesPerRound);
+// short or `max_batches` ran, and returns how many it deleted; `sent_points` as for Store::Sweep
+// (every route's that shares the store). Errors: the store's, after the batches that succeeded
+// (their deletions stand).
+Result<int> SweepExpired(Store& store, const std::vector<std::string>& sent_points,
+                         int max_batches = limits::kSweepBatchesPerRound);
 
 }  // namespace idem

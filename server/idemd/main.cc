@@ -286,7 +286,10 @@ int Run(int argc, char** argv) {
       });
       if (subscription) finished = std::move(*subscription);
     }
-    Loop sweeper(config->sweep_interval, [&] { (void)SweepExpired(**store); });
+    // Every route's points past a send (only payments have one): such retryable records are
+    // the reconciler's, never the sweeper's.
+    Loop sweeper(config->sweep_interval,
+                 [&] { (void)SweepExpired(**store, filter.policy().route.sent_points); });
     Loop census(kCensusInterval, [&] { TakeCensus(**store, metrics, SystemClock(), served); });
     Loop reconciler(config->reconcile_interval, [&] {
       // Payments and the gateway's routes side by side: a stalled provider delays no route's

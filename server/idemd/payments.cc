@@ -226,6 +226,8 @@ Result<std::string> PaymentsNamespace(Store& store, Random& random) {
   return Text(rows[0][0]);
 }
 
+std::vector<std::string> PaymentsSentPoints() { return {std::string(kChargeSent)}; }
+
 FilterPolicy PaymentsPolicy(const KeyPolicy& keys, Millis lease, Millis retention,
                             int64_t max_processing, int64_t max_retained, Millis wait_max) {
   FilterPolicy p;
@@ -239,7 +241,7 @@ FilterPolicy PaymentsPolicy(const KeyPolicy& keys, Millis lease, Millis retentio
   p.route.retention = retention;
   p.route.max_processing = max_processing;
   p.route.max_retained = max_retained;
-  p.route.sent_points = {std::string(kChargeSent)};
+  p.route.sent_points = PaymentsSentPoints();
   p.failures.final_statuses = {400, 402, 409, 422};
   p.failures.retryable_statuses = {503};
   p.wait_max = wait_max;

@@ -20,6 +20,10 @@ const std::vector<Migration>& PaymentsMigrations();
 // drawn from `random` the first time, then read. Errors: the store's.
 Result<std::string> PaymentsNamespace(Store& store, Random& random);
 
+// The payments route's recovery points past the charge (RoutePolicy::sent_points), which the
+// sweeper must leave to the reconciler (Store::Sweep).
+std::vector<std::string> PaymentsSentPoints();
+
 // The route policy of POST /v1/payments: key policy, canonical rules (amount is money, trace_id
 // is not part of the request's meaning), which outcomes are final.
 FilterPolicy PaymentsPolicy(const KeyPolicy& keys, Millis lease, Millis retention,

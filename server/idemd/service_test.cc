@@ -919,6 +919,64 @@ TEST_F(ServiceTest, APaymentIdIsDerivedFromItsOrderSoALostClaimMakesTheSameIdAga
   EXPECT_EQ(space->size(), 32u);
 }
 
+// A provider whose charge id makes the payment's answer larger than the route keeps (16 KiB): the
+// payment is still completed with its charge, in the completion's transaction, and the record
+// keeps 502 answer-too-large with the payment's Location; the retry gets that answer and nothing
+// is charged again. Before, the completion failed, the record stayed PROCESSING and every retry
+// after the lease looked the charge up and failed the same way.
+TEST_F(ServiceTest, AnAnswerTooLargeToKeepStillCompletesThePaymentAndChargesOnce) {
+  class HugeIds final : public Provider {
+   public:
+    int charges = 0;
+    http::Async<Result<ChargeResult>> CreateCharge(const std::string& reference,
+                                                   const std::string& amount,
+                                                   const std::string& currency, Millis,
+                                                   const std::string&) override {
+      ++charges;
+      co_return ChargeResult::Charged(Charge{"ch_" + std::string(20 * 1024, 'x'), reference, amount,
+                                             currency, "succeeded", 0, "0.00"});
+    }
+    http::Async<Result<std::optional<Charge>>> FindCharge(const std::string&,
+                                                          const std::string&) override {
+      co_return std::optional<Charge>();
+    }
+    http::Async<Result<ChargePage>> ListCharges(int64_t, int64_t, int,
+                                                const std::string&) override {
+      co_return MakeError(Errc::kUnavailable, "not listed");
+    }
+    http::Async<Result<Refund>> RefundCharge(const std::string&, const std::string&,
+                                             const std::string&, const std::string&) override {
+      co_return MakeError(Errc::kUnavailable, "not refunded");
+    }
+  } huge;
+  Payments payments(*store_, pool_, huge, clock_, monotonic_, *PaymentsNamespace(*store_, random_),
+                    std::vector<std::string>{"CNY"}, kChargeCover);
+  IdempotencyFilter filter(
+      *engine_, pool_, monotonic_, metrics_,
+      PaymentsPolicy(KeyPolicy{}, kLease, kRetention, 100, 1000, Millis(10000)), payments);
+  auto pay = [&] {
+    http::RequestContext context;
+    return http::RunSync(
+        filter.Handle(Pay("huge-id-0001", "alice-key", "ORD-HUGE"), {"acme", "alice"}, context));
+  };
+  const http::Response first = pay();
+  EXPECT_EQ(first.status, 502) << first.body.substr(0, 300);
+  EXPECT_EQ(TypeOf(first), "urn:idem:problem:answer-too-large");
+  const std::string location = HeaderOf(first, "Location");
+  ASSERT_EQ(location.rfind("/v1/payments/pay_", 0), 0u) << location;
+  const std::string id = location.substr(std::string("/v1/payments/").size());
+  EXPECT_EQ(PaymentRow(id).first, "succeeded");
+  EXPECT_EQ(PaymentRow(id).second.size(), 3u + 20 * 1024) << "the charge is recorded";
+  EXPECT_EQ(RecordOf("huge-id-0001")->state, RecordState::kSucceeded);
+
+  clock_.Advance(kLease + Millis(1));
+  EXPECT_EQ(filter.ReconcileOnce(10, {}), 0) << "nothing left to take over";
+  const http::Response again = pay();
+  EXPECT_EQ(again.status, 502);
+  EXPECT_EQ(HeaderOf(again, "Idempotent-Replayed"), "true");
+  EXPECT_EQ(huge.charges, 1);
+}
+
 // A charge the provider answered 201 counts only after the checks a found charge passes: the
 // payment's reference, amount and currency. Another charge is never taken for this payment's.
 TEST_F(ServiceTest, AChargeAnswerCountsOnlyIfItIsThePaymentsCharge) {

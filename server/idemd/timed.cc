@@ -119,9 +119,9 @@ class TimedStore final : public Store {
     Timer timer = Time(StoreOperation::kListStale);
     return target_->ListStale(route, sent_points, limit);
   }
-  Result<int> Sweep(int batch) override {
+  Result<int> Sweep(int batch, const std::vector<std::string>& sent_points) override {
     Timer timer = Time(StoreOperation::kSweep);
-    return target_->Sweep(batch);
+    return target_->Sweep(batch, sent_points);
   }
   Result<RecordCensus> Census() override {
     Timer timer = Time(StoreOperation::kCensus);

@@ -79,7 +79,7 @@ TEST(TimedStoreTest, EveryCallIsObservedOnceUnderItsOperationFailuresIncluded) {
   }
   ASSERT_TRUE(store->Read(spec.scope).has_value());
   ASSERT_TRUE(store->Census().has_value());
-  ASSERT_TRUE(store->Sweep(10).has_value());
+  ASSERT_TRUE(store->Sweep(10, {}).has_value());
   EXPECT_EQ(Calls(metrics, "begin"), 1);
   EXPECT_EQ(Calls(metrics, "claim"), 1);
   EXPECT_EQ(Calls(metrics, "renew"), 1);

@@ -24,10 +24,11 @@ Status CheckProgress(std::string_view point, std::string_view resource_id) {
   return Ok();
 }
 
-Result<int> SweepExpired(Store& store, int max_batches) {
+Result<int> SweepExpired(Store& store, const std::vector<std::string>& sent_points,
+                         int max_batches) {
   int deleted = 0;
   for (int batch = 0; batch < max_batches; ++batch) {
-    IDEM_ASSIGN_OR_RETURN(int n, store.Sweep(limits::kSweepBatch));
+    IDEM_ASSIGN_OR_RETURN(int n, store.Sweep(limits::kSweepBatch, sent_points));
     deleted += n;
     if (n < limits::kSweepBatch || batch + 1 == max_batches) break;
     // Each batch is one statement that committed on its own: what a crash here leaves expired,

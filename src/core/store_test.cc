@@ -39,17 +39,17 @@ TEST(SweepExpired, DeletesWholeBatchesUpToTheRoundsBound) {
   auto store = std::move(*OpenSqliteStore(options, clock, random));
   FinishedRecords(*store, 2 * limits::kSweepBatch + 1);
 
-  auto early = SweepExpired(*store);
+  auto early = SweepExpired(*store, {});
   ASSERT_TRUE(early.has_value()) << early.error().message;
   EXPECT_EQ(*early, 0) << "nothing has expired yet";
 
   clock.Advance(Millis(1000));
   // A round of two batches deletes exactly two batches, though more have expired.
-  auto bounded = SweepExpired(*store, 2);
+  auto bounded = SweepExpired(*store, {}, 2);
   ASSERT_TRUE(bounded.has_value()) << bounded.error().message;
   EXPECT_EQ(*bounded, 2 * limits::kSweepBatch);
   // The next round ends at the first short batch.
-  auto rest = SweepExpired(*store, 2);
+  auto rest = SweepExpired(*store, {}, 2);
   ASSERT_TRUE(rest.has_value()) << rest.error().message;
   EXPECT_EQ(*rest, 1);
 }
@@ -71,9 +71,9 @@ TEST(SweepExpired, ARoundStoppedBetweenBatchesKeepsWhatItDeleted) {
   };
 
   ASSERT_TRUE(ArmFailpoints("sweep_between_batches=error").has_value());
-  auto stopped = SweepExpired(*store);
+  auto stopped = SweepExpired(*store, {});
   const int64_t left_after_stop = left();
-  auto one_batch = SweepExpired(*store, 1);
+  auto one_batch = SweepExpired(*store, {}, 1);
   ClearFailpoints();
 #if !defined(IDEM_NO_FAILPOINTS)
   ASSERT_FALSE(stopped.has_value());
@@ -83,7 +83,7 @@ TEST(SweepExpired, ARoundStoppedBetweenBatchesKeepsWhatItDeleted) {
   EXPECT_EQ(*one_batch, limits::kSweepBatch);
   EXPECT_EQ(left(), 1);
 #endif
-  auto rest = SweepExpired(*store);
+  auto rest = SweepExpired(*store, {});
   ASSERT_TRUE(rest.has_value()) << rest.error().message;
   EXPECT_EQ(left(), 0) << "the next round finishes the sweep";
 }

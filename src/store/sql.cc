@@ -391,11 +391,12 @@ RecordSql::RecordSql(const Dialect& d) : dialect(d) {
                              "AND (state = 'PROCESSING' OR (recovery_point <> '' AND "
                              "recovery_point IN (" +
                              sent_slots + "))) ORDER BY lease_until LIMIT ?");
-  sweep = Render(d,
-                 "DELETE FROM idem_records WHERE scope_hash IN (SELECT scope_hash FROM "
-                 "idem_records WHERE expires_at <= {now} AND state <> 'PROCESSING' ORDER BY "
-                 "expires_at LIMIT ?" +
-                     std::string(d.sweep_lock) + ")");
+  sweep =
+      Render(d,
+             "DELETE FROM idem_records WHERE scope_hash IN (SELECT scope_hash FROM "
+             "idem_records WHERE expires_at <= {now} AND state <> 'PROCESSING' AND NOT "
+             "(state = 'FAILED_RETRYABLE' AND recovery_point <> '' AND recovery_point IN (" +
+                 sent_slots + ")) ORDER BY expires_at LIMIT ?" + std::string(d.sweep_lock) + ")");
   // The WHERE is the partial index's own (idem_records_stale_by_route), which SQLite uses only
   // when the query repeats it.
   census_unfinished = Render(d,
@@ -581,31 +582,48 @@ Result<std::optional<Record>> GetRecord(SqlRunner& conn, const RecordSql& sql, S
   return std::optional<Record>(std::move(r));
 }
 
+namespace {
+
+// Appends `sent_points` to `params` in limits::kMaxSentPoints slots (unused ones ''). Errors:
+// kInvalidArgument for too many, or an empty one.
+Status AppendSentPoints(std::string_view op, const std::vector<std::string>& sent_points,
+                        std::vector<SqlValue>& params) {
+  if (sent_points.size() > limits::kMaxSentPoints) {
+    return MakeError(Errc::kInvalidArgument, std::string(op) + ": more than " +
+                                                 std::to_string(limits::kMaxSentPoints) +
+                                                 " recovery points past the send");
+  }
+  for (std::size_t i = 0; i < limits::kMaxSentPoints; ++i) {
+    if (i < sent_points.size() && sent_points[i].empty()) {
+      return MakeError(Errc::kInvalidArgument,
+                       std::string(op) + ": an empty recovery point is no send");
+    }
+    params.emplace_back(i < sent_points.size() ? sent_points[i] : std::string());
+  }
+  return Ok();
+}
+
+}  // namespace
+
 Result<std::vector<Record>> ListStaleRecords(SqlRunner& conn, const RecordSql& sql,
                                              std::string_view route,
                                              const std::vector<std::string>& sent_points,
                                              StoreTime time, int limit) {
-  if (sent_points.size() > limits::kMaxSentPoints) {
-    return MakeError(Errc::kInvalidArgument, "list stale: more than " +
-                                                 std::to_string(limits::kMaxSentPoints) +
-                                                 " recovery points past the send");
-  }
   const SqlValue now = time.Param();
   std::vector<SqlValue> params{now, std::string(route), now};
-  for (std::size_t i = 0; i < limits::kMaxSentPoints; ++i) {
-    if (i < sent_points.size() && sent_points[i].empty()) {
-      return MakeError(Errc::kInvalidArgument, "list stale: an empty recovery point is no send");
-    }
-    params.emplace_back(i < sent_points.size() ? sent_points[i] : std::string());
-  }
+  IDEM_RETURN_IF_ERROR(AppendSentPoints("list stale", sent_points, params));
   params.emplace_back(int64_t{limit});
   IDEM_ASSIGN_OR_RETURN(auto rows, conn.Run(sql.list_stale, params, nullptr));
   return Records(rows);
 }
 
-Result<int> SweepRecords(SqlRunner& conn, const RecordSql& sql, StoreTime time, int batch) {
+Result<int> SweepRecords(SqlRunner& conn, const RecordSql& sql, StoreTime time, int batch,
+                         const std::vector<std::string>& sent_points) {
+  std::vector<SqlValue> params{time.Param()};
+  IDEM_RETURN_IF_ERROR(AppendSentPoints("sweep", sent_points, params));
+  params.emplace_back(int64_t{batch});
   int changed = 0;
-  IDEM_RETURN_IF_ERROR(conn.Run(sql.sweep, {time.Param(), int64_t{batch}}, &changed));
+  IDEM_RETURN_IF_ERROR(conn.Run(sql.sweep, params, &changed));
   return changed;
 }
 

@@ -221,7 +221,8 @@ Result<std::vector<Record>> ListStaleRecords(SqlRunner& conn, const RecordSql& s
                                              const std::vector<std::string>& sent_points,
                                              StoreTime time, int limit);
 // One atomic statement: deletes up to `batch` expired finished records, returns how many.
-Result<int> SweepRecords(SqlRunner& conn, const RecordSql& sql, StoreTime time, int batch);
+Result<int> SweepRecords(SqlRunner& conn, const RecordSql& sql, StoreTime time, int batch,
+                         const std::vector<std::string>& sent_points);
 
 // Store::Census, in two statements that read only the unfinished records' index and the
 // principals' counters.

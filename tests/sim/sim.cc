@@ -300,7 +300,7 @@ class Schedule {
     } else if (what == 2) {
       // The sweeper deletes only expired finished records; nothing here expires within a
       // schedule, so whatever it deletes shows at the end as a record gone.
-      (void)SweepExpired(*faulty_);
+      (void)SweepExpired(*faulty_, policy_.sent_points);
     } else if (what == 1) {
       // A client whose last answer was not final retries (or a fresh duplicate arrives).
       const std::string& key = keys_[rng_() % keys_.size()];

@@ -16,6 +16,7 @@
 #include "client/client.h"
 #include "idem/engine.h"
 #include "server/idemd/config.h"
+#include "server/idemd/payments.h"
 #include "server/idemd/reconciliation.h"
 #include "server/idemd/store_url.h"
 
@@ -271,7 +272,9 @@ int Sweep(const SweepOptions& options) {
   auto opened = OpenFromConfig(options.config);
   if (!opened) return Fail(opened.error().message);
   // Everything that has expired, in the sweeper's batches.
-  auto swept = SweepExpired(*opened->store, std::numeric_limits<int>::max());
+  // As idemd's sweeper: a payment's retryable record past the send is left to the reconciler.
+  auto swept =
+      SweepExpired(*opened->store, idemd::PaymentsSentPoints(), std::numeric_limits<int>::max());
   if (!swept) return Fail(swept.error().message);
   if (options.output == Output::kJson) {
     PrintJson(json::object{{"swept", *swept}});

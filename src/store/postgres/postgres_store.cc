@@ -736,9 +736,10 @@ class PostgresStore final : public Store {
     });
   }
 
-  Result<int> Sweep(int batch) override {
-    return Retrying(
-        [&](Connection& c) { return store_internal::SweepRecords(c, Sql(), time_, batch); });
+  Result<int> Sweep(int batch, const std::vector<std::string>& sent_points) override {
+    return Retrying([&](Connection& c) {
+      return store_internal::SweepRecords(c, Sql(), time_, batch, sent_points);
+    });
   }
 
   Result<RecordCensus> Census() override {

@@ -185,10 +185,10 @@ TEST(PostgresStore, LeasesAndExpiriesRunOnTheDatabasesClock) {
   auto read = a->Read(spec.scope);
   ASSERT_TRUE(read.has_value() && read->has_value());
   EXPECT_GT((*read)->expires_at, (*read)->observed_at) << "kept a retention from the takeover";
-  EXPECT_EQ(*a->Sweep(10), 0);
+  EXPECT_EQ(*a->Sweep(10, {}), 0);
   std::this_thread::sleep_for(std::chrono::milliseconds(
       std::max<int64_t>(0, ToUnixMillis((*read)->expires_at) - ToUnixMillis(db_now())) + 100));
-  EXPECT_EQ(*a->Sweep(10), 1) << "expired by the database's clock";
+  EXPECT_EQ(*a->Sweep(10, {}), 1) << "expired by the database's clock";
 }
 
 // What only PostgreSQL has among the types SqlValue decodes, and a type it refuses.

@@ -436,12 +436,13 @@ class SqliteStore final : public Store {
                                             limit);
   }
 
-  Result<int> Sweep(int batch) override {
+  Result<int> Sweep(int batch, const std::vector<std::string>& sent_points) override {
     // One DELETE, a member of a write group like every write.
     IDEM_ASSIGN_OR_RETURN(std::shared_ptr<WriteGroups::Group> group, writer_.Join());
     SqliteSession session(writer_, std::move(group));
     IDEM_ASSIGN_OR_RETURN(
-        int deleted, store_internal::SweepRecords(session, Sql(), StoreTime::Of(clock_), batch));
+        int deleted,
+        store_internal::SweepRecords(session, Sql(), StoreTime::Of(clock_), batch, sent_points));
     IDEM_RETURN_IF_ERROR(session.Commit());
     return deleted;
   }
