@@ -22,6 +22,14 @@ class GatewayTest : public IdemdTest {
     StartIdemd(WithRoutes());
   }
 
+  // The routes, and requests no route matches passed through to `upstream`.
+  IdemdOptions WithPassThrough(const std::string& upstream) const {
+    IdemdOptions o = WithRoutes();
+    o.extra_tables =
+        "[gateway]\nunmatched = \"forward\"\nupstream = \"" + upstream + "\"\n" + o.extra_tables;
+    return o;
+  }
+
   IdemdOptions WithRoutes() const {
     const std::string upstream = "http://127.0.0.1:" + std::to_string(upstream_url_.port);
     IdemdOptions o;
@@ -605,10 +613,7 @@ TEST_F(GatewayTest, KeysAndCredentialsAreEnforced) {
 }
 
 TEST_F(GatewayTest, UnmatchedPathsPassThroughAsTheyAreWhenTheGatewaySaysSo) {
-  IdemdOptions options = WithRoutes();
-  options.extra_tables = "[gateway]\nunmatched = \"forward\"\nupstream = \"http://127.0.0.1:" +
-                         std::to_string(upstream_url_.port) + "\"\n" + options.extra_tables;
-  StartIdemd(options);
+  StartIdemd(WithPassThrough("http://127.0.0.1:" + std::to_string(upstream_url_.port)));
   // No protocol and no authentication by idemd: every copy executes, with the client's headers.
   for (int i = 1; i <= 2; ++i) {
     auto r = Call("POST", "/v2/things?x=1", "client-key-1", "plain text",
@@ -646,17 +651,12 @@ TEST_F(GatewayTest, APassThroughToAFailingUpstreamIsAProblemAndIdemdServesOn) {
     EXPECT_EQ(Get("/healthz").status, 200);
   };
   // Down: nothing listens at port 1, so nothing was sent.
-  IdemdOptions down = WithRoutes();
-  down.extra_tables =
-      "[gateway]\nunmatched = \"forward\"\nupstream = \"http://127.0.0.1:1\"\n" + down.extra_tables;
-  StartIdemd(down);
+  StartIdemd(WithPassThrough("http://127.0.0.1:1"));
   expect_problem(Call("POST", "/v2/things", "", "{}"), 503, "unavailable");
 
-  IdemdOptions up = WithRoutes();
+  IdemdOptions up = WithPassThrough("http://127.0.0.1:" + std::to_string(upstream_url_.port));
   up.extra_tables =
-      "[gateway]\nunmatched = \"forward\"\ntimeout_ms = 300\nupstream = "
-      "\"http://127.0.0.1:" +
-      std::to_string(upstream_url_.port) + "\"\n" + up.extra_tables;
+      "[gateway]\ntimeout_ms = 300\n" + up.extra_tables.substr(std::string("[gateway]\n").size());
   StartIdemd(up);
   // Slower than [gateway] timeout_ms.
   expect_problem(Call("POST", "/v2/things", "", "{}", {{"X-Upstream-Delay-Ms", "1000"}}), 504,
@@ -694,10 +694,7 @@ TEST_F(GatewayTest, PathParametersThatAreDotSegmentsOrHoldEncodedSlashesAreRefus
 // CONNECT (a tunnel) and TRACE (an echo of the request, credentials included) are never passed
 // through: idemd authenticates nothing there.
 TEST_F(GatewayTest, ConnectAndTraceAreNotPassedThrough) {
-  IdemdOptions options = WithRoutes();
-  options.extra_tables = "[gateway]\nunmatched = \"forward\"\nupstream = \"http://127.0.0.1:" +
-                         std::to_string(upstream_url_.port) + "\"\n" + options.extra_tables;
-  StartIdemd(options);
+  StartIdemd(WithPassThrough("http://127.0.0.1:" + std::to_string(upstream_url_.port)));
   for (const std::string method : {"TRACE", "CONNECT"}) {
     SCOPED_TRACE(method);
     auto r = Call(method, "/v2/things", "", "");
@@ -733,11 +730,10 @@ TEST_F(GatewayTest, TheClientsCopyOfTheForwardKeyHeaderIsNeverForwarded) {
 // Error answers say what happened in plain words; the upstream's address and the transport's
 // error text go to the log only.
 TEST_F(GatewayTest, ErrorAnswersNameNeitherTheUpstreamNorTheTransportError) {
-  IdemdOptions options = WithRoutes();
-  options.extra_tables = "[gateway]\nunmatched = \"forward\"\nupstream = \"http://127.0.0.1:1\"\n" +
-                         options.extra_tables +
-                         "[[routes]]\nname = \"down.create\"\nmatch = \"POST /v1/down\"\n"
-                         "upstream = \"http://127.0.0.1:1\"\nkey = \"optional\"\n";
+  IdemdOptions options = WithPassThrough("http://127.0.0.1:1");
+  options.extra_tables +=
+      "[[routes]]\nname = \"down.create\"\nmatch = \"POST /v1/down\"\n"
+      "upstream = \"http://127.0.0.1:1\"\nkey = \"optional\"\n";
   StartIdemd(options);
   auto expect_plain = [](const http::Response& r, int status) {
     EXPECT_EQ(r.status, status) << r.body;
