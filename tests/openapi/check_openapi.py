@@ -174,7 +174,7 @@ def main():
             f.write(f'[server]\nlisten = "127.0.0.1:0"\nmax_body_bytes = 65536\n'
                     f'[store]\nurl = "sqlite://{workdir}/idem.db"\n'
                     f'[provider]\nurl = "http://127.0.0.1:{provider_port}"\ntimeout_ms = 1000\n'
-                    f'[idempotency]\nlease_ms = 4000\nmax_retained = 4\n' + PRINCIPALS)
+                    f'[idempotency]\nlease_ms = 4000\nmax_retained = 5\n' + PRINCIPALS)
         env = dict(os.environ, IDEM_SECRETS=SECRETS)
         idemd, port = start([args.idemd, "--config", config], env, workdir, "idemd listening on ")
         processes.append(idemd)
@@ -225,6 +225,9 @@ def main():
         expect(request("POST", "/v1/payments", "oa-key-0005", pay_body("OA-5"), api_key=CAROL), 402, "decline")
         admin("/admin/faults", {"fault": "error", "times": 1})
         expect(request("POST", "/v1/payments", "oa-key-0006", pay_body("OA-6"), api_key=CAROL), 503, "5xx")
+        admin("/admin/faults", {"fault": "long_id", "times": 1})
+        expect(request("POST", "/v1/payments", "oa-key-0009", pay_body("OA-9"), api_key=CAROL), 502,
+               "answer too large to keep")
         admin("/admin/faults", {"fault": "succeed_then_timeout", "delay_ms": 2000, "times": 1})
         expect(request("POST", "/v1/payments", "oa-key-0007", pay_body("OA-7"), api_key=CAROL), 504, "timeout")
         admin("/admin/faults", {"fault": "slow", "delay_ms": 700, "times": 1})
@@ -236,7 +239,7 @@ def main():
         expect(request("POST", "/v1/payments", "oa-key-0008", pay_body("OA-8"), api_key=CAROL,
                        extra={"Prefer": "respond-async"}), 202, "respond-async")
         runner.join()
-        for i in range(10):  # bob's retained keys run out (max_retained = 4)
+        for i in range(10):  # bob's retained keys run out (max_retained = 5)
             got = request("POST", "/v1/payments", f"oa-quota-{i:04d}", pay_body(f"OA-Q{i}"), api_key=BOB)
             if got[0] == 429:
                 break

@@ -14,7 +14,7 @@
 //   POST /v1/refunds               Idempotency-Key + {"charge","amount","reason"}
 //                                   → 201 {"id","charge","amount","status"} | 400 | 404 | 503
 //   POST /admin/faults             {"fault": "decline"|"error"|"hang"|"slow"|
-//                                   "succeed_then_timeout"|"late"|"none",
+//                                   "succeed_then_timeout"|"late"|"long_id"|"none",
 //                                   "reference": R (optional; else global), "delay_ms": N,
 //                                   "times": N, "status": 5xx, "charge_after_ms": N (error)}
 //
@@ -39,7 +39,8 @@
 // `late` models a provider that executes a request after its caller gave up: the charge is
 // created delay_ms after the request arrived, whether or not the caller still waits (a closed
 // connection does not cancel it); a caller still waiting gets the answer then. Until then a
-// lookup by reference or a listing finds nothing. Faults apply to charges, not refunds.
+// lookup by reference or a listing finds nothing. `long_id` charges at once under an id of over
+// 20 KiB. Faults apply to charges, not refunds.
 //   DELETE /admin/faults           clears every fault
 //   POST /admin/mode               {"ignore_idempotency_keys": true|false} (charges and refunds)
 //   POST /admin/charges            {"reference","amount","currency","created_at" (optional;
@@ -296,6 +297,8 @@ class ProviderSim final : public http::Handler {
     if (fault && fault->kind == "slow") context.delay = fault->delay;
 
     charge.id = NewId("ch_");
+    // A provider whose ids outgrow what a client keeps: idemd's stored answer (16 KiB) included.
+    if (fault && fault->kind == "long_id") charge.id += std::string(20 * 1024, 'x');
     charge.created_ms = ToUnixMillis(SystemClock().Now());
     if (fault && (fault->kind == "late" || fault->kind == "error")) {
       // Made at the landing time whatever the caller did; its slot is held from now, so a
@@ -495,12 +498,12 @@ class ProviderSim final : public http::Handler {
     const json::object* o = ec ? nullptr : body.if_object();
     const json::value* kind = o ? o->if_contains("fault") : nullptr;
     static const std::vector<std::string> kKinds = {
-        "decline", "error", "hang", "slow", "succeed_then_timeout", "late", "none"};
+        "decline", "error", "hang", "slow", "succeed_then_timeout", "late", "long_id", "none"};
     if (kind == nullptr || !kind->is_string() ||
         std::find(kKinds.begin(), kKinds.end(), std::string(kind->as_string())) == kKinds.end()) {
       return Json(400, json::object{{"error",
                                      "fault must be one of decline, error, hang, slow, "
-                                     "succeed_then_timeout, late, none"}});
+                                     "succeed_then_timeout, late, long_id, none"}});
     }
     Fault f;
     f.kind = std::string(kind->as_string());
