@@ -2,6 +2,8 @@
 // idemd instances on one database while one of them is killed and restarted, and what idemd
 // answers while its database stalls.
 
+#include <signal.h>
+
 #include <atomic>
 #include <mutex>
 #include <random>
@@ -94,6 +96,51 @@ TEST_F(PostgresIdemdTest, PreferWaitOnAnotherInstanceIsWokenByTheStore) {
   EXPECT_EQ(metrics->body.find("idem_store_notifications_total 0"), std::string::npos)
       << "instance b heard the completion from instance a";
   EXPECT_EQ(TotalCharges(), 1);
+}
+
+// The finding on PostgreSQL: three instances on one database, a provider that ignores keys and
+// whose front end answers 502 while its back end makes the charge 3 s later. The client retries
+// every second on the next instance: each looks the charge up and answers in progress until the
+// send has settled (by the database's clock), then the one after the charge landed returns it.
+// One charge. Before the fix the first retry charged again.
+TEST_F(PostgresIdemdTest, AnUndeclared5xxChargesOnceAcrossThreeInstances) {
+  std::vector<testing::ChildProcess> others;
+  std::vector<http::Url> instances = {idemd_url_};
+  for (const char* name : {"b", "c"}) {
+    const std::string config = dir_.File(std::string("idemd-") + name + ".toml");
+    WriteConfig(config, {.settle_ms = 5000, .store_url = store_url_});
+    auto p = testing::ChildProcess::Spawn({IDEMD_PATH, "--config", config},
+                                          {{"IDEM_SECRETS", secrets_toml_}}, dir_.path().string(),
+                                          dir_.File(std::string("idemd-") + name + ".log"));
+    ASSERT_TRUE(p.has_value());
+    auto line = p->WaitForLine("idemd listening on ", std::chrono::seconds(10));
+    ASSERT_TRUE(line.has_value());
+    instances.push_back(*http::ParseHttpUrl(*line));
+    others.push_back(std::move(*p));
+  }
+  StartIdemd({.settle_ms = 5000, .store_url = store_url_});
+  instances[0] = idemd_url_;
+  ProviderMode(true);
+  Fault(R"({"fault":"error","status":502,"charge_after_ms":3000,"times":1})");
+  const std::string body = Body("ORD-PG502");
+  const http::Response first = PayAt(instances[0], "pg-502-key", body);
+  ASSERT_EQ(first.status, 503) << first.body;
+  http::Response again;
+  int in_progress = 0;
+  for (int i = 1; i <= 10; ++i) {
+    std::this_thread::sleep_for(std::chrono::seconds(1));
+    again = PayAt(instances[static_cast<std::size_t>(i) % instances.size()], "pg-502-key", body);
+    if (again.status != 409) break;
+    ++in_progress;
+  }
+  EXPECT_GE(in_progress, 1) << "a retry a second after the 502 was not held";
+  ASSERT_EQ(again.status, 201) << again.body;
+  std::this_thread::sleep_for(std::chrono::milliseconds(3500));  // anything late has landed
+  EXPECT_EQ(TotalCharges(), 1);
+  for (testing::ChildProcess& p : others) {
+    p.Signal(SIGTERM);
+    p.Wait(std::chrono::seconds(10));
+  }
 }
 
 // Three instances on one database. A client sends new orders, retries and concurrent duplicates
