@@ -458,22 +458,24 @@ TEST_P(FaultyStoreTest, TheEngineAnswersFromTheClaimTransactionOnlyAfterItsCommi
   ASSERT_TRUE(first.has_value()) << first.error().message;
   ASSERT_EQ(first->kind, Decision::Kind::kExecute);
 
-  auto duplicate = engine.Start(policy, Req(key));
+  // Without the snapshot read first (which sees only committed records, and answers these two
+  // from one), the claim transaction decides.
+  auto duplicate = engine.Start(policy, Req(key), {}, nullptr, /*read_first=*/false);
   ASSERT_FALSE(duplicate.has_value()) << "answered in progress without a commit";
   EXPECT_TRUE(Injected(duplicate.error())) << duplicate.error().message;
   Request other = Req(key);
   other.body = R"({"amount":"200.00"})";
-  auto mismatch = engine.Start(policy, other);
+  auto mismatch = engine.Start(policy, other, {}, nullptr, /*read_first=*/false);
   ASSERT_FALSE(mismatch.has_value());
   EXPECT_TRUE(Injected(mismatch.error())) << mismatch.error().message;
 
   // With the commits passing again, the same requests get their answers.
   auto healthy = Faulty(FaultPlan());
   Engine again(*healthy, *fingerprinter, *sealer, clock_);
-  auto in_progress = again.Start(policy, Req(key));
+  auto in_progress = again.Start(policy, Req(key), {}, nullptr, /*read_first=*/false);
   ASSERT_TRUE(in_progress.has_value()) << in_progress.error().message;
   EXPECT_EQ(in_progress->kind, Decision::Kind::kInProgress);
-  auto refused = again.Start(policy, other);
+  auto refused = again.Start(policy, other, {}, nullptr, /*read_first=*/false);
   ASSERT_FALSE(refused.has_value());
   EXPECT_EQ(refused.error().code, Errc::kFingerprintMismatch);
 }

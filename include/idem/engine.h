@@ -151,17 +151,19 @@ class Engine {
   // With kFingerprintMismatch, and only then, *mismatch_expires (when not null) is set to the
   // expiry of the record that holds the key, which a caller may tell the client; every other
   // outcome leaves it untouched.
-  // Start begins with a snapshot read, which answers a finished record without the claim's write
-  // transaction; `read_first` = false leaves it out, for a caller that has just made it
-  // (ReplayFromStore found nothing to replay).
+  // Start begins with a snapshot read, which answers a finished record, and a duplicate of one a
+  // live lease holds ("in progress"), without the claim's write transaction; `read_first` = false
+  // leaves it out, for a caller that has just made it (ReplayFromStore decided nothing).
   Result<Decision> Start(const RoutePolicy& policy, const Request& request,
                          const TxnHook& on_claim = {}, Timestamp* mismatch_expires = nullptr,
                          bool read_first = true);
 
-  // Start's snapshot read alone: the replay of a finished, unexpired record, or the error Start
-  // would return for it (a mismatch); nullopt when the record is not finished or not there (then
+  // Start's snapshot read alone: the replay of a finished, unexpired record, kInProgress for a
+  // PROCESSING record under a live lease (by the store's clock), or the error Start would return
+  // for either (a mismatch); nullopt when the record is not there or the claim must decide (then
   // Start decides, read_first = false). No write transaction: a caller can run it where claims do
-  // not queue, so a replay never waits behind executions. Errors: as Start's.
+  // not queue, so neither a replay nor a duplicate of a running operation waits behind
+  // executions. Errors: as Start's.
   Result<std::optional<Decision>> ReplayFromStore(const RoutePolicy& policy, const Request& request,
                                                   Timestamp* mismatch_expires = nullptr);
 
@@ -261,7 +263,12 @@ class Engine {
   // Removes the marker `token` placed, if any.
   void ReleaseMarker(const ScopeHash& scope, const std::optional<MarkerToken>& token);
   // ReplayFromMemory and ReplayFromStore: the record `read` returns for the request's scope,
-  // replayed if it is finished and unexpired and the request is the same.
+  // answered (AnswerRead) if a read decides it and the request is the same.
+  // A replay of `seen` when it is finished, else kInProgress; kFingerprintMismatch when `seen`
+  // holds its key for another request. `decision` carries the parsed key.
+  Result<Decision> AnswerRead(const RoutePolicy& policy, const Request& request,
+                              const CanonicalRequest& canonical, const ScopeHash& scope,
+                              Decision decision, Record seen, Timestamp* mismatch_expires);
   Result<std::optional<Decision>> ReplayOf(
       const RoutePolicy& policy, const Request& request, Timestamp* mismatch_expires,
       const std::function<Result<std::optional<Record>>(const ScopeHash&)>& read);

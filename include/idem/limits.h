@@ -47,10 +47,10 @@ inline constexpr int64_t kMaxProcessingPerPrincipal = 100;
 // (idem_retained), so a claim costs the same at any number retained.
 inline constexpr int64_t kMaxRetainedPerPrincipal = 64'000'000;
 
-// Requests one principal may bring to the claim (new keys, and keys not finished) on one route
-// of one instance, each second, and at once after a pause: a key flood is refused (429) within a
-// second, long before the retained quota, while a busy merchant (100 new keys a second) is never
-// near it.
+// Requests one principal may bring to the claim (new keys, and retries of failed or stopped ones)
+// on one route of one instance, each second, and at once after a pause: a key flood is refused
+// (429) within a second, long before the retained quota, while a busy merchant (100 new keys a
+// second) is never near it.
 inline constexpr int64_t kMaxNewKeysPerSecondPerPrincipal = 1000;
 
 // Time of records: how long a claim's lease lasts before another executor may take over (renewed

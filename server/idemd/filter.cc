@@ -317,27 +317,13 @@ http::Async<http::Response> IdempotencyFilter::Decide(const http::Request& reque
   // A finished record held in memory is answered here, on this thread: no store call, no hop.
   Result<std::optional<Decision>> held =
       engine_.ReplayFromMemory(policy_.route, engine_request, &mismatch_expires);
-  if (held && !*held && context.hold && context.attempt > 1 && engine_request.key_header) {
-    // A parked request polls with a snapshot read: while the operation it waits for still holds
-    // its lease, Start would only take the write lock (the claim transaction) to say so again.
-    // The first call verified this request against the record, which a PROCESSING record keeps.
-    auto found = co_await reads_.Call(
-        [&] { return engine_.Lookup(principal, policy_.route, *engine_request.key_header); });
-    if (found && *found && (*found)->lease_left) {
-      const FoundRecord& running = **found;
-      co_return InProgress(
-          Running{running.key, running.record.scope,
-                  std::clamp(*running.lease_left, Millis(1), policy_.route.retry_after),
-                  running.record.expires_at},
-          prefer.respond_async, prefer.wait, principal, context);
-    }
-    // Finished, its lease ended, gone, or the read failed: Start decides.
-  }
   SteadyTime claim_began{};  // Ticket::claim_began
   Result<Decision> decision = MakeError(Errc::kInternal, "undecided");
   if (held && !*held) {
-    // Not in memory: a snapshot read, on the reads' threads, answers a finished record; only
-    // what it cannot answer goes to the claim, which queues with the other writes.
+    // Not in memory: a snapshot read, on the reads' threads, answers a finished record and a
+    // duplicate of a running one (a parked request's every poll); only what it cannot answer
+    // goes to the claim, which queues with the other writes, and only that counts against the
+    // principal's rate of new keys.
     held = co_await reads_.Call(
         [&] { return engine_.ReplayFromStore(policy_.route, engine_request, &mismatch_expires); });
     if (held && !*held && !claim_rate_->Take(PrincipalKey(principal), monotonic_.Now())) {

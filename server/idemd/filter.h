@@ -96,7 +96,7 @@ struct FilterPolicy {
   int64_t max_waiters_per_principal = limits::kMaxWaitersPerPrincipal;
   // Requests one principal may bring to the claim each second (a token bucket holding as many:
   // a burst of that size after a pause); beyond, 429 quota-exceeded with Retry-After at once,
-  // before the store. Replays of finished records and parked polls are not counted. Per filter
+  // before the store. Replays and duplicates of a running operation are not counted. Per filter
   // and process; 0: no limit.
   int64_t max_new_keys_per_second = limits::kMaxNewKeysPerSecondPerPrincipal;
   std::string route_label;  // for metrics and logs, e.g. "payments.create"

@@ -967,6 +967,25 @@ TEST_F(FilterTest, AKeyFloodIsRefusedBeforeTheClaimAndReplaysAreNotCounted) {
   EXPECT_EQ(op_.Executed(), 5);
 }
 
+// Duplicates of a running operation are answered from a snapshot read, in progress, and take no
+// token: retries of one slow payment (a client's Prefer: wait flood) never crowd its principal's
+// new keys out, however many there are.
+TEST_F(FilterTest, DuplicatesOfARunningOperationAreNotCountedAgainstTheRateOfNewKeys) {
+  policy_.max_new_keys_per_second = 3;
+  StartBlocked(Post("key-00000001"));
+  for (int i = 0; i < 10; ++i) {
+    const http::Response duplicate = Handle(Post("key-00000001"));
+    ASSERT_EQ(duplicate.status, 409) << "duplicate " << i << ": " << duplicate.body;
+    EXPECT_EQ(TypeOf(duplicate), "urn:idem:problem:request-in-progress");
+  }
+  EXPECT_EQ(Requests("quota"), 0);
+  EXPECT_EQ(Handle(Post("key-00000002")).status, 201);
+  EXPECT_EQ(Handle(Post("key-00000003")).status, 201);
+  EXPECT_EQ(Handle(Post("key-00000004")).status, 429) << "the first claim took a token";
+  EXPECT_EQ(Release().status, 201);
+  EXPECT_EQ(op_.Executed(), 3);
+}
+
 TEST_F(FilterTest, AnExecutionsStateOverridesThePolicy) {
   // A 503 declared final is replayed; a 201 declared retryable executes again.
   op_.execute = [](int n, Ticket&) {

@@ -85,6 +85,26 @@ Status VerifyRecord(const RoutePolicy& policy, const Request& request,
   return same;
 }
 
+// Whether a snapshot read of `seen` decides the request without the claim's write transaction:
+// a finished, unexpired record never changes again, and while a live lease holds a PROCESSING
+// record the claim could only answer "in progress" too. (By the store's clock, as the claim's.)
+bool DecidedByRead(const Record& seen) {
+  if (IsReplayable(seen.state)) return seen.expires_at > seen.observed_at;
+  return seen.state == RecordState::kProcessing && seen.lease.until >= seen.observed_at;
+}
+
+// The answer for a duplicate of the operation `record` is running: retry after what is left of
+// its lease, at most policy.retry_after.
+Decision InProgress(const RoutePolicy& policy, Decision decision, Record record) {
+  decision.kind = Decision::Kind::kInProgress;
+  decision.retry_after =
+      std::clamp(std::chrono::duration_cast<Millis>(record.lease.until - record.observed_at),
+                 Millis(1), policy.retry_after);
+  decision.key_expires = record.expires_at;
+  decision.record = std::move(record);
+  return decision;
+}
+
 }  // namespace
 
 Result<Decision> Engine::Start(const RoutePolicy& policy, const Request& request,
@@ -100,15 +120,13 @@ Result<Decision> Engine::Start(const RoutePolicy& policy, const Request& request
   IDEM_ASSIGN_OR_RETURN(CanonicalRequest canonical,
                         MakeCanonicalRequest(FactsOf(policy, request), policy.rules));
 
-  // A finished, unexpired record never changes again: answer it from a snapshot read, without
-  // taking the write lock.
+  // A finished record, or one a live lease holds, is answered from a snapshot read, without
+  // taking the write lock (DecidedByRead).
   if (read_first) {
     IDEM_ASSIGN_OR_RETURN(std::optional<Record> seen, store_.Read(hash));
-    if (seen && IsReplayable(seen->state) && seen->expires_at > seen->observed_at) {
-      IDEM_RETURN_IF_ERROR(
-          VerifyRecord(policy, request, canonical, fingerprinter_, *seen, mismatch_expires));
-      decision.record = std::move(*seen);
-      return Replay(hash, std::move(decision));
+    if (seen && DecidedByRead(*seen)) {
+      return AnswerRead(policy, request, canonical, hash, std::move(decision), std::move(*seen),
+                        mismatch_expires);
     }
   }
 
@@ -186,18 +204,25 @@ Result<std::optional<Decision>> Engine::ReplayOf(
   auto hash = scope.Hash();
   if (!hash) return std::optional<Decision>();
   IDEM_ASSIGN_OR_RETURN(std::optional<Record> held, read(*hash));
-  if (!held || !IsReplayable(held->state) || held->expires_at <= held->observed_at) {
-    return std::optional<Decision>();
-  }
+  if (!held || !DecidedByRead(*held)) return std::optional<Decision>();
   IDEM_ASSIGN_OR_RETURN(CanonicalRequest canonical,
                         MakeCanonicalRequest(FactsOf(policy, request), policy.rules));
-  IDEM_RETURN_IF_ERROR(
-      VerifyRecord(policy, request, canonical, fingerprinter_, *held, mismatch_expires));
   Decision decision;
   decision.key = std::move(*key);
-  decision.record = std::move(*held);
-  IDEM_ASSIGN_OR_RETURN(Decision replay, Replay(*hash, std::move(decision)));
-  return std::optional<Decision>(std::move(replay));
+  IDEM_ASSIGN_OR_RETURN(Decision answer,
+                        AnswerRead(policy, request, canonical, *hash, std::move(decision),
+                                   std::move(*held), mismatch_expires));
+  return std::optional<Decision>(std::move(answer));
+}
+
+Result<Decision> Engine::AnswerRead(const RoutePolicy& policy, const Request& request,
+                                    const CanonicalRequest& canonical, const ScopeHash& scope,
+                                    Decision decision, Record seen, Timestamp* mismatch_expires) {
+  IDEM_RETURN_IF_ERROR(
+      VerifyRecord(policy, request, canonical, fingerprinter_, seen, mismatch_expires));
+  if (!IsReplayable(seen.state)) return InProgress(policy, std::move(decision), std::move(seen));
+  decision.record = std::move(seen);
+  return Replay(scope, std::move(decision));
 }
 
 void Engine::ReleaseMarker(const ScopeHash& scope, const std::optional<MarkerToken>& token) {
@@ -242,13 +267,7 @@ Result<Decision> Engine::ClaimInTxn(const RoutePolicy& policy, const Request& re
       }
       if (record.state == RecordState::kProcessing && record.lease.until >= now) {
         IDEM_RETURN_IF_ERROR(txn->Commit());
-        decision.kind = Decision::Kind::kInProgress;
-        decision.retry_after =
-            std::clamp(std::chrono::duration_cast<Millis>(record.lease.until - now), Millis(1),
-                       policy.retry_after);
-        decision.key_expires = record.expires_at;
-        decision.record = std::move(record);
-        return decision;
+        return InProgress(policy, std::move(decision), std::move(record));
       }
     }
     // A new operation on a forgotten record; or a retry after a retryable failure, or a takeover

@@ -421,11 +421,12 @@ TEST_F(RedisCacheTest, EngineTurnsAwayDuplicatesBeforeTheDatabase) {
 
   auto lock = raw_->Begin();  // another process holds the write lock now
   ASSERT_TRUE(lock.has_value());
-  auto dup = engine.Start(policy, request(R"({"a":1})"));
+  // Past the snapshot read (which would answer both from the record): the marker decides.
+  auto dup = engine.Start(policy, request(R"({"a":1})"), {}, nullptr, /*read_first=*/false);
   ASSERT_TRUE(dup.has_value()) << dup.error().message;
   EXPECT_EQ(dup->kind, Decision::Kind::kInProgress);
   EXPECT_EQ(dup->key_expires, first->key_expires);
-  auto other = engine.Start(policy, request(R"({"a":2})"));
+  auto other = engine.Start(policy, request(R"({"a":2})"), {}, nullptr, /*read_first=*/false);
   ASSERT_FALSE(other.has_value()) << "a different request must reach the database";
   EXPECT_EQ(other.error().code, Errc::kUnavailable);
   lock->reset();
