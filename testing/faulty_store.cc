@@ -35,6 +35,8 @@ std::string_view StoreOpName(StoreOp op) {
       return "advance_covered";
     case StoreOp::kFinish:
       return "finish";
+    case StoreOp::kSettle:
+      return "settle";
     case StoreOp::kGet:
       return "get";
     case StoreOp::kCount:
@@ -189,6 +191,10 @@ class FaultyTxn final : public StoreTxn {
   }
   Status Finish(const ScopeHash& scope, const Lease& lease, const Outcome& outcome) override {
     return state_->Run(StoreOp::kFinish, [&] { return target_->Finish(scope, lease, outcome); });
+  }
+  Status Settle(const ScopeHash& scope, int64_t seen_fence, const Outcome& outcome) override {
+    return state_->Run(StoreOp::kSettle,
+                       [&] { return target_->Settle(scope, seen_fence, outcome); });
   }
   Result<std::optional<Record>> Get(const ScopeHash& scope) override {
     return state_->Run(StoreOp::kGet, [&] { return target_->Get(scope); });

@@ -44,6 +44,7 @@ enum class StoreOp : uint8_t {
   kAdvance,
   kAdvanceCovered,
   kFinish,
+  kSettle,
   kGet,
   kCount,
   kExec,

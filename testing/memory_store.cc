@@ -238,6 +238,29 @@ class MemoryTxn final : public StoreTxn {
     return Ok();
   }
 
+  // settle: the outcome, the recovery point as given, fence + 1, only from a held outcome with
+  // the fence the operator read.
+  Status Settle(const ScopeHash& scope, int64_t seen_fence, const Outcome& outcome) override {
+    IDEM_RETURN_IF_ERROR(Open());
+    IDEM_RETURN_IF_ERROR(CheckSettlement(outcome));
+    const Timestamp now = clock_.Now();
+    std::optional<Record> current = Current(scope);
+    if (!current || current->lease.fence != seen_fence ||
+        current->state != RecordState::kFailedFinal ||
+        current->recovery_point != kOutcomeUnknownPoint || current->expires_at <= now) {
+      return SettleRefused(current ? std::optional<Record>(Observed(*current, now)) : std::nullopt,
+                           seen_fence);
+    }
+    current->state = outcome.state;
+    current->status_code = outcome.status_code;
+    current->response = outcome.sealed_response;
+    current->recovery_point = outcome.recovery_point;
+    current->lease.fence += 1;
+    current->updated_at = now;
+    Put(*current);
+    return Ok();
+  }
+
   Result<std::optional<Record>> Get(const ScopeHash& scope) override {
     IDEM_RETURN_IF_ERROR(Open());
     const Timestamp now = clock_.Now();
@@ -374,6 +397,25 @@ class MemoryStore final : public Store {
   static bool PastSend(const Record& r, const std::vector<std::string>& sent_points) {
     return r.state == RecordState::kFailedRetryable && !r.recovery_point.empty() &&
            std::find(sent_points.begin(), sent_points.end(), r.recovery_point) != sent_points.end();
+  }
+
+  // list_held: the same WHERE, ORDER BY updated_at (ties by scope hash), LIMIT.
+  Result<std::vector<Record>> ListHeld(std::string_view route, int limit) override {
+    const Timestamp now = clock_.Now();
+    std::vector<Record> held;
+    {
+      std::shared_lock lock(data_->mu);
+      for (const auto& [scope, r] : data_->records) {
+        if (r.state == RecordState::kFailedFinal && r.recovery_point == kOutcomeUnknownPoint &&
+            r.expires_at > now && (route.empty() || r.route == route)) {
+          held.push_back(Observed(r, now));
+        }
+      }
+    }
+    std::stable_sort(held.begin(), held.end(),
+                     [](const Record& a, const Record& b) { return a.updated_at < b.updated_at; });
+    held.resize(Bounded(held.size(), limit));
+    return held;
   }
 
   // list_stale: the same validation (ListStaleRecords), the same WHERE, ORDER BY lease_until

@@ -436,6 +436,113 @@ TEST_P(StoreContractTest, RetryableFailureMayBeClaimedAgainAtOnceFinalMayNot) {
   EXPECT_EQ(refused.error().code, Errc::kConflict);
 }
 
+// A held outcome (FAILED_FINAL at kOutcomeUnknownPoint) is settled once, by the fence it was read
+// with: executed, it holds the operator's answer; not executed, it is a retryable failure at the
+// point of a fresh claim, claimed again under the operation's resource id. Nothing else settles:
+// not another final record, not a stale fence, not a settled record, not a missing one.
+TEST_P(StoreContractTest, OnlyAHeldOutcomeIsSettledAndOnlyOnce) {
+  const Outcome held{RecordState::kFailedFinal, 502, "unknown-outcome-answer",
+                     std::string(kOutcomeUnknownPoint)};
+  const ClaimSpec executed = ContractSpec("held-executed");
+  const Record e1 = MustClaim(*store_, executed);
+  MustFinish(*store_, executed, e1.lease, held);
+  const Outcome answer{RecordState::kSucceeded, 201, "operator-answer",
+                       std::string(kOperatorSettledPoint)};
+  {
+    auto txn = MustBegin(*store_);
+    const Status stale = txn->Settle(executed.scope, e1.lease.fence + 1, answer);
+    ASSERT_FALSE(stale.has_value());
+    EXPECT_EQ(stale.error().code, Errc::kConflict) << stale.error().message;
+    ASSERT_TRUE(txn->Settle(executed.scope, e1.lease.fence, answer).has_value());
+    ASSERT_TRUE(txn->Commit().has_value());
+  }
+  std::optional<Record> settled = MustRead(*store_, executed.scope);
+  ASSERT_TRUE(settled.has_value());
+  EXPECT_EQ(settled->state, RecordState::kSucceeded);
+  EXPECT_EQ(settled->status_code, 201);
+  EXPECT_EQ(settled->response, "operator-answer");
+  EXPECT_EQ(settled->recovery_point, kOperatorSettledPoint);
+  EXPECT_EQ(settled->lease.fence, e1.lease.fence + 1);
+  {
+    auto txn = MustBegin(*store_);
+    const Status again = txn->Settle(executed.scope, settled->lease.fence, answer);
+    ASSERT_FALSE(again.has_value()) << "settled once";
+    EXPECT_EQ(again.error().code, Errc::kConflict);
+  }
+
+  const ClaimSpec not_executed = ContractSpec("held-not-executed");
+  const Record n1 = MustClaim(*store_, not_executed);
+  {
+    auto txn = MustBegin(*store_);
+    ASSERT_TRUE(txn->Advance(not_executed.scope, n1.lease, "forwarded", "upstream-key-1"));
+    ASSERT_TRUE(txn->Commit().has_value());
+  }
+  MustFinish(*store_, not_executed, n1.lease, held);
+  {
+    auto txn = MustBegin(*store_);
+    ASSERT_TRUE(txn->Settle(not_executed.scope, n1.lease.fence,
+                            Outcome{RecordState::kFailedRetryable, 0, "", ""}));
+    ASSERT_TRUE(txn->Commit().has_value());
+  }
+  {
+    auto txn = MustBegin(*store_);
+    auto retried = txn->Reclaim(not_executed, n1.lease.fence + 1);
+    ASSERT_TRUE(retried.has_value()) << retried.error().message;
+    EXPECT_EQ(retried->state, RecordState::kProcessing);
+    EXPECT_EQ(retried->recovery_point, "");
+    EXPECT_EQ(retried->resource_id, "upstream-key-1") << "the operation keeps its ids";
+    ASSERT_TRUE(txn->Commit().has_value());
+  }
+
+  // A final record that is not held, and a key with no record.
+  const ClaimSpec final_spec = ContractSpec("held-never");
+  const Record f1 = MustClaim(*store_, final_spec);
+  MustFinish(*store_, final_spec, f1.lease,
+             Outcome{RecordState::kFailedFinal, 402, "declined", "done"});
+  auto txn = MustBegin(*store_);
+  const Status not_held = txn->Settle(final_spec.scope, f1.lease.fence, answer);
+  ASSERT_FALSE(not_held.has_value());
+  EXPECT_EQ(not_held.error().code, Errc::kConflict);
+  const Status missing = txn->Settle(ContractSpec("held-missing").scope, 1, answer);
+  ASSERT_FALSE(missing.has_value());
+  EXPECT_EQ(missing.error().code, Errc::kNotFound);
+  const Status processing =
+      txn->Settle(final_spec.scope, f1.lease.fence, Outcome{RecordState::kProcessing, 0, "", ""});
+  ASSERT_FALSE(processing.has_value());
+  EXPECT_EQ(processing.error().code, Errc::kInvalidArgument);
+}
+
+// ListHeld lists the unexpired held outcomes, longest held first, of one route or of all.
+TEST_P(StoreContractTest, ListHeldFindsUnexpiredHeldOutcomesOnly) {
+  const Outcome held{RecordState::kFailedFinal, 502, "unknown", std::string(kOutcomeUnknownPoint)};
+  ClaimSpec other = ContractSpec("list-held-other");
+  other.route = "gw.orders";
+  other.scope = *Scope{"acme", "alice", other.route, "list-held-other"}.Hash();
+  MustFinish(*store_, other, MustClaim(*store_, other).lease, held);
+  env_.clock.Advance(Millis(5));
+  const ClaimSpec first = ContractSpec("list-held-first");
+  MustFinish(*store_, first, MustClaim(*store_, first).lease, held);
+  const ClaimSpec plain = ContractSpec("list-held-plain");
+  MustFinish(*store_, plain, MustClaim(*store_, plain).lease,
+             Outcome{RecordState::kFailedFinal, 502, "bad gateway", "done"});
+  MustClaim(*store_, ContractSpec("list-held-running"));
+
+  auto all = store_->ListHeld("", 10);
+  ASSERT_TRUE(all.has_value()) << all.error().message;
+  ASSERT_EQ(all->size(), 2u);
+  EXPECT_EQ(all->at(0).scope, other.scope) << "the longest held first";
+  EXPECT_EQ(all->at(1).scope, first.scope);
+  EXPECT_EQ(all->at(1).recovery_point, kOutcomeUnknownPoint);
+  auto route = store_->ListHeld("payments.create", 10);
+  ASSERT_TRUE(route.has_value()) << route.error().message;
+  ASSERT_EQ(route->size(), 1u);
+  EXPECT_EQ(route->at(0).scope, first.scope);
+  EXPECT_EQ(store_->ListHeld("", 1)->size(), 1u);
+
+  env_.clock.Advance(kRetention + Millis(1));
+  EXPECT_EQ(store_->ListHeld("", 10)->size(), 0u) << "an expired held outcome is not listed";
+}
+
 TEST_P(StoreContractTest, ExpiredRecordIsReclaimedAsANewOperation) {
   const ClaimSpec spec = ContractSpec("key-expired");
   Record old = MustClaim(*store_, spec);

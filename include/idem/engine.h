@@ -237,13 +237,26 @@ class Engine {
   // one transaction with `business`, then removes the ticket's in-flight marker. A finished
   // record's recovery point becomes "done"; a FAILED_RETRYABLE one keeps its point unless
   // `recovery_point` names the point the next attempt resumes from (e.g. one before the send,
-  // once a lookup proved the call had no effect, so the reconciler stops listing it).
+  // once a lookup proved the call had no effect, so the reconciler stops listing it). A
+  // FAILED_FINAL record finished at kOutcomeUnknownPoint is a held outcome, which an operator
+  // settles (Settle).
   // Errors: kFenced (lost the lease; nothing was written, the business writes included),
   // kTooLarge (a replayable response over ticket.max_response_bytes or the sealer's cap; nothing
   // was written: finish again with an answer that fits), kInvalidArgument (recovery_point given
-  // with a final state, or too long), kUnavailable.
+  // with a final state other than a held outcome, or too long), kUnavailable.
   Status Finish(const Ticket& ticket, RecordState state, const StoredResponse& response,
                 const TxnHook& business = {}, std::string_view recovery_point = {});
+
+  // An operator's settlement of the held outcome `scope` (include/idem/record.h): `answer` when
+  // its operation executed — sealed for the scope and replayed from then on, SUCCEEDED for a 2xx
+  // and FAILED_FINAL otherwise, at kOperatorSettledPoint — or nullopt when it did not: the record
+  // becomes FAILED_RETRYABLE at the point of a fresh claim, and the next request with its key
+  // executes, under the ids the operation fixed (its resource id is kept). One transaction,
+  // conditional on the record being what this call read. Returns the record as settled.
+  // Errors: kNotFound (no record, or expired); kConflict (not a held outcome, or settled
+  // meanwhile); kInvalidArgument (a status outside 200..599); kTooLarge (an answer over
+  // limits::kSealedResponseCeiling); kUnavailable.
+  Result<Record> Settle(const ScopeHash& scope, const std::optional<StoredResponse>& answer);
 
  private:
   Result<Decision> DecideExisting(const RoutePolicy& policy, const Request& request,

@@ -17,7 +17,8 @@ namespace idem {
 
 // PROCESSING → SUCCEEDED | FAILED_FINAL | FAILED_RETRYABLE. A FAILED_RETRYABLE record, a
 // PROCESSING record whose lease expired, and any record past its expiry may be claimed again
-// (PROCESSING, fence + 1). SUCCEEDED and FAILED_FINAL are replayed until they expire.
+// (PROCESSING, fence + 1). SUCCEEDED and FAILED_FINAL are replayed until they expire — except a
+// held outcome (kOutcomeUnknownPoint), which an operator settles once (StoreTxn::Settle).
 enum class RecordState : uint8_t {
   kProcessing = 1,
   kSucceeded = 2,
@@ -35,6 +36,15 @@ bool IsReplayable(RecordState state);
 // takeover or a renewal; X → PROCESSING is a re-claim, legal from FAILED_RETRYABLE, and from any
 // state once the record expired, which the store checks, not this function).
 bool IsLegalTransition(RecordState from, RecordState to);
+
+// The recovery point of a held outcome: a FAILED_FINAL record whose service could not learn
+// whether its operation executed, and would not try it again (a gateway route whose upstream can
+// neither be asked nor deduplicates). It is replayed as stored (a 502 naming the unknown outcome)
+// but never from a cache, is listed by Store::ListHeld, and is settled once by an operator
+// (Engine::Settle): executed, with the answer to store, which then holds kOperatorSettledPoint;
+// or not executed, which makes it FAILED_RETRYABLE at the point of a fresh claim ("").
+inline constexpr std::string_view kOutcomeUnknownPoint = "outcome_unknown";
+inline constexpr std::string_view kOperatorSettledPoint = "operator_settled";
 
 using OwnerToken = std::array<uint8_t, 16>;
 

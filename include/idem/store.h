@@ -163,6 +163,15 @@ class StoreTxn {
   // as for Renew; the caller must then drop the transaction, which rolls back its business writes.
   virtual Status Finish(const ScopeHash& scope, const Lease& lease, const Outcome& outcome) = 0;
 
+  // An operator's settlement of a held outcome: the record, if it still has fence `seen_fence`
+  // and is FAILED_FINAL at kOutcomeUnknownPoint, unexpired, becomes outcome.state with outcome's
+  // status, sealed response and recovery point (written as given, "" included), fence + 1. No
+  // lease is involved: nobody holds a finished record. Errors: kConflict when the record moved
+  // on (settled already, another fence) or is not a held outcome; kNotFound when there is none
+  // (or it expired); kInvalidArgument for outcome.state PROCESSING or a point over
+  // limits::kRecoveryPointMaxLength.
+  virtual Status Settle(const ScopeHash& scope, int64_t seen_fence, const Outcome& outcome) = 0;
+
   // The record as this transaction sees it, or nullopt.
   virtual Result<std::optional<Record>> Get(const ScopeHash& scope) = 0;
 
@@ -261,6 +270,11 @@ class Store {
                                                 const std::vector<std::string>& sent_points,
                                                 int limit) = 0;
 
+  // Up to `limit` held outcomes (FAILED_FINAL at kOutcomeUnknownPoint, unexpired) of `route`, or
+  // of every route when it is empty, the longest held first (updated_at), for an operator to
+  // settle. Errors: kUnavailable; kDataLoss (a record failed to decode).
+  virtual Result<std::vector<Record>> ListHeld(std::string_view route, int limit) = 0;
+
   // Deletes up to `batch` finished records whose expiry has passed, oldest first, and returns how
   // many it deleted. PROCESSING records, and FAILED_RETRYABLE ones at one of `sent_points` (a
   // retryable failure past a call that cannot be called back: ListStale), are left to the
@@ -310,6 +324,9 @@ class StoreWrapper : public Store {
                                         int limit) override {
     return target_.ListStale(route, sent_points, limit);
   }
+  Result<std::vector<Record>> ListHeld(std::string_view route, int limit) override {
+    return target_.ListHeld(route, limit);
+  }
   Result<int> Sweep(int batch, const std::vector<std::string>& sent_points) override {
     return target_.Sweep(batch, sent_points);
   }
@@ -323,6 +340,12 @@ class StoreWrapper : public Store {
 // Finish). Errors: kInvalidArgument for a recovery point longer than
 // limits::kRecoveryPointMaxLength or a resource id longer than limits::kResourceIdMaxLength.
 Status CheckProgress(std::string_view point, std::string_view resource_id);
+// What every store checks of a settlement before it writes (StoreTxn::Settle): kInvalidArgument
+// for a PROCESSING state or a recovery point too long.
+Status CheckSettlement(const Outcome& outcome);
+// The error of a settlement that changed nothing, worded the same on every backend, from the
+// record as the transaction now reads it: kNotFound, or kConflict saying why.
+Error SettleRefused(const std::optional<Record>& record, int64_t seen_fence);
 
 // Deletes expired finished records in batches of limits::kSweepBatch until a batch comes back
 // short or `max_batches` ran, and returns how many it deleted; `sent_points` as for Store::Sweep

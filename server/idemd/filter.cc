@@ -476,9 +476,12 @@ http::Response IdempotencyFilter::Finish(Ticket& ticket, Execution execution,
     return std::move(execution.response);
   }
   const RecordState state =
-      execution.state.value_or(policy_.failures.Classify(execution.response.status));
-  const std::string resume_at =
-      state == RecordState::kFailedRetryable ? execution.recovery_point : std::string();
+      execution.held
+          ? RecordState::kFailedFinal
+          : execution.state.value_or(policy_.failures.Classify(execution.response.status));
+  const std::string resume_at = execution.held ? std::string(kOutcomeUnknownPoint)
+                                : state == RecordState::kFailedRetryable ? execution.recovery_point
+                                                                         : std::string();
   Status finished =
       engine_.Finish(ticket, state, Stored(execution.response, policy_.stored_headers),
                      execution.business, resume_at);

@@ -23,6 +23,9 @@ struct Execution {
   TxnHook business;
   // Overrides the policy's classification of response.status.
   std::optional<RecordState> state;
+  // The downstream may have acted, and nobody will find out or try again: `response` is kept
+  // FAILED_FINAL as a held outcome (kOutcomeUnknownPoint), which an operator settles.
+  bool held = false;
   // For a retryable failure: the recovery point the next attempt resumes from (Engine::Finish);
   // empty keeps the record's. Ignored when the outcome is final.
   std::string recovery_point;

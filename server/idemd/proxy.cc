@@ -268,7 +268,7 @@ Execution ProxyOperation::HeldUnknown(const Record& record) {
                              "route can neither ask the upstream nor rely on it to deduplicate: "
                              "it is not forwarded again",
                              {.key_expires = record.expires_at});
-  e.state = RecordState::kFailedFinal;
+  e.held = true;
   return e;
 }
 
@@ -346,7 +346,7 @@ http::Async<std::optional<Execution>> ProxyOperation::AskStatus(const Ticket& ti
                                  "the upstream's status URL could not tell whether this request "
                                  "executed, and idemd no longer asks; it is not forwarded again",
                                  {.key_expires = record.expires_at});
-      e.state = RecordState::kFailedFinal;
+      e.held = true;
       co_return e;
     }
     // About the question, not the request: the record stays as it is, and a later retry (or the

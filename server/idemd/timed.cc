@@ -51,6 +51,10 @@ class TimedTxn final : public StoreTxn {
     Timer timer = Time(StoreOperation::kFinish);
     return target_->Finish(scope, lease, outcome);
   }
+  // Only an operator's tool settles: not timed.
+  Status Settle(const ScopeHash& scope, int64_t seen_fence, const Outcome& outcome) override {
+    return target_->Settle(scope, seen_fence, outcome);
+  }
   Result<std::optional<Record>> Get(const ScopeHash& scope) override {
     Timer timer = Time(StoreOperation::kGet);
     return target_->Get(scope);
@@ -118,6 +122,9 @@ class TimedStore final : public Store {
                                         int limit) override {
     Timer timer = Time(StoreOperation::kListStale);
     return target_->ListStale(route, sent_points, limit);
+  }
+  Result<std::vector<Record>> ListHeld(std::string_view route, int limit) override {
+    return target_->ListHeld(route, limit);  // an operator's tool's: not timed
   }
   Result<int> Sweep(int batch, const std::vector<std::string>& sent_points) override {
     Timer timer = Time(StoreOperation::kSweep);

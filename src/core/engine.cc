@@ -432,7 +432,8 @@ Result<Ticket> Engine::TakeOver(const RoutePolicy& policy, const Record& stale) 
 Status Engine::Finish(const Ticket& ticket, RecordState state, const StoredResponse& response,
                       const TxnHook& business, std::string_view recovery_point) {
   IDEM_CHECK(state != RecordState::kProcessing);
-  if (!recovery_point.empty() && state != RecordState::kFailedRetryable) {
+  const bool held = state == RecordState::kFailedFinal && recovery_point == kOutcomeUnknownPoint;
+  if (!recovery_point.empty() && state != RecordState::kFailedRetryable && !held) {
     return MakeError(Errc::kInvalidArgument,
                      "finish: only a retryable failure names the point to resume from");
   }
@@ -449,7 +450,7 @@ Status Engine::Finish(const Ticket& ticket, RecordState state, const StoredRespo
     }
     // Sealed before the transaction starts, so the write lock is held only for the writes.
     IDEM_ASSIGN_OR_RETURN(outcome.sealed_response, sealer_.Seal(ticket.scope, encoded));
-    outcome.recovery_point = "done";
+    if (!held) outcome.recovery_point = "done";
   }
   IDEM_ASSIGN_OR_RETURN(std::unique_ptr<StoreTxn> txn, store_.Begin());
   // The fenced record update first: a stale executor learns it lost before writing business rows.
@@ -472,6 +473,35 @@ Status Engine::Finish(const Ticket& ticket, RecordState state, const StoredRespo
     store_.KeepFinished(finished, ticket.claim_began);
   }
   return Ok();
+}
+
+Result<Record> Engine::Settle(const ScopeHash& scope, const std::optional<StoredResponse>& answer) {
+  Outcome outcome;
+  outcome.state = RecordState::kFailedRetryable;  // not executed: as a fresh claim left it
+  if (answer) {
+    if (answer->status < 200 || answer->status > 599) {
+      return MakeError(Errc::kInvalidArgument, "settle: status " + std::to_string(answer->status) +
+                                                   " is not a final HTTP status (200..599)");
+    }
+    const std::string encoded = EncodeResponse(*answer);
+    if (encoded.size() > limits::kSealedResponseCeiling) {
+      return MakeError(Errc::kTooLarge, "settle: an answer of " + std::to_string(encoded.size()) +
+                                            " bytes is over the ceiling of " +
+                                            std::to_string(limits::kSealedResponseCeiling));
+    }
+    outcome.state = answer->status < 300 ? RecordState::kSucceeded : RecordState::kFailedFinal;
+    outcome.status_code = answer->status;
+    outcome.recovery_point = std::string(kOperatorSettledPoint);
+    IDEM_ASSIGN_OR_RETURN(outcome.sealed_response, sealer_.Seal(scope, encoded));
+  }
+  IDEM_ASSIGN_OR_RETURN(std::unique_ptr<StoreTxn> txn, store_.Begin());
+  IDEM_ASSIGN_OR_RETURN(std::optional<Record> held, txn->Get(scope));
+  if (!held) return SettleRefused(held, 0);
+  IDEM_RETURN_IF_ERROR(txn->Settle(scope, held->lease.fence, outcome));
+  IDEM_ASSIGN_OR_RETURN(std::optional<Record> settled, txn->Get(scope));
+  IDEM_RETURN_IF_ERROR(txn->Commit());
+  if (!settled) return MakeError(Errc::kInternal, "settle: the record vanished in its transaction");
+  return std::move(*settled);
 }
 
 }  // namespace idem

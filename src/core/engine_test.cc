@@ -207,6 +207,65 @@ TEST_F(EngineTest, ContentTypeParametersAndCaseDoNotChangeTheFingerprint) {
             Errc::kFingerprintMismatch);
 }
 
+// A held outcome is replayed as stored until an operator settles it, once: executed, every copy
+// then gets the operator's answer; not executed, the next copy executes as a resume, under the
+// ids the operation fixed.
+TEST_F(EngineTest, AnOperatorSettlesAHeldOutcomeOnce) {
+  const StoredResponse unknown{502, {{"Content-Type", "application/problem+json"}}, "unknown"};
+  Decision first = MustStart(Req("held-0001"));
+  ASSERT_EQ(first.kind, Decision::Kind::kExecute);
+  ASSERT_TRUE(
+      engine_->Finish(first.ticket, RecordState::kFailedFinal, unknown, {}, kOutcomeUnknownPoint)
+          .has_value());
+  Decision replay = MustStart(Req("held-0001"));
+  ASSERT_EQ(replay.kind, Decision::Kind::kReplay);
+  EXPECT_EQ(replay.response.status, 502);
+  EXPECT_EQ(replay.record.recovery_point, kOutcomeUnknownPoint);
+
+  const StoredResponse answer{201, {{"Content-Type", "application/json"}}, R"({"id":"o_1"})"};
+  auto settled = engine_->Settle(first.ticket.scope, answer);
+  ASSERT_TRUE(settled.has_value()) << settled.error().message;
+  EXPECT_EQ(settled->state, RecordState::kSucceeded);
+  EXPECT_EQ(settled->recovery_point, kOperatorSettledPoint);
+  replay = MustStart(Req("held-0001"));
+  ASSERT_EQ(replay.kind, Decision::Kind::kReplay);
+  EXPECT_EQ(replay.response.status, 201);
+  EXPECT_EQ(replay.response.body, answer.body);
+  auto again = engine_->Settle(first.ticket.scope, std::nullopt);
+  ASSERT_FALSE(again.has_value());
+  EXPECT_EQ(again.error().code, Errc::kConflict) << again.error().message;
+
+  Decision other = MustStart(Req("held-0002"), [](StoreTxn& txn, const Record& r) {
+    return txn.Advance(r.scope, r.lease, "claimed", "ext-7");
+  });
+  ASSERT_TRUE(engine_->AdvanceBeforeCall(other.ticket, "forwarded", Millis(0)));
+  ASSERT_TRUE(
+      engine_->Finish(other.ticket, RecordState::kFailedFinal, unknown, {}, kOutcomeUnknownPoint)
+          .has_value());
+  auto bad_status = engine_->Settle(other.ticket.scope, StoredResponse{99, {}, ""});
+  ASSERT_FALSE(bad_status.has_value());
+  EXPECT_EQ(bad_status.error().code, Errc::kInvalidArgument);
+  auto not_executed = engine_->Settle(other.ticket.scope, std::nullopt);
+  ASSERT_TRUE(not_executed.has_value()) << not_executed.error().message;
+  EXPECT_EQ(not_executed->state, RecordState::kFailedRetryable);
+  Decision resumed = MustStart(Req("held-0002"));
+  ASSERT_EQ(resumed.kind, Decision::Kind::kExecute);
+  EXPECT_TRUE(resumed.ticket.resumed);
+  EXPECT_EQ(resumed.ticket.record.recovery_point, "");
+  EXPECT_EQ(resumed.ticket.record.resource_id, "ext-7");
+
+  // Finish names a point only for a retryable failure, or a held outcome.
+  EXPECT_EQ(
+      engine_
+          ->Finish(resumed.ticket, RecordState::kSucceeded, Created("p"), {}, kOutcomeUnknownPoint)
+          .error()
+          .code,
+      Errc::kInvalidArgument);
+  auto missing = engine_->Settle(*Scope{"acme", "alice", "payments.create", "nope"}.Hash(), {});
+  ASSERT_FALSE(missing.has_value());
+  EXPECT_EQ(missing.error().code, Errc::kNotFound);
+}
+
 // A route's stored-answer cap holds at its value and one past it: Finish refuses the larger
 // answer with kTooLarge and writes nothing, so the caller can finish with one that fits.
 TEST_F(EngineTest, FinishKeepsAnAnswerAtTheRoutesCapAndRefusesOnePast) {
@@ -784,6 +843,9 @@ class SweptBeforeReclaimTxn final : public StoreTxn {
   }
   Status Finish(const ScopeHash& scope, const Lease& lease, const Outcome& outcome) override {
     return inner_->Finish(scope, lease, outcome);
+  }
+  Status Settle(const ScopeHash& scope, int64_t seen_fence, const Outcome& outcome) override {
+    return inner_->Settle(scope, seen_fence, outcome);
   }
   Result<std::optional<Record>> Get(const ScopeHash& scope) override { return inner_->Get(scope); }
   Result<int64_t> Count(std::string_view tenant, std::string_view user,

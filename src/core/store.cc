@@ -24,6 +24,28 @@ Status CheckProgress(std::string_view point, std::string_view resource_id) {
   return Ok();
 }
 
+Status CheckSettlement(const Outcome& outcome) {
+  if (outcome.state == RecordState::kProcessing) {
+    return MakeError(Errc::kInvalidArgument, "settle: a held outcome cannot become PROCESSING");
+  }
+  return CheckProgress(outcome.recovery_point, {});
+}
+
+Error SettleRefused(const std::optional<Record>& record, int64_t seen_fence) {
+  if (!record || record->expires_at <= record->observed_at) {
+    return MakeError(Errc::kNotFound, "settle: no such record (or it expired)");
+  }
+  if (record->state != RecordState::kFailedFinal ||
+      record->recovery_point != kOutcomeUnknownPoint) {
+    return MakeError(Errc::kConflict, "settle: the record is not a held outcome (" +
+                                          std::string(RecordStateName(record->state)) +
+                                          " at point '" + record->recovery_point + "')");
+  }
+  return MakeError(Errc::kConflict, "settle: the record changed since it was read (fence " +
+                                        std::to_string(record->lease.fence) + ", not " +
+                                        std::to_string(seen_fence) + ")");
+}
+
 Result<int> SweepExpired(Store& store, const std::vector<std::string>& sent_points,
                          int max_batches) {
   int deleted = 0;

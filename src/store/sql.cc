@@ -78,6 +78,12 @@ INSERT INTO idem_retained (tenant, user_id, records)
       {5, R"sql(
 {retained_insert_at_commit}
 )sql"},
+      // Held outcomes, for an operator to list and settle (Store::ListHeld): few, and never in
+      // the way of the records' other indexes.
+      {6, R"sql(
+CREATE INDEX idem_records_held ON idem_records (updated_at)
+  WHERE state = 'FAILED_FINAL' AND recovery_point = 'outcome_unknown';
+)sql"},
   };
   return kTemplate;
 }
@@ -371,6 +377,12 @@ RecordSql::RecordSql(const Dialect& d) : dialect(d) {
              "recovery_point = CASE WHEN ? = '' THEN recovery_point ELSE ? END, updated_at = {now} "
              "WHERE scope_hash = ? AND owner_token = ? AND fence = ? AND state = 'PROCESSING'" +
                  std::string(d.on_finish));
+  // Only a held outcome, and only the one the operator looked at (its fence).
+  settle = Render(d,
+                  "UPDATE idem_records SET state = ?, status_code = ?, response = ?, "
+                  "recovery_point = ?, fence = fence + 1, updated_at = {now} "
+                  "WHERE scope_hash = ? AND fence = ? AND state = 'FAILED_FINAL' AND "
+                  "recovery_point = 'outcome_unknown' AND expires_at > {now}");
   lock_principal = d.lock_principal.empty() ? std::string() : Render(d, d.lock_principal);
   // One row, whatever the history (migration 4); capped at the limit by SqlTxn::Count.
   count_any = Render(d,
@@ -391,6 +403,11 @@ RecordSql::RecordSql(const Dialect& d) : dialect(d) {
                              "AND (state = 'PROCESSING' OR (recovery_point <> '' AND "
                              "recovery_point IN (" +
                              sent_slots + "))) ORDER BY lease_until LIMIT ?");
+  // The WHERE repeats the partial index's (idem_records_held); ? = '' lists every route.
+  list_held = Render(d, "SELECT " + columns +
+                            ", {now} FROM idem_records WHERE state = 'FAILED_FINAL' AND "
+                            "recovery_point = 'outcome_unknown' AND expires_at > {now} AND "
+                            "(CAST(? AS TEXT) = '' OR route = ?) ORDER BY updated_at LIMIT ?");
   sweep =
       Render(d,
              "DELETE FROM idem_records WHERE scope_hash IN (SELECT scope_hash FROM "
@@ -534,6 +551,20 @@ Status SqlTxn::Finish(const ScopeHash& scope, const Lease& lease, const Outcome&
   return Ok();
 }
 
+Status SqlTxn::Settle(const ScopeHash& scope, int64_t seen_fence, const Outcome& outcome) {
+  IDEM_RETURN_IF_ERROR(CheckSettlement(outcome));
+  SqlValue response =
+      outcome.sealed_response.empty() ? SqlValue{} : SqlValue{Blob{outcome.sealed_response}};
+  IDEM_ASSIGN_OR_RETURN(int changed,
+                        Change(sql_.settle, {std::string(RecordStateName(outcome.state)),
+                                             int64_t{outcome.status_code}, std::move(response),
+                                             outcome.recovery_point, time_.Param(), BytesOf(scope),
+                                             seen_fence, time_.Param()}));
+  if (changed == 1) return Ok();
+  IDEM_ASSIGN_OR_RETURN(std::optional<Record> now, Get(scope));
+  return SettleRefused(now, seen_fence);
+}
+
 Result<std::optional<Record>> SqlTxn::Get(const ScopeHash& scope) {
   return GetRecord(*session_, sql_, time_, scope);
 }
@@ -614,6 +645,15 @@ Result<std::vector<Record>> ListStaleRecords(SqlRunner& conn, const RecordSql& s
   IDEM_RETURN_IF_ERROR(AppendSentPoints("list stale", sent_points, params));
   params.emplace_back(int64_t{limit});
   IDEM_ASSIGN_OR_RETURN(auto rows, conn.Run(sql.list_stale, params, nullptr));
+  return Records(rows);
+}
+
+Result<std::vector<Record>> ListHeldRecords(SqlRunner& conn, const RecordSql& sql,
+                                            std::string_view route, StoreTime time, int limit) {
+  IDEM_ASSIGN_OR_RETURN(auto rows, conn.Run(sql.list_held,
+                                            {time.Param(), time.Param(), std::string(route),
+                                             std::string(route), int64_t{limit}},
+                                            nullptr));
   return Records(rows);
 }
 

@@ -79,10 +79,12 @@ struct RecordSql {
   std::string advance;
   std::string advance_covered;
   std::string finish;
+  std::string settle;
   std::string lock_principal;  // (tenant 0x1F user); empty where the dialect needs no lock
   std::string count_any;
   std::string count_state;
   std::string list_stale;
+  std::string list_held;
   std::string sweep;
   std::string census_unfinished;  // rows (state, count, min created_at, now)
   std::string census_retained;    // one row (records in all, now)
@@ -192,6 +194,7 @@ class SqlTxn final : public StoreTxn {
   Status AdvanceCovered(const ScopeHash& scope, const Lease& lease, std::string_view point,
                         Millis must_cover) override;
   Status Finish(const ScopeHash& scope, const Lease& lease, const Outcome& outcome) override;
+  Status Settle(const ScopeHash& scope, int64_t seen_fence, const Outcome& outcome) override;
   Result<std::optional<Record>> Get(const ScopeHash& scope) override;
   Result<int64_t> Count(std::string_view tenant, std::string_view user,
                         std::optional<RecordState> state, int64_t limit) override;
@@ -220,6 +223,9 @@ Result<std::vector<Record>> ListStaleRecords(SqlRunner& conn, const RecordSql& s
                                              std::string_view route,
                                              const std::vector<std::string>& sent_points,
                                              StoreTime time, int limit);
+// Store::ListHeld.
+Result<std::vector<Record>> ListHeldRecords(SqlRunner& conn, const RecordSql& sql,
+                                            std::string_view route, StoreTime time, int limit);
 // One atomic statement: deletes up to `batch` expired finished records, returns how many.
 Result<int> SweepRecords(SqlRunner& conn, const RecordSql& sql, StoreTime time, int batch,
                          const std::vector<std::string>& sent_points);

@@ -390,6 +390,80 @@ TEST_F(GatewayTest, WithoutAStatusUrlOrDeduplicationAnUnknownOutcomeIsHeld) {
   EXPECT_EQ(Total(), 3);
 }
 
+// A held outcome waits for an operator: idemctl lists it and settles it, executed (every copy then
+// gets the answer the operator stored, and nothing is forwarded) or not executed (the next copy
+// forwards, with the upstream key of the first forward). Each is settled once.
+TEST_F(GatewayTest, AnOperatorListsAndSettlesHeldOutcomesWithIdemctl) {
+  for (const char* key : {"payout-key-0101", "payout-key-0102"}) {
+    ASSERT_EQ(
+        Call("POST", "/v1/payouts", key, R"({"to":"S"})", {{"X-Upstream-Delay-Ms", "1500"}}).status,
+        504);
+    ASSERT_EQ(Call("POST", "/v1/payouts", key, R"({"to":"S"})").status, 502);
+  }
+  ASSERT_EQ(Total(), 2);
+  const std::string config = dir_.File("idemd.toml");
+  auto [listed, listing] = RunIdemctl({"record", "held", "--config", config, "-o", "json"});
+  ASSERT_EQ(listed, 0) << listing;
+  const boost::json::array held = boost::json::parse(listing).as_array();
+  ASSERT_EQ(held.size(), 2u) << listing;
+  for (const auto& record : held) {
+    EXPECT_EQ(record.at("route").as_string(), "gw.payouts.create");
+    EXPECT_EQ(record.at("state").as_string(), "FAILED_FINAL");
+    EXPECT_EQ(record.at("recovery_point").as_string(), "outcome_unknown");
+  }
+  // The second held is the one settled by its scope hash below (the listing does not know keys).
+  const auto inspect = [&](const std::string& key) {
+    auto [code, out] =
+        RunIdemctl({"record", "inspect", "--config", config, "--route", "gw.payouts.create",
+                    "--tenant", "acme", "--user", "alice", "--key", key, "-o", "json"});
+    EXPECT_EQ(code, 0) << out;
+    return code == 0 ? ParseObject(out) : boost::json::object{};
+  };
+  const std::string second_scope(inspect("payout-key-0102").at("scope_hash").as_string());
+  const std::string upstream_key(inspect("payout-key-0102").at("resource_id").as_string());
+
+  // Executed: the operator's answer is every copy's from now on.
+  const std::string answer_file = dir_.File("payout-answer.json");
+  std::ofstream(answer_file) << R"({"payout":"po_77","state":"sent"})";
+  auto [settled, settled_out] = RunIdemctl(
+      {"record", "settle", "--config", config, "--route", "gw.payouts.create", "--tenant", "acme",
+       "--user", "alice", "--key", "payout-key-0101", "--executed", "--status", "201",
+       "--body-file", answer_file, "--content-type", "application/json"});
+  ASSERT_EQ(settled, 0) << settled_out;
+  auto replay = Call("POST", "/v1/payouts", "payout-key-0101", R"({"to":"S"})");
+  EXPECT_EQ(replay.status, 201) << replay.body;
+  EXPECT_EQ(replay.body, R"({"payout":"po_77","state":"sent"})");
+  EXPECT_EQ(replay.headers.Get("Content-Type"), "application/json");
+  EXPECT_EQ(replay.headers.Get("Idempotent-Replayed"), "true");
+  auto [again, again_out] = RunIdemctl({"record", "settle", "--config", config, "--route",
+                                        "gw.payouts.create", "--tenant", "acme", "--user", "alice",
+                                        "--key", "payout-key-0101", "--not-executed"});
+  EXPECT_EQ(again, 6) << "settled once: " << again_out;
+  EXPECT_EQ(Total(), 2) << "nothing forwarded";
+
+  // Not executed: the next copy forwards, under the first forward's upstream key.
+  auto [retry_ok, retry_out] = RunIdemctl(
+      {"record", "settle", "--config", config, "--scope", second_scope, "--not-executed"});
+  ASSERT_EQ(retry_ok, 0) << retry_out;
+  auto forwarded = Call("POST", "/v1/payouts", "payout-key-0102", R"({"to":"S"})");
+  EXPECT_EQ(forwarded.status, 201) << forwarded.body;
+  EXPECT_NE(forwarded.headers.Get("Idempotent-Replayed"), "true");
+  EXPECT_EQ(Total(), 3);
+  EXPECT_EQ(Executions().at("keys").as_object().at(upstream_key).as_int64(), 2)
+      << "the forward after the settlement carried the held one's upstream key";
+
+  auto [none, none_out] = RunIdemctl({"record", "held", "--config", config});
+  EXPECT_EQ(none, 0) << none_out;
+  EXPECT_NE(none_out.find("0 held outcomes"), std::string::npos) << none_out;
+  auto [missing, missing_out] = RunIdemctl({"record", "settle", "--config", config, "--route",
+                                            "gw.payouts.create", "--tenant", "acme", "--user",
+                                            "alice", "--key", "payout-key-none", "--not-executed"});
+  EXPECT_EQ(missing, 4) << missing_out;
+  auto [usage, usage_out] =
+      RunIdemctl({"record", "settle", "--config", config, "--scope", second_scope});
+  EXPECT_EQ(usage, 2) << "neither --executed nor --not-executed: " << usage_out;
+}
+
 // The same after a crash: the reconciler holds the killed forward's unknown outcome.
 TEST_F(GatewayTest, TheReconcilerHoldsAKilledForwardsUnknownOutcomeWithoutAStatusUrl) {
   KillDuringForwardAndRestart("/v1/payouts", "payout-key-0003", R"({"to":"T"})");

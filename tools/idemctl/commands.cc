@@ -6,10 +6,13 @@
 #include <openssl/sha.h>
 
 #include <boost/json.hpp>
+#include <charconv>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
+#include <iterator>
 #include <limits>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -239,32 +242,153 @@ int OperationGet(const GetOptions& options) {
   return GetPath(options.server, "/v1/operations/" + options.id, options.output);
 }
 
+namespace {
+
+// A config's store with an engine over it, keyed with the config's secrets (to open and seal
+// stored answers).
+struct WithEngine {
+  Opened opened;
+  std::unique_ptr<Fingerprinter> fingerprinter;
+  std::unique_ptr<Sealer> sealer;
+  std::unique_ptr<Engine> engine;
+};
+
+Result<WithEngine> OpenEngine(const std::string& config_path) {
+  WithEngine w;
+  IDEM_ASSIGN_OR_RETURN(w.opened, OpenFromConfig(config_path));
+  const idemd::Secrets& secrets = w.opened.config.secrets;
+  IDEM_ASSIGN_OR_RETURN(w.fingerprinter, Fingerprinter::Create(secrets.hmac, secrets.hmac_current));
+  IDEM_ASSIGN_OR_RETURN(w.sealer,
+                        Sealer::Create(secrets.seal, secrets.seal_current, SystemRandom()));
+  w.engine = std::make_unique<Engine>(*w.opened.store, *w.fingerprinter, *w.sealer, SystemClock());
+  return w;
+}
+
+// The record of (tenant, user, route, key); nullopt after saying there is none (kExitNoRecord).
+Result<std::optional<FoundRecord>> LookupRecord(Engine& engine, const std::string& tenant,
+                                                const std::string& user, const std::string& route,
+                                                const std::string& key, Output output) {
+  RoutePolicy policy;
+  policy.route = route;
+  IDEM_ASSIGN_OR_RETURN(std::optional<FoundRecord> found,
+                        engine.Lookup(Principal{tenant, user}, policy, key));
+  if (!found) {
+    // As JSON, standard output stays empty: the exit status says there is nothing to parse.
+    (output == Output::kJson ? std::cerr : std::cout)
+        << "no record for " << tenant << "/" << user << " " << route << " " << key << "\n";
+  }
+  return found;
+}
+
+void PrintRecord(const FoundRecord& found, bool show_response, Output output) {
+  if (output == Output::kJson) {
+    PrintJson(RecordJson(found, show_response));
+  } else {
+    PrintRecordText(found, show_response);
+  }
+}
+
+// 64 hex digits into a scope hash.
+std::optional<ScopeHash> ParseScopeHex(const std::string& hex) {
+  ScopeHash scope{};
+  if (hex.size() != 2 * scope.size()) return std::nullopt;
+  for (std::size_t i = 0; i < scope.size(); ++i) {
+    unsigned int byte = 0;
+    const char* begin = hex.data() + 2 * i;
+    auto [end, error] = std::from_chars(begin, begin + 2, byte, 16);
+    if (error != std::errc() || end != begin + 2) return std::nullopt;
+    scope[i] = static_cast<uint8_t>(byte);
+  }
+  return scope;
+}
+
+}  // namespace
+
 int RecordInspect(const InspectOptions& options) {
+  auto with = OpenEngine(options.config);
+  if (!with) return Fail(with.error().message);
+  auto found = LookupRecord(*with->engine, options.tenant, options.user, options.route, options.key,
+                            options.output);
+  if (!found) return Fail(found.error().message);
+  if (!*found) return kExitNoRecord;
+  PrintRecord(**found, options.show_response, options.output);
+  return kExitDone;
+}
+
+int RecordHeld(const HeldOptions& options) {
   auto opened = OpenFromConfig(options.config);
   if (!opened) return Fail(opened.error().message);
-  const idemd::Secrets& secrets = opened->config.secrets;
-  auto fingerprinter = Fingerprinter::Create(secrets.hmac, secrets.hmac_current);
-  if (!fingerprinter) return Fail(fingerprinter.error().message);
-  auto sealer = Sealer::Create(secrets.seal, secrets.seal_current, SystemRandom());
-  if (!sealer) return Fail(sealer.error().message);
-  Engine engine(*opened->store, **fingerprinter, **sealer, SystemClock());
-  const Principal principal{options.tenant, options.user};
-  RoutePolicy policy;
-  policy.route = options.route;
-  auto found = engine.Lookup(principal, policy, options.key);
-  if (!found) return Fail(found.error().message);
-  if (!*found) {
-    // As JSON, standard output stays empty: the exit status says there is nothing to parse.
-    (options.output == Output::kJson ? std::cerr : std::cout)
-        << "no record for " << principal.tenant << "/" << principal.user << " " << policy.route
-        << " " << options.key << "\n";
-    return kExitNoRecord;
-  }
+  auto held = opened->store->ListHeld(options.route, options.limit);
+  if (!held) return Fail(held.error().message);
   if (options.output == Output::kJson) {
-    PrintJson(RecordJson(**found, options.show_response));
-  } else {
-    PrintRecordText(**found, options.show_response);
+    json::array records;
+    for (const Record& r : *held) {
+      FoundRecord found;
+      found.record = r;
+      records.push_back(RecordJson(found, false));
+    }
+    PrintJson(records);
+    return kExitDone;
   }
+  for (const Record& r : *held) {
+    std::cout << ToHex(r.scope) << "  " << r.route << "  " << r.tenant << "/" << r.user
+              << "  held since " << When(r.updated_at) << ", until " << When(r.expires_at)
+              << (r.resource_id.empty() ? "" : "  id " + r.resource_id) << "\n";
+  }
+  std::cout << held->size() << " held outcome" << (held->size() == 1 ? "" : "s")
+            << (options.route.empty() ? "" : " on " + options.route) << "\n";
+  return kExitDone;
+}
+
+int RecordSettle(const SettleOptions& options) {
+  std::optional<StoredResponse> answer;
+  if (options.executed) {
+    answer = StoredResponse{options.status, {}, {}};
+    if (!options.body_file.empty()) {
+      std::ifstream in(options.body_file, std::ios::binary);
+      if (!in) return Fail("cannot read " + options.body_file);
+      answer->body.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+      if (in.bad()) return Fail("cannot read " + options.body_file);
+    }
+    if (!options.content_type.empty()) {
+      answer->headers.emplace_back("Content-Type", options.content_type);
+    }
+  }
+  auto with = OpenEngine(options.config);
+  if (!with) return Fail(with.error().message);
+  Engine& engine = *with->engine;
+  Result<std::optional<FoundRecord>> found = std::optional<FoundRecord>();
+  if (!options.scope_hex.empty()) {
+    const std::optional<ScopeHash> scope = ParseScopeHex(options.scope_hex);
+    if (!scope) return Fail("--scope: not a scope hash (64 hex digits): " + options.scope_hex);
+    found = engine.Lookup(*scope);
+    if (found && !*found) {
+      (options.output == Output::kJson ? std::cerr : std::cout)
+          << "no record with scope hash " << options.scope_hex << "\n";
+    }
+  } else {
+    found = LookupRecord(engine, options.tenant, options.user, options.route, options.key,
+                         options.output);
+  }
+  if (!found) return Fail(found.error().message);
+  if (!*found) return kExitNoRecord;
+  auto settled = engine.Settle((*found)->record.scope, answer);
+  if (!settled) {
+    const Errc code = settled.error().code;
+    if (code == Errc::kNotFound) {
+      std::cerr << "idemctl: " << settled.error().message << "\n";
+      return kExitNoRecord;
+    }
+    if (code == Errc::kConflict) {
+      std::cerr << "idemctl: " << settled.error().message << "\n";
+      return kExitNotHeld;
+    }
+    return Fail(settled.error().message);
+  }
+  auto now = engine.Lookup(settled->scope);
+  if (!now) return Fail(now.error().message);
+  if (!*now) return Fail("the settled record is gone (swept meanwhile)");
+  PrintRecord(**now, options.executed, options.output);
   return kExitDone;
 }
 

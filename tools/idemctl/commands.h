@@ -16,7 +16,8 @@ inline constexpr int kExitUsage = 2;       // the command line: unknown, missing
 inline constexpr int kExitIdemdError = 3;  // idemd answered with an HTTP error (4xx, 5xx)
 inline constexpr int kExitNoRecord = 4;    // record inspect found no record
 inline constexpr int kExitReconcileAlarm =
-    5;  // a missing or mismatched payment: a person must look
+    5;                                  // a missing or mismatched payment: a person must look
+inline constexpr int kExitNotHeld = 6;  // record settle: the record is not a held outcome
 
 struct ExitStatus {
   int code;
@@ -29,6 +30,7 @@ inline constexpr ExitStatus kExitStatuses[] = {
     {kExitIdemdError, "idemd answered an error (HTTP 4xx or 5xx)"},
     {kExitNoRecord, "no such record (record inspect)"},
     {kExitReconcileAlarm, "reconcile found a missing or mismatched payment (a person must look)"},
+    {kExitNotHeld, "record settle: the record is not a held outcome (settled already, or never)"},
 };
 
 // How a command prints its result on standard output. Errors go to standard error as text
@@ -65,6 +67,29 @@ struct InspectOptions {
   std::string key;
   std::string route;
   bool show_response = false;
+  Output output = Output::kText;
+};
+
+// `record held`: the held outcomes of one route, or of all.
+struct HeldOptions {
+  std::string config;
+  std::string route;  // empty: every route
+  int limit = 100;
+  Output output = Output::kText;
+};
+
+// `record settle`: one held outcome, named by its scope hash or by (tenant, user, route, key).
+struct SettleOptions {
+  std::string config;
+  std::string scope_hex;  // set, or the four below
+  std::string tenant;
+  std::string user;
+  std::string key;
+  std::string route;
+  bool executed = false;  // else --not-executed
+  int status = 0;         // executed: the answer to store
+  std::string body_file;  // executed: its body (empty: none)
+  std::string content_type;
   Output output = Output::kText;
 };
 
@@ -109,6 +134,11 @@ int OperationGet(const GetOptions& options);
 // The record of (tenant, user, route, key) read from the store of the config. kExitNoRecord when
 // there is none.
 int RecordInspect(const InspectOptions& options);
+// The held outcomes (include/idem/record.h) in the store of the config, the longest held first.
+int RecordHeld(const HeldOptions& options);
+// Settles one held outcome: executed, with the answer to store, or not executed. kExitNoRecord
+// when there is no record, kExitNotHeld when it is not a held outcome.
+int RecordSettle(const SettleOptions& options);
 // Deletes every expired finished record from the store of the config now.
 int Sweep(const SweepOptions& options);
 // One reconciliation run over the provider's charges created in [since, until).

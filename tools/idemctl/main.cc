@@ -181,6 +181,71 @@ int main(int argc, char** argv) {
                            "also print the stored answer, opened with the config's secrets");
   AddOutputOption(record_inspect, &inspect.output);
 
+  HeldOptions held;
+  CLI::App* record_held = record_cmd->add_subcommand(
+      "held", "List the held outcomes an operator must settle (nothing is written)");
+  AddConfigOption(record_held, &held.config, "the idemd config whose store to read")->required();
+  record_held->add_option("--route", held.route, "only this route (e.g. gw.orders; default: all)");
+  record_held->add_option("--limit", held.limit, "at most this many, the longest held first")
+      ->check(CLI::Range(1, 100000))
+      ->capture_default_str();
+  AddOutputOption(record_held, &held.output);
+  record_held->footer(
+      "A held outcome is an operation whose service could not learn whether it executed and\n"
+      "will not try it again (a gateway route with neither a status URL nor an upstream that\n"
+      "deduplicates): its key answers 502 upstream-outcome-unknown until `record settle`.");
+
+  SettleOptions settle;
+  CLI::App* record_settle = record_cmd->add_subcommand(
+      "settle", "Settle one held outcome: executed (with the answer to keep) or not executed");
+  AddConfigOption(record_settle, &settle.config, "the idemd config whose store to write")
+      ->required();
+  CLI::Option* by_scope =
+      record_settle
+          ->add_option("--scope", settle.scope_hex,
+                       "the record's scope hash (64 hex digits: record held, idemd's log)")
+          ->check(CLI::Validator(
+              [](const std::string& hex) -> std::string {
+                return hex.size() == 64 &&
+                               hex.find_first_not_of("0123456789abcdefABCDEF") == std::string::npos
+                           ? ""
+                           : "not a scope hash (64 hex digits): " + hex;
+              },
+              "", "HEX"));
+  CLI::Option* by_tenant =
+      record_settle->add_option("--tenant", settle.tenant, "the principal's tenant");
+  CLI::Option* by_user = record_settle->add_option("--user", settle.user, "the principal's user");
+  CLI::Option* by_key = record_settle->add_option("--key", settle.key, "the Idempotency-Key");
+  CLI::Option* by_route =
+      record_settle->add_option("--route", settle.route, "the record's route (e.g. gw.orders)");
+  for (CLI::Option* option : {by_tenant, by_user, by_key, by_route}) by_scope->excludes(option);
+  by_tenant->needs(by_user)->needs(by_key)->needs(by_route);
+  by_user->needs(by_tenant);
+  by_key->needs(by_tenant);
+  CLI::Option* executed = record_settle->add_flag(
+      "--executed", settle.executed, "it ran: store --status (and --body-file) as its answer");
+  bool not_executed = false;
+  CLI::Option* not_executed_flag = record_settle->add_flag(
+      "--not-executed", not_executed, "it did not run: the next request with its key executes");
+  executed->excludes(not_executed_flag);
+  CLI::Option* status =
+      record_settle->add_option("--status", settle.status, "the answer's HTTP status")
+          ->check(CLI::Range(200, 599));
+  CLI::Option* body =
+      record_settle->add_option("--body-file", settle.body_file, "the answer's body")
+          ->check(CLI::ExistingFile);
+  CLI::Option* content_type =
+      record_settle->add_option("--content-type", settle.content_type, "the answer's Content-Type");
+  for (CLI::Option* option : {status, body, content_type}) {
+    option->needs(executed);
+    not_executed_flag->excludes(option);
+  }
+  executed->needs(status);
+  AddOutputOption(record_settle, &settle.output);
+  record_settle->footer(
+      "Name the record by --scope, or by --tenant, --user, --key (and --route). Find out at the\n"
+      "upstream first: a wrong `--not-executed` lets the request run a second time.");
+
   SweepOptions sweep;
   CLI::App* sweep_cmd = app.add_subcommand("sweep", "Delete the expired finished records now");
   sweep_cmd->group(kStore);
@@ -257,6 +322,16 @@ int main(int argc, char** argv) {
       if (reconcile_since->count() == 0) throw CLI::RequiredError("--since");
       if (reconcile_until->count() > 0) reconcile.until_ms = until_ms;
     }
+    // One of two, and a record named one of two ways.
+    if (record_settle->parsed()) {
+      if (!settle.executed && !not_executed) {
+        throw CLI::ValidationError("record settle", "say --executed or --not-executed");
+      }
+      if (by_scope->count() == 0 && by_tenant->count() == 0) {
+        throw CLI::ValidationError("record settle",
+                                   "name the record by --scope, or by --tenant, --user and --key");
+      }
+    }
   } catch (const CLI::ParseError& e) {
     // Help and version print on standard output and exit 0; the rest are usage errors. CLI11
     // checks required options before it complains of unknown ones, but an unknown option is
@@ -287,6 +362,8 @@ int main(int argc, char** argv) {
   if (payment_get->parsed()) return PaymentGet(payment);
   if (operation_get->parsed()) return OperationGet(operation);
   if (record_inspect->parsed()) return RecordInspect(inspect);
+  if (record_held->parsed()) return RecordHeld(held);
+  if (record_settle->parsed()) return RecordSettle(settle);
   if (sweep_cmd->parsed()) return Sweep(sweep);
   if (report_cmd->parsed()) return ReconcileReport(report);
   if (reconcile_cmd->parsed()) return Reconcile(reconcile);

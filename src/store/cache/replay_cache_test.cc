@@ -61,8 +61,10 @@ class ReplayCacheTest : public ::testing::Test {
     store_ = WrapWithReplayCache(std::move(counting), options, clock_);
   }
 
-  // A record of `key` claimed and finished with `answer` (or left running when `finish` is false).
-  ScopeHash Make(const std::string& key, const std::string& answer, bool finish = true) {
+  // A record of `key` claimed and finished with `answer` (or left running when `finish` is false),
+  // at recovery point `point`.
+  ScopeHash Make(const std::string& key, const std::string& answer, bool finish = true,
+                 RecordState state = RecordState::kSucceeded, std::string point = "done") {
     const ClaimSpec spec = ContractSpec(key);
     auto txn = store_->Begin();
     EXPECT_TRUE(txn.has_value());
@@ -71,7 +73,7 @@ class ReplayCacheTest : public ::testing::Test {
     if (finish) {
       EXPECT_TRUE((*txn)
                       ->Finish(spec.scope, claim->record.lease,
-                               Outcome{RecordState::kSucceeded, 201, answer, "done"})
+                               Outcome{state, 201, answer, std::move(point)})
                       .has_value());
     }
     EXPECT_TRUE((*txn)->Commit().has_value());
@@ -104,6 +106,20 @@ TEST_F(ReplayCacheTest, ARunningRecordIsNeverCached) {
   const ScopeHash scope = Make("key-mem-2", "", /*finish=*/false);
   for (int i = 0; i < 3; ++i) ASSERT_TRUE(store_->Read(scope)->has_value());
   EXPECT_EQ(counting_->reads, 3);
+  EXPECT_FALSE(store_->ReadCached(scope).has_value());
+}
+
+// A held outcome is final, yet an operator may settle it from another process: it is read from
+// the store every time, and never kept.
+TEST_F(ReplayCacheTest, AHeldOutcomeIsNeverCached) {
+  Open();
+  const ScopeHash scope = Make("key-mem-h", "unknown", /*finish=*/true, RecordState::kFailedFinal,
+                               std::string(kOutcomeUnknownPoint));
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(store_->Read(scope)->has_value());
+  EXPECT_EQ(counting_->reads, 3);
+  auto held = counting_->Read(scope);
+  ASSERT_TRUE(held.has_value() && held->has_value());
+  store_->KeepFinished(**held, monotonic_.Now());
   EXPECT_FALSE(store_->ReadCached(scope).has_value());
 }
 

@@ -16,9 +16,11 @@
 namespace idem::cache {
 
 // The rule: only finished records, only before their expiry by the store's clock (expires_at
-// after observed_at) and by the local one.
+// after observed_at) and by the local one, and never a held outcome (kOutcomeUnknownPoint): an
+// operator may settle it, from another process.
 inline bool Usable(const Record& r, Timestamp local) {
-  return IsReplayable(r.state) && r.expires_at > r.observed_at && r.expires_at > local;
+  return IsReplayable(r.state) && r.recovery_point != kOutcomeUnknownPoint &&
+         r.expires_at > r.observed_at && r.expires_at > local;
 }
 
 // What the store said a record had left when it was read.

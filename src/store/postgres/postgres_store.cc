@@ -736,6 +736,12 @@ class PostgresStore final : public Store {
     });
   }
 
+  Result<std::vector<Record>> ListHeld(std::string_view route, int limit) override {
+    return Retrying([&](Connection& c) {
+      return store_internal::ListHeldRecords(c, Sql(), route, time_, limit);
+    });
+  }
+
   Result<int> Sweep(int batch, const std::vector<std::string>& sent_points) override {
     return Retrying([&](Connection& c) {
       return store_internal::SweepRecords(c, Sql(), time_, batch, sent_points);

@@ -109,7 +109,7 @@ TEST(PostgresStore, ManyProcessesMigratingAtOnceApplyEachMigrationOnce) {
     EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
   }
   EXPECT_EQ(QueryInt("SELECT count(*) FROM " + schema + ".idem_schema WHERE component = 'idem'"),
-            5);
+            6);
   EXPECT_EQ(
       QueryInt("SELECT count(*) FROM " + schema + ".idem_schema WHERE component = 'contract'"),
       static_cast<int64_t>(ContractMigrations().size()));

@@ -436,6 +436,11 @@ class SqliteStore final : public Store {
                                             limit);
   }
 
+  Result<std::vector<Record>> ListHeld(std::string_view route, int limit) override {
+    IDEM_ASSIGN_OR_RETURN(PooledConnection conn, Lend(*readers_));
+    return store_internal::ListHeldRecords(*conn, Sql(), route, StoreTime::Of(clock_), limit);
+  }
+
   Result<int> Sweep(int batch, const std::vector<std::string>& sent_points) override {
     // One DELETE, a member of a write group like every write.
     IDEM_ASSIGN_OR_RETURN(std::shared_ptr<WriteGroups::Group> group, writer_.Join());

@@ -58,7 +58,7 @@ TEST(SqliteStore, OpensInWalModeAndAppliesEachMigrationOnce) {
     auto store = OpenSqliteStore(Options(path, 2), env.clock, env.random);
     ASSERT_TRUE(store.has_value()) << store.error().message;
   }
-  EXPECT_EQ(QueryInt(path, "SELECT count(*) FROM idem_schema WHERE component = 'idem'"), 5);
+  EXPECT_EQ(QueryInt(path, "SELECT count(*) FROM idem_schema WHERE component = 'idem'"), 6);
   EXPECT_EQ(QueryInt(path, "SELECT count(*) FROM idem_schema WHERE component = 'contract'"), 2);
   sqlite3* db = nullptr;
   ASSERT_EQ(sqlite3_open(path.c_str(), &db), SQLITE_OK);
@@ -96,7 +96,7 @@ TEST(SqliteStore, TheRecordCounterStartsFromTheRecordsAStoreAlreadyHad) {
   ASSERT_EQ(sqlite3_open(path.c_str(), &db), SQLITE_OK);
   ASSERT_EQ(sqlite3_exec(db,
                          "DROP TRIGGER idem_retained_insert; DROP TRIGGER idem_retained_delete; "
-                         "DROP TABLE idem_retained; "
+                         "DROP TABLE idem_retained; DROP INDEX idem_records_held; "
                          "DELETE FROM idem_schema WHERE component = 'idem' AND version >= 4",
                          nullptr, nullptr, nullptr),
             SQLITE_OK)
@@ -109,7 +109,7 @@ TEST(SqliteStore, TheRecordCounterStartsFromTheRecordsAStoreAlreadyHad) {
   ASSERT_TRUE(txn.has_value());
   EXPECT_EQ(*(*txn)->Count("acme", "alice", std::nullopt, 100), 3);
   EXPECT_EQ(*(*txn)->Count("acme", "bob", std::nullopt, 100), 1);
-  EXPECT_EQ(QueryInt(path, "SELECT count(*) FROM idem_schema WHERE component = 'idem'"), 5);
+  EXPECT_EQ(QueryInt(path, "SELECT count(*) FROM idem_schema WHERE component = 'idem'"), 6);
 }
 
 TEST(SqliteStore, AppliesANewAppMigrationOnReopen) {
