@@ -5,8 +5,8 @@
 #include <cstdio>
 #include <thread>
 
+#include "http/client.h"
 #include "idem/key.h"
-#include "server/http/client.h"
 
 namespace idem::client {
 

@@ -6,7 +6,7 @@
 // 4xx. Thread-safe: one Client serves many operations.
 //
 // This header names only libidem's public types and the standard library: the HTTP machinery
-// (server/http/) stays inside client.cc, so a program using the client does not compile it.
+// (http/) stays inside client.cc, so a program using the client does not compile it.
 #pragma once
 
 #include <cstddef>

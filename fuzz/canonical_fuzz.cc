@@ -20,7 +20,7 @@ namespace {
 namespace json = boost::json;
 using idem::CanonicalRules;
 
-CanonicalRules Payments() {  // as server/idemd/payments.cc sets them
+CanonicalRules Payments() {  // as server/idemd/payments/payments.cc sets them
   CanonicalRules r;
   r.money_fields = {"amount"};
   r.removed_fields = {"trace_id"};

@@ -15,7 +15,7 @@
 #include <string>
 
 #include "fuzz/fuzz.h"
-#include "server/idemd/config.h"
+#include "server/idemd/config/config.h"
 
 namespace {
 

@@ -1,6 +1,6 @@
 // fuzz/http_fuzz.cc — the HTTP request path from bytes to what a handler reads.
 //
-// idemd's server (server/http/server.cc) reads requests only from a socket, so this target runs
+// idemd's server (http/server.cc) reads requests only from a socket, so this target runs
 // the same steps without one: Beast's request_parser with the server's limits (ServerOptions
 // defaults), pipelined requests while the connection stays alive, the server's own conversion
 // (FromBeast) and request id (RequestId), then what idemd's routes take from a request — path and
@@ -14,12 +14,12 @@
 #include <vector>
 
 #include "fuzz/fuzz.h"
+#include "http/beast_request.h"
+#include "http/message.h"
+#include "http/server.h"
 #include "idem/canonical.h"
 #include "idem/fingerprint.h"
 #include "idem/key.h"
-#include "server/http/beast_request.h"
-#include "server/http/message.h"
-#include "server/http/server.h"
 
 namespace {
 

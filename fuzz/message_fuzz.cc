@@ -1,4 +1,4 @@
-// fuzz/message_fuzz.cc — the plain HTTP values of server/http/message.h on arbitrary text: RFC
+// fuzz/message_fuzz.cc — the plain HTTP values of http/message.h on arbitrary text: RFC
 // 3339 times, header lookups, request targets and query parameters, request ids.
 //
 // Properties: a time ParseRfc3339 accepts (within years 0000..9999) is written by Rfc3339 as a
@@ -8,7 +8,7 @@
 #include <string>
 
 #include "fuzz/fuzz.h"
-#include "server/http/message.h"
+#include "http/message.h"
 
 namespace {
 

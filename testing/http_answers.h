@@ -6,7 +6,7 @@
 #include <string>
 #include <string_view>
 
-#include "server/http/message.h"
+#include "http/message.h"
 
 namespace idem::testing {
 

@@ -16,7 +16,7 @@
 #include "bench/loadgen/driver.h"
 #include "bench/loadgen/options.h"
 #include "bench/loadgen/report.h"
-#include "server/http/client.h"
+#include "http/client.h"
 
 namespace {
 

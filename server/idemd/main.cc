@@ -10,23 +10,23 @@
 #include <mutex>
 #include <thread>
 
+#include "http/log.h"
+#include "http/server.h"
 #include "idem/engine.h"
 #include "idem/failpoint.h"
 #include "idem/store/redis.h"
 #include "idem/store/replay_cache.h"
-#include "server/http/log.h"
-#include "server/http/server.h"
-#include "server/idemd/config.h"
-#include "server/idemd/filter.h"
-#include "server/idemd/gateway.h"
+#include "server/idemd/config/config.h"
+#include "server/idemd/config/store_url.h"
+#include "server/idemd/filter/filter.h"
+#include "server/idemd/filter/timed.h"
+#include "server/idemd/gateway/gateway.h"
 #include "server/idemd/metrics.h"
-#include "server/idemd/payments.h"
-#include "server/idemd/provider.h"
-#include "server/idemd/reconciliation.h"
-#include "server/idemd/routes.h"
+#include "server/idemd/payments/books.h"
+#include "server/idemd/payments/payments.h"
+#include "server/idemd/payments/provider.h"
+#include "server/idemd/payments/routes.h"
 #include "server/idemd/service.h"
-#include "server/idemd/store_url.h"
-#include "server/idemd/timed.h"
 
 namespace {
 

@@ -11,8 +11,8 @@
 #include <fstream>
 #include <sstream>
 
-#include "server/http/log.h"
-#include "server/idemd/config.h"
+#include "http/log.h"
+#include "server/idemd/config/config.h"
 
 namespace idem::idemd {
 namespace {

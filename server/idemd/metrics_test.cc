@@ -9,7 +9,7 @@
 #include <set>
 #include <sstream>
 
-#include "server/idemd/config.h"
+#include "server/idemd/config/config.h"
 #include "testing/fakes.h"
 #include "testing/memory_store.h"
 

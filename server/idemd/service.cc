@@ -9,8 +9,8 @@
 #include <mutex>
 #include <utility>
 
-#include "server/http/log.h"
-#include "server/http/problem.h"
+#include "http/log.h"
+#include "http/problem.h"
 
 namespace idem::idemd {
 namespace {

@@ -6,12 +6,12 @@
 #include <mutex>
 #include <string>
 
-#include "server/http/server.h"
-#include "server/idemd/config.h"
-#include "server/idemd/filter.h"
-#include "server/idemd/gateway.h"
+#include "http/server.h"
+#include "server/idemd/config/config.h"
+#include "server/idemd/filter/filter.h"
+#include "server/idemd/gateway/gateway.h"
 #include "server/idemd/metrics.h"
-#include "server/idemd/payments.h"
+#include "server/idemd/payments/payments.h"
 
 namespace idem::idemd {
 

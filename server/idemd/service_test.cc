@@ -14,10 +14,10 @@
 #include <thread>
 #include <utility>
 
+#include "http/problem.h"
 #include "idem/failpoint.h"
 #include "idem/store/sqlite.h"
-#include "server/http/problem.h"
-#include "server/idemd/timed.h"
+#include "server/idemd/filter/timed.h"
 #include "testing/engine_fixture.h"
 #include "testing/fakes.h"
 #include "testing/faulty_store.h"

@@ -19,7 +19,7 @@
 #include <vector>
 
 #include "idem/key.h"
-#include "server/idemd/routes.h"
+#include "server/idemd/payments/routes.h"
 #include "testing/raw_connection.h"
 #include "tests/integration/idemd_fixture.h"
 
@@ -50,7 +50,7 @@ constexpr bool kStaysOpen = false;
 // off, and an answer that does not come by then does not come.
 constexpr std::chrono::milliseconds kAnswerWait{4000};
 
-// The server's limits (docs/config.md, server/http/server.h).
+// The server's limits (docs/config.md, http/server.h).
 constexpr std::size_t kMaxBody = 64 * 1024;
 constexpr std::size_t kMaxHeader = 16 * 1024;
 

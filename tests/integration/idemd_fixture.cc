@@ -9,7 +9,7 @@
 #include <fstream>
 #include <random>
 
-#include "server/idemd/store_url.h"
+#include "server/idemd/config/store_url.h"
 
 namespace idem::itest {
 

@@ -12,8 +12,8 @@
 #include <optional>
 #include <string>
 
+#include "http/client.h"
 #include "idem/store.h"
-#include "server/http/client.h"
 #include "testing/fakes.h"
 #include "testing/process.h"
 

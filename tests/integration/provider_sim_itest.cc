@@ -9,8 +9,8 @@
 #include <thread>
 #include <vector>
 
+#include "http/client.h"
 #include "idem/clock.h"
-#include "server/http/client.h"
 #include "testing/fakes.h"
 #include "testing/process.h"
 

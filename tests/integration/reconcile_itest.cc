@@ -6,8 +6,8 @@
 #include <random>
 #include <thread>
 
+#include "http/message.h"
 #include "idem/clock.h"
-#include "server/http/message.h"
 #include "tests/integration/idemd_fixture.h"
 
 namespace idem::itest {

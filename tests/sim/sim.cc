@@ -9,7 +9,7 @@
 //
 // The operation is a model of the payments operation (its steps in the order payments takes
 // them: look up a charge that may have left, advance under a covering lease, charge, finish),
-// not server/idemd/payments.cc itself, whose heartbeat runs on a thread of its own.
+// not server/idemd/payments/payments.cc itself, whose heartbeat runs on a thread of its own.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>

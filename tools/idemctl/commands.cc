@@ -18,10 +18,10 @@
 
 #include "client/client.h"
 #include "idem/engine.h"
-#include "server/idemd/config.h"
-#include "server/idemd/payments.h"
-#include "server/idemd/reconciliation.h"
-#include "server/idemd/store_url.h"
+#include "server/idemd/config/config.h"
+#include "server/idemd/config/store_url.h"
+#include "server/idemd/payments/books.h"
+#include "server/idemd/payments/payments.h"
 
 namespace idem::ctl {
 namespace {

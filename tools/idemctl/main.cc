@@ -11,11 +11,11 @@
 #include <string>
 #include <vector>
 
+#include "http/client.h"
+#include "http/message.h"
 #include "idem/failpoint.h"
 #include "idem/result.h"
-#include "server/http/client.h"
-#include "server/http/message.h"
-#include "server/idemd/routes.h"
+#include "server/idemd/payments/routes.h"
 #include "tools/idemctl/commands.h"
 
 #ifndef IDEM_VERSION

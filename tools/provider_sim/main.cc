@@ -71,8 +71,8 @@
 #include <thread>
 #include <unordered_map>
 
+#include "http/server.h"
 #include "idem/key.h"
-#include "server/http/server.h"
 
 namespace {
 

@@ -28,8 +28,8 @@
 #include <mutex>
 #include <string>
 
-#include "server/http/async.h"
-#include "server/http/server.h"
+#include "http/async.h"
+#include "http/server.h"
 
 namespace idem {
 namespace {

@@ -1,0 +1,19 @@
+// http/log.h — idem's one log format, for every line any of its programs writes to stderr:
+// one JSON object per line, "time" (RFC 3339 UTC with milliseconds), "level" and "msg" first, then
+// the line's own fields. One write per line, so lines of different threads never interleave.
+#pragma once
+
+#include <boost/json/object.hpp>
+#include <string_view>
+
+namespace idem::http {
+
+enum class LogLevel { kDebug, kInfo, kWarn, kError };
+
+void Log(LogLevel level, std::string_view msg, const boost::json::object& fields = {});
+
+// The line Log writes at `unix_ms`, without its newline.
+std::string LogLine(int64_t unix_ms, LogLevel level, std::string_view msg,
+                    const boost::json::object& fields);
+
+}  // namespace idem::http

@@ -1,0 +1,171 @@
+// http/message_test.cc — header lists, RFC 3339 and HTTP dates both ways.
+#include "http/message.h"
+
+#include <gtest/gtest.h>
+
+#include <boost/json.hpp>
+#include <regex>
+#include <set>
+
+#include "http/log.h"
+#include "testing/fakes.h"
+
+namespace idem::http {
+namespace {
+
+// RFC 9110 §5.6.1: a list may span several fields, with whitespace around and empty elements
+// between its commas; names match whatever their case.
+TEST(Headers, ListJoinsTheElementsOfEveryFieldOfTheName) {
+  Headers h;
+  h.Add("Prefer", " wait=5 ,, respond-async");
+  h.Add("Other", "x, y");
+  h.Add("PREFER", "\thandling=lenient\t");
+  EXPECT_EQ(h.List("prefer"),
+            (std::vector<std::string_view>{"wait=5", "respond-async", "handling=lenient"}));
+  EXPECT_TRUE(h.List("absent").empty());
+  h.Add("Empty", " , ");
+  EXPECT_TRUE(h.List("empty").empty());
+}
+
+Request WithHeader(const std::string& name, const std::string& value) {
+  Request r{"GET", "/", {}, {}};
+  r.headers.Add(name, value);
+  return r;
+}
+
+TEST(RequestId, IsTheClientsSaneTokenElseAFreshUuidV7) {
+  testing::FakeClock clock;
+  testing::SeededRandom random(3);
+  EXPECT_EQ(RequestId(WithHeader("X-Request-Id", "abc-123.x_y"), clock, random), "abc-123.x_y");
+  const std::regex uuid7("^[0-9a-f]{8}-[0-9a-f]{4}-7[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$");
+  std::set<std::string> seen;
+  for (const Request& r : {WithHeader("X-Request-Id", "has space"),
+                           WithHeader("X-Request-Id", std::string(65, 'a')), Request{}}) {
+    const std::string id = RequestId(r, clock, random);
+    EXPECT_TRUE(std::regex_match(id, uuid7)) << id;
+    seen.insert(id);
+  }
+  EXPECT_EQ(seen.size(), 3u) << "fresh ids differ even within one millisecond";
+  // The first 48 bits are the clock's milliseconds: ids sort by time.
+  const std::string id = RequestId(Request{}, clock, random);
+  EXPECT_EQ(std::stoll(id.substr(0, 8) + id.substr(9, 4), nullptr, 16), ToUnixMillis(clock.Now()));
+}
+
+TEST(Trace, AValidTraceparentIsContinuedWithANewSpan) {
+  testing::SeededRandom random(5);
+  const TraceContext t = ContinueTrace(
+      WithHeader("traceparent", "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"), random);
+  EXPECT_EQ(t.trace_id, "4bf92f3577b34da6a3ce929d0e0e4736");
+  EXPECT_EQ(t.parent_id, "00f067aa0ba902b7");
+  EXPECT_TRUE(t.sampled);
+  EXPECT_EQ(t.span_id.size(), 16u);
+  EXPECT_NE(t.span_id, t.parent_id);
+  EXPECT_EQ(t.Traceparent(), "00-4bf92f3577b34da6a3ce929d0e0e4736-" + t.span_id + "-01");
+  EXPECT_EQ(t.CallerTraceparent(), "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01");
+  // A later version may add fields after the flags; they are not passed on.
+  const TraceContext later = ContinueTrace(
+      WithHeader("traceparent", "cc-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00-extra"),
+      random);
+  EXPECT_EQ(later.trace_id, "4bf92f3577b34da6a3ce929d0e0e4736");
+  EXPECT_FALSE(later.sampled);
+}
+
+TEST(Trace, AMissingOrMalformedTraceparentStartsANewTrace) {
+  testing::SeededRandom random(6);
+  const std::string id = "4bf92f3577b34da6a3ce929d0e0e4736";
+  std::vector<Request> requests = {
+      Request{},
+      WithHeader("traceparent", "00-" + id + "-00f067aa0ba902b7-01-extra"),  // 00 has no extra
+      WithHeader("traceparent", "ff-" + id + "-00f067aa0ba902b7-01"),        // invalid version
+      WithHeader("traceparent", "00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01"),
+      WithHeader("traceparent", "00-00000000000000000000000000000000-00f067aa0ba902b7-01"),
+      WithHeader("traceparent", "00-" + id + "-0000000000000000-01"),
+      WithHeader("traceparent", "00-" + id + "-00f067aa0ba902b7-0g"),
+      WithHeader("traceparent", "00_" + id + "-00f067aa0ba902b7-01"),
+  };
+  Request twice = WithHeader("traceparent", "00-" + id + "-00f067aa0ba902b7-01");
+  twice.headers.Add("traceparent", "00-" + id + "-00f067aa0ba902b8-01");
+  requests.push_back(twice);
+  for (const Request& r : requests) {
+    const TraceContext t = ContinueTrace(r, random);
+    EXPECT_NE(t.trace_id, id) << r.headers.Get("traceparent").value_or("(none)");
+    EXPECT_TRUE(std::regex_match(t.trace_id, std::regex("^[0-9a-f]{32}$")));
+    EXPECT_TRUE(t.parent_id.empty());
+    EXPECT_FALSE(t.sampled);
+  }
+}
+
+TEST(Log, EveryLineIsOneJsonObjectWithTimeLevelAndMessageFirst) {
+  const std::string line = LogLine(1796118123456, LogLevel::kWarn, "a \"quoted\" message",
+                                   {{"n", 3}, {"level", "spoofed"}, {"what", "x\ny"}});
+  EXPECT_EQ(line.find('\n'), std::string::npos) << "one line: newlines in values are escaped";
+  EXPECT_EQ(line.rfind(R"({"time":"2026-12-01T)", 0), 0u) << line;
+  const boost::json::object o = boost::json::parse(line).as_object();
+  EXPECT_EQ(o.at("time").as_string(), Rfc3339(1796118123456));
+  EXPECT_EQ(o.at("level").as_string(), "warn") << "a field cannot replace the line's own";
+  EXPECT_EQ(o.at("msg").as_string(), "a \"quoted\" message");
+  EXPECT_EQ(o.at("n").as_int64(), 3);
+  EXPECT_EQ(o.at("what").as_string(), "x\ny");
+  EXPECT_EQ(o.size(), 5u);
+}
+
+TEST(ListenAddress, TakesIpv4AndBracketedIpv6AddressesWithAPort) {
+  auto v4 = ParseListenAddress("0.0.0.0:8080");
+  ASSERT_TRUE(v4.has_value());
+  EXPECT_EQ(v4->host, "0.0.0.0");
+  EXPECT_EQ(v4->port, 8080);
+  auto v6 = ParseListenAddress("[::1]:0");
+  ASSERT_TRUE(v6.has_value()) << v6.error().message;
+  EXPECT_EQ(v6->host, "::1") << "without brackets, as binding takes it";
+  EXPECT_EQ(v6->port, 0);
+  for (const char* bad : {"nohostport", "[::1]", "::1:8080", "localhost:8080", "1.2.3.4:65536",
+                          "1.2.3.4:", "1.2.3.4:80x", "u@1.2.3.4:80", ""}) {
+    auto parsed = ParseListenAddress(bad);
+    EXPECT_FALSE(parsed.has_value()) << bad;
+    if (!parsed) {
+      EXPECT_NE(parsed.error().message.find("listen"), std::string::npos);
+    }
+  }
+  EXPECT_EQ(Authority("::1", 8080), "[::1]:8080");
+  EXPECT_EQ(Authority("127.0.0.1", 80), "127.0.0.1:80");
+}
+
+TEST(Rfc3339, ReadsWhatItWritesAndOffsets) {
+  const int64_t ms = 1'796'000'000'123;
+  EXPECT_EQ(ParseRfc3339(Rfc3339(ms)), ms);
+  EXPECT_EQ(ParseRfc3339("1970-01-01T00:00:00Z"), 0);
+  EXPECT_EQ(ParseRfc3339("1970-01-01T08:00:00+08:00"), 0);
+  EXPECT_EQ(ParseRfc3339("1969-12-31T23:30:00.5-00:30"), 500);
+  EXPECT_EQ(ParseRfc3339("2026-11-30T13:37:25.0320001Z"), ParseRfc3339("2026-11-30T13:37:25.033Z"))
+      << "fractions beyond milliseconds round up";
+  EXPECT_EQ(ParseRfc3339("2026-11-30T13:37:25.0320000Z"), ParseRfc3339("2026-11-30T13:37:25.032Z"));
+  EXPECT_EQ(ParseRfc3339("2024-02-29t00:00:00z"), ParseRfc3339("2024-02-29T00:00:00Z"));
+}
+
+// Found by fuzz/message_fuzz.cc: before 1970 the milliseconds were written negative
+// ("1969-12-31T23:59:59.999Z" came out as "1970-01-01T00:00:00.-01Z"), and years before 1000
+// with fewer than four digits; neither read back.
+TEST(Rfc3339, WritesTimesBefore1970AndEarlyYearsReadably) {
+  EXPECT_EQ(Rfc3339(-1), "1969-12-31T23:59:59.999Z");
+  EXPECT_EQ(Rfc3339(-1000), "1969-12-31T23:59:59.000Z");
+  EXPECT_EQ(Rfc3339(-1001), "1969-12-31T23:59:58.999Z");
+  for (const char* text : {"1969-12-31T23:59:59.999Z", "0999-01-02T03:04:05.006Z",
+                           "0000-01-01T00:00:00.000Z", "9999-12-31T23:59:59.999Z"}) {
+    const auto ms = ParseRfc3339(text);
+    ASSERT_TRUE(ms.has_value()) << text;
+    EXPECT_EQ(Rfc3339(*ms), text);
+  }
+  EXPECT_EQ(HttpDate(-1), "Wed, 31 Dec 1969 23:59:59 GMT") << "rounded down, as documented";
+}
+
+TEST(Rfc3339, RefusesWhatIsNotOne) {
+  for (const char* bad :
+       {"", "2026-11-30", "2026-11-30T13:37:25", "2026-11-30 13:37:25Z", "2026-13-01T00:00:00Z",
+        "2026-02-30T00:00:00Z", "2026-11-30T24:00:00Z", "2026-11-30T13:37:25.Z",
+        "2026-11-30T13:37:25+0800", "2026-11-30T13:37:25Zjunk", "２026-11-30T13:37:25Z"}) {
+    EXPECT_FALSE(ParseRfc3339(bad).has_value()) << bad;
+  }
+}
+
+}  // namespace
+}  // namespace idem::http

@@ -1,0 +1,168 @@
+// server/idemd/config/config.h — idemd's configuration: a TOML file, then command-line overrides.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "http/server.h"
+#include "idem/clock.h"
+#include "idem/key.h"
+#include "idem/limits.h"
+#include "idem/result.h"
+#include "idem/secret.h"
+#include "idem/store/postgres.h"
+#include "server/idemd/gateway/routes.h"
+
+namespace idem::idemd {
+
+// The longest duration a configuration may set, any key: ten years. Longer ones are refused at
+// load, so no sum of durations (a lease against provider timeout + margin) and no deadline (now +
+// an interval) can overflow.
+inline constexpr Millis kMaxConfigDuration{10LL * 365 * 24 * 3600 * 1000};
+
+struct PrincipalEntry {
+  std::string api_key_sha256;  // lower-case hex of SHA-256(api key)
+  std::string tenant;
+  std::string user;
+};
+
+struct Secrets {
+  std::vector<Secret> hmac;
+  uint32_t hmac_current = 0;
+  std::vector<Secret> seal;
+  uint32_t seal_current = 0;
+};
+
+// Bounds of [server] io_threads, max_in_flight and [store] threads.
+inline constexpr int kIoThreadsCeiling = 256;
+inline constexpr int kMaxInFlightCeiling = 1'000'000;
+inline constexpr int kStoreThreadsCeiling = 1024;
+inline constexpr int64_t kReplayCacheCeiling = int64_t{1} << 40;
+
+struct Config {
+  http::ServerOptions server;
+  std::string store_url;  // "sqlite:///path/idem.db"
+  int store_pool_size = 4;
+  // Threads that run the store's blocking calls; 0: a default by backend (StoreThreads).
+  int store_threads = 0;
+  // Threads of their own for snapshot reads (replays not held in memory, parked requests' polls,
+  // GETs), so that they never queue behind claims and completions.
+  int store_read_threads = 2;
+  // Bytes of finished records kept in memory for replays (Redis or not); 0 turns it off.
+  int64_t replay_cache_bytes = 64 << 20;
+  // PostgreSQL: server-side prepared statements (off behind PgBouncer transaction pooling).
+  bool store_prepared_statements = true;
+  // PostgreSQL: where the listener for other instances' completions connects; empty: store_url.
+  // Behind a transaction pooler, the database itself (notifications do not pass the pooler).
+  std::string store_listen_url;
+  // PostgreSQL: connect, statement, lock and idle-in-transaction timeouts and TCP keepalives.
+  PostgresTimeouts store_timeouts;
+  std::string redis_url;  // optional: the replay cache and in-flight markers
+  std::string provider_url = "http://127.0.0.1:8090";
+  Millis provider_timeout{5000};
+  Millis provider_connect_timeout{2000};
+  int provider_max_connections = 1024;
+  std::string provider_ca_file;  // https: the CAs to trust; empty: the system's
+  // The provider's declared semantics: the 5xx statuses of a charge's answer that prove nothing
+  // was charged (e.g. {503} for a provider that documents 503 as "not processed"). Empty (the
+  // default): every 5xx after the request left is an unknown outcome, like a timeout; the charge
+  // is looked up, once its send has settled, before anything is charged again (docs/idemd.md,
+  // "Ambiguous failures").
+  std::vector<int> provider_nothing_charged_statuses;
+  // The provider's declared semantics: a repeated charge with the same reference (its
+  // idempotency key) charges at most once. On, a charge whose outcome is unknown is sent again at
+  // once; off (the default), only after settle_ms.
+  bool provider_deduplicates_by_key = false;
+  // After an unknown outcome nothing is sent again until this long after the last send and a
+  // lookup still finds nothing: it must exceed timeout_ms plus how long the provider may still
+  // execute a request after its caller timed out (checked against timeout_ms at load).
+  Millis provider_settle{30000};
+
+  // Where secrets come from: the IDEM_SECRETS environment variable (TOML text) wins; else this
+  // file; a development config may ask for the file to be generated when missing.
+  std::string secrets_file;
+  bool generate_secrets = false;
+  Secrets secrets;
+
+  Millis lease{limits::kDefaultLease};
+  // The lease must outlast provider_timeout by more than this (checked at load).
+  Millis lease_margin{limits::kDefaultLeaseMargin};
+  Millis retention{limits::kDefaultRetention};
+  int64_t max_processing = limits::kMaxProcessingPerPrincipal;
+  int64_t max_retained = limits::kMaxRetainedPerPrincipal;
+  // Requests a principal may bring to the claim each second, per route and instance (0: no
+  // limit); FilterPolicy::max_new_keys_per_second.
+  int64_t max_new_keys_per_second = limits::kMaxNewKeysPerSecondPerPrincipal;
+  Millis wait_max{10000};
+  int64_t max_waiters_per_principal = limits::kMaxWaitersPerPrincipal;
+  std::size_t key_min_length = limits::kKeyMinLength;
+  std::size_t key_max_length = limits::kKeyMaxLength;
+  std::vector<std::string> currencies = {"CNY", "USD", "EUR", "JPY"};
+  Millis sweep_interval{60000};
+  Millis reconcile_interval{5000};
+
+  // Reconciliation of the books ([reconciliation], docs/reconciliation.md): every `interval`
+  // (0: off), the charges the provider made in [now - lag - window, now - lag).
+  Millis books_interval{600'000};
+  Millis books_window{24 * 3'600'000};
+  Millis books_lag{600'000};
+  bool refund_duplicates = true;
+  bool refund_orphans = false;
+  Millis orphan_grace{24 * 3'600'000};
+  Millis books_lease{60'000};  // a crashed runner's window is taken over this long after it
+
+  std::vector<PrincipalEntry> principals;
+
+  // The gateway ([gateway] and [[routes]], docs/gateway.md).
+  GatewayConfig gateway;
+};
+
+// Reads `path` (TOML), then the IDEMD_<SECTION>_<KEY> environment variables over it (e.g.
+// IDEMD_STORE_URL, IDEMD_PROVIDER_TIMEOUT_MS), then `overrides` (--listen, --store, --redis,
+// --provider) over both, then loads the secrets. Errors: kInvalidArgument naming the file (and
+// line, for an unknown key), the environment variable or the flag, the key and the problem.
+Result<Config> LoadConfig(const std::string& path, const std::vector<std::string>& overrides);
+
+// The configuration in effect, every key with its value (defaults included), as a TOML document
+// that LoadConfig reads back to the same Config (what `idemd --check-config` prints). Secrets are
+// not part of it (they are not config keys); passwords in the store, listener, Redis and provider
+// URLs are replaced by "REDACTED".
+std::string EffectiveConfigToml(const Config& config);
+
+// `url` with its password replaced by "REDACTED", for what is printed or logged: the password of
+// the user info, a `password` query parameter, and, in text Boost.URL does not parse (libpq's
+// multi-host URLs, an unencoded '@'), everything before the authority's last '@'.
+std::string RedactedUrl(const std::string& url);
+
+// Every key a config file may set, "section.key" ("routes.fingerprint.ignore" for keys of
+// [[routes]] entries), with its TOML type: what the unknown-key check and the environment
+// overrides accept, and what docs/config.md lists.
+enum class Kind { kString, kInteger, kBoolean, kArray };
+const std::map<std::string, Kind>& ConfigKeys();
+
+// Writers a SQLite store lets wait for its writer by default: those waiting when one commits
+// share the next commit (group commit), so more waiting writers mean fewer syncs per write.
+inline constexpr int kSqliteGroupWriters = 16;
+
+// [server] io_threads = 0: one I/O thread per CPU the process may run on, at least one.
+int IoThreadsPerCpu();
+
+// The threads for the store's blocking calls: store_threads; when it is 0, pool_size + 1 on
+// PostgreSQL (its connections and one more to queue on them), pool_size + kSqliteGroupWriters on
+// SQLite (its readers, and writers to share each commit).
+inline int StoreThreads(const Config& c) {
+  if (c.store_threads > 0) return c.store_threads;
+  const bool sqlite = c.store_url.rfind("sqlite:", 0) == 0;
+  return c.store_pool_size + (sqlite ? kSqliteGroupWriters : 1);
+}
+
+// Parses secrets from TOML text: hmac_current, seal_current, [[hmac]] / [[seal]] tables with
+// `id` and hex `key`. Errors: kInvalidArgument.
+Result<Secrets> ParseSecrets(std::string_view toml_text, const std::string& origin);
+
+// Fresh development secrets as TOML text (32 random bytes each, id 1).
+std::string GenerateSecretsToml(Random& random);
+
+}  // namespace idem::idemd

@@ -1,0 +1,35 @@
+// server/idemd/config/store_url.h — a store from a URL: sqlite:///abs/path.db,
+// sqlite://rel/path.db, or postgresql://user@host:port/db (any libpq URI or connection string after
+// the scheme).
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "idem/store.h"
+#include "idem/store/postgres.h"
+
+namespace idem::idemd {
+
+struct StoreUrlOptions {
+  int pool_size = 4;
+  // PostgreSQL only: server-side prepared statements (off behind PgBouncer transaction pooling).
+  bool prepared_statements = true;
+  // PostgreSQL only: where the completion listener connects; empty: the store's URL.
+  std::string listen_url;
+  // PostgreSQL only: the bounds on every call to the server.
+  PostgresTimeouts postgres_timeouts;
+  // true: create the store if needed and apply libidem's and the application's migrations
+  // (idemd). false: write nothing on open; the store must already have a current schema
+  // (idemctl). See SqliteStoreOptions::apply_migrations.
+  bool apply_migrations = true;
+  std::string app_name;
+  std::vector<Migration> app_migrations;
+};
+
+// Opens the store at `url`. Errors: kInvalidArgument for an unknown scheme; the backend's errors
+// otherwise (OpenSqliteStore, OpenPostgresStore).
+Result<std::unique_ptr<Store>> OpenStoreUrl(const std::string& url, const StoreUrlOptions& options);
+
+}  // namespace idem::idemd
