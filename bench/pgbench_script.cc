@@ -38,7 +38,7 @@
 #include "idem/limits.h"
 #include "idem/record.h"
 #include "idem/seal.h"
-#include "server/idemd/payments/routes.h"
+#include "server/idemd/routes.h"
 #include "src/store/sql.h"
 
 namespace {

@@ -25,7 +25,7 @@
 #include "server/idemd/payments/books.h"
 #include "server/idemd/payments/payments.h"
 #include "server/idemd/payments/provider.h"
-#include "server/idemd/payments/routes.h"
+#include "server/idemd/routes.h"
 #include "server/idemd/service.h"
 
 namespace {

@@ -11,6 +11,7 @@
 
 #include "http/log.h"
 #include "http/problem.h"
+#include "server/idemd/routes.h"
 
 namespace idem::idemd {
 namespace {
@@ -99,16 +100,45 @@ http::Response Service::Unauthorized(http::RequestContext& context, const std::s
 http::Async<http::Response> Service::Handle(const http::Request& request,
                                             http::RequestContext& context) {
   const std::string_view path = request.Path();
-  if (path == "/healthz") {
-    context.route = "healthz";
-    if (request.method != "GET" && request.method != "HEAD")
-      co_return MethodNotAllowed("GET, HEAD");
-    co_return Json(200, R"({"status":"ok"})");
+  // A request keeps the gateway it was first routed with, also across the calls of a parked
+  // request: a reload meanwhile does not route it elsewhere.
+  if (context.attempt == 1) context.pinned = CurrentGateway();
+  const auto gateway = std::static_pointer_cast<const Gateway>(context.pinned);
+  // idemd's own routes first: no gateway route can match them (the config refuses one that
+  // could), so a payment never looks through the gateway's table.
+  if (const std::optional<OwnMatch> own = MatchOwnRoute(path)) {
+    co_return co_await HandleOwn(request, context, gateway, *own);
   }
-  if (path == "/readyz") {
-    context.route = "readyz";
+  if (const GatewayEndpoint* endpoint = gateway ? gateway->Match(request.method, path) : nullptr) {
+    co_return co_await HandleRoute(request, context, gateway, *endpoint);
+  }
+  if (gateway && gateway->ForwardsUnmatched()) {
+    context.route = "unmatched";
+    if (request.method == "CONNECT" || request.method == "TRACE") {
+      // A tunnel or an echo of the request (its credentials included) through idemd, which
+      // does not authenticate what it passes through: never forwarded.
+      context.outcome = "invalid";
+      metrics_.CountRequest(context.route, context.outcome);
+      co_return MethodNotAllowed("GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS");
+    }
+    context.outcome = "passed_through";
+    metrics_.CountRequest(context.route, context.outcome);
+    co_return co_await gateway->PassThrough(request);
+  }
+  context.route = "unknown";
+  co_return http::Problem(http::ProblemKind::kNotFound, "no such resource");
+}
+
+http::Async<http::Response> Service::HandleOwn(const http::Request& request,
+                                               http::RequestContext& context,
+                                               std::shared_ptr<const Gateway> gateway,
+                                               OwnMatch own) {
+  context.route = std::string(own.entry->label);
+  const OwnRoute route = own.entry->route;
+  if (route == OwnRoute::kHealthz || route == OwnRoute::kReadyz) {
     if (request.method != "GET" && request.method != "HEAD")
       co_return MethodNotAllowed("GET, HEAD");
+    if (route == OwnRoute::kHealthz) co_return Json(200, R"({"status":"ok"})");
     // Answered even when every store thread is held (by a stalled database): the ping has its own
     // bound, and the probe waits for it at most twice that, then answers 503 while it runs on.
     auto ping = std::make_shared<Status>(Ok());
@@ -123,64 +153,33 @@ http::Async<http::Response> Service::Handle(const http::Request& request,
     }
     co_return Json(200, R"({"status":"ready"})");
   }
-  if (path == "/metrics") {
-    context.route = "metrics";
+  if (route == OwnRoute::kMetrics) {
     if (request.method != "GET") co_return MethodNotAllowed("GET");
     http::Response r{200, {}, metrics_.Render()};
     r.headers.Set("Content-Type", "text/plain; version=0.0.4");
     co_return r;
   }
-
-  // A request keeps the gateway it was first routed with, also across the calls of a parked
-  // request: a reload meanwhile does not route it elsewhere.
-  if (context.attempt == 1) context.pinned = CurrentGateway();
-  const auto gateway = std::static_pointer_cast<const Gateway>(context.pinned);
-  if (const GatewayEndpoint* endpoint = gateway ? gateway->Match(request.method, path) : nullptr) {
-    co_return co_await HandleRoute(request, context, gateway, *endpoint);
-  }
-
-  const bool payments = path == "/v1/payments";
-  const bool payment = path.rfind("/v1/payments/", 0) == 0 && path.size() > 13;
-  const bool operation = path.rfind("/v1/operations/", 0) == 0 && path.size() > 15;
-  if (!payments && !payment && !operation) {
-    if (gateway && gateway->ForwardsUnmatched()) {
-      context.route = "unmatched";
-      if (request.method == "CONNECT" || request.method == "TRACE") {
-        // A tunnel or an echo of the request (its credentials included) through idemd, which
-        // does not authenticate what it passes through: never forwarded.
-        context.outcome = "invalid";
-        metrics_.CountRequest(context.route, context.outcome);
-        co_return MethodNotAllowed("GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS");
-      }
-      context.outcome = "passed_through";
-      metrics_.CountRequest(context.route, context.outcome);
-      co_return co_await gateway->PassThrough(request);
-    }
-    context.route = "unknown";
-    co_return http::Problem(http::ProblemKind::kNotFound, "no such resource");
-  }
-  context.route = payments ? "payments.create" : payment ? "payments.get" : "operations.get";
   // Keys are per route: ?route= names a gateway route's operation (its Location says so), whose
   // principal comes as that route's do; without it, the payments route's.
   const std::optional<std::string_view> route_name =
-      operation ? request.QueryParam("route") : std::nullopt;
+      route == OwnRoute::kOperationGet ? request.QueryParam("route") : std::nullopt;
   const GatewayEndpoint* named = route_name && gateway ? gateway->Named(*route_name) : nullptr;
   auto principal = named ? GatewayPrincipal(request, *gateway) : Authenticate(request);
   if (!principal) {
     co_return Unauthorized(context);
   }
-  if (payments) {
+  if (route == OwnRoute::kPaymentsCreate) {
     if (request.method != "POST") co_return MethodNotAllowed("POST");
     co_return co_await payments_filter_.Handle(request, *principal, context);
   }
   if (request.method != "GET") co_return MethodNotAllowed("GET");
-  if (payment)
-    co_return co_await reads_.Call([&] { return payments_.Get(path.substr(13), *principal); });
+  if (route == OwnRoute::kPaymentGet)
+    co_return co_await reads_.Call([&] { return payments_.Get(own.id, *principal); });
   if (route_name && named == nullptr) {
     co_return http::Problem(http::ProblemKind::kNotFound, "no gateway route with this name");
   }
   IdempotencyFilter& filter = named != nullptr ? *named->filter : payments_filter_;
-  co_return co_await reads_.Call([&] { return filter.GetOperation(path.substr(15), *principal); });
+  co_return co_await reads_.Call([&] { return filter.GetOperation(own.id, *principal); });
 }
 
 http::Async<http::Response> Service::HandleRoute(const http::Request& request,

@@ -12,6 +12,7 @@
 #include "server/idemd/gateway/gateway.h"
 #include "server/idemd/metrics.h"
 #include "server/idemd/payments/payments.h"
+#include "server/idemd/routes.h"
 
 namespace idem::idemd {
 
@@ -52,6 +53,10 @@ class Service final : public http::Handler {
   // 401 with WWW-Authenticate, counted under context.route; `detail` says what to send.
   http::Response Unauthorized(http::RequestContext& context,
                               const std::string& detail = "send Authorization: Bearer <api key>");
+  // A request on one of idemd's own routes (routes.h); `gateway` names the routes whose
+  // operations GET /v1/operations/{key}?route= reads.
+  http::Async<http::Response> HandleOwn(const http::Request& request, http::RequestContext& context,
+                                        std::shared_ptr<const Gateway> gateway, OwnMatch own);
   // A request on `endpoint`'s route.
   http::Async<http::Response> HandleRoute(const http::Request& request,
                                           http::RequestContext& context,

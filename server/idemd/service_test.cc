@@ -357,6 +357,37 @@ TEST_F(ServiceTest, AnUnknownPathIs404) {
   }
 }
 
+// The table of idemd's own routes names each route by its path, and hands over the {id} or
+// {key} segment as sent (the rest of the path); the URLs idemd writes come from the same table.
+TEST(OwnRoutes, EachPathNamesItsRouteAndItsIdentifier) {
+  struct Case {
+    std::string_view path;
+    std::optional<OwnRoute> route;
+    std::string_view id;
+  };
+  for (const Case& c : std::initializer_list<Case>{
+           {"/healthz", OwnRoute::kHealthz, ""},
+           {"/readyz", OwnRoute::kReadyz, ""},
+           {"/metrics", OwnRoute::kMetrics, ""},
+           {"/v1/payments", OwnRoute::kPaymentsCreate, ""},
+           {"/v1/payments/pay_1", OwnRoute::kPaymentGet, "pay_1"},
+           {"/v1/payments/a/b", OwnRoute::kPaymentGet, "a/b"},
+           {"/v1/operations/k-1", OwnRoute::kOperationGet, "k-1"},
+           {"/v1/payments/", std::nullopt, ""},
+           {"/v1/operations", std::nullopt, ""},
+           {"/metrics/", std::nullopt, ""},
+       }) {
+    SCOPED_TRACE(c.path);
+    const std::optional<OwnMatch> match = MatchOwnRoute(c.path);
+    ASSERT_EQ(match.has_value(), c.route.has_value());
+    if (!match) continue;
+    EXPECT_EQ(match->entry->route, *c.route);
+    EXPECT_EQ(match->id, c.id);
+  }
+  EXPECT_EQ(PaymentPath("pay_1"), "/v1/payments/pay_1");
+  EXPECT_EQ(kOperationsPrefix, "/v1/operations/");
+}
+
 TEST_F(ServiceTest, HealthzAndReadyzAnswer200WithoutAuthentication) {
   for (std::string method : {"GET", "HEAD"}) {
     const http::Response health = Handle(Req(method, "/healthz?probe=1", ""));

@@ -19,7 +19,7 @@
 #include <vector>
 
 #include "idem/key.h"
-#include "server/idemd/payments/routes.h"
+#include "server/idemd/routes.h"
 #include "testing/raw_connection.h"
 #include "tests/integration/idemd_fixture.h"
 

@@ -16,7 +16,7 @@
 #include <thread>
 
 #include "idem/limits.h"
-#include "server/idemd/payments/routes.h"
+#include "server/idemd/routes.h"
 #include "tests/integration/idemd_fixture.h"
 
 namespace idem::itest {

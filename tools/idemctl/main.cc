@@ -15,7 +15,7 @@
 #include "http/message.h"
 #include "idem/failpoint.h"
 #include "idem/result.h"
-#include "server/idemd/payments/routes.h"
+#include "server/idemd/routes.h"
 #include "tools/idemctl/commands.h"
 
 #ifndef IDEM_VERSION

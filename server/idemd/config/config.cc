@@ -18,6 +18,7 @@
 #include <utility>
 
 #include "http/log.h"
+#include "server/idemd/routes.h"
 
 namespace idem::idemd {
 namespace {
@@ -283,10 +284,9 @@ Result<std::string> ParseUpstream(const std::string& text) {
 
 // Whether `route` could match one of idemd's own paths (with any method).
 bool ShadowsIdemd(const GatewayRoute& route) {
-  for (const char* own : {"/healthz", "/readyz", "/metrics", "/v1/payments", "/v1/payments/{id}",
-                          "/v1/operations/{key}"}) {
+  for (const OwnRouteEntry& own : kOwnRoutes) {
     GatewayRoute idemd;
-    if (ParseGatewayMatch(route.method + " " + own, idemd).empty() &&
+    if (ParseGatewayMatch(route.method + " " + std::string(own.pattern), idemd).empty() &&
         GatewayRoutesOverlap(route, idemd)) {
       return true;
     }

@@ -10,6 +10,7 @@
 #include "http/log.h"
 #include "http/problem.h"
 #include "idem/record.h"
+#include "server/idemd/routes.h"
 
 namespace idem::idemd {
 
@@ -81,7 +82,7 @@ FilterPolicy GatewayPolicy(const GatewayRoute& route, const KeyPolicy& keys, int
   p.wait_max = wait_max;
   p.route_label = route.name;
   // Keys are per route: the operation's URL names it (route names need no encoding).
-  p.operations_prefix = "/v1/operations/";
+  p.operations_prefix = kOperationsPrefix;
   p.operations_suffix = "?route=" + route.name;
   p.stored_headers = route.store_headers;
   p.fingerprint_target = true;

@@ -13,7 +13,7 @@
 #include "idem/canonical.h"
 #include "idem/failpoint.h"
 #include "idem/fingerprint.h"
-#include "server/idemd/payments/routes.h"
+#include "server/idemd/routes.h"
 
 namespace idem::idemd {
 namespace {
@@ -247,7 +247,7 @@ FilterPolicy PaymentsPolicy(const KeyPolicy& keys, Millis lease, Millis retentio
   p.failures.retryable_statuses = {503};
   p.wait_max = wait_max;
   p.route_label = kPaymentsCreateRoute;
-  p.operations_prefix = "/v1/operations/";
+  p.operations_prefix = kOperationsPrefix;
   return p;
 }
 
@@ -480,7 +480,7 @@ std::string Payments::Body(const Payment& p) const {
 http::Response Payments::Created(const Payment& p, int status) const {
   http::Response r{status, {}, Body(p)};
   r.headers.Set("Content-Type", "application/json");
-  r.headers.Set("Location", "/v1/payments/" + p.id);
+  r.headers.Set("Location", PaymentPath(p.id));
   return r;
 }
 
