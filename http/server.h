@@ -12,6 +12,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <typeinfo>
 
 #include "http/async.h"
 #include "http/message.h"
@@ -65,7 +66,17 @@ struct RequestContext {
   std::shared_ptr<void> hold;
   // Likewise, for the handler's routing: what the request was first routed with (a router's
   // configuration that may be replaced meanwhile), so that its later calls route as the first did.
-  std::shared_ptr<const void> pinned;
+  // Typed: Pinned<T>() gives back what Pin(T) kept, and nullptr for any other type.
+  template <class T>
+  void Pin(std::shared_ptr<const T> value) {
+    pinned_type_ = &typeid(T);
+    pinned_ = std::move(value);
+  }
+  template <class T>
+  std::shared_ptr<const T> Pinned() const {
+    if (pinned_type_ == nullptr || *pinned_type_ != typeid(T)) return nullptr;
+    return std::static_pointer_cast<const T>(pinned_);  // of the type Pin was given
+  }
   // Free for the handler across calls of one request (e.g. the end of a Prefer: wait).
   std::optional<std::chrono::steady_clock::time_point> wait_until;
   int attempt = 1;  // 1 on the first call of Handle for this request, 2 after a park, ...
@@ -84,6 +95,10 @@ struct RequestContext {
   std::function<void(std::function<Async<void>()>)> spawn;
   // Wakes requests parked on `key`.
   std::function<void(const std::string&)> notify;
+
+ private:
+  std::shared_ptr<const void> pinned_;
+  const std::type_info* pinned_type_ = nullptr;
 };
 
 class Handler {

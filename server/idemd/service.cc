@@ -102,8 +102,8 @@ http::Async<http::Response> Service::Handle(const http::Request& request,
   const std::string_view path = request.Path();
   // A request keeps the gateway it was first routed with, also across the calls of a parked
   // request: a reload meanwhile does not route it elsewhere.
-  if (context.attempt == 1) context.pinned = CurrentGateway();
-  const auto gateway = std::static_pointer_cast<const Gateway>(context.pinned);
+  if (context.attempt == 1) context.Pin(CurrentGateway());
+  const std::shared_ptr<const Gateway> gateway = context.Pinned<Gateway>();
   // idemd's own routes first: no gateway route can match them (the config refuses one that
   // could), so a payment never looks through the gateway's table.
   if (const std::optional<OwnMatch> own = MatchOwnRoute(path)) {
