@@ -21,7 +21,7 @@
 #include "server/idemd/config/config.h"
 #include "server/idemd/config/store_url.h"
 #include "server/idemd/payments/books.h"
-#include "server/idemd/payments/payments.h"
+#include "server/idemd/payments/table.h"
 
 namespace idem::ctl {
 namespace {

@@ -8,7 +8,7 @@
 
 #include "idem/failpoint.h"
 #include "idem/key.h"
-#include "server/idemd/payments/payments.h"
+#include "server/idemd/payments/table.h"
 
 namespace idem::idemd {
 namespace {

@@ -11,19 +11,9 @@
 #include "idem/store/sqlite.h"
 #include "server/idemd/filter/filter.h"
 #include "server/idemd/payments/provider.h"
+#include "server/idemd/payments/table.h"
 
 namespace idem::idemd {
-
-// The payments table, an application migration of the store ("payments" component).
-const std::vector<Migration>& PaymentsMigrations();
-
-// The database's payment namespace, part of every payment id (see PaymentIdFor in payments.cc):
-// drawn from `random` the first time, then read. Errors: the store's.
-Result<std::string> PaymentsNamespace(Store& store, Random& random);
-
-// The payments route's recovery points past the charge (RoutePolicy::sent_points), which the
-// sweeper must leave to the reconciler (Store::Sweep).
-std::vector<std::string> PaymentsSentPoints();
 
 // The route policy of POST /v1/payments: key policy, canonical rules (amount is money, trace_id
 // is not part of the request's meaning), which outcomes are final.
@@ -144,27 +134,5 @@ class Payments final : public Operation {
   bool provider_deduplicates_by_key_;
   Millis settle_;
 };
-
-// A business column's text or integer; "" or 0 for NULL or another type.
-inline std::string Text(const SqlValue& v) {
-  const std::string* s = std::get_if<std::string>(&v);
-  return s ? *s : std::string();
-}
-inline int64_t Integer(const SqlValue& v) {
-  const int64_t* n = std::get_if<int64_t>(&v);
-  return n ? *n : 0;
-}
-
-// Whether `reference` has the shape of a payment id idemd makes: "pay_" and 24 lower-case hex
-// digits.
-bool IsPaymentId(std::string_view reference);
-
-// Minor-unit digits of a currency (0 for JPY and KRW, 2 otherwise).
-int MinorDigits(std::string_view currency);
-// "100.00" ← 10000 with 2 digits.
-std::string FormatAmount(int64_t minor, int digits);
-// "100.00" CNY → 10000, exactly; "0" → 0; nullopt for anything else (not a decimal, negative,
-// more decimal places than the currency has).
-std::optional<int64_t> AmountInMinorUnits(std::string_view amount, std::string_view currency);
 
 }  // namespace idem::idemd
