@@ -5,10 +5,13 @@
 #include <sys/wait.h>
 
 #include <atomic>
+#include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <regex>
 #include <set>
+#include <sstream>
 #include <thread>
 
 #include "tests/integration/idemd_fixture.h"
@@ -91,7 +94,17 @@ TEST_F(IdemdTest, TheProviderGetsTheClientsTraceAndEveryLogLineIsJson) {
   EXPECT_NE(traceparent.substr(36, 16), "b7ad6b7169203331") << "idemd's span, not the client's";
   EXPECT_EQ(traceparent.substr(52), "-00");
 
-  std::ifstream log(dir_.File("idemd.log"));
+  // The access log line is written once the answer is sent: wait for it (at most 5 s), and
+  // read only whole lines.
+  std::string text;
+  for (int i = 0; i < 100; ++i) {
+    std::ifstream in(dir_.File("idemd.log"));
+    text.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+    text.erase(text.rfind('\n') == std::string::npos ? 0 : text.rfind('\n') + 1);
+    if (text.find(R"("msg":"request")") != std::string::npos) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  std::istringstream log(text);
   std::string line;
   std::set<std::string> request_ids;
   int lines = 0;
