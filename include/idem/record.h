@@ -3,6 +3,7 @@
 
 #include <array>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -82,6 +83,15 @@ struct Record {
   // Not a column: each read sets it (on PostgreSQL, the database's time of the statement).
   Timestamp observed_at{};
 };
+
+// The last moment a request of `record` may have left: sent_at, or updated_at for a record
+// advanced before sent_at existed (which is no earlier).
+Timestamp LastSent(const Record& record);
+// Has the last send of `record` settled? How long until it has — `window` after LastSent — by
+// the store's clock when the record was read (observed_at), never by the reader's own; nothing
+// once it has. A send settles when no executor can still be acting on it: the downstream's
+// timeout and a margin for a late arrival (the gateway), or the provider's settle window.
+std::optional<Millis> UntilSettled(const Record& record, Millis window);
 
 // The answer replayed for a finished record: status, the headers that matter, the exact body.
 struct StoredResponse {

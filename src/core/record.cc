@@ -36,6 +36,16 @@ bool IsLegalTransition(RecordState from, RecordState to) {
   return from == RecordState::kFailedRetryable && to == RecordState::kProcessing;
 }
 
+Timestamp LastSent(const Record& record) {
+  return record.sent_at != Timestamp{} ? record.sent_at : record.updated_at;
+}
+
+std::optional<Millis> UntilSettled(const Record& record, Millis window) {
+  const Timestamp settled = LastSent(record) + window;
+  if (record.observed_at >= settled) return std::nullopt;
+  return std::chrono::duration_cast<Millis>(settled - record.observed_at);
+}
+
 namespace {
 
 using wire::PutBytes;

@@ -16,6 +16,22 @@ TEST(RecordState, NamesRoundTrip) {
   EXPECT_EQ(ParseRecordState("processing").error().code, Errc::kDataLoss);
 }
 
+TEST(Record, ASendSettlesItsWindowAfterItLeftByTheStoresClock) {
+  Record r;
+  r.updated_at = FromUnixMillis(5'000);
+  r.sent_at = FromUnixMillis(1'000);
+  r.observed_at = FromUnixMillis(2'500);
+  EXPECT_EQ(LastSent(r), FromUnixMillis(1'000));  // a renewal moved updated_at, not the send
+  EXPECT_EQ(UntilSettled(r, Millis(3'000)), Millis(1'500));
+  r.observed_at = FromUnixMillis(4'000);
+  EXPECT_EQ(UntilSettled(r, Millis(3'000)), std::nullopt);  // settled at exactly the window
+  EXPECT_EQ(UntilSettled(r, Millis(0)), std::nullopt);
+  // A record advanced before sent_at existed settles from updated_at, which is no earlier.
+  r.sent_at = Timestamp{};
+  EXPECT_EQ(LastSent(r), FromUnixMillis(5'000));
+  EXPECT_EQ(UntilSettled(r, Millis(3'000)), Millis(4'000));
+}
+
 TEST(RecordState, Transitions) {
   for (RecordState to : kAll) {
     EXPECT_TRUE(IsLegalTransition(RecordState::kProcessing, to));

@@ -390,13 +390,12 @@ class Schedule {
           return;
         }
         const Record& r = a.ticket.record;
-        const Timestamp sent = r.sent_at != Timestamp{} ? r.sent_at : r.updated_at;
+        const std::optional<Millis> unsettled = UntilSettled(r, kSettle);
         // As idemd configured with [provider] deduplicates_by_key = true when it does.
         if (guards_.settle && !provider_.HonoursKeys() &&
             a.ticket.resumed_from == RecordState::kProcessing && r.recovery_point == kSent &&
-            r.observed_at < sent + kSettle) {
-          a.hold = std::min(std::chrono::duration_cast<Millis>(sent + kSettle - r.observed_at),
-                            policy_.retry_after);
+            unsettled) {
+          a.hold = std::min(*unsettled, policy_.retry_after);
           a.step = Attempt::Step::kRelease;
           return;
         }

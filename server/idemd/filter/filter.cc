@@ -176,6 +176,46 @@ class IdempotencyFilter::WaiterPlace {
   std::string who_;
 };
 
+Execution Execution::Answer(http::Response response) {
+  Execution e;
+  e.response = std::move(response);
+  return e;
+}
+
+Execution Execution::Answer(http::Response response, TxnHook business) {
+  Execution e = Answer(std::move(response));
+  e.business = std::move(business);
+  return e;
+}
+
+Execution Execution::Retryable(http::Response response, std::string_view point, TxnHook business) {
+  Execution e = Answer(std::move(response), std::move(business));
+  e.state = RecordState::kFailedRetryable;
+  e.recovery_point = std::string(point);
+  return e;
+}
+
+Execution Execution::Unknown(http::Response response) {
+  Execution e = Answer(std::move(response));
+  e.outcome_unknown = true;
+  return e;
+}
+
+Execution Execution::Unknown(const Error& error) { return Unknown(http::ProblemFor(error)); }
+
+Execution Execution::Settling(Millis left) {
+  Execution e;
+  e.settling_for = left;
+  e.outcome_unknown = true;
+  return e;
+}
+
+Execution Execution::Held(http::Response response) {
+  Execution e = Answer(std::move(response));
+  e.held = true;
+  return e;
+}
+
 std::optional<http::Response> RefuseUnlessJson(const http::Request& request) {
   if (MediaTypeOf(request.headers.Get("content-type").value_or(std::string_view())) !=
       "application/json") {

@@ -16,8 +16,26 @@
 
 namespace idem::idemd {
 
-// What one execution produced.
+// What one execution produced. The factories below name the common outcomes; a field set by
+// hand serves the rest.
 struct Execution {
+  // `response`, classified by the route's FailurePolicy.
+  static Execution Answer(http::Response response);
+  // `response`, with its writes in the completion's transaction.
+  static Execution Answer(http::Response response, TxnHook business);
+  // `response` as a FAILED_RETRYABLE record resuming at `point` ("" keeps the record's), with
+  // `business` in the completion's transaction when given.
+  static Execution Retryable(http::Response response, std::string_view point = {},
+                             TxnHook business = {});
+  // The downstream may have acted and nobody knows yet (outcome_unknown), answered `response`.
+  static Execution Unknown(http::Response response);
+  // The same, answered as `error` is (http::ProblemFor): a lost lease, a store that failed.
+  static Execution Unknown(const Error& error);
+  // An earlier send has not settled for `left` more (settling_for).
+  static Execution Settling(Millis left);
+  // A held outcome (held): `response` kept FAILED_FINAL for an operator to settle.
+  static Execution Held(http::Response response);
+
   http::Response response;
   // Business writes committed together with the record's completion.
   TxnHook business;

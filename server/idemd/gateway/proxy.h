@@ -6,39 +6,10 @@
 
 #include "http/client.h"
 #include "server/idemd/filter/filter.h"
+#include "server/idemd/gateway/forward.h"
 #include "server/idemd/gateway/routes.h"
 
 namespace idem::idemd {
-
-// The recovery point of a record whose request has been forwarded and whose outcome is not known
-// (the forward is out, or it timed out, or idemd stopped meanwhile): a retry asks the route's
-// status URL first, when it has one, then forwards again with the same upstream key.
-inline constexpr std::string_view kForwarded = "forwarded";
-// The recovery point of a retryable record whose last forward's outcome is known: the upstream
-// answered it, it was never sent, or the status URL said it never ran. A retry forwards again
-// without asking.
-inline constexpr std::string_view kSettled = "settled";
-
-// Logs why an exchange with a route's upstream (or the unmatched one: route "unmatched") failed:
-// the transport's message names the upstream's address, which answers never do.
-void LogUpstreamFailure(std::string_view route, std::string_view method, const Error& error);
-// The answer to a request without a record (passed through, or without a key) whose upstream
-// failed, logged as LogUpstreamFailure: 503 unavailable when nothing was sent (kUnavailable), else
-// 504 timeout; the details name neither the upstream nor the transport's error.
-http::Response UpstreamFailure(std::string_view route, std::string_view method, const Error& error);
-
-// The key a record's operation forwards in the route's forward_key_header and asks its status URL
-// with: 64 hex digits, one per operation (fixed in its first claim as the record's resource id),
-// the same on every forward and question of it, and never another operation's, also after the
-// record expired and its client key began a new one.
-std::string UpstreamKeyOf(const Record& record);
-
-// The headers of `in` but those `never` names (lower case) and those the Connection header lists.
-http::Headers ForwardableHeaders(const http::Headers& in, bool (*never)(std::string_view));
-
-// An answer a proxy can pass on: a 1xx (100 Continue, 103 Early Hints) is not one; it becomes
-// kDataLoss, as any other unusable answer.
-Result<http::Response> Usable(Result<http::Response> answer);
 
 // The version of `route`'s fingerprint rules (body mode, ignored and decimal members, in any
 // order): a hash, so a record made under other rules is recognised as such and verified under
@@ -50,12 +21,13 @@ uint32_t RulesVersion(const GatewayRoute& route);
 FilterPolicy GatewayPolicy(const GatewayRoute& route, const KeyPolicy& keys, int64_t max_processing,
                            int64_t max_retained, Millis wait_max);
 
-// Thread-safe. Borrows everything. `margin` is the lease margin: what the lease must cover beyond
-// the upstream's timeout when the request is forwarded, and how long after the covering advance
-// the request may still leave (as for payments' charges).
 // The longest the reconciler waits for a status URL's answer about one record.
 inline constexpr Millis kReconcileAskTimeout{2000};
 
+// Thread-safe. Borrows everything. `margin` is the lease margin: what the lease must cover beyond
+// the upstream's timeout when the request is forwarded, and how long after the covering advance
+// the request may still leave (as for payments' charges). The decisions are ForwardSteps'; this
+// awaits the upstream between them.
 class ProxyOperation final : public Operation {
  public:
   ProxyOperation(const GatewayRoute& route, http::ClientPool& upstream, http::BlockingPool& pool,
@@ -92,31 +64,9 @@ class ProxyOperation final : public Operation {
   http::Async<http::Response> ForwardWithoutKey(const http::Request& request);
 
  private:
-  // What goes upstream: the request without hop-by-hop headers, credentials, cookies and the
-  // client's key; with the route's key header carrying `upstream_key` when it has one.
-  http::Request Upstream(const http::Request& request, std::string_view upstream_key) const;
-  // The upstream's answer with only the headers the route keeps.
-  http::Response Kept(const http::Response& answer) const;
-  // Asks the route's status URL about the operation's earlier forward (with the route's
-  // credential header, when it has one): nullopt when the upstream has no such request (404:
-  // forward it); else what to finish with: on a 2xx, the answer it reports as the outcome (its
-  // status from kOriginalStatusHeader), classified as the route classifies answers; otherwise
-  // (any other status, a malformed header, no answer within `timeout`) an unknown outcome (502
-  // upstream-unavailable, the record stays PROCESSING), or, once it has not told for the route's
-  // status_unknown_max since the forward settled, the final 502 upstream-outcome-unknown, logged
-  // at error level and counted (idem_gateway_unknown_outcomes_total).
+  // Asks the route's status URL about the operation's earlier forward, waiting `timeout` at most
+  // for its answer (ForwardSteps::FromStatus).
   http::Async<std::optional<Execution>> AskStatus(const Ticket& ticket, Millis timeout);
-  // The final answer to an operation whose forward's outcome is unknown on a route without a
-  // status URL whose upstream is not declared to deduplicate (upstream_deduplicates): 502
-  // upstream-outcome-unknown, FAILED_FINAL, never forwarded again; logged at error level and
-  // counted (idem_gateway_unknown_outcomes_total) for an operator to settle.
-  Execution HeldUnknown(const Record& record);
-  // When the last forward of `record` can no longer be executing at the upstream, by the store's
-  // clock: sent at sent_at, out for the route's timeout at most, the margin for a late arrival.
-  Timestamp Settled(const Record& record) const;
-  // How long until Settled(record), by the store's clock when the record was read; nullopt once
-  // it has passed.
-  std::optional<Millis> Unsettled(const Record& record) const;
 
   const GatewayRoute& route_;
   http::ClientPool& upstream_;
@@ -124,6 +74,7 @@ class ProxyOperation final : public Operation {
   MonotonicClock& monotonic_;
   Metrics& metrics_;
   Millis margin_;
+  const ForwardSteps steps_;
 };
 
 }  // namespace idem::idemd
