@@ -6,6 +6,7 @@
 #include <thread>
 
 #include "idem/limits.h"
+#include "testing/services.h"
 
 namespace idem::testing {
 
@@ -24,6 +25,9 @@ const std::vector<Migration>& ContractMigrations() {
 }
 
 void StoreContractTest::SetUp() {
+  for (const std::string& variable : GetParam().services) {
+    IDEM_NEED_SERVICE(ServiceUrl(variable), variable);
+  }
   store_ = Open();
   ASSERT_NE(store_, nullptr) << "the store did not open";
 }
