@@ -6,6 +6,8 @@
 #include <thread>
 
 #include "idem/limits.h"
+#include "testing/assert_ok.h"
+#include "testing/services.h"
 
 namespace idem::testing {
 
@@ -24,6 +26,9 @@ const std::vector<Migration>& ContractMigrations() {
 }
 
 void StoreContractTest::SetUp() {
+  for (const std::string& variable : GetParam().services) {
+    IDEM_NEED_SERVICE(ServiceUrl(variable), variable);
+  }
   store_ = Open();
   ASSERT_NE(store_, nullptr) << "the store did not open";
 }
@@ -54,34 +59,36 @@ namespace {
 constexpr Millis kLease = kContractLease;
 constexpr Millis kRetention = kContractRetention;
 
-std::unique_ptr<StoreTxn> MustBegin(Store& store) {
-  auto txn = store.Begin();
-  EXPECT_TRUE(txn.has_value()) << txn.error().message;
-  return txn ? std::move(*txn) : nullptr;
-}
-
-// Claims `spec` in its own committed transaction and returns the record.
-Record MustClaim(Store& store, const ClaimSpec& spec) {
-  auto txn = MustBegin(store);
-  auto claim = txn->Claim(spec);
-  EXPECT_TRUE(claim.has_value()) << claim.error().message;
-  EXPECT_TRUE(claim->claimed);
-  EXPECT_TRUE(txn->Commit().has_value());
-  return claim->record;
+// Claims `spec` in a transaction of its own and commits it: the new record, or the store's error
+// (kAlreadyExists when the claim met an existing record).
+Result<Record> ClaimAndCommit(Store& store, const ClaimSpec& spec) {
+  IDEM_ASSIGN_OR_RETURN(auto txn, store.Begin());
+  IDEM_ASSIGN_OR_RETURN(ClaimResult claim, txn->Claim(spec));
+  if (!claim.claimed) return MakeError(Errc::kAlreadyExists, "the claim met an existing record");
+  IDEM_RETURN_IF_ERROR(txn->Commit());
+  return std::move(claim.record);
 }
 
 Outcome Succeeded(std::string body = "sealed-bytes") {
   return Outcome{RecordState::kSucceeded, 201, std::move(body), "done"};
 }
 
-void MustFinish(Store& store, const ClaimSpec& spec, const Lease& lease, const Outcome& outcome) {
-  auto txn = MustBegin(store);
-  auto s = txn->Finish(spec.scope, lease, outcome);
-  ASSERT_TRUE(s.has_value()) << s.error().message;
-  ASSERT_TRUE(txn->Commit().has_value());
+// Finishes the record of `spec` held under `lease` with `outcome`, in a transaction of its own.
+Status FinishAndCommit(Store& store, const ClaimSpec& spec, const Lease& lease,
+                       const Outcome& outcome) {
+  IDEM_ASSIGN_OR_RETURN(auto txn, store.Begin());
+  IDEM_RETURN_IF_ERROR(txn->Finish(spec.scope, lease, outcome));
+  return txn->Commit();
 }
 
-std::optional<Record> MustRead(Store& store, const ScopeHash& scope) {
+// Claims `spec` and finishes it with `outcome`, each in a committed transaction of its own.
+Status ClaimAndFinish(Store& store, const ClaimSpec& spec, const Outcome& outcome) {
+  IDEM_ASSIGN_OR_RETURN(const Record record, ClaimAndCommit(store, spec));
+  return FinishAndCommit(store, spec, record.lease, outcome);
+}
+
+// The record of `scope`, if any; a store error fails the test (not fatally) and reads as none.
+std::optional<Record> ReadOrNone(Store& store, const ScopeHash& scope) {
   auto r = store.Read(scope);
   EXPECT_TRUE(r.has_value()) << r.error().message;
   return r ? *r : std::nullopt;
@@ -96,8 +103,10 @@ std::optional<Record> MustRead(Store& store, const ScopeHash& scope) {
   } while (false)
 
 int64_t BusinessRows(Store& store, const std::string& k) {
-  auto txn = MustBegin(store);
-  auto rows = txn->Exec("SELECT count(*) FROM contract_business WHERE k = ?", {k});
+  auto txn = store.Begin();
+  EXPECT_TRUE(txn.has_value()) << txn.error().message;
+  if (!txn) return -1;
+  auto rows = (*txn)->Exec("SELECT count(*) FROM contract_business WHERE k = ?", {k});
   EXPECT_TRUE(rows.has_value()) << rows.error().message;
   return rows ? std::get<int64_t>(rows->at(0).at(0)) : -1;
 }
@@ -105,14 +114,14 @@ int64_t BusinessRows(Store& store, const std::string& k) {
 TEST_P(StoreContractTest, ClaimInsertsProcessingRecordOnce) {
   const ClaimSpec spec = ContractSpec("key-claim-1");
   const Timestamp now = env_.clock.Now();
-  Record first = MustClaim(*store_, spec);
+  IDEM_ASSERT_OK_AND_ASSIGN(Record first, ClaimAndCommit(*store_, spec));
   EXPECT_EQ(first.state, RecordState::kProcessing);
   EXPECT_EQ(first.lease.fence, 1);
   EXPECT_EQ(first.lease.until, now + kLease);
   EXPECT_EQ(first.expires_at, now + kRetention);
   EXPECT_EQ(first.recovery_point, "");
 
-  auto txn = MustBegin(*store_);
+  IDEM_ASSERT_OK_AND_ASSIGN(auto txn, store_->Begin());
   auto again = txn->Claim(ContractSpec("key-claim-1", "acme", "alice", /*fp_byte=*/9));
   ASSERT_TRUE(again.has_value()) << again.error().message;
   EXPECT_FALSE(again->claimed);
@@ -125,16 +134,16 @@ TEST_P(StoreContractTest, ClaimInsertsProcessingRecordOnce) {
 }
 
 TEST_P(StoreContractTest, ScopesOfOtherPrincipalsDoNotCollide) {
-  MustClaim(*store_, ContractSpec("same-key-1", "acme", "alice"));
-  MustClaim(*store_, ContractSpec("same-key-1", "acme", "bob"));
-  MustClaim(*store_, ContractSpec("same-key-1", "globex", "alice"));
+  IDEM_ASSERT_OK(ClaimAndCommit(*store_, ContractSpec("same-key-1", "acme", "alice")));
+  IDEM_ASSERT_OK(ClaimAndCommit(*store_, ContractSpec("same-key-1", "acme", "bob")));
+  IDEM_ASSERT_OK(ClaimAndCommit(*store_, ContractSpec("same-key-1", "globex", "alice")));
 }
 
 TEST_P(StoreContractTest, UncommittedClaimLeavesNothing) {
   const ClaimSpec spec = ContractSpec("key-rollback");
   const bool business_sql = store_->capabilities().business_sql;
   {
-    auto txn = MustBegin(*store_);
+    IDEM_ASSERT_OK_AND_ASSIGN(auto txn, store_->Begin());
     ASSERT_TRUE(txn->Claim(spec)->claimed);
     if (business_sql) {
       ASSERT_TRUE(txn->Exec("INSERT INTO contract_business (k, v) VALUES (?, ?)",
@@ -142,7 +151,7 @@ TEST_P(StoreContractTest, UncommittedClaimLeavesNothing) {
                       .has_value());
     }
   }
-  EXPECT_FALSE(MustRead(*store_, spec.scope).has_value());
+  EXPECT_FALSE(ReadOrNone(*store_, spec.scope).has_value());
   if (business_sql) {
     EXPECT_EQ(BusinessRows(*store_, "rolled"), 0);
   }
@@ -191,14 +200,14 @@ TEST_P(StoreContractTest, ClaimRaceHasExactlyOneWinner) {
 
 TEST_P(StoreContractTest, ReclaimTakesOverOnlyAnExpiredLeaseAtTheSeenFence) {
   const ClaimSpec spec = ContractSpec("key-takeover");
-  Record first = MustClaim(*store_, spec);
+  IDEM_ASSERT_OK_AND_ASSIGN(Record first, ClaimAndCommit(*store_, spec));
   {
-    auto txn = MustBegin(*store_);
+    IDEM_ASSERT_OK_AND_ASSIGN(auto txn, store_->Begin());
     ASSERT_TRUE(txn->Advance(spec.scope, first.lease, "charge_sent", "pay_123").has_value());
     ASSERT_TRUE(txn->Commit().has_value());
   }
   {
-    auto txn = MustBegin(*store_);
+    IDEM_ASSERT_OK_AND_ASSIGN(auto txn, store_->Begin());
     auto early = txn->Reclaim(spec, first.lease.fence);
     ASSERT_FALSE(early.has_value());
     EXPECT_EQ(early.error().code, Errc::kConflict);
@@ -206,7 +215,7 @@ TEST_P(StoreContractTest, ReclaimTakesOverOnlyAnExpiredLeaseAtTheSeenFence) {
   env_.clock.Advance(kLease + Millis(1));
   Record second;
   {
-    auto txn = MustBegin(*store_);
+    IDEM_ASSERT_OK_AND_ASSIGN(auto txn, store_->Begin());
     auto taken = txn->Reclaim(spec, first.lease.fence);
     ASSERT_TRUE(taken.has_value()) << taken.error().message;
     second = *taken;
@@ -225,7 +234,7 @@ TEST_P(StoreContractTest, ReclaimTakesOverOnlyAnExpiredLeaseAtTheSeenFence) {
 
   // A second taker that saw the old fence loses, even once this lease expires too.
   env_.clock.Advance(kLease + Millis(1));
-  auto txn = MustBegin(*store_);
+  IDEM_ASSERT_OK_AND_ASSIGN(auto txn, store_->Begin());
   auto stale = txn->Reclaim(spec, first.lease.fence);
   ASSERT_FALSE(stale.has_value());
   EXPECT_EQ(stale.error().code, Errc::kConflict);
@@ -235,17 +244,17 @@ TEST_P(StoreContractTest, ReclaimTakesOverOnlyAnExpiredLeaseAtTheSeenFence) {
 TEST_P(StoreContractTest, FencedFinishIsRejectedAndItsBusinessWriteRollsBack) {
   const ClaimSpec spec = ContractSpec("key-fenced");
   const bool business_sql = store_->capabilities().business_sql;
-  Record old_owner = MustClaim(*store_, spec);
+  IDEM_ASSERT_OK_AND_ASSIGN(Record old_owner, ClaimAndCommit(*store_, spec));
   env_.clock.Advance(kLease + Millis(1));
   Record new_owner;
   {
-    auto txn = MustBegin(*store_);
-    new_owner = *txn->Reclaim(spec, old_owner.lease.fence);
+    IDEM_ASSERT_OK_AND_ASSIGN(auto txn, store_->Begin());
+    IDEM_ASSERT_OK_AND_ASSIGN(new_owner, txn->Reclaim(spec, old_owner.lease.fence));
     ASSERT_TRUE(txn->Commit().has_value());
   }
   {
     // The slow first executor wakes up and tries to complete, business write first.
-    auto txn = MustBegin(*store_);
+    IDEM_ASSERT_OK_AND_ASSIGN(auto txn, store_->Begin());
     if (business_sql) {
       ASSERT_TRUE(txn->Exec("INSERT INTO contract_business (k, v) VALUES (?, ?)",
                             {std::string("pay-1"), std::string("stale")})
@@ -261,14 +270,14 @@ TEST_P(StoreContractTest, FencedFinishIsRejectedAndItsBusinessWriteRollsBack) {
   if (business_sql) {
     EXPECT_EQ(BusinessRows(*store_, "pay-1"), 0);
   }
-  auto record = MustRead(*store_, spec.scope);
+  IDEM_ASSERT_OK_AND_ASSIGN(auto record, store_->Read(spec.scope));
   ASSERT_TRUE(record.has_value());
   EXPECT_EQ(record->state, RecordState::kProcessing);
   EXPECT_EQ(record->lease.owner, new_owner.lease.owner);
 
   // The current owner completes with its business write.
   {
-    auto txn = MustBegin(*store_);
+    IDEM_ASSERT_OK_AND_ASSIGN(auto txn, store_->Begin());
     if (business_sql) {
       ASSERT_TRUE(txn->Exec("INSERT INTO contract_business (k, v) VALUES (?, ?)",
                             {std::string("pay-1"), std::string("fresh")})
@@ -280,7 +289,7 @@ TEST_P(StoreContractTest, FencedFinishIsRejectedAndItsBusinessWriteRollsBack) {
   if (business_sql) {
     EXPECT_EQ(BusinessRows(*store_, "pay-1"), 1);
   }
-  record = MustRead(*store_, spec.scope);
+  record = ReadOrNone(*store_, spec.scope);
   EXPECT_EQ(record->state, RecordState::kSucceeded);
   EXPECT_EQ(record->status_code, 201);
   EXPECT_EQ(record->response, "answer");
@@ -289,10 +298,10 @@ TEST_P(StoreContractTest, FencedFinishIsRejectedAndItsBusinessWriteRollsBack) {
 
 TEST_P(StoreContractTest, RenewExtendsTheLeaseOfItsOwnerOnly) {
   const ClaimSpec spec = ContractSpec("key-renew");
-  Record rec = MustClaim(*store_, spec);
+  IDEM_ASSERT_OK_AND_ASSIGN(Record rec, ClaimAndCommit(*store_, spec));
   env_.clock.Advance(Millis(20000));
   {
-    auto txn = MustBegin(*store_);
+    IDEM_ASSERT_OK_AND_ASSIGN(auto txn, store_->Begin());
     auto renewed = txn->Renew(spec.scope, rec.lease, kLease);
     ASSERT_TRUE(renewed.has_value()) << renewed.error().message;
     EXPECT_EQ(renewed->until, env_.clock.Now() + kLease);
@@ -302,17 +311,17 @@ TEST_P(StoreContractTest, RenewExtendsTheLeaseOfItsOwnerOnly) {
   // Past the original lease but within the renewed one: no takeover.
   env_.clock.Advance(Millis(20000));
   {
-    auto txn = MustBegin(*store_);
+    IDEM_ASSERT_OK_AND_ASSIGN(auto txn, store_->Begin());
     auto taken = txn->Reclaim(spec, rec.lease.fence);
     ASSERT_FALSE(taken.has_value());
     EXPECT_EQ(taken.error().code, Errc::kConflict);
   }
-  auto record = MustRead(*store_, spec.scope);
+  IDEM_ASSERT_OK_AND_ASSIGN(auto record, store_->Read(spec.scope));
   EXPECT_EQ(record->expires_at, rec.expires_at) << "renewal must not touch retention";
 
   Lease stranger = rec.lease;
   stranger.owner[0] ^= 0xff;
-  auto txn = MustBegin(*store_);
+  IDEM_ASSERT_OK_AND_ASSIGN(auto txn, store_->Begin());
   auto refused = txn->Renew(spec.scope, stranger, kLease);
   ASSERT_FALSE(refused.has_value());
   EXPECT_EQ(refused.error().code, Errc::kFenced);
@@ -320,18 +329,18 @@ TEST_P(StoreContractTest, RenewExtendsTheLeaseOfItsOwnerOnly) {
 
 TEST_P(StoreContractTest, AdvanceBeforeACallRequiresALeaseThatCoversTheCall) {
   const ClaimSpec spec = ContractSpec("key-cover");
-  Record rec = MustClaim(*store_, spec);
+  IDEM_ASSERT_OK_AND_ASSIGN(Record rec, ClaimAndCommit(*store_, spec));
   env_.clock.Advance(kLease - Millis(10000));  // 10 s of the lease left
   {
     // A call that needs the lease one millisecond longer than it lasts is refused, and the
     // refusal is not a lost lease: the transaction stays usable and commits nothing.
-    auto txn = MustBegin(*store_);
+    IDEM_ASSERT_OK_AND_ASSIGN(auto txn, store_->Begin());
     auto refused = txn->AdvanceCovered(spec.scope, rec.lease, "charge_sent", Millis(10001));
     ASSERT_FALSE(refused.has_value()) << "advanced under a lease that ends before the call";
     EXPECT_EQ(refused.error().code, Errc::kConflict) << refused.error().message;
     ASSERT_TRUE(txn->Commit().has_value());
   }
-  auto unchanged = MustRead(*store_, spec.scope);
+  IDEM_ASSERT_OK_AND_ASSIGN(auto unchanged, store_->Read(spec.scope));
   ASSERT_TRUE(unchanged.has_value());
   EXPECT_EQ(unchanged->recovery_point, "");
   EXPECT_EQ(unchanged->lease.until, rec.lease.until);
@@ -339,20 +348,20 @@ TEST_P(StoreContractTest, AdvanceBeforeACallRequiresALeaseThatCoversTheCall) {
   EXPECT_EQ(unchanged->updated_at, rec.updated_at);
   {
     // A lease that ends exactly when the call would covers it.
-    auto txn = MustBegin(*store_);
+    IDEM_ASSERT_OK_AND_ASSIGN(auto txn, store_->Begin());
     auto at_limit = txn->AdvanceCovered(spec.scope, rec.lease, "charge_sent", Millis(10000));
     EXPECT_TRUE(at_limit.has_value()) << at_limit.error().message;
   }  // rolled back
   {
     // Renewed in the same transaction, the lease covers the call.
-    auto txn = MustBegin(*store_);
+    IDEM_ASSERT_OK_AND_ASSIGN(auto txn, store_->Begin());
     auto renewed = txn->Renew(spec.scope, rec.lease, kLease);
     ASSERT_TRUE(renewed.has_value()) << renewed.error().message;
     auto advanced = txn->AdvanceCovered(spec.scope, *renewed, "charge_sent", kLease);
     ASSERT_TRUE(advanced.has_value()) << advanced.error().message;
     ASSERT_TRUE(txn->Commit().has_value());
   }
-  auto sent = MustRead(*store_, spec.scope);
+  IDEM_ASSERT_OK_AND_ASSIGN(auto sent, store_->Read(spec.scope));
   EXPECT_EQ(sent->recovery_point, "charge_sent");
   EXPECT_EQ(sent->lease.until, env_.clock.Now() + kLease);
   EXPECT_EQ(sent->resource_id, "") << "only the recovery point moves";
@@ -360,11 +369,11 @@ TEST_P(StoreContractTest, AdvanceBeforeACallRequiresALeaseThatCoversTheCall) {
   // A lease lost to a takeover is fenced, however short the call.
   env_.clock.Advance(kLease + Millis(1));
   {
-    auto txn = MustBegin(*store_);
+    IDEM_ASSERT_OK_AND_ASSIGN(auto txn, store_->Begin());
     ASSERT_TRUE(txn->Reclaim(spec, rec.lease.fence).has_value());
     ASSERT_TRUE(txn->Commit().has_value());
   }
-  auto txn = MustBegin(*store_);
+  IDEM_ASSERT_OK_AND_ASSIGN(auto txn, store_->Begin());
   auto fenced = txn->AdvanceCovered(spec.scope, rec.lease, "charge_sent", Millis(0));
   ASSERT_FALSE(fenced.has_value());
   EXPECT_EQ(fenced.error().code, Errc::kFenced) << fenced.error().message;
@@ -375,11 +384,11 @@ TEST_P(StoreContractTest, AdvanceBeforeACallRequiresALeaseThatCoversTheCall) {
 // as Read has it.
 TEST_P(StoreContractTest, ReadCachedAnswersOnlyFinishedUnexpiredRecordsAsReadHasThem) {
   const ClaimSpec spec = ContractSpec("key-cached-1");
-  const Record rec = MustClaim(*store_, spec);
-  ASSERT_TRUE(MustRead(*store_, spec.scope).has_value());
+  IDEM_ASSERT_OK_AND_ASSIGN(const Record rec, ClaimAndCommit(*store_, spec));
+  ASSERT_TRUE(ReadOrNone(*store_, spec.scope).has_value());
   EXPECT_FALSE(store_->ReadCached(spec.scope).has_value()) << "a running record is not cached";
-  MustFinish(*store_, spec, rec.lease, Succeeded("answer"));
-  const std::optional<Record> read = MustRead(*store_, spec.scope);
+  IDEM_ASSERT_OK(FinishAndCommit(*store_, spec, rec.lease, Succeeded("answer")));
+  IDEM_ASSERT_OK_AND_ASSIGN(const std::optional<Record> read, store_->Read(spec.scope));
   ASSERT_TRUE(read.has_value());
   if (const std::optional<Record> cached = store_->ReadCached(spec.scope)) {
     EXPECT_EQ(cached->scope, spec.scope);
@@ -396,9 +405,9 @@ TEST_P(StoreContractTest, ReadCachedAnswersOnlyFinishedUnexpiredRecordsAsReadHas
 
 TEST_P(StoreContractTest, FinishedRecordsCannotBeRenewedOrFinishedAgain) {
   const ClaimSpec spec = ContractSpec("key-finished");
-  Record rec = MustClaim(*store_, spec);
-  MustFinish(*store_, spec, rec.lease, Succeeded());
-  auto txn = MustBegin(*store_);
+  IDEM_ASSERT_OK_AND_ASSIGN(Record rec, ClaimAndCommit(*store_, spec));
+  IDEM_ASSERT_OK(FinishAndCommit(*store_, spec, rec.lease, Succeeded()));
+  IDEM_ASSERT_OK_AND_ASSIGN(auto txn, store_->Begin());
   EXPECT_EQ(txn->Renew(spec.scope, rec.lease, kLease).error().code, Errc::kFenced);
   EXPECT_EQ(txn->Finish(spec.scope, rec.lease, Succeeded()).error().code, Errc::kFenced);
   EXPECT_EQ(txn->AdvanceCovered(spec.scope, rec.lease, "charge_sent", Millis(0)).error().code,
@@ -407,15 +416,16 @@ TEST_P(StoreContractTest, FinishedRecordsCannotBeRenewedOrFinishedAgain) {
 
 TEST_P(StoreContractTest, RetryableFailureMayBeClaimedAgainAtOnceFinalMayNot) {
   const ClaimSpec retry = ContractSpec("key-retryable");
-  Record r1 = MustClaim(*store_, retry);
+  IDEM_ASSERT_OK_AND_ASSIGN(Record r1, ClaimAndCommit(*store_, retry));
   {
-    auto txn = MustBegin(*store_);
+    IDEM_ASSERT_OK_AND_ASSIGN(auto txn, store_->Begin());
     ASSERT_TRUE(txn->Advance(retry.scope, r1.lease, "claimed", "pay_9").has_value());
     ASSERT_TRUE(txn->Commit().has_value());
   }
-  MustFinish(*store_, retry, r1.lease, Outcome{RecordState::kFailedRetryable, 503, "", ""});
+  IDEM_ASSERT_OK(FinishAndCommit(*store_, retry, r1.lease,
+                                 Outcome{RecordState::kFailedRetryable, 503, "", ""}));
   {
-    auto txn = MustBegin(*store_);
+    IDEM_ASSERT_OK_AND_ASSIGN(auto txn, store_->Begin());
     auto again = txn->Reclaim(retry, r1.lease.fence);
     ASSERT_TRUE(again.has_value()) << again.error().message;
     EXPECT_EQ(again->state, RecordState::kProcessing);
@@ -426,11 +436,11 @@ TEST_P(StoreContractTest, RetryableFailureMayBeClaimedAgainAtOnceFinalMayNot) {
   }
 
   const ClaimSpec final_spec = ContractSpec("key-final");
-  Record f1 = MustClaim(*store_, final_spec);
-  MustFinish(*store_, final_spec, f1.lease,
-             Outcome{RecordState::kFailedFinal, 402, "declined", "done"});
+  IDEM_ASSERT_OK_AND_ASSIGN(Record f1, ClaimAndCommit(*store_, final_spec));
+  IDEM_ASSERT_OK(FinishAndCommit(*store_, final_spec, f1.lease,
+                                 Outcome{RecordState::kFailedFinal, 402, "declined", "done"}));
   env_.clock.Advance(kLease * 2);
-  auto txn = MustBegin(*store_);
+  IDEM_ASSERT_OK_AND_ASSIGN(auto txn, store_->Begin());
   auto refused = txn->Reclaim(final_spec, f1.lease.fence);
   ASSERT_FALSE(refused.has_value());
   EXPECT_EQ(refused.error().code, Errc::kConflict);
@@ -444,19 +454,19 @@ TEST_P(StoreContractTest, OnlyAHeldOutcomeIsSettledAndOnlyOnce) {
   const Outcome held{RecordState::kFailedFinal, 502, "unknown-outcome-answer",
                      std::string(kOutcomeUnknownPoint)};
   const ClaimSpec executed = ContractSpec("held-executed");
-  const Record e1 = MustClaim(*store_, executed);
-  MustFinish(*store_, executed, e1.lease, held);
+  IDEM_ASSERT_OK_AND_ASSIGN(const Record e1, ClaimAndCommit(*store_, executed));
+  IDEM_ASSERT_OK(FinishAndCommit(*store_, executed, e1.lease, held));
   const Outcome answer{RecordState::kSucceeded, 201, "operator-answer",
                        std::string(kOperatorSettledPoint)};
   {
-    auto txn = MustBegin(*store_);
+    IDEM_ASSERT_OK_AND_ASSIGN(auto txn, store_->Begin());
     const Status stale = txn->Settle(executed.scope, e1.lease.fence + 1, answer);
     ASSERT_FALSE(stale.has_value());
     EXPECT_EQ(stale.error().code, Errc::kConflict) << stale.error().message;
     ASSERT_TRUE(txn->Settle(executed.scope, e1.lease.fence, answer).has_value());
     ASSERT_TRUE(txn->Commit().has_value());
   }
-  std::optional<Record> settled = MustRead(*store_, executed.scope);
+  IDEM_ASSERT_OK_AND_ASSIGN(std::optional<Record> settled, store_->Read(executed.scope));
   ASSERT_TRUE(settled.has_value());
   EXPECT_EQ(settled->state, RecordState::kSucceeded);
   EXPECT_EQ(settled->status_code, 201);
@@ -464,28 +474,28 @@ TEST_P(StoreContractTest, OnlyAHeldOutcomeIsSettledAndOnlyOnce) {
   EXPECT_EQ(settled->recovery_point, kOperatorSettledPoint);
   EXPECT_EQ(settled->lease.fence, e1.lease.fence + 1);
   {
-    auto txn = MustBegin(*store_);
+    IDEM_ASSERT_OK_AND_ASSIGN(auto txn, store_->Begin());
     const Status again = txn->Settle(executed.scope, settled->lease.fence, answer);
     ASSERT_FALSE(again.has_value()) << "settled once";
     EXPECT_EQ(again.error().code, Errc::kConflict);
   }
 
   const ClaimSpec not_executed = ContractSpec("held-not-executed");
-  const Record n1 = MustClaim(*store_, not_executed);
+  IDEM_ASSERT_OK_AND_ASSIGN(const Record n1, ClaimAndCommit(*store_, not_executed));
   {
-    auto txn = MustBegin(*store_);
+    IDEM_ASSERT_OK_AND_ASSIGN(auto txn, store_->Begin());
     ASSERT_TRUE(txn->Advance(not_executed.scope, n1.lease, "forwarded", "upstream-key-1"));
     ASSERT_TRUE(txn->Commit().has_value());
   }
-  MustFinish(*store_, not_executed, n1.lease, held);
+  IDEM_ASSERT_OK(FinishAndCommit(*store_, not_executed, n1.lease, held));
   {
-    auto txn = MustBegin(*store_);
+    IDEM_ASSERT_OK_AND_ASSIGN(auto txn, store_->Begin());
     ASSERT_TRUE(txn->Settle(not_executed.scope, n1.lease.fence,
                             Outcome{RecordState::kFailedRetryable, 0, "", ""}));
     ASSERT_TRUE(txn->Commit().has_value());
   }
   {
-    auto txn = MustBegin(*store_);
+    IDEM_ASSERT_OK_AND_ASSIGN(auto txn, store_->Begin());
     auto retried = txn->Reclaim(not_executed, n1.lease.fence + 1);
     ASSERT_TRUE(retried.has_value()) << retried.error().message;
     EXPECT_EQ(retried->state, RecordState::kProcessing);
@@ -496,10 +506,10 @@ TEST_P(StoreContractTest, OnlyAHeldOutcomeIsSettledAndOnlyOnce) {
 
   // A final record that is not held, and a key with no record.
   const ClaimSpec final_spec = ContractSpec("held-never");
-  const Record f1 = MustClaim(*store_, final_spec);
-  MustFinish(*store_, final_spec, f1.lease,
-             Outcome{RecordState::kFailedFinal, 402, "declined", "done"});
-  auto txn = MustBegin(*store_);
+  IDEM_ASSERT_OK_AND_ASSIGN(const Record f1, ClaimAndCommit(*store_, final_spec));
+  IDEM_ASSERT_OK(FinishAndCommit(*store_, final_spec, f1.lease,
+                                 Outcome{RecordState::kFailedFinal, 402, "declined", "done"}));
+  IDEM_ASSERT_OK_AND_ASSIGN(auto txn, store_->Begin());
   const Status not_held = txn->Settle(final_spec.scope, f1.lease.fence, answer);
   ASSERT_FALSE(not_held.has_value());
   EXPECT_EQ(not_held.error().code, Errc::kConflict);
@@ -518,14 +528,14 @@ TEST_P(StoreContractTest, ListHeldFindsUnexpiredHeldOutcomesOnly) {
   ClaimSpec other = ContractSpec("list-held-other");
   other.route = "gw.orders";
   other.scope = *Scope{"acme", "alice", other.route, "list-held-other"}.Hash();
-  MustFinish(*store_, other, MustClaim(*store_, other).lease, held);
+  IDEM_ASSERT_OK(ClaimAndFinish(*store_, other, held));
   env_.clock.Advance(Millis(5));
   const ClaimSpec first = ContractSpec("list-held-first");
-  MustFinish(*store_, first, MustClaim(*store_, first).lease, held);
+  IDEM_ASSERT_OK(ClaimAndFinish(*store_, first, held));
   const ClaimSpec plain = ContractSpec("list-held-plain");
-  MustFinish(*store_, plain, MustClaim(*store_, plain).lease,
-             Outcome{RecordState::kFailedFinal, 502, "bad gateway", "done"});
-  MustClaim(*store_, ContractSpec("list-held-running"));
+  IDEM_ASSERT_OK(ClaimAndFinish(*store_, plain,
+                                Outcome{RecordState::kFailedFinal, 502, "bad gateway", "done"}));
+  IDEM_ASSERT_OK(ClaimAndCommit(*store_, ContractSpec("list-held-running")));
 
   auto all = store_->ListHeld("", 10);
   ASSERT_TRUE(all.has_value()) << all.error().message;
@@ -545,16 +555,16 @@ TEST_P(StoreContractTest, ListHeldFindsUnexpiredHeldOutcomesOnly) {
 
 TEST_P(StoreContractTest, ExpiredRecordIsReclaimedAsANewOperation) {
   const ClaimSpec spec = ContractSpec("key-expired");
-  Record old = MustClaim(*store_, spec);
+  IDEM_ASSERT_OK_AND_ASSIGN(Record old, ClaimAndCommit(*store_, spec));
   {
-    auto txn = MustBegin(*store_);
+    IDEM_ASSERT_OK_AND_ASSIGN(auto txn, store_->Begin());
     ASSERT_TRUE(txn->Advance(spec.scope, old.lease, "claimed", "pay_old").has_value());
     ASSERT_TRUE(txn->Finish(spec.scope, old.lease, Succeeded()).has_value());
     ASSERT_TRUE(txn->Commit().has_value());
   }
   env_.clock.Advance(kRetention);
   const ClaimSpec next = ContractSpec("key-expired", "acme", "alice", /*fp_byte=*/5);
-  auto txn = MustBegin(*store_);
+  IDEM_ASSERT_OK_AND_ASSIGN(auto txn, store_->Begin());
   auto fresh = txn->Reclaim(next, old.lease.fence);
   ASSERT_TRUE(fresh.has_value()) << fresh.error().message;
   EXPECT_EQ(fresh->state, RecordState::kProcessing);
@@ -569,14 +579,14 @@ TEST_P(StoreContractTest, ExpiredRecordIsReclaimedAsANewOperation) {
 
 TEST_P(StoreContractTest, ExpiredProcessingRecordIsOnlyTakenOver) {
   const ClaimSpec spec = ContractSpec("key-expired-processing");
-  Record old = MustClaim(*store_, spec);
+  IDEM_ASSERT_OK_AND_ASSIGN(Record old, ClaimAndCommit(*store_, spec));
   {
-    auto txn = MustBegin(*store_);
+    IDEM_ASSERT_OK_AND_ASSIGN(auto txn, store_->Begin());
     ASSERT_TRUE(txn->Advance(spec.scope, old.lease, "charge_sent", "pay_x").has_value());
     ASSERT_TRUE(txn->Commit().has_value());
   }
   env_.clock.Advance(kRetention);
-  auto txn = MustBegin(*store_);
+  IDEM_ASSERT_OK_AND_ASSIGN(auto txn, store_->Begin());
   auto taken =
       txn->Reclaim(ContractSpec("key-expired-processing", "acme", "alice", 5), old.lease.fence);
   ASSERT_TRUE(taken.has_value()) << taken.error().message;
@@ -592,30 +602,32 @@ TEST_P(StoreContractTest, ExpiredProcessingRecordIsOnlyTakenOver) {
 // replayable however late the resume came.
 TEST_P(StoreContractTest, AResumeExtendsRetentionToAtLeastAFullPeriodFromNow) {
   const ClaimSpec retry = ContractSpec("key-late-retry");
-  Record r1 = MustClaim(*store_, retry);
-  MustFinish(*store_, retry, r1.lease, Outcome{RecordState::kFailedRetryable, 503, "", ""});
+  IDEM_ASSERT_OK_AND_ASSIGN(Record r1, ClaimAndCommit(*store_, retry));
+  IDEM_ASSERT_OK(FinishAndCommit(*store_, retry, r1.lease,
+                                 Outcome{RecordState::kFailedRetryable, 503, "", ""}));
   const ClaimSpec takeover = ContractSpec("key-late-takeover");
-  Record t1 = MustClaim(*store_, takeover);
+  IDEM_ASSERT_OK_AND_ASSIGN(Record t1, ClaimAndCommit(*store_, takeover));
   env_.clock.Advance(kRetention - Millis(1000));  // a second before both expire
   for (const auto& [spec, seen] : {std::pair{retry, r1}, std::pair{takeover, t1}}) {
-    auto txn = MustBegin(*store_);
+    IDEM_ASSERT_OK_AND_ASSIGN(auto txn, store_->Begin());
     auto resumed = txn->Reclaim(spec, seen.lease.fence);
     ASSERT_TRUE(resumed.has_value()) << resumed.error().message;
     EXPECT_EQ(ToUnixMillis(resumed->expires_at), ToUnixMillis(env_.clock.Now() + kRetention))
         << "a resume a second before expiry left the key one second to live";
     EXPECT_EQ(ToUnixMillis(resumed->created_at), ToUnixMillis(seen.created_at));
     ASSERT_TRUE(txn->Commit().has_value());
-    EXPECT_EQ(ToUnixMillis(MustRead(*store_, spec.scope)->expires_at),
+    EXPECT_EQ(ToUnixMillis(ReadOrNone(*store_, spec.scope)->expires_at),
               ToUnixMillis(env_.clock.Now() + kRetention));
   }
 
   // Extended, never shortened: a resume under a shorter retention keeps the longer expiry.
   const ClaimSpec early = ContractSpec("key-early-retry");
-  Record e1 = MustClaim(*store_, early);
-  MustFinish(*store_, early, e1.lease, Outcome{RecordState::kFailedRetryable, 503, "", ""});
+  IDEM_ASSERT_OK_AND_ASSIGN(Record e1, ClaimAndCommit(*store_, early));
+  IDEM_ASSERT_OK(FinishAndCommit(*store_, early, e1.lease,
+                                 Outcome{RecordState::kFailedRetryable, 503, "", ""}));
   ClaimSpec shorter = early;
   shorter.retention = Millis(1000);
-  auto txn = MustBegin(*store_);
+  IDEM_ASSERT_OK_AND_ASSIGN(auto txn, store_->Begin());
   auto resumed = txn->Reclaim(shorter, e1.lease.fence);
   ASSERT_TRUE(resumed.has_value()) << resumed.error().message;
   EXPECT_EQ(ToUnixMillis(resumed->expires_at), ToUnixMillis(e1.expires_at));
@@ -623,51 +635,54 @@ TEST_P(StoreContractTest, AResumeExtendsRetentionToAtLeastAFullPeriodFromNow) {
 
 TEST_P(StoreContractTest, AResumedThenFinishedRecordSurvivesASweepAtItsOldExpiry) {
   const ClaimSpec spec = ContractSpec("key-resumed-kept");
-  Record first = MustClaim(*store_, spec);
-  MustFinish(*store_, spec, first.lease, Outcome{RecordState::kFailedRetryable, 503, "", ""});
+  IDEM_ASSERT_OK_AND_ASSIGN(Record first, ClaimAndCommit(*store_, spec));
+  IDEM_ASSERT_OK(FinishAndCommit(*store_, spec, first.lease,
+                                 Outcome{RecordState::kFailedRetryable, 503, "", ""}));
   env_.clock.Advance(kRetention - Millis(1000));
   Record resumed;
   {
-    auto txn = MustBegin(*store_);
+    IDEM_ASSERT_OK_AND_ASSIGN(auto txn, store_->Begin());
     auto r = txn->Reclaim(spec, first.lease.fence);
     ASSERT_TRUE(r.has_value()) << r.error().message;
     resumed = *r;
     ASSERT_TRUE(txn->Commit().has_value());
   }
-  MustFinish(*store_, spec, resumed.lease, Succeeded("the answer"));
+  IDEM_ASSERT_OK(FinishAndCommit(*store_, spec, resumed.lease, Succeeded("the answer")));
 
   env_.clock.Advance(Millis(1000));  // the first attempt's expiry
   auto swept = store_->Sweep(100, {});
   ASSERT_TRUE(swept.has_value()) << swept.error().message;
   EXPECT_EQ(*swept, 0) << "the sweeper deleted an answer the client may still ask for";
-  auto kept = MustRead(*store_, spec.scope);
+  IDEM_ASSERT_OK_AND_ASSIGN(auto kept, store_->Read(spec.scope));
   ASSERT_TRUE(kept.has_value());
   EXPECT_EQ(kept->state, RecordState::kSucceeded);
   EXPECT_EQ(kept->response, "the answer");
 
   // A full retention after the resume, it goes.
   env_.clock.Advance(kRetention - Millis(1000));
-  EXPECT_EQ(*store_->Sweep(100, {}), 1);
-  EXPECT_FALSE(MustRead(*store_, spec.scope).has_value());
+  EXPECT_EQ(IDEM_VALUE_OF(store_->Sweep(100, {})), 1);
+  EXPECT_FALSE(ReadOrNone(*store_, spec.scope).has_value());
 }
 
 TEST_P(StoreContractTest, CountsPerPrincipalAndStateAreBoundedByTheLimit) {
-  for (int i = 0; i < 5; ++i) MustClaim(*store_, ContractSpec("alice-run-" + std::to_string(i)));
+  for (int i = 0; i < 5; ++i) {
+    IDEM_ASSERT_OK(ClaimAndCommit(*store_, ContractSpec("alice-run-" + std::to_string(i))));
+  }
   for (int i = 0; i < 3; ++i) {
     ClaimSpec spec = ContractSpec("alice-done-" + std::to_string(i));
-    MustFinish(*store_, spec, MustClaim(*store_, spec).lease, Succeeded());
+    IDEM_ASSERT_OK(ClaimAndFinish(*store_, spec, Succeeded()));
   }
-  MustClaim(*store_, ContractSpec("bob-run-00", "acme", "bob"));
-  MustClaim(*store_, ContractSpec("alice-other", "globex", "alice"));
+  IDEM_ASSERT_OK(ClaimAndCommit(*store_, ContractSpec("bob-run-00", "acme", "bob")));
+  IDEM_ASSERT_OK(ClaimAndCommit(*store_, ContractSpec("alice-other", "globex", "alice")));
 
-  auto txn = MustBegin(*store_);
-  EXPECT_EQ(*txn->Count("acme", "alice", RecordState::kProcessing, 100), 5);
-  EXPECT_EQ(*txn->Count("acme", "alice", RecordState::kSucceeded, 100), 3);
-  EXPECT_EQ(*txn->Count("acme", "alice", std::nullopt, 100), 8);
-  EXPECT_EQ(*txn->Count("acme", "alice", std::nullopt, 4), 4);
-  EXPECT_EQ(*txn->Count("acme", "bob", RecordState::kProcessing, 100), 1);
-  EXPECT_EQ(*txn->Count("globex", "alice", std::nullopt, 100), 1);
-  EXPECT_EQ(*txn->Count("globex", "nobody", std::nullopt, 100), 0);
+  IDEM_ASSERT_OK_AND_ASSIGN(auto txn, store_->Begin());
+  EXPECT_EQ(IDEM_VALUE_OF(txn->Count("acme", "alice", RecordState::kProcessing, 100)), 5);
+  EXPECT_EQ(IDEM_VALUE_OF(txn->Count("acme", "alice", RecordState::kSucceeded, 100)), 3);
+  EXPECT_EQ(IDEM_VALUE_OF(txn->Count("acme", "alice", std::nullopt, 100)), 8);
+  EXPECT_EQ(IDEM_VALUE_OF(txn->Count("acme", "alice", std::nullopt, 4)), 4);
+  EXPECT_EQ(IDEM_VALUE_OF(txn->Count("acme", "bob", RecordState::kProcessing, 100)), 1);
+  EXPECT_EQ(IDEM_VALUE_OF(txn->Count("globex", "alice", std::nullopt, 100)), 1);
+  EXPECT_EQ(IDEM_VALUE_OF(txn->Count("globex", "nobody", std::nullopt, 100)), 0);
 }
 
 // The count of a principal's records in any state (the retained-keys quota) follows every way a
@@ -675,28 +690,32 @@ TEST_P(StoreContractTest, CountsPerPrincipalAndStateAreBoundedByTheLimit) {
 // existing record and a fresh claim over an expired record in place add none; each record a sweep
 // deletes takes one away from its own principal only.
 TEST_P(StoreContractTest, TheRetainedCountFollowsClaimsRollbacksReclaimsAndSweeps) {
-  auto retained = [&](const std::string& user) {
-    auto txn = MustBegin(*store_);
-    auto n = txn->Count("acme", user, std::nullopt, 1'000'000);
+  auto retained = [&](const std::string& user) -> int64_t {
+    auto txn = store_->Begin();
+    EXPECT_TRUE(txn.has_value()) << txn.error().message;
+    if (!txn) return -1;
+    auto n = (*txn)->Count("acme", user, std::nullopt, 1'000'000);
     EXPECT_TRUE(n.has_value()) << n.error().message;
     return n ? *n : -1;
   };
   std::vector<Record> done;
   for (int i = 0; i < 4; ++i) {
     const ClaimSpec spec = ContractSpec("retained-" + std::to_string(i));
-    done.push_back(MustClaim(*store_, spec));
-    MustFinish(*store_, spec, done.back().lease, Succeeded());
+    IDEM_ASSERT_OK_AND_ASSIGN(Record record, ClaimAndCommit(*store_, spec));
+    done.push_back(record);
+    IDEM_ASSERT_OK(FinishAndCommit(*store_, spec, done.back().lease, Succeeded()));
   }
-  MustClaim(*store_, ContractSpec("retained-bob", "acme", "bob"));
+  IDEM_ASSERT_OK(ClaimAndCommit(*store_, ContractSpec("retained-bob", "acme", "bob")));
   EXPECT_EQ(retained("alice"), 4);
   {
-    auto txn = MustBegin(*store_);
+    IDEM_ASSERT_OK_AND_ASSIGN(auto txn, store_->Begin());
     ASSERT_TRUE(txn->Claim(ContractSpec("retained-rolled-back")).has_value());
-    EXPECT_EQ(*txn->Count("acme", "alice", std::nullopt, 1'000'000), 5) << "its own claim counts";
+    EXPECT_EQ(IDEM_VALUE_OF(txn->Count("acme", "alice", std::nullopt, 1'000'000)), 5)
+        << "its own claim counts";
   }  // dropped uncommitted: rolled back
   EXPECT_EQ(retained("alice"), 4);
   {
-    auto txn = MustBegin(*store_);
+    IDEM_ASSERT_OK_AND_ASSIGN(auto txn, store_->Begin());
     auto again = txn->Claim(ContractSpec("retained-0"));
     ASSERT_TRUE(again.has_value()) << again.error().message;
     EXPECT_FALSE(again->claimed);
@@ -706,7 +725,7 @@ TEST_P(StoreContractTest, TheRetainedCountFollowsClaimsRollbacksReclaimsAndSweep
 
   env_.clock.Advance(kRetention);
   {
-    auto txn = MustBegin(*store_);
+    IDEM_ASSERT_OK_AND_ASSIGN(auto txn, store_->Begin());
     auto fresh = txn->Reclaim(ContractSpec("retained-0"), done[0].lease.fence);
     ASSERT_TRUE(fresh.has_value()) << fresh.error().message;
     ASSERT_TRUE(txn->Commit().has_value());
@@ -717,7 +736,7 @@ TEST_P(StoreContractTest, TheRetainedCountFollowsClaimsRollbacksReclaimsAndSweep
   ASSERT_TRUE(swept.has_value()) << swept.error().message;
   EXPECT_EQ(*swept, 2);
   EXPECT_EQ(retained("alice"), 2);
-  EXPECT_EQ(*store_->Sweep(100, {}), 1);
+  EXPECT_EQ(IDEM_VALUE_OF(store_->Sweep(100, {})), 1);
   EXPECT_EQ(retained("alice"), 1) << "the reclaimed record is PROCESSING and stays";
   EXPECT_EQ(retained("bob"), 1) << "bob's PROCESSING record is not swept, nor counted off";
 }
@@ -740,20 +759,20 @@ TEST_P(StoreContractTest, TheCensusCountsUnfinishedRecordsAndAgesTheOldestProces
   EXPECT_FALSE(empty.oldest_processing_age.has_value());
 
   const ClaimSpec oldest = ContractSpec("census-oldest");
-  MustClaim(*store_, oldest);
+  IDEM_ASSERT_OK(ClaimAndCommit(*store_, oldest));
   env_.clock.Advance(Millis(4000));
-  MustClaim(*store_, ContractSpec("census-newer", "acme", "bob"));
+  IDEM_ASSERT_OK(ClaimAndCommit(*store_, ContractSpec("census-newer", "acme", "bob")));
   ClaimSpec elsewhere = ContractSpec("census-other-route");
   elsewhere.route = "gw.orders.create";
   elsewhere.scope = *Scope{"acme", "alice", elsewhere.route, "census-other-route"}.Hash();
-  MustClaim(*store_, elsewhere);
+  IDEM_ASSERT_OK(ClaimAndCommit(*store_, elsewhere));
   const ClaimSpec done = ContractSpec("census-done");
-  MustFinish(*store_, done, MustClaim(*store_, done).lease, Succeeded());
+  IDEM_ASSERT_OK(ClaimAndFinish(*store_, done, Succeeded()));
   const ClaimSpec failed = ContractSpec("census-failed");
-  MustFinish(*store_, failed, MustClaim(*store_, failed).lease,
-             Outcome{RecordState::kFailedRetryable, 503, "sealed", ""});
+  IDEM_ASSERT_OK(
+      ClaimAndFinish(*store_, failed, Outcome{RecordState::kFailedRetryable, 503, "sealed", ""}));
   {
-    auto txn = MustBegin(*store_);
+    IDEM_ASSERT_OK_AND_ASSIGN(auto txn, store_->Begin());
     ASSERT_TRUE(txn->Claim(ContractSpec("census-rolled-back")).has_value());
   }  // dropped uncommitted: rolled back
   env_.clock.Advance(Millis(1500));
@@ -768,7 +787,7 @@ TEST_P(StoreContractTest, TheCensusCountsUnfinishedRecordsAndAgesTheOldestProces
   EXPECT_EQ(*c.oldest_processing_age, Millis(5500));
 
   env_.clock.Advance(kRetention);
-  EXPECT_EQ(*store_->Sweep(100, {}), 2) << "the finished ones";
+  EXPECT_EQ(IDEM_VALUE_OF(store_->Sweep(100, {})), 2) << "the finished ones";
   c = census();
   EXPECT_EQ(c.processing, 3);
   EXPECT_EQ(c.failed_retryable, 0);
@@ -781,52 +800,55 @@ TEST_P(StoreContractTest, TheCensusCountsUnfinishedRecordsAndAgesTheOldestProces
 // order) unresolved for ever. Other retryable failures are swept like finished records.
 TEST_P(StoreContractTest, TheSweeperLeavesRetryableFailuresPastASendToTheReconciler) {
   const ClaimSpec past = ContractSpec("sweep-past-send");
-  Lease lease = MustClaim(*store_, past).lease;
+  IDEM_ASSERT_OK_AND_ASSIGN(const Record claimed, ClaimAndCommit(*store_, past));
+  const Lease lease = claimed.lease;
   {
-    auto txn = MustBegin(*store_);
+    IDEM_ASSERT_OK_AND_ASSIGN(auto txn, store_->Begin());
     ASSERT_TRUE(txn->Advance(past.scope, lease, "charge_sent", "pay_1").has_value());
     ASSERT_TRUE(txn->Commit().has_value());
   }
-  MustFinish(*store_, past, lease, Outcome{RecordState::kFailedRetryable, 503, "", ""});
+  IDEM_ASSERT_OK(
+      FinishAndCommit(*store_, past, lease, Outcome{RecordState::kFailedRetryable, 503, "", ""}));
   const ClaimSpec before = ContractSpec("sweep-before-send");
-  MustFinish(*store_, before, MustClaim(*store_, before).lease,
-             Outcome{RecordState::kFailedRetryable, 503, "", ""});
+  IDEM_ASSERT_OK(
+      ClaimAndFinish(*store_, before, Outcome{RecordState::kFailedRetryable, 503, "", ""}));
   env_.clock.Advance(kRetention);
 
   auto swept = store_->Sweep(100, {"charge_sent"});
   ASSERT_TRUE(swept.has_value()) << swept.error().message;
   EXPECT_EQ(*swept, 1) << "only the retryable failure before any send";
-  EXPECT_TRUE(MustRead(*store_, past.scope).has_value());
-  EXPECT_FALSE(MustRead(*store_, before.scope).has_value());
+  EXPECT_TRUE(ReadOrNone(*store_, past.scope).has_value());
+  EXPECT_FALSE(ReadOrNone(*store_, before.scope).has_value());
   auto invalid = store_->Sweep(100, {""});
   ASSERT_FALSE(invalid.has_value()) << "an empty sent point was taken";
   EXPECT_EQ(invalid.error().code, Errc::kInvalidArgument);
-  EXPECT_EQ(*store_->Sweep(100, {}), 1) << "with no sent points, it is swept like the others";
+  EXPECT_EQ(IDEM_VALUE_OF(store_->Sweep(100, {})), 1)
+      << "with no sent points, it is swept like the others";
 }
 
 TEST_P(StoreContractTest, SweeperDeletesExpiredFinishedRecordsInBatchesOnly) {
   std::vector<ClaimSpec> expired, live;
   for (int i = 0; i < 7; ++i) {
     expired.push_back(ContractSpec("old-" + std::to_string(i) + "-key"));
-    MustFinish(*store_, expired.back(), MustClaim(*store_, expired.back()).lease, Succeeded());
+    IDEM_ASSERT_OK(ClaimAndFinish(*store_, expired.back(), Succeeded()));
   }
   const ClaimSpec stuck = ContractSpec("old-processing");
-  MustClaim(*store_, stuck);
+  IDEM_ASSERT_OK(ClaimAndCommit(*store_, stuck));
   env_.clock.Advance(kRetention);
   for (int i = 0; i < 2; ++i) {
     live.push_back(ContractSpec("new-" + std::to_string(i) + "-key"));
-    MustFinish(*store_, live.back(), MustClaim(*store_, live.back()).lease, Succeeded());
+    IDEM_ASSERT_OK(ClaimAndFinish(*store_, live.back(), Succeeded()));
   }
 
   auto first = store_->Sweep(3, {});
   ASSERT_TRUE(first.has_value()) << first.error().message;
   EXPECT_EQ(*first, 3);
-  EXPECT_EQ(*store_->Sweep(3, {}), 3);
-  EXPECT_EQ(*store_->Sweep(3, {}), 1);
-  EXPECT_EQ(*store_->Sweep(3, {}), 0);
-  for (const ClaimSpec& s : expired) EXPECT_FALSE(MustRead(*store_, s.scope).has_value());
-  for (const ClaimSpec& s : live) EXPECT_TRUE(MustRead(*store_, s.scope).has_value());
-  EXPECT_TRUE(MustRead(*store_, stuck.scope).has_value())
+  EXPECT_EQ(IDEM_VALUE_OF(store_->Sweep(3, {})), 3);
+  EXPECT_EQ(IDEM_VALUE_OF(store_->Sweep(3, {})), 1);
+  EXPECT_EQ(IDEM_VALUE_OF(store_->Sweep(3, {})), 0);
+  for (const ClaimSpec& s : expired) EXPECT_FALSE(ReadOrNone(*store_, s.scope).has_value());
+  for (const ClaimSpec& s : live) EXPECT_TRUE(ReadOrNone(*store_, s.scope).has_value());
+  EXPECT_TRUE(ReadOrNone(*store_, stuck.scope).has_value())
       << "an unresolved PROCESSING record is the reconciler's, not the sweeper's";
 }
 
@@ -838,12 +860,12 @@ TEST_P(StoreContractTest, ListStaleFindsExpiredLeasesOfItsRouteOnly) {
   ClaimSpec other = ContractSpec("stale-other-route");
   other.route = "orders.create";
   other.scope = *Scope{"acme", "alice", other.route, "stale-other-route"}.Hash();
-  MustClaim(*store_, other);
+  IDEM_ASSERT_OK(ClaimAndCommit(*store_, other));
   env_.clock.Advance(Millis(1));
-  MustClaim(*store_, stale);
-  MustFinish(*store_, done, MustClaim(*store_, done).lease, Succeeded());
+  IDEM_ASSERT_OK(ClaimAndCommit(*store_, stale));
+  IDEM_ASSERT_OK(ClaimAndFinish(*store_, done, Succeeded()));
   env_.clock.Advance(kLease + Millis(1));
-  MustClaim(*store_, live);
+  IDEM_ASSERT_OK(ClaimAndCommit(*store_, live));
   auto found = store_->ListStale("payments.create", {"charge_sent"}, 1);
   ASSERT_TRUE(found.has_value()) << found.error().message;
   ASSERT_EQ(found->size(), 1u);
@@ -861,8 +883,8 @@ TEST_P(StoreContractTest, ListStaleFindsExpiredLeasesOfItsRouteOnly) {
 // PROCESSING ones. A retryable failure before the send, or one whose lease still runs, is not.
 TEST_P(StoreContractTest, ListStaleFindsRetryableFailuresPastTheSendOnly) {
   auto fail_at = [&](const ClaimSpec& spec, const std::string& point) {
-    const Record claimed = MustClaim(*store_, spec);
-    auto txn = MustBegin(*store_);
+    IDEM_ASSERT_OK_AND_ASSIGN(const Record claimed, ClaimAndCommit(*store_, spec));
+    IDEM_ASSERT_OK_AND_ASSIGN(auto txn, store_->Begin());
     ASSERT_TRUE(txn->Advance(spec.scope, claimed.lease, point, "pay_" + point).has_value());
     ASSERT_TRUE(txn->Finish(spec.scope, claimed.lease,
                             Outcome{RecordState::kFailedRetryable, 503, "sealed", ""})
@@ -899,7 +921,7 @@ TEST_P(StoreContractTest, ListStaleFindsRetryableFailuresPastTheSendOnly) {
 TEST_P(StoreContractTest, QueryReadsCommittedBusinessRowsAndRefusesWrites) {
   SKIP_WITHOUT_BUSINESS_SQL();
   {
-    auto txn = MustBegin(*store_);
+    IDEM_ASSERT_OK_AND_ASSIGN(auto txn, store_->Begin());
     ASSERT_TRUE(txn->Exec("INSERT INTO contract_business (k, v) VALUES (?, ?)",
                           {std::string("q1"), std::string("v1")})
                     .has_value());
@@ -920,7 +942,7 @@ TEST_P(StoreContractTest, QueryReadsCommittedBusinessRowsAndRefusesWrites) {
 
 TEST_P(StoreContractTest, ExecReportsUniqueViolationsAsAlreadyExists) {
   SKIP_WITHOUT_BUSINESS_SQL();
-  auto txn = MustBegin(*store_);
+  IDEM_ASSERT_OK_AND_ASSIGN(auto txn, store_->Begin());
   ASSERT_TRUE(txn->Exec("INSERT INTO contract_business (k, v) VALUES (?, ?)",
                         {std::string("ord-1"), std::string("a")})
                   .has_value());
@@ -938,12 +960,12 @@ TEST_P(StoreContractTest, ExecReportsUniqueViolationsAsAlreadyExists) {
 TEST_P(StoreContractTest, RecordsSurviveReopeningTheStore) {
   if (!store_->capabilities().durable) GTEST_SKIP() << "store is not durable";
   const ClaimSpec spec = ContractSpec("key-durable");
-  Record rec = MustClaim(*store_, spec);
-  MustFinish(*store_, spec, rec.lease, Succeeded("kept"));
+  IDEM_ASSERT_OK_AND_ASSIGN(Record rec, ClaimAndCommit(*store_, spec));
+  IDEM_ASSERT_OK(FinishAndCommit(*store_, spec, rec.lease, Succeeded("kept")));
   store_.reset();
   store_ = Open();
   ASSERT_NE(store_, nullptr);
-  auto record = MustRead(*store_, spec.scope);
+  IDEM_ASSERT_OK_AND_ASSIGN(auto record, store_->Read(spec.scope));
   ASSERT_TRUE(record.has_value());
   EXPECT_EQ(record->state, RecordState::kSucceeded);
   EXPECT_EQ(record->response, "kept");
@@ -958,7 +980,7 @@ TEST_P(StoreContractTest, TypedColumnsReadBackAsTheSameAlternativeOnEveryBackend
   const std::vector<Timestamp> instants = {FromUnixMillis(1'800'000'000'123),
                                            FromUnixMillis(946'684'799'999), FromUnixMillis(-1)};
   {
-    auto txn = MustBegin(*store_);
+    IDEM_ASSERT_OK_AND_ASSIGN(auto txn, store_->Begin());
     for (std::size_t n = 0; n < instants.size(); ++n) {
       auto inserted =
           txn->Exec("INSERT INTO contract_types (id, i, r, t, b, ts) VALUES (?, ?, ?, ?, ?, ?)",
@@ -991,7 +1013,7 @@ TEST_P(StoreContractTest, TypedColumnsReadBackAsTheSameAlternativeOnEveryBackend
     EXPECT_EQ(std::get<Timestamp>(row[4]), instants[n]);
   }
   // NULL of every type, read inside a transaction too.
-  auto txn = MustBegin(*store_);
+  IDEM_ASSERT_OK_AND_ASSIGN(auto txn, store_->Begin());
   auto rows = txn->Exec(select, {int64_t{99}});
   ASSERT_TRUE(rows.has_value()) << rows.error().message;
   ASSERT_EQ(rows->size(), 1u);
@@ -1002,7 +1024,7 @@ TEST_P(StoreContractTest, TypedColumnsReadBackAsTheSameAlternativeOnEveryBackend
 // transaction usable.
 TEST_P(StoreContractTest, BusinessSqlErrorsAreTheSameOnEveryBackend) {
   SKIP_WITHOUT_BUSINESS_SQL();
-  std::unique_ptr<StoreTxn> txn = MustBegin(*store_);
+  IDEM_ASSERT_OK_AND_ASSIGN(std::unique_ptr<StoreTxn> txn, store_->Begin());
   struct Case {
     const char* what;
     const char* sql;
@@ -1047,7 +1069,7 @@ TEST_P(StoreContractTest, BusinessSqlErrorsAreTheSameOnEveryBackend) {
 
 TEST_P(StoreContractTest, RecordErrorsAreTheSameOnEveryBackend) {
   const ClaimSpec spec = ContractSpec("key-errors");
-  auto txn = MustBegin(*store_);
+  IDEM_ASSERT_OK_AND_ASSIGN(auto txn, store_->Begin());
   auto missing = txn->Reclaim(spec, 1);
   ASSERT_FALSE(missing.has_value());
   EXPECT_EQ(missing.error().code, Errc::kNotFound) << missing.error().message;
@@ -1062,10 +1084,10 @@ TEST_P(StoreContractTest, RecordErrorsAreTheSameOnEveryBackend) {
 
 TEST_P(StoreContractTest, RecoveryPointsAndResourceIdsAreBounded) {
   const ClaimSpec spec = ContractSpec("key-bounded-progress");
-  Record rec = MustClaim(*store_, spec);
+  IDEM_ASSERT_OK_AND_ASSIGN(Record rec, ClaimAndCommit(*store_, spec));
   const std::string point(limits::kRecoveryPointMaxLength, 'p');
   const std::string resource(limits::kResourceIdMaxLength, 'r');
-  auto txn = MustBegin(*store_);
+  IDEM_ASSERT_OK_AND_ASSIGN(auto txn, store_->Begin());
   auto at_limit = txn->Advance(spec.scope, rec.lease, point, resource);
   ASSERT_TRUE(at_limit.has_value()) << at_limit.error().message;
   auto long_point = txn->Advance(spec.scope, rec.lease, point + "p", resource);
@@ -1081,7 +1103,7 @@ TEST_P(StoreContractTest, RecoveryPointsAndResourceIdsAreBounded) {
   EXPECT_EQ(long_finish.error().code, Errc::kInvalidArgument);
   ASSERT_TRUE(txn->Commit().has_value());
   txn.reset();
-  auto stored = MustRead(*store_, spec.scope);
+  IDEM_ASSERT_OK_AND_ASSIGN(auto stored, store_->Read(spec.scope));
   ASSERT_TRUE(stored.has_value());
   EXPECT_EQ(stored->recovery_point, point);
   EXPECT_EQ(stored->resource_id, resource);
@@ -1091,7 +1113,7 @@ TEST_P(StoreContractTest, RecoveryPointsAndResourceIdsAreBounded) {
 // A readiness probe on a healthy store answers, also while a write transaction is open.
 TEST_P(StoreContractTest, PingAnswersOnAHealthyStore) {
   EXPECT_TRUE(store_->Ping(Millis(1000)));
-  auto txn = MustBegin(*store_);
+  IDEM_ASSERT_OK_AND_ASSIGN(auto txn, store_->Begin());
   EXPECT_TRUE(store_->Ping(Millis(1000)));
 }
 
@@ -1099,23 +1121,23 @@ TEST_P(StoreContractTest, PingAnswersOnAHealthyStore) {
 // only, kept by renewals (which move updated_at), cleared by a fresh claim.
 TEST_P(StoreContractTest, TheCoveredAdvanceRecordsWhenTheRequestLeft) {
   const ClaimSpec spec = ContractSpec("key-sent-at");
-  Record rec = MustClaim(*store_, spec);
+  IDEM_ASSERT_OK_AND_ASSIGN(Record rec, ClaimAndCommit(*store_, spec));
   EXPECT_EQ(rec.sent_at, Timestamp{});
   env_.clock.Advance(Millis(10));
   const Timestamp sent = env_.clock.Now();
   {
-    auto txn = MustBegin(*store_);
+    IDEM_ASSERT_OK_AND_ASSIGN(auto txn, store_->Begin());
     auto advanced = txn->AdvanceCovered(spec.scope, rec.lease, "charge_sent", Millis(1000));
     ASSERT_TRUE(advanced.has_value()) << advanced.error().message;
     ASSERT_TRUE(txn->Commit().has_value());
   }
   env_.clock.Advance(Millis(10));
   {
-    auto txn = MustBegin(*store_);
+    IDEM_ASSERT_OK_AND_ASSIGN(auto txn, store_->Begin());
     ASSERT_TRUE(txn->Renew(spec.scope, rec.lease, kLease).has_value());
     ASSERT_TRUE(txn->Commit().has_value());
   }
-  auto stored = MustRead(*store_, spec.scope);
+  IDEM_ASSERT_OK_AND_ASSIGN(auto stored, store_->Read(spec.scope));
   ASSERT_TRUE(stored.has_value());
   EXPECT_EQ(stored->sent_at, sent) << "a renewal must not move the time of the send";
   EXPECT_EQ(stored->updated_at, env_.clock.Now());

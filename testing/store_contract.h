@@ -53,6 +53,9 @@ struct StoreFactory {
   // Opens a store on this test's data. Called again, it opens another instance (other
   // connections) on the same data, as a second process would.
   std::function<Result<std::unique_ptr<Store>>(StoreTestEnv& env)> open;
+  // The environment variables naming the services `open` needs (IDEM_TEST_PG_URL, ...). When one
+  // is not set, every test is skipped, or fails under IDEM_REQUIRE_SERVICES (testing/services.h).
+  std::vector<std::string> services = {};
 };
 
 // gtest prints parameters of failing tests with this.

@@ -16,23 +16,13 @@
 #include "idem/store.h"
 #include "testing/fakes.h"
 #include "testing/process.h"
+#include "testing/services.h"
 
 namespace idem::itest {
 
 inline constexpr const char* kAlice = "dev-acme-alice-7f3c9a1e";
 inline constexpr const char* kBob = "dev-acme-bob-2b8d4e6f";
 inline constexpr const char* kCarol = "dev-globex-carol-9e1a5c3d";
-
-// In a SetUp or a test body: when `url` (a service of the tests) is empty, the test fails under
-// IDEM_REQUIRE_SERVICES (as CI runs) and is skipped otherwise. `variable` names where the URL
-// comes from.
-#define IDEM_NEED_SERVICE(url, variable)                                                     \
-  do {                                                                                       \
-    if ((url).empty()) {                                                                     \
-      if (std::getenv("IDEM_REQUIRE_SERVICES") != nullptr) FAIL() << variable " is not set"; \
-      GTEST_SKIP() << variable " is not set";                                                \
-    }                                                                                        \
-  } while (false)
 
 // The PostgreSQL server of the tests (IDEM_TEST_PG_URL, set by scripts/with-services), or "".
 std::string PostgresServerUrl();

@@ -259,11 +259,17 @@ class SecurityTest : public IdemdTest {
     return o;
   }
 
-  // A Redis of this test's own, so every key in it is idemd's.
-  void StartRedis() {
+  // A Redis of this test's own, so every key in it is idemd's. True when it runs; otherwise the
+  // test is skipped (no redis-server, failed under IDEM_REQUIRE_SERVICES) or has failed, and the
+  // caller returns.
+  [[nodiscard]] bool StartRedis() {
+    SpawnRedis();
+    return !HasFatalFailure() && !IsSkipped();
+  }
+
+  void SpawnRedis() {
     if (!std::filesystem::exists("/usr/bin/redis-server")) {
-      if (std::getenv("IDEM_REQUIRE_SERVICES") != nullptr) FAIL() << "no /usr/bin/redis-server";
-      GTEST_SKIP() << "no /usr/bin/redis-server";
+      IDEM_SKIP_OR_FAIL("no /usr/bin/redis-server");
     }
     redis_port_ = testing::FreeLoopbackPort();
     auto p = testing::ChildProcess::Spawn(
@@ -534,8 +540,7 @@ class SecurityTest : public IdemdTest {
 // ---- 1. Nothing in plaintext at rest -----------------------------------------------------------
 
 TEST_F(SecurityTest, NothingInPlaintextAtRestInSqliteOrRedis) {
-  StartRedis();
-  if (IsSkipped()) return;
+  if (!StartRedis()) return;
   store_url_ = "sqlite://" + dir_.File("idem.db");
   StartIdemd(Roomy({.redis_url = redis_url_}));
   const Workload w = RunWorkload();
@@ -551,8 +556,7 @@ class SecurityPostgresTest : public SecurityTest {
 };
 
 TEST_F(SecurityPostgresTest, NothingInPlaintextAtRestInPostgresOrRedis) {
-  StartRedis();
-  if (IsSkipped()) return;
+  if (!StartRedis()) return;
   store_url_ = FreshPostgresStoreUrl();
   StartIdemd(Roomy({.store_url = store_url_, .redis_url = redis_url_}));
   const Workload w = RunWorkload();
@@ -705,8 +709,7 @@ TEST_F(SecurityTest, CheckConfigPrintsTheEffectiveConfigWithoutSecretsOrPassword
 }
 
 TEST_F(SecurityTest, OtherPrincipalsReadAndReplayNothing) {
-  StartRedis();  // replays served from the cache and markers too
-  if (IsSkipped()) return;
+  if (!StartRedis()) return;  // replays served from the cache and markers too
   store_url_ = "sqlite://" + dir_.File("idem.db");
   StartIdemd(Roomy({.redis_url = redis_url_}));
   const std::string tag = RandomHex(4);

@@ -20,6 +20,7 @@
 
 #include "idem/store/postgres.h"
 #include "testing/fakes.h"
+#include "testing/services.h"
 #include "testing/stall.h"
 #include "testing/store_contract.h"
 
@@ -27,21 +28,10 @@ namespace idem::testing {
 namespace {
 
 // The server's address, or "" — then every test here is skipped, unless IDEM_REQUIRE_SERVICES
-// is set (as scripts/test sets it), which turns the absence into a failure.
-std::string ServerUrl() {
-  const char* url = std::getenv("IDEM_TEST_PG_URL");
-  return url != nullptr ? url : "";
-}
+// is set (as scripts/test sets it), which turns the absence into a failure (testing/services.h).
+std::string ServerUrl() { return ServiceUrl("IDEM_TEST_PG_URL"); }
 
-#define REQUIRE_POSTGRES()                                                  \
-  do {                                                                      \
-    if (ServerUrl().empty()) {                                              \
-      if (std::getenv("IDEM_REQUIRE_SERVICES") != nullptr) {                \
-        FAIL() << "IDEM_TEST_PG_URL is not set (run through scripts/test)"; \
-      }                                                                     \
-      GTEST_SKIP() << "IDEM_TEST_PG_URL is not set";                        \
-    }                                                                       \
-  } while (false)
+#define REQUIRE_POSTGRES() IDEM_NEED_SERVICE(ServerUrl(), "IDEM_TEST_PG_URL")
 
 // A schema of its own for every test, so tests share the server but not data.
 std::string FreshSchema() {
@@ -66,12 +56,11 @@ StoreFactory PostgresFactory(int pool_size, bool prepared) {
   return StoreFactory{
       std::string("PostgresPool") + std::to_string(pool_size) + (prepared ? "Prepared" : "Plain"),
       [=](StoreTestEnv& env) -> Result<std::unique_ptr<Store>> {
-        if (ServerUrl().empty())
-          return MakeError(Errc::kUnavailable, "IDEM_TEST_PG_URL is not set");
         auto& schema = (*schemas)[&env];
         if (schema.empty()) schema = FreshSchema();
         return OpenPostgresStore(Options(schema, pool_size, prepared), env.clock, env.random);
-      }};
+      },
+      {"IDEM_TEST_PG_URL"}};
 }
 
 INSTANTIATE_TEST_SUITE_P(Postgres, StoreContractTest,
@@ -609,7 +598,7 @@ TEST(PostgresStore, AStoppedServerProcessIsUnavailableWithinTheStatementBound) {
   const ScopeHash scope = Spec("stopped-read-key").scope;
   ASSERT_TRUE((*store)->Read(scope).has_value());
   const pid_t backend = static_cast<pid_t>(BackendPid(**store));
-  if (!IsLocalProcess(backend, "postgres")) GTEST_SKIP() << "the test server is not local";
+  if (!IsLocalProcess(backend, "postgres")) IDEM_SKIP_OR_FAIL("the test server is not local");
 
   StoppedProcesses stopped({backend});
   auto read = CallWithin(
@@ -643,7 +632,7 @@ TEST(PostgresStore, ACommitToAStoppedServerProcessIsAnUnknownOutcomeWithinTheSta
   auto pid = (*txn)->Exec("SELECT pg_backend_pid()");
   ASSERT_TRUE(pid.has_value()) << pid.error().message;
   const pid_t backend = static_cast<pid_t>(std::get<int64_t>(pid->at(0).at(0)));
-  if (!IsLocalProcess(backend, "postgres")) GTEST_SKIP() << "the test server is not local";
+  if (!IsLocalProcess(backend, "postgres")) IDEM_SKIP_OR_FAIL("the test server is not local");
 
   StoppedProcesses stopped({backend});
   auto commit = CallWithin(
@@ -677,7 +666,7 @@ TEST(PostgresStore, PingAnswersWithinItsTimeoutWhileTheServerProcessIsStopped) {
   ASSERT_TRUE((*store)->Ping(milliseconds(1000)));
   // The pool's connection and the ping's own.
   const std::vector<pid_t> backends = LocalBackends(schema, 2);
-  if (backends.empty()) GTEST_SKIP() << "the test server does not run on this machine";
+  if (backends.empty()) IDEM_SKIP_OR_FAIL("the test server does not run on this machine");
 
   StoppedProcesses stopped(backends);
   auto ping = CallWithin(

@@ -17,25 +17,15 @@
 #include "src/store/redis/redis_client.h"
 #include "testing/fakes.h"
 #include "testing/process.h"
+#include "testing/services.h"
 #include "testing/store_contract.h"
 
 namespace idem::testing {
 namespace {
 
-std::string Env(const char* name) {
-  const char* v = std::getenv(name);
-  return v != nullptr ? v : "";
-}
+std::string Env(const char* name) { return ServiceUrl(name); }
 
-#define REQUIRE_SERVICE(var)                                       \
-  do {                                                             \
-    if (Env(var).empty()) {                                        \
-      if (std::getenv("IDEM_REQUIRE_SERVICES") != nullptr) {       \
-        FAIL() << var << " is not set (run through scripts/test)"; \
-      }                                                            \
-      GTEST_SKIP() << var << " is not set";                        \
-    }                                                              \
-  } while (false)
+#define REQUIRE_SERVICE(variable) IDEM_NEED_SERVICE(Env(variable), variable)
 
 std::string Fresh(const char* prefix) {
   static std::mt19937_64 rng(std::random_device{}());
@@ -60,10 +50,8 @@ struct PerTest {
 StoreFactory RedisOver(const std::string& backend) {
   auto per_test = std::make_shared<std::map<const StoreTestEnv*, PerTest>>();
   return StoreFactory{
-      "RedisOver" + backend, [=](StoreTestEnv& env) -> Result<std::unique_ptr<Store>> {
-        if (Env("IDEM_TEST_REDIS_URL").empty()) {
-          return MakeError(Errc::kUnavailable, "IDEM_TEST_REDIS_URL is not set");
-        }
+      "RedisOver" + backend,
+      [=](StoreTestEnv& env) -> Result<std::unique_ptr<Store>> {
         PerTest& names = (*per_test)[&env];
         std::unique_ptr<Store> inner;
         if (backend == "Sqlite") {
@@ -72,9 +60,6 @@ StoreFactory RedisOver(const std::string& backend) {
           IDEM_ASSIGN_OR_RETURN(inner,
                                 OpenSqliteStore(WithContractTables(o), env.clock, env.random));
         } else {
-          if (Env("IDEM_TEST_PG_URL").empty()) {
-            return MakeError(Errc::kUnavailable, "IDEM_TEST_PG_URL is not set");
-          }
           PostgresStoreOptions o;
           o.conninfo = Env("IDEM_TEST_PG_URL");
           o.schema = names.schema;
@@ -83,7 +68,9 @@ StoreFactory RedisOver(const std::string& backend) {
                                 OpenPostgresStore(WithContractTables(o), env.clock, env.random));
         }
         return WrapWithRedisCache(std::move(inner), CacheOptions(names.prefix), env.clock);
-      }};
+      },
+      backend == "Sqlite" ? std::vector<std::string>{"IDEM_TEST_REDIS_URL"}
+                          : std::vector<std::string>{"IDEM_TEST_REDIS_URL", "IDEM_TEST_PG_URL"}};
 }
 
 INSTANTIATE_TEST_SUITE_P(Redis, StoreContractTest,
