@@ -393,7 +393,7 @@ class MemoryStore final : public Store {
     }
     return Ok();
   }
-  // A retryable failure at one of `sent_points`: left to the reconciler.
+  // A retryable failure at one of `sent_points`: left to the takeover loop.
   static bool PastSend(const Record& r, const std::vector<std::string>& sent_points) {
     return r.state == RecordState::kFailedRetryable && !r.recovery_point.empty() &&
            std::find(sent_points.begin(), sent_points.end(), r.recovery_point) != sent_points.end();

@@ -795,7 +795,7 @@ TEST_P(StoreContractTest, TheCensusCountsUnfinishedRecordsAndAgesTheOldestProces
   EXPECT_EQ(*c.oldest_processing_age, kRetention + Millis(5500));
 }
 
-// A retryable failure past a send (at one of the sent points) is the reconciler's, like a
+// A retryable failure past a send (at one of the sent points) is the takeover loop's, like a
 // PROCESSING record: deleted at its expiry, it would leave its business row (a payment holding its
 // order) unresolved for ever. Other retryable failures are swept like finished records.
 TEST_P(StoreContractTest, TheSweeperLeavesRetryableFailuresPastASendToTheReconciler) {
@@ -879,7 +879,7 @@ TEST_P(StoreContractTest, ListStaleFindsExpiredLeasesOfItsRouteOnly) {
 }
 
 // A retryable failure after the send proves nothing about the downstream: such records are
-// listed for the reconciler once their lease (which covered the call) has run out, like expired
+// listed for the takeover loop once their lease (which covered the call) has run out, like expired
 // PROCESSING ones. A retryable failure before the send, or one whose lease still runs, is not.
 TEST_P(StoreContractTest, ListStaleFindsRetryableFailuresPastTheSendOnly) {
   auto fail_at = [&](const ClaimSpec& spec, const std::string& point) {

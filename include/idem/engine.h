@@ -41,7 +41,7 @@ struct RoutePolicy {
   // The recovery points past a call that cannot be called back: the points this route gives
   // AdvanceBeforeCall (e.g. "charge_sent"). A retryable failure at one of them proves nothing
   // about that call (a 5xx, or a transport error after the request left, may come after the
-  // downstream acted), so ListStale hands such records to the reconciler once their lease, which
+  // downstream acted), so ListStale hands such records to the takeover loop once their lease, which
   // covered the call, has run out; it resolves them like an expired PROCESSING record, by asking
   // the downstream. A retryable failure at any other point is left to the client's retry. At
   // most limits::kMaxSentPoints, none empty.
@@ -75,7 +75,7 @@ struct Ticket {
   Record record;         // the record right after the claim (recovery point, resource id)
   bool resumed = false;  // true after a takeover or a retry: a downstream call may have happened
   // The state the record was resumed from: PROCESSING (a takeover of an expired or released
-  // lease) or FAILED_RETRYABLE (a retry, or the reconciler settling a retryable failure past the
+  // lease) or FAILED_RETRYABLE (a retry, or the takeover loop settling a retryable failure past the
   // send, whose lease covered the call and has ended). PROCESSING when not resumed. A takeover
   // that raced the owner's own finish may report PROCESSING for a record that had just failed
   // retryably, never the other way round.
@@ -189,7 +189,7 @@ class Engine {
   // Errors: kUnavailable, kDataLoss as above.
   Result<std::optional<FoundRecord>> Lookup(const ScopeHash& scope);
 
-  // Up to `limit` records of `policy.route` for the reconciler's TakeOver, oldest lease first:
+  // Up to `limit` records of `policy.route` for the takeover loop's TakeOver, oldest lease first:
   // PROCESSING records whose lease has expired (executions that crashed, stalled or released
   // with an unknown outcome) and FAILED_RETRYABLE records at one of policy.sent_points whose
   // lease has expired (Store::ListStale). Errors: kInvalidArgument (policy.sent_points too many,
@@ -221,14 +221,14 @@ class Engine {
   Status Renew(Ticket& ticket);
 
   // Gives the lease up, leaving the record PROCESSING at its recovery point: used when the
-  // outcome is unknown. By default the lease ends now, so the next attempt (or the reconciler)
+  // outcome is unknown. By default the lease ends now, so the next attempt (or the takeover loop)
   // takes over at once; with `hold`, it ends `hold` from now, and until then every attempt is
   // answered in progress (Start, Lookup's lease_left) while nobody works on it — for an
   // operation that must not run again before then, such as a send whose outcome is still
   // settling. Removes the ticket's in-flight marker. Errors: kFenced.
   Status Release(Ticket& ticket, Millis hold = Millis(0));
 
-  // Takes over a record found by ListStale (the reconciler's claim): an expired PROCESSING one,
+  // Takes over a record found by ListStale (the takeover loop's claim): an expired PROCESSING one,
   // or a retryable failure past the send. The ticket is resumed, resumed_from the listed state.
   // Errors: kConflict if someone else took it first; kUnavailable.
   Result<Ticket> TakeOver(const RoutePolicy& policy, const Record& stale);
@@ -237,7 +237,7 @@ class Engine {
   // one transaction with `business`, then removes the ticket's in-flight marker. A finished
   // record's recovery point becomes "done"; a FAILED_RETRYABLE one keeps its point unless
   // `recovery_point` names the point the next attempt resumes from (e.g. one before the send,
-  // once a lookup proved the call had no effect, so the reconciler stops listing it). A
+  // once a lookup proved the call had no effect, so the takeover loop stops listing it). A
   // FAILED_FINAL record finished at kOutcomeUnknownPoint is a held outcome, which an operator
   // settles (Settle).
   // Errors: kFenced (lost the lease; nothing was written, the business writes included),

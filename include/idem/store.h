@@ -259,7 +259,7 @@ class Store {
   virtual Result<std::vector<SqlRow>> Query(std::string_view sql,
                                             const std::vector<SqlValue>& params = {}) = 0;
 
-  // Up to `limit` records of `route` that the reconciler must resolve, oldest lease first: those
+  // Up to `limit` records of `route` that the takeover loop must resolve, oldest lease first: those
   // PROCESSING whose lease has expired (executions that crashed, stalled or gave up with an
   // unknown outcome), and those FAILED_RETRYABLE at one of `sent_points` whose lease has expired
   // (a retryable failure after a call that cannot be called back, which proves nothing about that
@@ -278,13 +278,13 @@ class Store {
   // Deletes up to `batch` finished records whose expiry has passed, oldest first, and returns how
   // many it deleted. PROCESSING records, and FAILED_RETRYABLE ones at one of `sent_points` (a
   // retryable failure past a call that cannot be called back: ListStale), are left to the
-  // reconciler, which must first learn whether their downstream call happened; deleted, they
+  // takeover loop, which must first learn whether their downstream call happened; deleted, they
   // would leave their business rows (a payment holding its order) unresolved for ever.
   // Errors: kInvalidArgument (sent_points as for ListStale); kUnavailable.
   virtual Result<int> Sweep(int batch, const std::vector<std::string>& sent_points) = 0;
 
   // Counts the records for gauges, at a cost that does not grow with the history: the unfinished
-  // ones (PROCESSING, FAILED_RETRYABLE) through the index the reconciler scans, all of them from
+  // ones (PROCESSING, FAILED_RETRYABLE) through the index the takeover loop scans, all of them from
   // the principals' counters (idem_retained on the SQL stores), so SUCCEEDED and FAILED_FINAL
   // are not told apart. Errors: kUnavailable.
   virtual Result<RecordCensus> Census() = 0;

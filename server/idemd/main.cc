@@ -1,5 +1,5 @@
 // server/idemd/main.cc — wires idemd together: config, store, engine, provider, routes, server,
-// background loops (sweeper, reconciler), and a graceful SIGTERM drain. Nothing else.
+// background loops (sweeper, takeover, books), and a graceful SIGTERM drain. Nothing else.
 #include <signal.h>
 
 #include <condition_variable>
@@ -287,7 +287,7 @@ int Run(int argc, char** argv) {
       if (subscription) finished = std::move(*subscription);
     }
     // Every route's points past a send (only payments have one): such retryable records are
-    // the reconciler's, never the sweeper's.
+    // the takeover loop's, never the sweeper's.
     Loop sweeper(config->sweep_interval,
                  [&] { (void)SweepExpired(**store, filter.policy().route.sent_points); });
     Loop census(kCensusInterval, [&] { TakeCensus(**store, metrics, SystemClock(), served); });
@@ -299,9 +299,9 @@ int Run(int argc, char** argv) {
       };
       RunConcurrently(2, 2, [&](std::size_t i) {
         if (i == 0) {
-          filter.ReconcileOnce(100, notify);
+          filter.TakeOverOnce(100, notify);
         } else {
-          service.CurrentGateway()->ReconcileOnce(100, notify);
+          service.CurrentGateway()->TakeOverOnce(100, notify);
         }
       });
     });

@@ -174,12 +174,12 @@ void Metrics::CountUnknownOutcome(const std::string& route) {
   ++unknown_outcomes_[route];
 }
 
-void Metrics::CountReconciled(const std::string& result) {
+void Metrics::CountTakeoverResult(const std::string& result) {
   std::lock_guard lock(mu_);
   ++reconciled_[result];
 }
 
-void Metrics::CountReconcilerRun(bool failed) {
+void Metrics::CountTakeoverPass(bool failed) {
   ++reconciler_runs_;
   if (failed) ++reconciler_failures_;
 }

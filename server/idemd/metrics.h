@@ -107,10 +107,10 @@ class Metrics {
   // A completion announced by the store (another instance, or this one) woke parked requests.
   void CountStoreNotification() { ++store_notifications_; }
   // idem_reconciler_records_total{result}: resolved, unknown (tried again later).
-  void CountReconciled(const std::string& result);
-  // One pass of the stale-records reconciler over one route; `failed` when the store refused
+  void CountTakeoverResult(const std::string& result);
+  // One pass of the takeover loop over one route; `failed` when the store refused
   // to list or settle its records.
-  void CountReconcilerRun(bool failed);
+  void CountTakeoverPass(bool failed);
   // One run of the reconciliation of the books; `failed` when it could not complete.
   void CountBooksRun(bool failed);
   // idem_reconcile_findings_total{class}: duplicate, orphan, missing, mismatched.
@@ -186,7 +186,7 @@ inline constexpr Millis kCensusInterval{15000};
 // gauges keep their last values (idem_records_census_timestamp_seconds tells how old) and a line
 // is logged. With `served` (whether this process serves a route id), PROCESSING records of
 // routes it does not serve — a gateway route removed or renamed, whose records no retry and no
-// reconciler pass can resolve — are counted (Metrics::SetUnserved) and logged at error level
+// takeover pass can resolve — are counted (Metrics::SetUnserved) and logged at error level
 // whenever a route's count changes. Blocking.
 void TakeCensus(Store& store, Metrics& metrics, Clock& clock,
                 const std::function<bool(std::string_view)>& served = {});

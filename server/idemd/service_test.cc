@@ -650,7 +650,7 @@ TEST_F(ServiceTest, PlainDecimalStringsAndJsonNumbersAreCharged) {
 // A resumed payment whose charge may have left looks the charge up by reference. What it finds
 // counts only if it is this payment's charge: the same reference, amount and currency. Anything
 // else is never a success, never charged again and never final: the record stays PROCESSING at
-// charge_sent (every retry and the reconciler look again) and the answer is a 500.
+// charge_sent (every retry and the takeover loop look again) and the answer is a 500.
 TEST_F(ServiceTest, AResumedPaymentCountsAFoundChargeOnlyIfItIsThePaymentsCharge) {
   struct Case {
     std::string name;
@@ -757,7 +757,7 @@ TEST_F(ServiceTest, AResumedPaymentCompletesWithAMatchingFoundCharge) {
   EXPECT_EQ(provider_.Calls(), calls);
 }
 
-// The reconciler judges a found charge as a resumed request does.
+// The takeover loop judges a found charge as a resumed request does.
 TEST_F(ServiceTest, TheReconcilerCountsAFoundChargeOnlyIfItIsThePaymentsCharge) {
   const std::string mismatched = TimedOutPayment("reconcile-1", "ORD-R1");
   provider_.Plant(mismatched,
@@ -767,7 +767,7 @@ TEST_F(ServiceTest, TheReconcilerCountsAFoundChargeOnlyIfItIsThePaymentsCharge) 
                   Charge{"ch_declined", declined, "100.00", "CNY", "declined", 0, "0.00"});
   const int calls = provider_.Calls();
 
-  EXPECT_EQ(filter_->ReconcileOnce(10, {}), 1) << "only the declined charge resolves";
+  EXPECT_EQ(filter_->TakeOverOnce(10, {}), 1) << "only the declined charge resolves";
   EXPECT_EQ(RecordOf("reconcile-1")->state, RecordState::kProcessing);
   EXPECT_EQ(RecordOf("reconcile-1")->recovery_point, "charge_sent");
   EXPECT_EQ(PaymentRow(mismatched), (std::pair<std::string, std::string>{"pending", ""}));
@@ -781,7 +781,7 @@ TEST_F(ServiceTest, TheReconcilerCountsAFoundChargeOnlyIfItIsThePaymentsCharge) 
 
   // A later pass looks again and still does not complete the mismatched payment.
   clock_.Advance(Millis(1));
-  EXPECT_EQ(filter_->ReconcileOnce(10, {}), 0);
+  EXPECT_EQ(filter_->TakeOverOnce(10, {}), 0);
   EXPECT_EQ(RecordOf("reconcile-1")->state, RecordState::kProcessing);
   EXPECT_EQ(PaymentRow(mismatched), (std::pair<std::string, std::string>{"pending", ""}));
   EXPECT_EQ(provider_.Calls(), calls) << "the reconciler never charges";
@@ -789,7 +789,7 @@ TEST_F(ServiceTest, TheReconcilerCountsAFoundChargeOnlyIfItIsThePaymentsCharge) 
 
 // A provider 5xx after the send proves nothing was charged only if the provider declares so (it
 // does not, by default): it is an unknown outcome, like a timeout. The client gives that key up;
-// the order must not stay blocked: the reconciler looks the charge up, finds none once the send
+// the order must not stay blocked: the takeover loop looks the charge up, finds none once the send
 // has settled, marks the attempt retryable under its own lease, and the pass after that lease
 // releases the order, so a new key for it pays, with one charge in total.
 TEST_F(ServiceTest, AnOrderAbandonedAfterAProvider5xxBecomesPayableAfterTheReconciler) {
@@ -803,23 +803,23 @@ TEST_F(ServiceTest, AnOrderAbandonedAfterAProvider5xxBecomesPayableAfterTheRecon
   EXPECT_EQ(RecordOf("abandon-0001")->state, RecordState::kProcessing);
   EXPECT_EQ(RecordOf("abandon-0001")->recovery_point, "charge_sent");
 
-  // Until the reconciler settled the attempt, the order is held for it.
+  // Until the takeover loop settled the attempt, the order is held for it.
   const http::Response held = Handle(Pay("abandon-0002", "alice-key", "ORD-X1"));
   EXPECT_EQ(held.status, 409) << held.body;
   EXPECT_EQ(TypeOf(held), "urn:idem:problem:order-in-progress");
 
-  EXPECT_EQ(filter_->ReconcileOnce(10, {}), 1);
+  EXPECT_EQ(filter_->TakeOverOnce(10, {}), 1);
   EXPECT_EQ(RecordOf("abandon-0001")->state, RecordState::kFailedRetryable);
   EXPECT_EQ(PaymentRow(first_id).first, "pending") << "released before the send was settled";
   clock_.Advance(kLease + Millis(1));
-  EXPECT_EQ(filter_->ReconcileOnce(10, {}), 1);
+  EXPECT_EQ(filter_->TakeOverOnce(10, {}), 1);
   EXPECT_EQ(PaymentRow(first_id).first, "abandoned");
 
   const http::Response paid = Handle(Pay("abandon-0003", "alice-key", "ORD-X1"));
   ASSERT_EQ(paid.status, 201) << paid.body;
   EXPECT_NE(json::parse(paid.body).at("id").as_string(), first_id);
   EXPECT_EQ(provider_.Charges().size(), 1u) << "exactly one charge for the order";
-  EXPECT_EQ(filter_->ReconcileOnce(10, {}), 0) << "a settled attempt is not looked at again";
+  EXPECT_EQ(filter_->TakeOverOnce(10, {}), 0) << "a settled attempt is not looked at again";
 
   // The first key, retried late, now answers from the order's payment and charges nothing.
   const http::Response late = Handle(Pay("abandon-0001", "alice-key", "ORD-X1"));
@@ -847,9 +847,9 @@ TEST_F(ServiceTest, AnUndeclared5xxIsAnUnknownOutcomeAndTheRetryWaitsForTheSettl
   EXPECT_EQ(early.status, 409) << early.body;
   EXPECT_EQ(TypeOf(early), "urn:idem:problem:request-in-progress");
   EXPECT_EQ(provider_.Calls(), 1) << "a 5xx is no proof that nothing was charged";
-  // Nor does the reconciler give the attempt up within the window.
+  // Nor does the takeover loop give the attempt up within the window.
   clock_.Advance(Millis(1000));
-  (void)filter_->ReconcileOnce(10, {});
+  (void)filter_->TakeOverOnce(10, {});
   EXPECT_EQ(RecordOf("late-502-0001")->state, RecordState::kProcessing);
   EXPECT_EQ(PaymentRow(id).first, "pending");
 
@@ -862,7 +862,7 @@ TEST_F(ServiceTest, AnUndeclared5xxIsAnUnknownOutcomeAndTheRetryWaitsForTheSettl
   EXPECT_EQ(provider_.Calls(), 1);
 }
 
-// The provider did charge despite its 5xx: the reconciler finds the charge by reference and
+// The provider did charge despite its 5xx: the takeover loop finds the charge by reference and
 // settles the order as paid, so a new key for it gets the existing payment and nothing more is
 // charged.
 TEST_F(ServiceTest, AnOrderWhose5xxChargeHappenedIsSettledAsSucceededByTheReconciler) {
@@ -874,7 +874,7 @@ TEST_F(ServiceTest, AnOrderWhose5xxChargeHappenedIsSettledAsSucceededByTheReconc
   provider_.Plant(id, Charge{"ch_despite_503", id, "100.00", "CNY", "succeeded", 0, "0.00"});
   const int calls = provider_.Calls();
 
-  EXPECT_EQ(filter_->ReconcileOnce(10, {}), 1);
+  EXPECT_EQ(filter_->TakeOverOnce(10, {}), 1);
   EXPECT_EQ(PaymentRow(id), (std::pair<std::string, std::string>{"succeeded", "ch_despite_503"}));
   EXPECT_EQ(RecordOf("charged-0001")->state, RecordState::kSucceeded);
 
@@ -888,7 +888,7 @@ TEST_F(ServiceTest, AnOrderWhose5xxChargeHappenedIsSettledAsSucceededByTheReconc
 
 // A charge that provably charged nothing (it never left, or the provider declares its 5xx so:
 // [provider] nothing_charged_statuses) releases the order at once, without waiting for the
-// reconciler, and the failure stays retryable: a new key pays the order, and the first key,
+// takeover loop, and the failure stays retryable: a new key pays the order, and the first key,
 // retried, answers from that payment; or, when no other key took the order, takes its own
 // payment back and pays it once.
 TEST_F(ServiceTest, ADeclared5xxReleasesTheOrderAtOnce) {
@@ -900,7 +900,7 @@ TEST_F(ServiceTest, ADeclared5xxReleasesTheOrderAtOnce) {
   provider_.create_error.reset();
   EXPECT_EQ(PaymentRow(provider_.References().at(0)).first, "abandoned");
   EXPECT_EQ(RecordOf("declared-0001")->state, RecordState::kFailedRetryable);
-  EXPECT_EQ(filter_->ReconcileOnce(10, {}), 0) << "nothing to settle";
+  EXPECT_EQ(filter_->TakeOverOnce(10, {}), 0) << "nothing to settle";
 
   const http::Response paid = Handle(Pay("declared-0002", "alice-key", "ORD-X4"));
   EXPECT_EQ(paid.status, 201) << paid.body;
@@ -1001,7 +1001,7 @@ TEST_F(ServiceTest, AnAnswerTooLargeToKeepStillCompletesThePaymentAndChargesOnce
   EXPECT_EQ(RecordOf("huge-id-0001")->state, RecordState::kSucceeded);
 
   clock_.Advance(kLease + Millis(1));
-  EXPECT_EQ(filter.ReconcileOnce(10, {}), 0) << "nothing left to take over";
+  EXPECT_EQ(filter.TakeOverOnce(10, {}), 0) << "nothing left to take over";
   const http::Response again = pay();
   EXPECT_EQ(again.status, 502);
   EXPECT_EQ(HeaderOf(again, "Idempotent-Replayed"), "true");
@@ -1141,7 +1141,7 @@ TEST_F(ServiceTest, AFailedRenewalDuringTheLookupStopsTheCharge) {
 
 // A provider that ignores keys may still execute a charge after the caller timed out: a retry's
 // lookup that finds nothing proves nothing until the settle window has passed since the send. Until
-// then the retry is answered in progress and nothing is charged again; the reconciler keeps the
+// then the retry is answered in progress and nothing is charged again; the takeover loop keeps the
 // record PROCESSING too. After the window, with nothing found, the payment is charged once.
 TEST_F(ServiceTest, AnUnknownOutcomeIsNotSentAgainBeforeTheSettleWindow) {
   Build(false, Millis(3000));
@@ -1159,8 +1159,8 @@ TEST_F(ServiceTest, AnUnknownOutcomeIsNotSentAgainBeforeTheSettleWindow) {
   EXPECT_EQ(RecordOf("settle-0001")->state, RecordState::kProcessing);
   EXPECT_EQ(RecordOf("settle-0001")->recovery_point, "charge_sent");
 
-  clock_.Advance(Millis(1));  // the released lease has ended: the reconciler looks
-  EXPECT_EQ(filter_->ReconcileOnce(10, {}), 0) << "nothing settled within the window";
+  clock_.Advance(Millis(1));  // the released lease has ended: the takeover loop looks
+  EXPECT_EQ(filter_->TakeOverOnce(10, {}), 0) << "nothing settled within the window";
   EXPECT_EQ(RecordOf("settle-0001")->state, RecordState::kProcessing);
   EXPECT_EQ(PaymentRow(id).first, "pending");
   EXPECT_EQ(provider_.Calls(), 1);

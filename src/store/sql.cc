@@ -46,7 +46,7 @@ CREATE TABLE idem_records (
 CREATE INDEX idem_records_quota ON idem_records (tenant, user_id, state);
 CREATE INDEX idem_records_expiry ON idem_records (expires_at);
 )sql"},
-      // The reconciler's scan of one route's expired leases: PROCESSING records, and retryable
+      // The takeover loop's scan of one route's expired leases: PROCESSING records, and retryable
       // failures (those past a send are listed too; which points those are is the route's, so
       // the point is a filter, not part of the index). PostgreSQL stores made before the schema
       // had one text have an index on lease_until alone, which this replaces.

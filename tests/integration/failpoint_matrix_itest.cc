@@ -1,6 +1,6 @@
 // tests/integration/failpoint_matrix_itest.cc — every failpoint on a payment's way × {crash, stall
 // past the lease} × {SQLite, PostgreSQL} × {provider honours keys, ignores them}, each followed by
-// the client's retries and the reconciler, with the same checks after every cell: one charge, one
+// the client's retries and the takeover loop, with the same checks after every cell: one charge, one
 // answer (the retry's and every replay's byte-identical), nothing left PROCESSING; with Redis,
 // also no cache entry that outlives its record and no in-flight marker left behind.
 //
@@ -79,7 +79,7 @@ constexpr int64_t kMeasureSlackMs = 100;
 // ---- Records for the sweeper ----------------------------------------------------------------
 
 // Written by the test in one transaction, so that one round of the sweeper meets them all, under
-// a tenant of their own (no payment, no quota, no route the reconciler lists): more expired
+// a tenant of their own (no payment, no quota, no route the takeover loop lists): more expired
 // finished records than one batch, so the round has a second batch; and records the sweeper must
 // keep — finished ones before their expiry, and PROCESSING ones past their retention whose lease
 // is live (an execution still running: never swept, whatever its expiry).
@@ -125,7 +125,7 @@ class FailpointMatrixTest : public IdemdTest, public ::testing::WithParamInterfa
   // every answer seen (`seen`: the stalled request's, the one before a replay's point) and a
   // replay byte-identical to it; with Redis, the order's cache entry (the replays went through
   // it) ends no later than its record and no in-flight marker is left; nothing left PROCESSING
-  // once the reconciler ran.
+  // once the takeover loop ran.
   void ExpectInvariants(const std::string& key, const std::string& body,
                         const http::Response& answer,
                         const std::vector<const http::Response*>& seen) {

@@ -89,7 +89,7 @@ class GatewayTest : public IdemdTest {
   }
 
   // Sends `body` to `path` with `key` (the upstream takes 400 ms), SIGKILLs idemd 150 ms later,
-  // while the request is at the upstream, then restarts it with the reconciler every 200 ms.
+  // while the request is at the upstream, then restarts it with the takeover loop every 200 ms.
   void KillDuringForwardAndRestart(const std::string& path, const std::string& key,
                                    const std::string& body) {
     std::thread killer([&] {
@@ -464,7 +464,7 @@ TEST_F(GatewayTest, AnOperatorListsAndSettlesHeldOutcomesWithIdemctl) {
   EXPECT_EQ(usage, 2) << "neither --executed nor --not-executed: " << usage_out;
 }
 
-// The same after a crash: the reconciler holds the killed forward's unknown outcome.
+// The same after a crash: the takeover loop holds the killed forward's unknown outcome.
 TEST_F(GatewayTest, TheReconcilerHoldsAKilledForwardsUnknownOutcomeWithoutAStatusUrl) {
   KillDuringForwardAndRestart("/v1/payouts", "payout-key-0003", R"({"to":"T"})");
   std::this_thread::sleep_for(std::chrono::milliseconds(2800));  // lease_ms = 2000
@@ -476,7 +476,7 @@ TEST_F(GatewayTest, TheReconcilerHoldsAKilledForwardsUnknownOutcomeWithoutAStatu
 }
 
 // idemd is killed (SIGKILL) while a request is at the upstream, and restarted. Until the lease
-// ends a retry is told the operation is running; then the reconciler makes the record retryable,
+// ends a retry is told the operation is running; then the takeover loop makes the record retryable,
 // and the retry forwards again with the same upstream key.
 TEST_F(GatewayTest, AKilledGatewayForwardsAgainWithTheSameKeyOnceTheLeaseHasEnded) {
   KillDuringForwardAndRestart("/v1/orders", "order-key-0009", R"({"sku":"E5"})");
@@ -616,7 +616,7 @@ TEST_F(GatewayTest, AStatusUrlThatCannotTellIsGivenUpOnAfterItsBound) {
 }
 
 // As AKilledGatewayForwardsAgainWithTheSameKeyOnceTheLeaseHasEnded, on a route with a status URL:
-// the reconciler learns the killed forward's outcome from the upstream, and the retry is a replay.
+// the takeover loop learns the killed forward's outcome from the upstream, and the retry is a replay.
 TEST_F(GatewayTest, TheReconcilerAsksTheStatusUrlAboutAKilledForward) {
   KillDuringForwardAndRestart("/v1/transfers", "transfer-key-3", R"({"to":"Z"})");
   std::this_thread::sleep_for(std::chrono::milliseconds(2800));  // lease_ms = 2000

@@ -1,6 +1,6 @@
 // tests/sim/sim.cc — the deterministic simulator (docs/testing.md): the real engine over a real
 // store, driven through simulated time by many clients retrying one payment each, executors that
-// crash or pause between any two steps, the reconciler, and a simulated provider that declines,
+// crash or pause between any two steps, the takeover loop, and a simulated provider that declines,
 // fails, loses answers, lets charges land after the caller gave up, and honours idempotency keys
 // or not. One seed fixes the whole schedule; invariants are checked after every step and at the
 // end. A failure prints `reproduce: idem_sim --seed=N` and the schedule's trace.
@@ -165,7 +165,7 @@ class InstanceClock final : public Clock {
   Millis skew_{0};
 };
 
-// One attempt at one key: a client's request on some instance, or a reconciler takeover.
+// One attempt at one key: a client's request on some instance, or a takeover.
 struct Attempt {
   enum class Step { kStart, kLookup, kAdvance, kAwait, kFinish, kRelease, kDone };
   int id = 0;
@@ -219,7 +219,7 @@ class Schedule {
     for (int i = 0; i < steps && ok_; ++i) Tick(/*faults=*/true);
     faulty_->SetPlan(FaultPlan());
     Log("faults stop");
-    // Faults stop; time passes; clients keep retrying and the reconciler runs until every key
+    // Faults stop; time passes; clients keep retrying and the takeover loop runs until every key
     // has its final answer. An order still unanswered after that is blocked forever.
     for (int round = 0; round < 60 && ok_ && !AllFinal(); ++round) {
       clock_.Advance(kLease);

@@ -1,4 +1,4 @@
-// server/idemd/filter/filter.cc — Decision → HTTP, Prefer handling, completion, the reconciler
+// server/idemd/filter/filter.cc — Decision → HTTP, Prefer handling, completion, the takeover loop
 // pass.
 #include "server/idemd/filter/filter.h"
 
@@ -613,7 +613,7 @@ void RunConcurrently(std::size_t n, std::size_t width,
   }  // joined
 }
 
-int IdempotencyFilter::ReconcileOnce(int limit,
+int IdempotencyFilter::TakeOverOnce(int limit,
                                      const std::function<void(const std::string&)>& notify) {
   std::atomic<bool> failed = false;
   std::atomic<int> resolved = 0;
@@ -621,7 +621,7 @@ int IdempotencyFilter::ReconcileOnce(int limit,
   if (!stale) failed = true;
   const std::vector<Record> records = stale ? std::move(*stale) : std::vector<Record>();
   // One record's downstream may stall until its timeout: the others are not held up behind it.
-  RunConcurrently(records.size(), kReconcileConcurrency, [&](std::size_t i) {
+  RunConcurrently(records.size(), kTakeoverConcurrency, [&](std::size_t i) {
     const Record& record = records[i];
     auto ticket = engine_.TakeOver(policy_.route, record);
     if (!ticket) {
@@ -631,17 +631,17 @@ int IdempotencyFilter::ReconcileOnce(int limit,
       return;
     }
     metrics_.CountTakeover();
-    Execution execution = operation_.Reconcile(*ticket, engine_);
+    Execution execution = operation_.TakeOver(*ticket, engine_);
     const bool unknown = execution.outcome_unknown;
     bool store_failed = false;
     (void)Finish(*ticket, std::move(execution), /*location=*/{},
                  /*settling=*/nullptr, &store_failed);  // nobody waits for this answer
     if (store_failed) failed = true;
-    metrics_.CountReconciled(unknown ? "unknown" : "resolved");
+    metrics_.CountTakeoverResult(unknown ? "unknown" : "resolved");
     if (!unknown) ++resolved;
     if (notify) notify(ScopeKey(record.scope));
   });
-  metrics_.CountReconcilerRun(failed);
+  metrics_.CountTakeoverPass(failed);
   return resolved;
 }
 

@@ -48,7 +48,7 @@ struct Execution {
   // empty keeps the record's. Ignored when the outcome is final.
   std::string recovery_point;
   // The downstream may have acted and nobody knows: the record stays PROCESSING at its recovery
-  // point, the lease is released, and the next attempt or the reconciler resolves it.
+  // point, the lease is released, and the next attempt or the takeover loop resolves it.
   bool outcome_unknown = false;
   // An earlier send's outcome is not settled yet, and nothing may be sent until it is: as with
   // outcome_unknown the record stays PROCESSING and the lease is released, but the answer is the
@@ -76,9 +76,9 @@ class Operation {
   virtual http::Async<Execution> Execute(Ticket& ticket, const http::Request& request,
                                          const Principal& principal, Engine& engine,
                                          Heartbeat& heartbeat) = 0;
-  // Resolves a stale record without its request (the reconciler, on its own thread; blocking):
+  // Resolves a stale record without its request (the takeover loop, on its own thread; blocking):
   // returns the execution to finish with, or one with outcome_unknown to try again later.
-  virtual Execution Reconcile(Ticket& ticket, Engine& engine) = 0;
+  virtual Execution TakeOver(Ticket& ticket, Engine& engine) = 0;
 };
 
 // 415 unless the body is application/json (the media type as the fingerprint sees it:
@@ -98,10 +98,10 @@ struct FailurePolicy {
   RecordState Classify(int status) const;
 };
 
-// How many stale records of one route the reconciler resolves at once: each may wait for a
+// How many stale records of one route the takeover loop resolves at once: each may wait for a
 // downstream (a stalled provider or status URL) up to its timeout, so a pass over N of them takes
-// about ceil(N / kReconcileConcurrency) such waits, never N.
-inline constexpr std::size_t kReconcileConcurrency = 8;
+// about ceil(N / kTakeoverConcurrency) such waits, never N.
+inline constexpr std::size_t kTakeoverConcurrency = 8;
 
 // Runs body(0) … body(n - 1) on up to `width` threads at once (the calling thread among them)
 // and returns once every call has. `body` must be safe to call concurrently.
@@ -160,10 +160,10 @@ class IdempotencyFilter {
   // route (blocking).
   http::Response GetOperation(std::string_view key, const Principal& principal);
 
-  // Resolves up to `limit` stale records of this route, kReconcileConcurrency at once (each on a
-  // thread of its own, blocking); returns how many it resolved. Counts one reconciler run, failed
+  // Resolves up to `limit` stale records of this route, kTakeoverConcurrency at once (each on a
+  // thread of its own, blocking); returns how many it resolved. Counts one takeover pass, failed
   // when the store refused to list, take over or settle a record.
-  int ReconcileOnce(int limit, const std::function<void(const std::string&)>& notify);
+  int TakeOverOnce(int limit, const std::function<void(const std::string&)>& notify);
 
   const FilterPolicy& policy() const { return policy_; }
 

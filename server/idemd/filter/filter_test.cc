@@ -59,7 +59,7 @@ Execution Answer(int status, int n) {
 }
 
 // An Operation the test scripts. Validate answers `refusal`; OnClaim fixes the resource id
-// ("thing_<claim>") and advances to "claimed" once per operation; Execute and Reconcile answer
+// ("thing_<claim>") and advances to "claimed" once per operation; Execute and TakeOver answer
 // through the hooks, by default Answer(201, n) for the n-th execution. Counts every call and keeps
 // what each execution's ticket said. The hooks are set before requests start; the rest is
 // thread-safe.
@@ -94,7 +94,7 @@ class FakeOperation final : public Operation {
     }
     co_return execute ? execute(n, ticket) : Answer(201, n);
   }
-  Execution Reconcile(Ticket& ticket, Engine&) override {
+  Execution TakeOver(Ticket& ticket, Engine&) override {
     {
       std::lock_guard lock(mu_);
       reconciled_.push_back(ticket);
@@ -880,7 +880,7 @@ TEST_F(FilterTest, ARetryableFailureExecutesAgainWithTheSameKey) {
 // An executed operation whose answer is over the route's stored-answer cap is finished all the
 // same, in its answer's state, with a small final answer kept instead (502 answer-too-large, the
 // original's Location): every copy gets that, and nothing executes again, also after the lease
-// has ended and under the reconciler. Before, Finish failed with kTooLarge, the first copy got
+// has ended and under the takeover loop. Before, Finish failed with kTooLarge, the first copy got
 // 413, and the record stayed PROCESSING to be taken over and executed again on every retry.
 TEST_F(FilterTest, AnAnswerTooLargeToKeepFinishesTheRecordAndIsNeverExecutedAgain) {
   policy_.route.max_response_bytes = 2048;
@@ -908,7 +908,7 @@ TEST_F(FilterTest, AnAnswerTooLargeToKeepFinishesTheRecordAndIsNeverExecutedAgai
       << "the business writes committed with the completion";
 
   clock_.Advance(kLease + Millis(1));
-  EXPECT_EQ(Filter().ReconcileOnce(10, {}), 0) << "nothing is left to take over";
+  EXPECT_EQ(Filter().TakeOverOnce(10, {}), 0) << "nothing is left to take over";
   const http::Response again = Handle(Post("key-00000001"));
   EXPECT_EQ(again.status, 502);
   EXPECT_EQ(again.body, first.body);
@@ -1209,7 +1209,7 @@ TEST_F(FilterTest, ReconcileOnceResolvesStaleRecordsOfItsOwnRouteOnly) {
 
   std::vector<std::string> woken;
   const int resolved =
-      Filter().ReconcileOnce(10, [&](const std::string& key) { woken.push_back(key); });
+      Filter().TakeOverOnce(10, [&](const std::string& key) { woken.push_back(key); });
 
   EXPECT_EQ(resolved, 1);
   ASSERT_EQ(op_.Reconciled().size(), 1u);
@@ -1254,21 +1254,21 @@ TEST_F(FilterTest, ReconcileOnceCountsAPassTheStoreRefusedAsAFailedRun) {
   Engine engine(faulty, *fingerprinter_, *sealer_, clock_);
   IdempotencyFilter filter(engine, pool_, monotonic_, metrics_, policy_, op_);
 
-  EXPECT_EQ(filter.ReconcileOnce(10, {}), 0);
+  EXPECT_EQ(filter.TakeOverOnce(10, {}), 0);
   EXPECT_EQ(Metric("idem_reconciler_runs_total"), 1);
   EXPECT_EQ(Metric("idem_reconciler_run_failures_total"), 1);
   EXPECT_TRUE(op_.Reconciled().empty());
 
   // The second pass lists it, but the completion's commit fails: still a failed run.
   faulty.SetPlan(FaultPlan::FailNthOf(StoreOp::kFinish, 1, Fault::FailBefore()));
-  EXPECT_EQ(filter.ReconcileOnce(10, {}), 1) << "resolved by the operation, not recorded";
+  EXPECT_EQ(filter.TakeOverOnce(10, {}), 1) << "resolved by the operation, not recorded";
   EXPECT_EQ(Metric("idem_reconciler_runs_total"), 2);
   EXPECT_EQ(Metric("idem_reconciler_run_failures_total"), 2);
 
   // A clean pass.
   faulty.SetPlan(FaultPlan());
   clock_.Advance(kLease + Millis(1));
-  EXPECT_EQ(filter.ReconcileOnce(10, {}), 1);
+  EXPECT_EQ(filter.TakeOverOnce(10, {}), 1);
   EXPECT_EQ(Metric("idem_reconciler_runs_total"), 3);
   EXPECT_EQ(Metric("idem_reconciler_run_failures_total"), 2);
   EXPECT_EQ(Found("key-00000001")->record.state, RecordState::kSucceeded);
@@ -1284,7 +1284,7 @@ TEST_F(FilterTest, ReconcileOnceLeavesAnUnknownOutcomeForLater) {
     return e;
   };
 
-  EXPECT_EQ(Filter().ReconcileOnce(10, {}), 0);
+  EXPECT_EQ(Filter().TakeOverOnce(10, {}), 0);
   EXPECT_EQ(op_.Reconciled().size(), 1u);
   EXPECT_EQ(Found("key-00000001")->record.state, RecordState::kProcessing);
   EXPECT_EQ(Metric("idem_reconciler_records_total{result=\"unknown\"}"), 1);
@@ -1292,18 +1292,18 @@ TEST_F(FilterTest, ReconcileOnceLeavesAnUnknownOutcomeForLater) {
   // Released: the next pass (a millisecond on) tries again.
   clock_.Advance(Millis(1));
   op_.reconcile = {};
-  EXPECT_EQ(Filter().ReconcileOnce(10, {}), 1);
+  EXPECT_EQ(Filter().TakeOverOnce(10, {}), 1);
   EXPECT_EQ(op_.Reconciled().size(), 2u);
   EXPECT_EQ(Found("key-00000001")->record.state, RecordState::kSucceeded);
 }
 
-// The reconciler resolves a route's stale records side by side, kReconcileConcurrency at once: a
+// The takeover loop resolves a route's stale records side by side, kTakeoverConcurrency at once: a
 // downstream that stalls until its timeout on every lookup holds each pass up for about one
-// timeout per kReconcileConcurrency records, never one per record. Here each Reconcile waits
+// timeout per kTakeoverConcurrency records, never one per record. Here each TakeOver waits
 // until all of them have started (a stalled provider that answers only then); one at a time,
 // the first would wait its whole bound and the pass would find each record alone.
 TEST_F(FilterTest, ReconcileOnceResolvesStaleRecordsSideBySide) {
-  constexpr int kRecords = static_cast<int>(kReconcileConcurrency);
+  constexpr int kRecords = static_cast<int>(kTakeoverConcurrency);
   for (int i = 0; i < kRecords; ++i) {
     auto claimed =
         engine_->Start(policy_.route, EngineRequest(kAlice, "key-side-" + std::to_string(i)));
@@ -1323,7 +1323,7 @@ TEST_F(FilterTest, ReconcileOnceResolvesStaleRecordsSideBySide) {
     }
     return Answer(201, static_cast<int>(ticket.record.resource_id.size()));
   };
-  EXPECT_EQ(Filter().ReconcileOnce(100, {}), kRecords);
+  EXPECT_EQ(Filter().TakeOverOnce(100, {}), kRecords);
   EXPECT_EQ(alone, 0) << "the stale records were resolved one after another";
   EXPECT_EQ(Metric("idem_reconciler_records_total{result=\"resolved\"}"), kRecords);
 }
@@ -1342,7 +1342,7 @@ TEST(RunConcurrentlyTest, CallsEveryIndexOnceOnAtMostWidthThreads) {
   RunConcurrently(0, 4, [&](std::size_t) { ADD_FAILURE() << "called for nothing"; });
 }
 
-// ReconcileOnce promises up to `limit` stale records *of this route*, but it takes the `limit`
+// TakeOverOnce promises up to `limit` stale records *of this route*, but it takes the `limit`
 // oldest stale records of every route and skips the others': stale records of another route that
 // this filter never resolves keep the head of the list, and its own are never reached.
 TEST_F(FilterTest, ReconcileOnceIsNotStarvedByAnotherRoutesStaleRecords) {
@@ -1354,7 +1354,7 @@ TEST_F(FilterTest, ReconcileOnceIsNotStarvedByAnotherRoutesStaleRecords) {
   clock_.Advance(kLease + Millis(1));
 
   int resolved = 0;
-  for (int pass = 0; pass < 3; ++pass) resolved += Filter().ReconcileOnce(1, {});
+  for (int pass = 0; pass < 3; ++pass) resolved += Filter().TakeOverOnce(1, {});
   EXPECT_EQ(resolved, 1);
   EXPECT_EQ(Found("key-00000002")->record.state, RecordState::kSucceeded);
 }

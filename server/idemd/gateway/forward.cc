@@ -204,7 +204,7 @@ std::optional<Execution> ForwardSteps::FromStatus(const Ticket& ticket,
           {.key_expires = record.expires_at}));
     }
     // About the question, not the request: the record stays as it is, and a later retry (or the
-    // reconciler) asks again.
+    // takeover loop) asks again.
     http::Log(http::LogLevel::kWarn, "gateway status URL could not tell",
               {{"route", route_.name}, {"scope", ToHex(record.scope)}, {"why", why}});
     return Execution::Unknown(http::Problem(

@@ -1,6 +1,6 @@
 // server/idemd/gateway/forward.h — the steps of a gateway forward: what each answer of the
 // upstream and of its status URL decides, apart from the awaits between them
-// (ProxyOperation::Execute, Reconcile). Synchronous, like the charge's (payments/charge.h).
+// (ProxyOperation::Execute, TakeOver). Synchronous, like the charge's (payments/charge.h).
 #pragma once
 
 #include <optional>
@@ -98,7 +98,7 @@ class ForwardSteps {
   // upstream-outcome-unknown, held (never forwarded again); logged at error level and counted
   // for an operator to settle.
   Execution HeldUnknown(const Record& record) const;
-  // The reconciler's answer once nothing was asked, or the status URL said it never ran: a
+  // The takeover loop's answer once nothing was asked, or the status URL said it never ran: a
   // record never forwarded, or not executed upstream, is retryable at `settled`; one whose
   // upstream deduplicates is retryable where it was, forwarded again by the client's retry.
   Execution Unanswered(const Ticket& ticket) const;

@@ -87,12 +87,12 @@ bool Gateway::Serves(std::string_view route_id) const {
          Named(route_id.substr(kPrefix.size())) != nullptr;
 }
 
-void Gateway::ReconcileOnce(int limit,
+void Gateway::TakeOverOnce(int limit,
                             const std::function<void(const std::string&)>& notify) const {
   // Routes' passes side by side (up to 32 at once): one route's stalled upstream holds up no
   // other route.
   RunConcurrently(filters_.size(), 32,
-                  [&](std::size_t i) { filters_[i]->ReconcileOnce(limit, notify); });
+                  [&](std::size_t i) { filters_[i]->TakeOverOnce(limit, notify); });
 }
 
 http::Async<http::Response> Gateway::PassThrough(const http::Request& request) const {

@@ -63,8 +63,8 @@ class Gateway {
   http::Async<http::Response> PassThrough(const http::Request& request) const;
   const GatewayConfig& Settings() const { return config_; }
 
-  // Resolves stale records of every route (the reconciler's loop).
-  void ReconcileOnce(int limit, const std::function<void(const std::string&)>& notify) const;
+  // Resolves stale records of every route (the takeover loop).
+  void TakeOverOnce(int limit, const std::function<void(const std::string&)>& notify) const;
 
  private:
   Gateway(GatewayConfig config, const GatewayDeps& deps)

@@ -50,7 +50,7 @@ FilterPolicy GatewayPolicy(const GatewayRoute& route, const KeyPolicy& keys, int
   p.route.max_processing = max_processing;
   p.route.max_retained = max_retained;
   p.route.max_response_bytes = route.max_stored_bytes;
-  // No sent points: a record the reconciler made retryable at `forwarded` waits for the client's
+  // No sent points: a record the takeover loop made retryable at `forwarded` waits for the client's
   // retry (only the client has the request), and is not listed again as stale.
   p.failures.only_listed_final = true;
   p.failures.success_final = route.success_final;
@@ -150,7 +150,7 @@ http::Async<std::optional<Execution>> ProxyOperation::AskStatus(const Ticket& ti
   co_return steps_.FromStatus(ticket, std::move(answer));
 }
 
-Execution ProxyOperation::Reconcile(Ticket& ticket, Engine&) {
+Execution ProxyOperation::TakeOver(Ticket& ticket, Engine&) {
   switch (steps_.Resuming(ticket)) {
     case Resume::kHold:
       return steps_.HeldUnknown(ticket.record);
@@ -158,7 +158,7 @@ Execution ProxyOperation::Reconcile(Ticket& ticket, Engine&) {
       return Execution::Unknown(http::Response{});  // not yet: a later pass asks
     case Resume::kAsk:
       if (std::optional<Execution> asked =
-              http::RunSync(AskStatus(ticket, std::min(route_.timeout, kReconcileAskTimeout)))) {
+              http::RunSync(AskStatus(ticket, std::min(route_.timeout, kTakeoverAskTimeout)))) {
         return std::move(*asked);
       }
       break;  // it never ran

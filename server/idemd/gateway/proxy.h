@@ -21,8 +21,8 @@ uint32_t RulesVersion(const GatewayRoute& route);
 FilterPolicy GatewayPolicy(const GatewayRoute& route, const KeyPolicy& keys, int64_t max_processing,
                            int64_t max_retained, Millis wait_max);
 
-// The longest the reconciler waits for a status URL's answer about one record.
-inline constexpr Millis kReconcileAskTimeout{2000};
+// The longest the takeover loop waits for a status URL's answer about one record.
+inline constexpr Millis kTakeoverAskTimeout{2000};
 
 // Thread-safe. Borrows everything. `margin` is the lease margin: what the lease must cover beyond
 // the upstream's timeout when the request is forwarded, and how long after the covering advance
@@ -54,11 +54,11 @@ class ProxyOperation final : public Operation {
                                  Heartbeat& heartbeat) override;
   // The request is not stored, so a stale record cannot be forwarded from here. A record never
   // forwarded becomes retryable. Else, with a status URL, the upstream is asked once the forward
-  // has settled (at most kReconcileAskTimeout, the loop is shared): its answer is the outcome;
+  // has settled (at most kTakeoverAskTimeout, the loop is shared): its answer is the outcome;
   // 404 (never executed) makes the record retryable; no answer leaves it as it is. Without one it
   // becomes retryable, and the client's retry forwards it again, when the route declares
   // upstream_deduplicates; else it ends with HeldUnknown.
-  Execution Reconcile(Ticket& ticket, Engine& engine) override;
+  Execution TakeOver(Ticket& ticket, Engine& engine) override;
 
   // A route with key = "optional" and a request without a key: forwarded as it is, no protocol.
   http::Async<http::Response> ForwardWithoutKey(const http::Request& request);

@@ -16,14 +16,14 @@ namespace {
 
 namespace json = boost::json;
 
-// The reconciler's answer for a record whose payment was never charged: retryable, so the next
-// attempt with the key executes. The reconciler stores only its status, never sends it.
+// The takeover loop's answer for a record whose payment was never charged: retryable, so the next
+// attempt with the key executes. The takeover loop stores only its status, never sends it.
 http::Response NothingCharged(const Ticket& ticket) {
   return http::Problem(http::ProblemKind::kProviderUnavailable, "retry",
                        {.key_expires = ticket.record.expires_at});
 }
 
-// The answer of a reconciler's step that leaves the record as it is: nobody gets it.
+// The answer of a takeover step that leaves the record as it is: nobody gets it.
 Execution LookAgainLater() { return Execution::Unknown(http::Response{}); }
 
 }  // namespace
@@ -83,7 +83,7 @@ std::optional<Execution> ChargeSteps::Prepared(const Ticket& ticket,
         {.key_expires = expires}));
   }
   if (payment.status == "succeeded") {
-    // Completed by the reconciler or an earlier attempt whose completion was lost.
+    // Completed by the takeover loop or an earlier attempt whose completion was lost.
     return Execution::Answer(PaymentCreated(payment, 201));
   }
   *out = std::move(payment);
@@ -143,7 +143,7 @@ std::optional<Execution> ChargeSteps::BeforeSend(Ticket& ticket, const Payment& 
   if (monotonic_.Now() - *advanced > cover.margin) {
     // Nothing was sent by this attempt, and no earlier send is unsettled (a fresh claim has
     // none; a resumed one looked its charge up after the window): the attempt is abandoned, so
-    // a retry sends at once and the reconciler has nothing to settle.
+    // a retry sends at once and the takeover loop has nothing to settle.
     return Abandoned(payment, http::Problem(http::ProblemKind::kUnavailable,
                                             "the store answered too slowly to send the charge "
                                             "safely; nothing was charged; retry with the same "
@@ -170,7 +170,7 @@ Execution ChargeSteps::AfterSend(const Ticket& ticket, Payment payment, Status f
     // A 5xx the provider does not declare as "nothing charged", or the connection lost after
     // the send: the provider may have charged, now or later (a front end's 502 while its back
     // end goes on). As unknown as a timeout: the record stays PROCESSING at charge_sent, and a
-    // retry or the reconciler looks the charge up, and sends it again only once the send has
+    // retry or the takeover loop looks the charge up, and sends it again only once the send has
     // settled and the lookup still finds nothing.
     http::Log(http::LogLevel::kWarn, "provider charge outcome unknown",
               {{"payment", payment.id}, {"why", charged->unknown}});
@@ -195,7 +195,7 @@ Execution ChargeSteps::AfterSend(const Ticket& ticket, Payment payment, Status f
                                           {.key_expires = expires}));
 }
 
-std::optional<Execution> ChargeSteps::ReconcileLoaded(
+std::optional<Execution> ChargeSteps::TakeOverLoaded(
     const Ticket& ticket, const Result<std::optional<Payment>>& loaded) const {
   if (ticket.record.resource_id.empty() || (loaded && !*loaded)) {
     // Crashed before the payment existed: nothing was charged.
@@ -215,7 +215,7 @@ std::optional<Execution> ChargeSteps::ReconcileLoaded(
   return std::nullopt;
 }
 
-Execution ChargeSteps::ReconcileFound(const Ticket& ticket, const Payment& payment,
+Execution ChargeSteps::TakeOverFound(const Ticket& ticket, const Payment& payment,
                                       Result<std::optional<Charge>> found) const {
   if (!found) return LookAgainLater();
   if (*found) return FromFoundCharge(ticket, payment, **found);
@@ -298,7 +298,7 @@ Execution ChargeSteps::FromFoundCharge(const Ticket& ticket, Payment payment,
     // payment asked for. It must never count as success, and charging again could take money a
     // second time. Nor is it made final: a final answer would be replayed for the key's whole
     // retention while nobody looks at it again. So the record stays PROCESSING at charge_sent,
-    // the payment stays pending (its merchant order blocked), every retry and every reconciler
+    // the payment stays pending (its merchant order blocked), every retry and every takeover
     // pass looks again and answers this 500 without charging, and the log says so, until an
     // operator settles it (docs/idemd.md).
     http::Log(http::LogLevel::kError, "provider charge does not match its payment",

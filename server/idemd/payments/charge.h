@@ -1,5 +1,5 @@
 // server/idemd/payments/charge.h — the steps of a charge: what each answer of the store and of
-// the provider decides, apart from the awaits between them (Payments::Execute, Reconcile).
+// the provider decides, apart from the awaits between them (Payments::Execute, TakeOver).
 // Synchronous: a step takes what was read or answered and returns the execution to finish with,
 // or nothing to go on; the coroutines only await between them.
 #pragma once
@@ -55,7 +55,7 @@ struct ChargeCover {
 // once. Otherwise an unknown outcome is sent again only once `settle` ([provider] settle_ms) has
 // passed since the last send (Record::sent_at) and a lookup by reference still finds nothing;
 // until then a retry gets the in-progress answer and the record stays PROCESSING for the
-// reconciler. Zero settles at once.
+// takeover loop. Zero settles at once.
 struct ChargeRules {
   ChargeCover cover;
   bool provider_deduplicates_by_key = false;
@@ -94,12 +94,12 @@ class ChargeSteps {
   // What the charge's answer (and the after_provider_charge failpoint's status) settles.
   Execution AfterSend(const Ticket& ticket, Payment payment, Status failpoint,
                       Result<ChargeResult> charged) const;
-  // The reconciler, with the record's payment as read: an answer, or nothing when the charge is
+  // The takeover loop, with the record's payment as read: an answer, or nothing when the charge is
   // to be looked up (the record is at charge_sent).
-  std::optional<Execution> ReconcileLoaded(const Ticket& ticket,
+  std::optional<Execution> TakeOverLoaded(const Ticket& ticket,
                                            const Result<std::optional<Payment>>& loaded) const;
-  // The reconciler, with what the lookup found.
-  Execution ReconcileFound(const Ticket& ticket, const Payment& payment,
+  // The takeover loop, with what the lookup found.
+  Execution TakeOverFound(const Ticket& ticket, const Payment& payment,
                            Result<std::optional<Charge>> found) const;
 
  private:

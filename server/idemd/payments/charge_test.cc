@@ -131,17 +131,17 @@ TEST_F(ChargeStepsTest, AKeyAnsweringFromAnotherKeysPaymentComparesTheRequest) {
 TEST_F(ChargeStepsTest, TheReconcilerReleasesAnOrderOnlyOnceTheSendHasSettledUnderAnEndedLease) {
   const ChargeSteps steps = Steps();
   const Execution held =
-      steps.ReconcileFound(Resumed(kChargeSent, Millis(1000)), Pending(), std::optional<Charge>());
+      steps.TakeOverFound(Resumed(kChargeSent, Millis(1000)), Pending(), std::optional<Charge>());
   EXPECT_EQ(held.settling_for, Millis(2000));
   const Execution crashed =
-      steps.ReconcileFound(Resumed(kChargeSent, kSettle), Pending(), std::optional<Charge>());
+      steps.TakeOverFound(Resumed(kChargeSent, kSettle), Pending(), std::optional<Charge>());
   EXPECT_EQ(crashed.state, RecordState::kFailedRetryable);
   EXPECT_TRUE(crashed.recovery_point.empty()) << "stays at charge_sent: looked up again";
   const Execution retryable =
-      steps.ReconcileFound(Resumed(kChargeSent, kSettle, RecordState::kFailedRetryable), Pending(),
+      steps.TakeOverFound(Resumed(kChargeSent, kSettle, RecordState::kFailedRetryable), Pending(),
                            std::optional<Charge>());
   EXPECT_EQ(retryable.recovery_point, kAbandoned);
-  EXPECT_FALSE(steps.ReconcileLoaded(Resumed(kChargeSent, Millis(0)), std::optional(Pending())))
+  EXPECT_FALSE(steps.TakeOverLoaded(Resumed(kChargeSent, Millis(0)), std::optional(Pending())))
       << "at charge_sent the charge is looked up";
 }
 

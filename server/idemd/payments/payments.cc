@@ -297,12 +297,12 @@ http::Async<Execution> Payments::ChargeOnce(Ticket& ticket, Payment payment, Eng
   co_return steps_.AfterSend(ticket, std::move(payment), std::move(after), std::move(charged));
 }
 
-Execution Payments::Reconcile(Ticket& ticket, Engine&) {
+Execution Payments::TakeOver(Ticket& ticket, Engine&) {
   const auto loaded = Load(ticket.record.resource_id, ticket.record.tenant);
-  if (auto answered = steps_.ReconcileLoaded(ticket, loaded)) return std::move(*answered);
-  // On the reconciler's thread: a private event loop for the one call.
+  if (auto answered = steps_.TakeOverLoaded(ticket, loaded)) return std::move(*answered);
+  // On the takeover loop's thread: a private event loop for the one call.
   auto found = http::RunSync(provider_.FindCharge((*loaded)->id, ""));
-  return steps_.ReconcileFound(ticket, **loaded, std::move(found));
+  return steps_.TakeOverFound(ticket, **loaded, std::move(found));
 }
 
 http::Response Payments::Get(std::string_view id, const Principal& principal) {

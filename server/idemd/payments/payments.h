@@ -43,7 +43,7 @@ class Payments final : public Operation {
   http::Async<Execution> Execute(Ticket& ticket, const http::Request& request,
                                  const Principal& principal, Engine& engine,
                                  Heartbeat& heartbeat) override;
-  Execution Reconcile(Ticket& ticket, Engine& engine) override;
+  Execution TakeOver(Ticket& ticket, Engine& engine) override;
 
   // GET /v1/payments/{id}: 200, or 404 (also for another tenant's payment).
   http::Response Get(std::string_view id, const Principal& principal);

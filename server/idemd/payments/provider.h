@@ -52,7 +52,7 @@ struct ChargeResult {
 };
 
 // Thread-safe. Every call is a coroutine that holds no thread while the provider answers; code
-// on a plain thread (the reconciler) runs it with http::RunSync. Arguments are borrowed: co_await
+// on a plain thread (the takeover loop) runs it with http::RunSync. Arguments are borrowed: co_await
 // the call at once.
 class Provider {
  public:

@@ -24,7 +24,7 @@ const std::vector<Migration>& PaymentsMigrations();
 Result<std::string> PaymentsNamespace(Store& store, Random& random);
 
 // The payments route's recovery points past the charge (RoutePolicy::sent_points), which the
-// sweeper must leave to the reconciler (Store::Sweep).
+// sweeper must leave to the takeover loop (Store::Sweep).
 std::vector<std::string> PaymentsSentPoints();
 
 // The recovery points of a payment's record. `claimed`: the payment row exists, nothing sent.

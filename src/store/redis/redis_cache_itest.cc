@@ -426,7 +426,7 @@ TEST_F(RedisCacheTest, EngineTurnsAwayDuplicatesBeforeTheDatabase) {
 }
 
 // Only the request that placed a marker removes it: a request that differs (422), a duplicate
-// that the database answered and the reconciler's takeover leave a running executor's marker in
+// that the database answered and the takeover loop's takeover leave a running executor's marker in
 // place. (Before markers had owners, each of the three deleted it.)
 TEST_F(RedisCacheTest, OnlyTheExecutorReleasesItsMarker) {
   REQUIRE_SERVICE("IDEM_TEST_REDIS_URL");
@@ -481,7 +481,7 @@ TEST_F(RedisCacheTest, OnlyTheExecutorReleasesItsMarker) {
     EXPECT_EQ(duplicate->kind, Decision::Kind::kInProgress);
   });
 
-  // The reconciler takes a stalled execution over without a marker of its own; finishing it
+  // The takeover loop takes a stalled execution over without a marker of its own; finishing it
   // must not delete the marker (here the stalled executor's, still in Redis).
   const std::string stalled_key = "marker-stalled-key";
   auto stalled = engine.Start(policy, request(stalled_key, R"({"a":1})"));
