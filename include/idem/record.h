@@ -32,10 +32,6 @@ std::string_view RecordStateName(RecordState state);
 Result<RecordState> ParseRecordState(std::string_view name);
 // Whether a finished outcome is replayed as it is (SUCCEEDED, FAILED_FINAL).
 bool IsReplayable(RecordState state);
-// Whether `from → to` is a transition of the state machine (PROCESSING → PROCESSING is a
-// takeover or a renewal; X → PROCESSING is a re-claim, legal from FAILED_RETRYABLE, and from any
-// state once the record expired, which the store checks, not this function).
-bool IsLegalTransition(RecordState from, RecordState to);
 
 // The recovery point of a held outcome: a FAILED_FINAL record whose service could not learn
 // whether its operation executed, and would not try it again (a gateway route whose upstream can
@@ -82,6 +78,17 @@ struct Record {
   // Not a column: each read sets it (on PostgreSQL, the database's time of the statement).
   Timestamp observed_at{};
 };
+
+// Whether a store may write a record in state `to` over `from`, the record as the writing
+// transaction reads it, at `now` on the store's clock — a transition of the state machine:
+//   PROCESSING → any state         a renewal, progress or a takeover (PROCESSING), or the finish;
+//   FAILED_RETRYABLE → PROCESSING  a retry (StoreTxn::Reclaim);
+//   any state → PROCESSING         once the record expired (expires_at <= now): a new operation;
+//   a held outcome → not PROCESSING  an unexpired FAILED_FINAL at kOutcomeUnknownPoint, settled
+//                                  once by an operator (StoreTxn::Settle).
+// Nothing else: a finished record is otherwise replayed as it is until it expires. (A new record,
+// which has no `from`, is PROCESSING: a claim.)
+bool IsLegalTransition(const Record& from, RecordState to, Timestamp now);
 
 // The answer replayed for a finished record: status, the headers that matter, the exact body.
 struct StoredResponse {
