@@ -84,7 +84,7 @@ TEST_P(FaultyStoreTest, AFailedBeforeCallChangesNothing) {
   const ClaimSpec spec = Spec("key-before-1");
   {
     // No transaction, and no write lock left held: the next Begin gets it at once.
-    auto store = Faulty(FaultPlan::FailNthOf(StoreOp::kBegin, 1, Fault::FailBefore()));
+    auto store = Faulty(FaultPlan::FailNthOf(StoreOperation::kBegin, 1, Fault::FailBefore()));
     auto refused = store->Begin();
     ASSERT_FALSE(refused.has_value());
     EXPECT_EQ(refused.error().code, Errc::kUnavailable);
@@ -93,7 +93,7 @@ TEST_P(FaultyStoreTest, AFailedBeforeCallChangesNothing) {
   }
   {
     // A failed claim inserts nothing, even when its transaction commits.
-    auto store = Faulty(FaultPlan::FailNthOf(StoreOp::kClaim, 1, Fault::FailBefore()));
+    auto store = Faulty(FaultPlan::FailNthOf(StoreOperation::kClaim, 1, Fault::FailBefore()));
     auto txn = std::move(*store->Begin());
     auto claim = txn->Claim(spec);
     ASSERT_FALSE(claim.has_value());
@@ -105,7 +105,7 @@ TEST_P(FaultyStoreTest, AFailedBeforeCallChangesNothing) {
   Lease lease;
   {
     // A failed advance leaves the point where it was; the rest of the transaction commits.
-    auto store = Faulty(FaultPlan::FailNthOf(StoreOp::kAdvance, 1, Fault::FailBefore()));
+    auto store = Faulty(FaultPlan::FailNthOf(StoreOperation::kAdvance, 1, Fault::FailBefore()));
     auto txn = std::move(*store->Begin());
     auto claim = txn->Claim(spec);
     ASSERT_TRUE(claim.has_value() && claim->claimed);
@@ -120,7 +120,7 @@ TEST_P(FaultyStoreTest, AFailedBeforeCallChangesNothing) {
   }
   {
     // A failed commit commits nothing of its transaction.
-    auto store = Faulty(FaultPlan::FailNthOf(StoreOp::kCommit, 1, Fault::FailBefore()));
+    auto store = Faulty(FaultPlan::FailNthOf(StoreOperation::kCommit, 1, Fault::FailBefore()));
     auto txn = std::move(*store->Begin());
     ASSERT_TRUE(txn->Advance(spec.scope, lease, "charge_sent", "pay_1").has_value());
     auto commit = txn->Commit();
@@ -138,7 +138,7 @@ TEST_P(FaultyStoreTest, AFailedBeforeCallChangesNothing) {
     ASSERT_TRUE(txn->Commit().has_value());
   }
   clock_.Advance(spec.retention);
-  auto store = Faulty(FaultPlan::FailNthOf(StoreOp::kSweep, 1, Fault::FailBefore()));
+  auto store = Faulty(FaultPlan::FailNthOf(StoreOperation::kSweep, 1, Fault::FailBefore()));
   EXPECT_EQ(store->Sweep(10, {}).error().code, Errc::kUnavailable);
   EXPECT_TRUE(InnerRead(spec.scope).has_value());
   EXPECT_EQ(*store->Sweep(10, {}), 1);
@@ -146,7 +146,7 @@ TEST_P(FaultyStoreTest, AFailedBeforeCallChangesNothing) {
 
 TEST_P(FaultyStoreTest, CommitThenFailLeavesTheDataCommitted) {
   const ClaimSpec spec = Spec("key-unknown-1");
-  auto store = Faulty(FaultPlan::FailNthOf(StoreOp::kCommit, 1, Fault::CommitThenFail()));
+  auto store = Faulty(FaultPlan::FailNthOf(StoreOperation::kCommit, 1, Fault::CommitThenFail()));
   Record claimed;
   {
     auto txn = std::move(*store->Begin());
@@ -171,7 +171,7 @@ TEST_P(FaultyStoreTest, CommitThenFailLeavesTheDataCommitted) {
     ASSERT_TRUE(txn->Commit().has_value());
   }
   clock_.Advance(spec.retention);
-  store->SetPlan(FaultPlan::FailNthOf(StoreOp::kSweep, 1, Fault::CommitThenFail()));
+  store->SetPlan(FaultPlan::FailNthOf(StoreOperation::kSweep, 1, Fault::CommitThenFail()));
   auto swept = store->Sweep(10, {});
   ASSERT_FALSE(swept.has_value());
   EXPECT_EQ(swept.error().code, Errc::kDeadlineExceeded);
@@ -180,9 +180,10 @@ TEST_P(FaultyStoreTest, CommitThenFailLeavesTheDataCommitted) {
 
 TEST_P(FaultyStoreTest, TheNthCallPlanHitsExactlyTheNthCall) {
   // Read, Begin, Claim, Get, Count, Commit, Read, Ping: eight calls.
-  const std::vector<StoreOp> ops = {StoreOp::kRead, StoreOp::kBegin, StoreOp::kClaim,
-                                    StoreOp::kGet,  StoreOp::kCount, StoreOp::kCommit,
-                                    StoreOp::kRead, StoreOp::kPing};
+  const std::vector<StoreOperation> ops = {StoreOperation::kRead,  StoreOperation::kBegin,
+                                           StoreOperation::kClaim, StoreOperation::kGet,
+                                           StoreOperation::kCount, StoreOperation::kCommit,
+                                           StoreOperation::kRead,  StoreOperation::kPing};
   for (uint64_t n = 1; n <= ops.size(); ++n) {
     const ClaimSpec spec = Spec("key-nth-" + std::to_string(n));
     auto store = Faulty(FaultPlan::FailNth(n, Fault::FailBefore()));
@@ -265,7 +266,7 @@ TEST_P(FaultyStoreTest, TheSameSeedInjectsTheSameFaults) {
     ++kinds[f.fault.kind];
     delays += f.fault.delay;
     if (f.fault.kind == Fault::Kind::kCommitThenFail) {
-      EXPECT_TRUE(f.call.op == StoreOp::kCommit || f.call.op == StoreOp::kSweep);
+      EXPECT_TRUE(f.call.op == StoreOperation::kCommit || f.call.op == StoreOperation::kSweep);
     }
   }
   EXPECT_GT(kinds[Fault::Kind::kFailBefore], 0);
@@ -424,7 +425,7 @@ TEST_P(FaultyStoreTest, TheEngineNeverAnswersTwoExecutionsForOneKey) {
       replayed(key, *d);
     }
     for (const InjectedFault& f : store.Injected()) {
-      ++seen[std::string(StoreOpName(f.call.op)) + " " +
+      ++seen[std::string(StoreOperationName(f.call.op)) + " " +
              (f.fault.kind == Fault::Kind::kDelay        ? "delayed"
               : f.fault.kind == Fault::Kind::kFailBefore ? "failed before"
                                                          : "committed then failed")];
@@ -450,7 +451,8 @@ TEST_P(FaultyStoreTest, TheEngineAnswersFromTheClaimTransactionOnlyAfterItsCommi
   policy.lease = Millis(10'000);
   // Commits 2 and 3 (the duplicate's and the mismatch's claim transactions) fail.
   auto store = Faulty(FaultPlan([](const StoreCall& call) {
-    return call.op == StoreOp::kCommit && call.n_of_op > 1 ? Fault::FailBefore() : Fault::Pass();
+    return call.op == StoreOperation::kCommit && call.n_of_op > 1 ? Fault::FailBefore()
+                                                                  : Fault::Pass();
   }));
   Engine engine(*store, *fingerprinter, *sealer, clock_);
   const std::string key = "key-00001";  // Request::key_header views it

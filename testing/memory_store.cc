@@ -79,6 +79,20 @@ struct MemoryData {
   std::map<ScopeHash, Record> records;  // committed; observed_at is set on the way out
 };
 
+Status CheckTransition(const std::optional<Record>& before, const Record& after, Timestamp now) {
+  if (before ? IsLegalTransition(*before, after.state, now)
+             : after.state == RecordState::kProcessing) {
+    return Ok();
+  }
+  std::string from = "no record";
+  if (before) {
+    from = std::string(RecordStateName(before->state)) + " at point '" + before->recovery_point +
+           "'" + (before->expires_at <= now ? ", expired," : "");
+  }
+  return MakeError(Errc::kInternal, "memory store: an illegal transition from " + from + " to " +
+                                        std::string(RecordStateName(after.state)) + " was refused");
+}
+
 std::shared_ptr<MemoryData> NewMemoryData(Millis lock_wait) {
   return std::make_shared<MemoryData>(lock_wait);
 }
@@ -119,7 +133,7 @@ class MemoryTxn final : public StoreTxn {
     r.updated_at = now;
     r.expires_at = now + spec.retention;
     r.sent_at = Timestamp{};
-    Put(r);
+    IDEM_RETURN_IF_ERROR(Put(r, now));
     return ClaimResult{true, Observed(std::move(r), now)};
   }
 
@@ -166,7 +180,7 @@ class MemoryTxn final : public StoreTxn {
                                             std::to_string(r.lease.fence) + ", state " +
                                             std::string(RecordStateName(r.state)) + ")");
     }
-    Put(r);
+    IDEM_RETURN_IF_ERROR(Put(r, now));
     return Observed(std::move(r), now);
   }
 
@@ -178,7 +192,7 @@ class MemoryTxn final : public StoreTxn {
     if (!current || !Holds(*current, lease)) return Fenced("renew");
     current->lease.until = now + ttl;
     current->updated_at = now;
-    Put(*current);
+    IDEM_RETURN_IF_ERROR(Put(*current, now));
     Lease renewed = lease;
     renewed.until = now + ttl;
     return renewed;
@@ -195,7 +209,7 @@ class MemoryTxn final : public StoreTxn {
     current->recovery_point = std::string(point);
     if (!resource_id.empty()) current->resource_id = std::string(resource_id);
     current->updated_at = now;
-    Put(*current);
+    IDEM_RETURN_IF_ERROR(Put(*current, now));
     return Ok();
   }
 
@@ -217,7 +231,7 @@ class MemoryTxn final : public StoreTxn {
     current->recovery_point = std::string(point);
     current->updated_at = now;
     current->sent_at = now;
-    Put(*current);
+    IDEM_RETURN_IF_ERROR(Put(*current, now));
     return Ok();
   }
 
@@ -234,7 +248,7 @@ class MemoryTxn final : public StoreTxn {
     current->response = outcome.sealed_response;  // SQL stores NULL for "", read back as ""
     if (!outcome.recovery_point.empty()) current->recovery_point = outcome.recovery_point;
     current->updated_at = now;
-    Put(*current);
+    IDEM_RETURN_IF_ERROR(Put(*current, now));
     return Ok();
   }
 
@@ -257,7 +271,7 @@ class MemoryTxn final : public StoreTxn {
     current->recovery_point = outcome.recovery_point;
     current->lease.fence += 1;
     current->updated_at = now;
-    Put(*current);
+    IDEM_RETURN_IF_ERROR(Put(*current, now));
     return Ok();
   }
 
@@ -323,9 +337,13 @@ class MemoryTxn final : public StoreTxn {
     return std::nullopt;
   }
 
-  void Put(Record r) {
+  // Writes `r` over the record as this transaction sees it, at `now`, if the state machine
+  // allows it (CheckTransition).
+  Status Put(Record r, Timestamp now) {
+    IDEM_RETURN_IF_ERROR(CheckTransition(Current(r.scope), r, now));
     r.observed_at = Timestamp{};
     overlay_[r.scope] = std::move(r);
+    return Ok();
   }
 
   std::shared_ptr<MemoryData> data_;

@@ -15,6 +15,7 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 
 #include "idem/clock.h"
 #include "idem/store.h"
@@ -30,6 +31,13 @@ inline constexpr Millis kMemoryStoreLockWait{5000};
 // a store or a transaction on it does.
 struct MemoryData;
 std::shared_ptr<MemoryData> NewMemoryData(Millis lock_wait = kMemoryStoreLockWait);
+
+// What the memory store checks before every write of `after` over `before` (nullopt: an insert)
+// at `now`, its clock's time of the operation: Ok for a transition of the state machine
+// (IsLegalTransition; an insert is PROCESSING), else kInternal naming the transition. The
+// operation then answers that error and writes nothing: such a write is a bug of this model (the
+// contract suite runs every legal path through it), never of its caller.
+Status CheckTransition(const std::optional<Record>& before, const Record& after, Timestamp now);
 
 // A store on `data`. Borrows `clock` and `random`, which must outlive it and its transactions.
 std::unique_ptr<Store> MakeMemoryStore(std::shared_ptr<MemoryData> data, Clock& clock,

@@ -99,6 +99,38 @@ TEST(MemoryStore, RunsNoSql) {
   EXPECT_EQ(txn->Exec("SELECT 1", {}).error().code, Errc::kInvalidArgument);
 }
 
+// Every write is checked against the state machine; the contract suite above runs every legal
+// path through the check, and these are refused with kInternal, not aborted on.
+TEST(MemoryStore, RefusesAnIllegalTransition) {
+  const Timestamp now = FromUnixMillis(1000);
+  Record before;
+  before.state = RecordState::kSucceeded;
+  before.recovery_point = "done";
+  before.expires_at = FromUnixMillis(2000);
+  Record after = before;
+  after.state = RecordState::kProcessing;
+  const Status reclaimed = CheckTransition(before, after, now);
+  ASSERT_FALSE(reclaimed.has_value()) << "an unexpired SUCCEEDED record claimed again";
+  EXPECT_EQ(reclaimed.error().code, Errc::kInternal);
+  EXPECT_EQ(reclaimed.error().message,
+            "memory store: an illegal transition from SUCCEEDED at point 'done' to PROCESSING "
+            "was refused");
+  after.state = RecordState::kFailedRetryable;
+  EXPECT_EQ(CheckTransition(before, after, now).error().code, Errc::kInternal)
+      << "a finished record that is not a held outcome settled";
+  EXPECT_EQ(CheckTransition(std::nullopt, before, now).error().code, Errc::kInternal)
+      << "a record inserted finished";
+  before.state = RecordState::kFailedFinal;
+  before.recovery_point = std::string(kOutcomeUnknownPoint);
+  EXPECT_TRUE(CheckTransition(before, after, now).has_value()) << "a held outcome settles";
+  EXPECT_EQ(CheckTransition(before, after, FromUnixMillis(2000)).error().code, Errc::kInternal)
+      << "an expired held outcome settled";
+  after.state = RecordState::kProcessing;
+  EXPECT_TRUE(CheckTransition(before, after, FromUnixMillis(2000)).has_value())
+      << "an expired record becomes a new operation";
+  EXPECT_TRUE(CheckTransition(std::nullopt, after, now).has_value()) << "a claim";
+}
+
 TEST(MemoryStore, StoresOnOneDataShareItAndOthersDoNot) {
   FakeClock clock;
   SeededRandom random(1);

@@ -33,10 +33,6 @@ std::string_view RecordStateName(RecordState state);
 Result<RecordState> ParseRecordState(std::string_view name);
 // Whether a finished outcome is replayed as it is (SUCCEEDED, FAILED_FINAL).
 bool IsReplayable(RecordState state);
-// Whether `from → to` is a transition of the state machine (PROCESSING → PROCESSING is a
-// takeover or a renewal; X → PROCESSING is a re-claim, legal from FAILED_RETRYABLE, and from any
-// state once the record expired, which the store checks, not this function).
-bool IsLegalTransition(RecordState from, RecordState to);
 
 // The recovery point of a held outcome: a FAILED_FINAL record whose service could not learn
 // whether its operation executed, and would not try it again (a gateway route whose upstream can
@@ -84,6 +80,16 @@ struct Record {
   Timestamp observed_at{};
 };
 
+// Whether a store may write a record in state `to` over `from`, the record as the writing
+// transaction reads it, at `now` on the store's clock — a transition of the state machine:
+//   PROCESSING → any state         a renewal, progress or a takeover (PROCESSING), or the finish;
+//   FAILED_RETRYABLE → PROCESSING  a retry (StoreTxn::Reclaim);
+//   any state → PROCESSING         once the record expired (expires_at <= now): a new operation;
+//   a held outcome → not PROCESSING  an unexpired FAILED_FINAL at kOutcomeUnknownPoint, settled
+//                                  once by an operator (StoreTxn::Settle).
+// Nothing else: a finished record is otherwise replayed as it is until it expires. (A new record,
+// which has no `from`, is PROCESSING: a claim.)
+bool IsLegalTransition(const Record& from, RecordState to, Timestamp now);
 // The last moment a request of `record` may have left: sent_at, or updated_at for a record
 // advanced before sent_at existed (which is no earlier).
 Timestamp LastSent(const Record& record);

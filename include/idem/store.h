@@ -6,6 +6,7 @@
 // executor's transaction changes nothing — its business writes included.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -13,6 +14,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <variant>
 #include <vector>
 
@@ -290,12 +292,100 @@ class Store {
   virtual Result<RecordCensus> Census() = 0;
 };
 
-// A Store that forwards every call to another (leveldb's EnvWrapper): decorators — a cache, fault
-// injection in tests — derive from it and override only what they change. Borrows `target`,
-// which must outlive the wrapper; as thread-safe as the target.
+// The calls of Store and StoreTxn that reach the database, one per method: what a forwarding
+// wrapper's Around hook is told (a decorator times them, or injects a fault into them).
+enum class StoreOperation : uint8_t {
+  kBegin,
+  kClaim,
+  kReclaim,
+  kRenew,
+  kAdvance,
+  kAdvanceCovered,
+  kFinish,
+  kGet,
+  kCount,
+  kExec,
+  kCommit,
+  kRead,
+  kQuery,
+  kListStale,
+  kSweep,
+  kPing,
+  kCensus,
+  kSettle,
+  kListHeld,
+};
+inline constexpr std::size_t kStoreOperations = 19;
+// The method's name in snake case: "begin", "claim", ..., "advance_covered", "list_stale", ...
+// (idemd's metric label values and the fault injector's logs).
+std::string_view StoreOperationName(StoreOperation operation);
+
+// The forwarded call a wrapper's Around hook runs: the inner store's (or transaction's) method
+// with the caller's arguments. Answers Ok or the inner call's error; its result is kept for the
+// caller. Borrowed for the length of one Around; call it at most once.
+class ForwardedCall {
+ public:
+  template <typename Call>
+  explicit ForwardedCall(Call& call)
+      : call_(&call), invoke_([](void* c) -> Status { return (*static_cast<Call*>(c))(); }) {}
+  Status operator()() const { return invoke_(call_); }
+
+ private:
+  void* call_;
+  Status (*invoke_)(void*);
+};
+
+// A StoreTxn that forwards every call to another, each through Around: a decorator overrides
+// Around to time, fail or delay calls, or a method to change what it does. Owns `target`;
+// used by one thread, as every transaction is.
+class StoreTxnWrapper : public StoreTxn {
+ public:
+  explicit StoreTxnWrapper(std::unique_ptr<StoreTxn> target) : target_(std::move(target)) {}
+
+  StoreTxn& target() const { return *target_; }
+
+  Result<ClaimResult> Claim(const ClaimSpec& spec) override;
+  Result<Record> Reclaim(const ClaimSpec& spec, int64_t seen_fence) override;
+  Result<Lease> Renew(const ScopeHash& scope, const Lease& lease, Millis ttl) override;
+  Status Advance(const ScopeHash& scope, const Lease& lease, std::string_view point,
+                 std::string_view resource_id) override;
+  Status AdvanceCovered(const ScopeHash& scope, const Lease& lease, std::string_view point,
+                        Millis must_cover) override;
+  Status Finish(const ScopeHash& scope, const Lease& lease, const Outcome& outcome) override;
+  Status Settle(const ScopeHash& scope, int64_t seen_fence, const Outcome& outcome) override;
+  Result<std::optional<Record>> Get(const ScopeHash& scope) override;
+  Result<int64_t> Count(std::string_view tenant, std::string_view user,
+                        std::optional<RecordState> state, int64_t limit) override;
+  Result<std::vector<SqlRow>> Exec(std::string_view sql,
+                                   const std::vector<SqlValue>& params = {}) override;
+  Status Commit() override;
+
+ protected:
+  // Runs `call`, the forwarded `operation`, and answers Ok or an error. An error is the answer
+  // of the method, whether `call` ran or not (a fault injected before or after it); Ok answers
+  // what `call` returned, so Around must then have run it. Around cannot make a failed call
+  // succeed. The default runs it and nothing else.
+  virtual Status Around(StoreOperation operation, const ForwardedCall& call);
+
+ private:
+  // Runs `forward` through Around(operation) and answers as Around says (src/core/store.cc).
+  template <typename Forward>
+  auto Through(StoreOperation operation, Forward&& forward);
+
+  std::unique_ptr<StoreTxn> target_;
+};
+
+// A Store that forwards every call to another (leveldb's EnvWrapper): decorators — a cache,
+// timing, fault injection in tests — derive from it and override Around, WrapTxn or only the
+// methods they change. The calls that reach the database go through Around (Begin, Read, Query,
+// ListStale, ListHeld, Sweep, Census, Ping); SubscribeFinished, capabilities, ReadCached and
+// KeepFinished are forwarded as they are. Borrows `target`, which must outlive the wrapper, or
+// owns it; as thread-safe as the target, and as Around and WrapTxn.
 class StoreWrapper : public Store {
  public:
   explicit StoreWrapper(Store& target) : target_(target) {}
+  explicit StoreWrapper(std::unique_ptr<Store> target)
+      : owned_(std::move(target)), target_(*owned_) {}
 
   Store& target() const { return target_; }
 
@@ -304,35 +394,39 @@ class StoreWrapper : public Store {
     return target_.SubscribeFinished(std::move(on_finished));
   }
   const StoreCapabilities& capabilities() const override { return target_.capabilities(); }
-  Status Ping(Millis timeout) override { return target_.Ping(timeout); }
-  Result<std::unique_ptr<StoreTxn>> Begin() override { return target_.Begin(); }
-  Result<std::optional<Record>> Read(const ScopeHash& scope) override {
-    return target_.Read(scope);
-  }
   std::optional<Record> ReadCached(const ScopeHash& scope) override {
     return target_.ReadCached(scope);
   }
   void KeepFinished(const Record& record, SteadyTime as_of) override {
     target_.KeepFinished(record, as_of);
   }
+
+  Status Ping(Millis timeout) override;
+  // The target's transaction, through WrapTxn, both inside one Around.
+  Result<std::unique_ptr<StoreTxn>> Begin() override;
+  Result<std::optional<Record>> Read(const ScopeHash& scope) override;
   Result<std::vector<SqlRow>> Query(std::string_view sql,
-                                    const std::vector<SqlValue>& params = {}) override {
-    return target_.Query(sql, params);
-  }
+                                    const std::vector<SqlValue>& params = {}) override;
   Result<std::vector<Record>> ListStale(std::string_view route,
                                         const std::vector<std::string>& sent_points,
-                                        int limit) override {
-    return target_.ListStale(route, sent_points, limit);
-  }
-  Result<std::vector<Record>> ListHeld(std::string_view route, int limit) override {
-    return target_.ListHeld(route, limit);
-  }
-  Result<int> Sweep(int batch, const std::vector<std::string>& sent_points) override {
-    return target_.Sweep(batch, sent_points);
-  }
-  Result<RecordCensus> Census() override { return target_.Census(); }
+                                        int limit) override;
+  Result<std::vector<Record>> ListHeld(std::string_view route, int limit) override;
+  Result<int> Sweep(int batch, const std::vector<std::string>& sent_points) override;
+  Result<RecordCensus> Census() override;
+
+ protected:
+  // As StoreTxnWrapper::Around, for the store's calls.
+  virtual Status Around(StoreOperation operation, const ForwardedCall& call);
+  // What Begin answers for a transaction the target began (a StoreTxnWrapper of it, say); the
+  // default answers it as it is.
+  virtual std::unique_ptr<StoreTxn> WrapTxn(std::unique_ptr<StoreTxn> txn) { return txn; }
 
  private:
+  // Runs `forward` through Around(operation) and answers as Around says (src/core/store.cc).
+  template <typename Forward>
+  auto Through(StoreOperation operation, Forward&& forward);
+
+  std::unique_ptr<Store> owned_;  // null when borrowed
   Store& target_;
 };
 

@@ -58,12 +58,9 @@ std::string ReadProc(const char* path) {
 
 }  // namespace
 
-std::string_view StoreOperationName(StoreOperation operation) {
-  static constexpr std::array<std::string_view, kStoreOperations> kNames = {
-      "begin",  "claim",      "reclaim", "renew", "advance", "advance_covered",
-      "finish", "get",        "count",   "exec",  "commit",  "read",
-      "query",  "list_stale", "sweep",   "ping",  "census"};
-  return kNames[static_cast<std::size_t>(operation)];
+bool IsTimedStoreOperation(StoreOperation operation) {
+  return std::find(kTimedStoreOperations.begin(), kTimedStoreOperations.end(), operation) !=
+         kTimedStoreOperations.end();
 }
 
 std::string_view ProviderOperationName(ProviderOperation operation) {
@@ -316,10 +313,10 @@ std::string Metrics::Render() const {
 
   Header(out, "idem_store_operation_duration_seconds", "histogram",
          "Latency of store calls, by operation (a method of the store interface).");
-  for (std::size_t i = 0; i < kStoreOperations; ++i) {
-    store_[i]->Render("idem_store_operation_duration_seconds",
-                      Label("operation", StoreOperationName(static_cast<StoreOperation>(i))),
-                      bounds_, out);
+  for (StoreOperation operation : kTimedStoreOperations) {
+    store_[static_cast<std::size_t>(operation)]->Render(
+        "idem_store_operation_duration_seconds", Label("operation", StoreOperationName(operation)),
+        bounds_, out);
   }
   Header(out, "idem_provider_request_duration_seconds", "histogram",
          "Latency of payment provider calls, by operation.");

@@ -20,30 +20,19 @@ namespace idem::idemd {
 
 struct Config;
 
-// The store calls idem_store_operation_duration_seconds{operation} times: one per method of
-// Store and StoreTxn that reaches the database (TimedStore).
-enum class StoreOperation : uint8_t {
-  kBegin,
-  kClaim,
-  kReclaim,
-  kRenew,
-  kAdvance,
-  kAdvanceCovered,
-  kFinish,
-  kGet,
-  kCount,
-  kExec,
-  kCommit,
-  kRead,
-  kQuery,
-  kListStale,
-  kSweep,
-  kPing,
-  kCensus,
+// The store calls idem_store_operation_duration_seconds{operation} times (TimedStore), in the
+// order their series are rendered: every method of Store and StoreTxn that reaches the database
+// but an operator's tool's (Settle, ListHeld). The label's value is StoreOperationName's.
+inline constexpr std::array<StoreOperation, 17> kTimedStoreOperations = {
+    StoreOperation::kBegin,  StoreOperation::kClaim,     StoreOperation::kReclaim,
+    StoreOperation::kRenew,  StoreOperation::kAdvance,   StoreOperation::kAdvanceCovered,
+    StoreOperation::kFinish, StoreOperation::kGet,       StoreOperation::kCount,
+    StoreOperation::kExec,   StoreOperation::kCommit,    StoreOperation::kRead,
+    StoreOperation::kQuery,  StoreOperation::kListStale, StoreOperation::kSweep,
+    StoreOperation::kPing,   StoreOperation::kCensus,
 };
-inline constexpr std::size_t kStoreOperations = 17;
-// "begin", "claim", ..., "advance_covered", "list_stale", ...: the label's value.
-std::string_view StoreOperationName(StoreOperation operation);
+// Whether `operation` is one of kTimedStoreOperations.
+bool IsTimedStoreOperation(StoreOperation operation);
 
 // The provider calls idem_provider_request_duration_seconds{operation} times (TimedProvider).
 enum class ProviderOperation : uint8_t { kCharge, kLookup, kListCharges, kRefund };
@@ -88,6 +77,7 @@ class Metrics {
   // idem_http_request_duration_seconds{route, code}: every answered request, from its first byte
   // read to its last byte written ("unknown" for requests refused before routing, as in the log).
   void ObserveHttpRequest(const std::string& route, int code, double seconds);
+  // One of kTimedStoreOperations; another is not rendered.
   void ObserveStore(StoreOperation operation, double seconds);
   void ObserveProvider(ProviderOperation operation, double seconds);
   // A gateway route's exchanges with its upstream, "unmatched" for requests passed through.

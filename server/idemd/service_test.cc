@@ -1207,7 +1207,7 @@ TEST_F(ServiceTest, AProviderThatDeduplicatesByKeyIsAskedAgainAtOnce) {
 // A new key's first execution commits twice: the claim, which also makes the covered advance to
 // charge_sent before the provider call, and the completion.
 TEST_F(ServiceTest, ANewKeysChargeIsCoveredByTheClaimTransaction) {
-  auto calls = std::make_shared<std::vector<testing::StoreOp>>();
+  auto calls = std::make_shared<std::vector<StoreOperation>>();
   testing::FaultyStore counted(*store_, {.plan = testing::FaultPlan([calls](const auto& call) {
                                            calls->push_back(call.op);
                                            return testing::Fault::Pass();
@@ -1220,15 +1220,15 @@ TEST_F(ServiceTest, ANewKeysChargeIsCoveredByTheClaimTransaction) {
   const http::Response paid = Handle(Pay("covered-by-claim", "alice-key", "ORD-COVER"));
   EXPECT_EQ(paid.status, 201) << paid.body;
   EXPECT_EQ(provider_.Calls(), 1);
-  const auto count = [&](testing::StoreOp op) {
+  const auto count = [&](StoreOperation op) {
     return std::count(calls->begin(), calls->end(), op);
   };
-  EXPECT_EQ(count(testing::StoreOp::kBegin), 2);
-  EXPECT_EQ(count(testing::StoreOp::kCommit), 2);
-  EXPECT_EQ(count(testing::StoreOp::kRenew), 0) << "no transaction of its own before the call";
-  const auto covered = std::find(calls->begin(), calls->end(), testing::StoreOp::kAdvanceCovered);
-  const auto claimed = std::find(calls->begin(), calls->end(), testing::StoreOp::kClaim);
-  const auto first_commit = std::find(calls->begin(), calls->end(), testing::StoreOp::kCommit);
+  EXPECT_EQ(count(StoreOperation::kBegin), 2);
+  EXPECT_EQ(count(StoreOperation::kCommit), 2);
+  EXPECT_EQ(count(StoreOperation::kRenew), 0) << "no transaction of its own before the call";
+  const auto covered = std::find(calls->begin(), calls->end(), StoreOperation::kAdvanceCovered);
+  const auto claimed = std::find(calls->begin(), calls->end(), StoreOperation::kClaim);
+  const auto first_commit = std::find(calls->begin(), calls->end(), StoreOperation::kCommit);
   EXPECT_TRUE(claimed < covered && covered < first_commit)
       << "the covered advance belongs to the claim's transaction";
   service_.reset();
@@ -1252,19 +1252,19 @@ struct SlowCommits {
     return testing::FaultPlan([*this](const testing::StoreCall& call) {
       State& s = *state;
       switch (call.op) {
-        case testing::StoreOp::kBegin:
+        case StoreOperation::kBegin:
           s.claim = s.renew = s.covered = false;
           break;
-        case testing::StoreOp::kClaim:
+        case StoreOperation::kClaim:
           s.claim = true;
           break;
-        case testing::StoreOp::kRenew:
+        case StoreOperation::kRenew:
           s.renew = true;
           break;
-        case testing::StoreOp::kAdvanceCovered:
+        case StoreOperation::kAdvanceCovered:
           s.covered = true;
           break;
-        case testing::StoreOp::kCommit:
+        case StoreOperation::kCommit:
           if (s.covered && s.claim && !s.claim_slowed) {
             s.claim_slowed = true;
             return testing::Fault::Delay(claim);

@@ -817,58 +817,31 @@ TEST_F(EngineTest, TheHeartbeatFailpointFailsARenewal) {
 // first Reclaim: what a sweeper on another connection does when its delete commits between the
 // claim's read of an expiring record and the reclaim (PostgreSQL; SQLite's write lock orders
 // them).
-class SweptBeforeReclaimTxn final : public StoreTxn {
+class SweptBeforeReclaimTxn final : public StoreTxnWrapper {
  public:
-  explicit SweptBeforeReclaimTxn(std::unique_ptr<StoreTxn> inner) : inner_(std::move(inner)) {}
+  using StoreTxnWrapper::StoreTxnWrapper;
 
-  Result<ClaimResult> Claim(const ClaimSpec& spec) override { return inner_->Claim(spec); }
   Result<Record> Reclaim(const ClaimSpec& spec, int64_t seen_fence) override {
     if (!swept_) {
       swept_ = true;
-      IDEM_RETURN_IF_ERROR(inner_->Exec("DELETE FROM idem_records WHERE scope_hash = ?",
-                                        {Blob{std::string(spec.scope.begin(), spec.scope.end())}}));
+      IDEM_RETURN_IF_ERROR(
+          target().Exec("DELETE FROM idem_records WHERE scope_hash = ?",
+                        {Blob{std::string(spec.scope.begin(), spec.scope.end())}}));
     }
-    return inner_->Reclaim(spec, seen_fence);
+    return StoreTxnWrapper::Reclaim(spec, seen_fence);
   }
-  Result<Lease> Renew(const ScopeHash& scope, const Lease& lease, Millis ttl) override {
-    return inner_->Renew(scope, lease, ttl);
-  }
-  Status Advance(const ScopeHash& scope, const Lease& lease, std::string_view point,
-                 std::string_view resource_id) override {
-    return inner_->Advance(scope, lease, point, resource_id);
-  }
-  Status AdvanceCovered(const ScopeHash& scope, const Lease& lease, std::string_view point,
-                        Millis must_cover) override {
-    return inner_->AdvanceCovered(scope, lease, point, must_cover);
-  }
-  Status Finish(const ScopeHash& scope, const Lease& lease, const Outcome& outcome) override {
-    return inner_->Finish(scope, lease, outcome);
-  }
-  Status Settle(const ScopeHash& scope, int64_t seen_fence, const Outcome& outcome) override {
-    return inner_->Settle(scope, seen_fence, outcome);
-  }
-  Result<std::optional<Record>> Get(const ScopeHash& scope) override { return inner_->Get(scope); }
-  Result<int64_t> Count(std::string_view tenant, std::string_view user,
-                        std::optional<RecordState> state, int64_t limit) override {
-    return inner_->Count(tenant, user, state, limit);
-  }
-  Result<std::vector<SqlRow>> Exec(std::string_view sql,
-                                   const std::vector<SqlValue>& params) override {
-    return inner_->Exec(sql, params);
-  }
-  Status Commit() override { return inner_->Commit(); }
 
  private:
-  std::unique_ptr<StoreTxn> inner_;
   bool swept_ = false;
 };
 
 class SweptBeforeReclaimStore final : public StoreWrapper {
  public:
   using StoreWrapper::StoreWrapper;
-  Result<std::unique_ptr<StoreTxn>> Begin() override {
-    IDEM_ASSIGN_OR_RETURN(std::unique_ptr<StoreTxn> txn, StoreWrapper::Begin());
-    return std::unique_ptr<StoreTxn>(std::make_unique<SweptBeforeReclaimTxn>(std::move(txn)));
+
+ private:
+  std::unique_ptr<StoreTxn> WrapTxn(std::unique_ptr<StoreTxn> txn) override {
+    return std::make_unique<SweptBeforeReclaimTxn>(std::move(txn));
   }
 };
 

@@ -31,9 +31,15 @@ bool IsReplayable(RecordState state) {
   return state == RecordState::kSucceeded || state == RecordState::kFailedFinal;
 }
 
-bool IsLegalTransition(RecordState from, RecordState to) {
-  if (from == RecordState::kProcessing) return true;  // finish, renew or take over
-  return from == RecordState::kFailedRetryable && to == RecordState::kProcessing;
+bool IsLegalTransition(const Record& from, RecordState to, Timestamp now) {
+  if (from.state == RecordState::kProcessing) return true;  // progress, take over or finish
+  const bool expired = from.expires_at <= now;
+  if (to == RecordState::kProcessing) {
+    return from.state == RecordState::kFailedRetryable || expired;  // a retry, a new operation
+  }
+  // An operator's settlement of a held outcome.
+  return from.state == RecordState::kFailedFinal && from.recovery_point == kOutcomeUnknownPoint &&
+         !expired;
 }
 
 Timestamp LastSent(const Record& record) {

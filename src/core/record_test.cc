@@ -32,15 +32,48 @@ TEST(Record, ASendSettlesItsWindowAfterItLeftByTheStoresClock) {
   EXPECT_EQ(UntilSettled(r, Millis(3'000)), Millis(4'000));
 }
 
+// A record in `state` at `point` that expires at `expires` (Unix ms).
+Record InState(RecordState state, std::string point = "", int64_t expires = 2000) {
+  Record r;
+  r.state = state;
+  r.recovery_point = std::move(point);
+  r.expires_at = FromUnixMillis(expires);
+  return r;
+}
+
 TEST(RecordState, Transitions) {
+  const Timestamp now = FromUnixMillis(1000);
+  const Timestamp later = FromUnixMillis(2000);  // the records' expiry
   for (RecordState to : kAll) {
-    EXPECT_TRUE(IsLegalTransition(RecordState::kProcessing, to));
+    EXPECT_TRUE(IsLegalTransition(InState(RecordState::kProcessing), to, now));
+    EXPECT_TRUE(IsLegalTransition(InState(RecordState::kProcessing), to, later));
   }
-  EXPECT_TRUE(IsLegalTransition(RecordState::kFailedRetryable, RecordState::kProcessing));
+  EXPECT_TRUE(
+      IsLegalTransition(InState(RecordState::kFailedRetryable), RecordState::kProcessing, now));
+  // Finished and unexpired: replayed, never rewritten.
   for (RecordState from : {RecordState::kSucceeded, RecordState::kFailedFinal}) {
-    for (RecordState to : kAll) EXPECT_FALSE(IsLegalTransition(from, to));
+    for (RecordState to : kAll) EXPECT_FALSE(IsLegalTransition(InState(from, "done"), to, now));
   }
-  EXPECT_FALSE(IsLegalTransition(RecordState::kFailedRetryable, RecordState::kSucceeded));
+  for (RecordState to :
+       {RecordState::kSucceeded, RecordState::kFailedFinal, RecordState::kFailedRetryable}) {
+    EXPECT_FALSE(IsLegalTransition(InState(RecordState::kFailedRetryable), to, now));
+  }
+  // Any record past its expiry may become a new operation, and nothing else.
+  for (RecordState from : kAll) {
+    EXPECT_TRUE(IsLegalTransition(InState(from, "done"), RecordState::kProcessing, later));
+  }
+  EXPECT_FALSE(
+      IsLegalTransition(InState(RecordState::kSucceeded), RecordState::kFailedFinal, later));
+  // A held outcome is settled once, to any finished state, while it is unexpired.
+  const Record held = InState(RecordState::kFailedFinal, std::string(kOutcomeUnknownPoint));
+  for (RecordState to :
+       {RecordState::kSucceeded, RecordState::kFailedFinal, RecordState::kFailedRetryable}) {
+    EXPECT_TRUE(IsLegalTransition(held, to, now));
+    EXPECT_FALSE(IsLegalTransition(held, to, later));
+  }
+  EXPECT_FALSE(IsLegalTransition(held, RecordState::kProcessing, now));
+  const Record settled = InState(RecordState::kSucceeded, std::string(kOperatorSettledPoint));
+  EXPECT_FALSE(IsLegalTransition(settled, RecordState::kFailedRetryable, now));
   EXPECT_TRUE(IsReplayable(RecordState::kSucceeded));
   EXPECT_TRUE(IsReplayable(RecordState::kFailedFinal));
   EXPECT_FALSE(IsReplayable(RecordState::kFailedRetryable));

@@ -580,8 +580,8 @@ class Schedule {
                          : f.fault.kind == testing::Fault::Kind::kDelay
                              ? "is delayed " + std::to_string(f.fault.delay.count()) + " ms"
                              : "commits, then reports failure";
-      Log("store: " + std::string(testing::StoreOpName(f.call.op)) + " #" +
-          std::to_string(f.call.n) + " " + what);
+      Log("store: " + std::string(StoreOperationName(f.call.op)) + " #" + std::to_string(f.call.n) +
+          " " + what);
     }
   }
   Engine& Eng(const Attempt& a) { return *instances_[a.instance]->engine; }

@@ -1247,9 +1247,8 @@ TEST_F(FilterTest, ReconcileOnceCountsAPassTheStoreRefusedAsAFailedRun) {
   clock_.Advance(kLease + Millis(1));
   using testing::Fault;
   using testing::FaultPlan;
-  using testing::StoreOp;
   testing::FaultyStoreOptions faults;
-  faults.plan = FaultPlan::FailNthOf(StoreOp::kListStale, 1, Fault::FailBefore());
+  faults.plan = FaultPlan::FailNthOf(StoreOperation::kListStale, 1, Fault::FailBefore());
   testing::FaultyStore faulty(*store_, faults);
   Engine engine(faulty, *fingerprinter_, *sealer_, clock_);
   IdempotencyFilter filter(engine, pool_, monotonic_, metrics_, policy_, op_);
@@ -1260,7 +1259,7 @@ TEST_F(FilterTest, ReconcileOnceCountsAPassTheStoreRefusedAsAFailedRun) {
   EXPECT_TRUE(op_.Reconciled().empty());
 
   // The second pass lists it, but the completion's commit fails: still a failed run.
-  faulty.SetPlan(FaultPlan::FailNthOf(StoreOp::kFinish, 1, Fault::FailBefore()));
+  faulty.SetPlan(FaultPlan::FailNthOf(StoreOperation::kFinish, 1, Fault::FailBefore()));
   EXPECT_EQ(filter.TakeOverOnce(10, {}), 1) << "resolved by the operation, not recorded";
   EXPECT_EQ(Metric("idem_reconciler_runs_total"), 2);
   EXPECT_EQ(Metric("idem_reconciler_run_failures_total"), 2);

@@ -58,8 +58,8 @@ TEST(TimedStoreTest, EveryCallIsObservedOnceUnderItsOperationFailuresIncluded) {
   auto sqlite = OpenSqliteStore(Options(env.dir.File("idem.db")), env.clock, env.random);
   ASSERT_TRUE(sqlite.has_value()) << sqlite.error().message;
   std::unique_ptr<Store> store = idemd::MakeTimedStore(std::move(*sqlite), metrics, monotonic);
-  for (std::size_t i = 0; i < idemd::kStoreOperations; ++i) {
-    const std::string name(idemd::StoreOperationName(static_cast<idemd::StoreOperation>(i)));
+  for (StoreOperation operation : idemd::kTimedStoreOperations) {
+    const std::string name(StoreOperationName(operation));
     EXPECT_EQ(Calls(metrics, name), 0) << name << " is rendered, as 0, before any call";
   }
 
