@@ -1192,7 +1192,7 @@ Request EngineRequest(const Principal& who, std::string_view key) {
   return r;
 }
 
-TEST_F(FilterTest, ReconcileOnceResolvesStaleRecordsOfItsOwnRouteOnly) {
+TEST_F(FilterTest, TakeOverOnceResolvesStaleRecordsOfItsOwnRouteOnly) {
   // This route: an unknown outcome left the record PROCESSING at "claimed".
   op_.execute = [](int n, Ticket&) {
     Execution e = Answer(504, n);
@@ -1241,7 +1241,7 @@ TEST_F(FilterTest, ReconcileOnceResolvesStaleRecordsOfItsOwnRouteOnly) {
 // A pass whose store refuses to list the stale records, or to settle one it took over, is a
 // failed run (what idem_reconciler_run_failures_total alerts on); a record another instance took
 // first is not a failure.
-TEST_F(FilterTest, ReconcileOnceCountsAPassTheStoreRefusedAsAFailedRun) {
+TEST_F(FilterTest, TakeOverOnceCountsAPassTheStoreRefusedAsAFailedRun) {
   auto claimed = engine_->Start(policy_.route, EngineRequest(kAlice, "key-00000001"));
   ASSERT_TRUE(claimed && claimed->kind == Decision::Kind::kExecute);
   clock_.Advance(kLease + Millis(1));
@@ -1273,7 +1273,7 @@ TEST_F(FilterTest, ReconcileOnceCountsAPassTheStoreRefusedAsAFailedRun) {
   EXPECT_EQ(Found("key-00000001")->record.state, RecordState::kSucceeded);
 }
 
-TEST_F(FilterTest, ReconcileOnceLeavesAnUnknownOutcomeForLater) {
+TEST_F(FilterTest, TakeOverOnceLeavesAnUnknownOutcomeForLater) {
   auto claimed = engine_->Start(policy_.route, EngineRequest(kAlice, "key-00000001"));
   ASSERT_TRUE(claimed && claimed->kind == Decision::Kind::kExecute);
   clock_.Advance(kLease + Millis(1));
@@ -1301,7 +1301,7 @@ TEST_F(FilterTest, ReconcileOnceLeavesAnUnknownOutcomeForLater) {
 // timeout per kTakeoverConcurrency records, never one per record. Here each TakeOver waits
 // until all of them have started (a stalled provider that answers only then); one at a time,
 // the first would wait its whole bound and the pass would find each record alone.
-TEST_F(FilterTest, ReconcileOnceResolvesStaleRecordsSideBySide) {
+TEST_F(FilterTest, TakeOverOnceResolvesStaleRecordsSideBySide) {
   constexpr int kRecords = static_cast<int>(kTakeoverConcurrency);
   for (int i = 0; i < kRecords; ++i) {
     auto claimed =
@@ -1344,7 +1344,7 @@ TEST(RunConcurrentlyTest, CallsEveryIndexOnceOnAtMostWidthThreads) {
 // TakeOverOnce promises up to `limit` stale records *of this route*, but it takes the `limit`
 // oldest stale records of every route and skips the others': stale records of another route that
 // this filter never resolves keep the head of the list, and its own are never reached.
-TEST_F(FilterTest, ReconcileOnceIsNotStarvedByAnotherRoutesStaleRecords) {
+TEST_F(FilterTest, TakeOverOnceIsNotStarvedByAnotherRoutesStaleRecords) {
   RoutePolicy other = policy_.route;
   other.route = "others.create";
   ASSERT_TRUE(engine_->Start(other, EngineRequest(kAlice, "key-00000001")));
