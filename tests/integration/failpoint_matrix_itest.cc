@@ -1,7 +1,7 @@
 // tests/integration/failpoint_matrix_itest.cc — every failpoint on a payment's way × {crash, stall
 // past the lease} × {SQLite, PostgreSQL} × {provider honours keys, ignores them}, each followed by
-// the client's retries and the takeover loop, with the same checks after every cell: one charge, one
-// answer (the retry's and every replay's byte-identical), nothing left PROCESSING; with Redis,
+// the client's retries and the takeover loop, with the same checks after every cell: one charge,
+// one answer (the retry's and every replay's byte-identical), nothing left PROCESSING; with Redis,
 // also no cache entry that outlives its record and no in-flight marker left behind.
 //
 // Points are reached three ways: the steps of an execution, by the request under test; the

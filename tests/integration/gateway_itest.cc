@@ -616,7 +616,8 @@ TEST_F(GatewayTest, AStatusUrlThatCannotTellIsGivenUpOnAfterItsBound) {
 }
 
 // As AKilledGatewayForwardsAgainWithTheSameKeyOnceTheLeaseHasEnded, on a route with a status URL:
-// the takeover loop learns the killed forward's outcome from the upstream, and the retry is a replay.
+// the takeover loop learns the killed forward's outcome from the upstream, and the retry is a
+// replay.
 TEST_F(GatewayTest, TheReconcilerAsksTheStatusUrlAboutAKilledForward) {
   KillDuringForwardAndRestart("/v1/transfers", "transfer-key-3", R"({"to":"Z"})");
   std::this_thread::sleep_for(std::chrono::milliseconds(2800));  // lease_ms = 2000

@@ -334,8 +334,8 @@ TEST_F(IdemdTest, AConnectionLostAfterTheChargeLeftIs503AndTheRetryFindsTheCharg
 }
 
 // A 5xx after the charge was sent proves nothing (the default provider semantics). The client
-// gives that key up; within settle_ms + lease_ms + 2 × reconcile_interval_ms the takeover loop finds
-// no charge and releases the order, and a new key for it pays, once.
+// gives that key up; within settle_ms + lease_ms + 2 × reconcile_interval_ms the takeover loop
+// finds no charge and releases the order, and a new key for it pays, once.
 TEST_F(IdemdTest, AnOrderAbandonedAfterAProvider5xxIsPayableAgainWithinTheBound) {
   constexpr int kReconcileMs = 200;
   StartIdemd({.reconcile_interval_ms = kReconcileMs});

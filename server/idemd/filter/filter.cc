@@ -614,7 +614,7 @@ void RunConcurrently(std::size_t n, std::size_t width,
 }
 
 int IdempotencyFilter::TakeOverOnce(int limit,
-                                     const std::function<void(const std::string&)>& notify) {
+                                    const std::function<void(const std::string&)>& notify) {
   std::atomic<bool> failed = false;
   std::atomic<int> resolved = 0;
   auto stale = engine_.ListStale(policy_.route, limit);

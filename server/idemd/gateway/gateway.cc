@@ -87,8 +87,7 @@ bool Gateway::Serves(std::string_view route_id) const {
          Named(route_id.substr(kPrefix.size())) != nullptr;
 }
 
-void Gateway::TakeOverOnce(int limit,
-                            const std::function<void(const std::string&)>& notify) const {
+void Gateway::TakeOverOnce(int limit, const std::function<void(const std::string&)>& notify) const {
   // Routes' passes side by side (up to 32 at once): one route's stalled upstream holds up no
   // other route.
   RunConcurrently(filters_.size(), 32,

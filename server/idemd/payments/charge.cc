@@ -216,7 +216,7 @@ std::optional<Execution> ChargeSteps::TakeOverLoaded(
 }
 
 Execution ChargeSteps::TakeOverFound(const Ticket& ticket, const Payment& payment,
-                                      Result<std::optional<Charge>> found) const {
+                                     Result<std::optional<Charge>> found) const {
   if (!found) return LookAgainLater();
   if (*found) return FromFoundCharge(ticket, payment, **found);
   // Within the settle window nothing found proves nothing, whatever state the record was in: it

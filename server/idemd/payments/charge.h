@@ -97,10 +97,10 @@ class ChargeSteps {
   // The takeover loop, with the record's payment as read: an answer, or nothing when the charge is
   // to be looked up (the record is at charge_sent).
   std::optional<Execution> TakeOverLoaded(const Ticket& ticket,
-                                           const Result<std::optional<Payment>>& loaded) const;
+                                          const Result<std::optional<Payment>>& loaded) const;
   // The takeover loop, with what the lookup found.
   Execution TakeOverFound(const Ticket& ticket, const Payment& payment,
-                           Result<std::optional<Charge>> found) const;
+                          Result<std::optional<Charge>> found) const;
 
  private:
   // How long until the last send of `record` has settled, or nothing when it has, or when the

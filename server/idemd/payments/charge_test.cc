@@ -139,7 +139,7 @@ TEST_F(ChargeStepsTest, TheReconcilerReleasesAnOrderOnlyOnceTheSendHasSettledUnd
   EXPECT_TRUE(crashed.recovery_point.empty()) << "stays at charge_sent: looked up again";
   const Execution retryable =
       steps.TakeOverFound(Resumed(kChargeSent, kSettle, RecordState::kFailedRetryable), Pending(),
-                           std::optional<Charge>());
+                          std::optional<Charge>());
   EXPECT_EQ(retryable.recovery_point, kAbandoned);
   EXPECT_FALSE(steps.TakeOverLoaded(Resumed(kChargeSent, Millis(0)), std::optional(Pending())))
       << "at charge_sent the charge is looked up";

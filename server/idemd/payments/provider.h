@@ -52,8 +52,8 @@ struct ChargeResult {
 };
 
 // Thread-safe. Every call is a coroutine that holds no thread while the provider answers; code
-// on a plain thread (the takeover loop) runs it with http::RunSync. Arguments are borrowed: co_await
-// the call at once.
+// on a plain thread (the takeover loop) runs it with http::RunSync. Arguments are borrowed:
+// co_await the call at once.
 class Provider {
  public:
   virtual ~Provider() = default;
