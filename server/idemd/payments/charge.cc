@@ -34,7 +34,7 @@ std::string PaymentBody(const Payment& p) {
   o["merchant_order_no"] = p.merchant_order_no;
   o["amount"] = FormatAmount(p.amount_minor, MinorDigits(p.currency));
   o["currency"] = p.currency;
-  o["status"] = p.status;
+  o["status"] = PaymentStatusName(p.status);
   o["provider_charge_id"] =
       p.provider_charge_id.empty() ? json::value(nullptr) : json::value(p.provider_charge_id);
   o["created_at"] = http::Rfc3339(p.created_at_ms);
@@ -65,12 +65,13 @@ std::optional<Execution> ChargeSteps::Prepared(const Ticket& ticket,
   if (ticket.record.recovery_point == kExisting) {
     const bool same =
         asked && asked->amount_minor == payment.amount_minor && asked->currency == payment.currency;
-    if (same && payment.status == "succeeded") {
+    if (same && payment.status == PaymentStatus::kSucceeded) {
       return Execution::Answer(PaymentCreated(payment, 200));
     }
     // Pending under another key, or abandoned by it since this claim: the next retry decides
     // again who holds the order.
-    if (same && (payment.status == "pending" || payment.status == "abandoned")) {
+    if (same && (payment.status == PaymentStatus::kPending ||
+                 payment.status == PaymentStatus::kAbandoned)) {
       return Execution::Retryable(http::Problem(http::ProblemKind::kOrderInProgress,
                                                 "this merchant_order_no is being paid under "
                                                 "another Idempotency-Key; retry later",
@@ -78,11 +79,12 @@ std::optional<Execution> ChargeSteps::Prepared(const Ticket& ticket,
     }
     return Execution::Answer(http::Problem(
         http::ProblemKind::kOrderConflict,
-        same ? "this merchant_order_no already has a " + payment.status + " payment"
+        same ? "this merchant_order_no already has a " +
+                   std::string(PaymentStatusName(payment.status)) + " payment"
              : "this merchant_order_no was already paid with a different amount or currency",
         {.key_expires = expires}));
   }
-  if (payment.status == "succeeded") {
+  if (payment.status == PaymentStatus::kSucceeded) {
     // Completed by the takeover loop or an earlier attempt whose completion was lost.
     return Execution::Answer(PaymentCreated(payment, 201));
   }
@@ -92,7 +94,7 @@ std::optional<Execution> ChargeSteps::Prepared(const Ticket& ticket,
 
 bool ChargeSteps::LooksUpFirst(const Ticket& ticket) {
   const std::string& point = ticket.record.recovery_point;
-  return ticket.resumed && (point == kChargeSent || point == kAbandoned);
+  return ticket.resumed && (point == kChargeSent || point == kAbandonedPoint);
 }
 
 std::optional<Execution> ChargeSteps::Found(const Ticket& ticket, const Payment& payment,
@@ -244,7 +246,7 @@ std::optional<Millis> ChargeSteps::Unsettled(const Record& record) const {
 }
 
 Execution ChargeSteps::Succeeded(Payment payment, const Charge& charge) const {
-  payment.status = "succeeded";
+  payment.status = PaymentStatus::kSucceeded;
   payment.provider_charge_id = charge.id;
   const int64_t now = ToUnixMillis(clock_.Now());
   return Execution::Answer(
@@ -273,7 +275,7 @@ Execution ChargeSteps::Declined(const Ticket& ticket, const Payment& payment) co
 Execution ChargeSteps::Abandoned(const Payment& payment, http::Response response) const {
   const int64_t now = ToUnixMillis(clock_.Now());
   return Execution::Retryable(
-      std::move(response), kAbandoned,
+      std::move(response), kAbandonedPoint,
       [id = payment.id, now](StoreTxn& txn, const Record&) -> Status {
         IDEM_RETURN_IF_ERROR(
             txn.Exec("UPDATE payments SET status = 'abandoned', updated_at = ? WHERE id = ? AND "

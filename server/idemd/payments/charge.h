@@ -15,6 +15,7 @@
 #include "idem/result.h"
 #include "server/idemd/filter/filter.h"
 #include "server/idemd/payments/provider.h"
+#include "server/idemd/payments/table.h"
 
 namespace idem::idemd {
 
@@ -24,7 +25,7 @@ struct Payment {
   std::string merchant_order_no;
   int64_t amount_minor = 0;
   std::string currency;
-  std::string status;
+  PaymentStatus status = PaymentStatus::kPending;
   std::string provider_charge_id;
   int64_t created_at_ms = 0;
 };

@@ -34,7 +34,9 @@ class ChargeStepsTest : public ::testing::Test {
     t.record.expires_at = t.record.observed_at + Millis(86'400'000);
     return t;
   }
-  static Payment Pending() { return {"pay_1", "order-1", 1050, "USD", "pending", "", 0}; }
+  static Payment Pending() {
+    return {"pay_1", "order-1", 1050, "USD", PaymentStatus::kPending, "", 0};
+  }
   // What a lookup by the payment's reference finds.
   static std::optional<Charge> ChargeOf(std::string status, std::string amount = "10.50") {
     return Charge{"ch_1", "pay_1", std::move(amount), "USD", std::move(status), 0, ""};
@@ -43,6 +45,16 @@ class ChargeStepsTest : public ::testing::Test {
   testing::FakeClock clock_;
   testing::FakeMonotonicClock monotonic_;
 };
+
+TEST(PaymentStatus, NamesRoundTripAndAForeignSpellingIsDataLoss) {
+  for (PaymentStatus s : {PaymentStatus::kPending, PaymentStatus::kSucceeded,
+                          PaymentStatus::kDeclined, PaymentStatus::kAbandoned}) {
+    EXPECT_EQ(*ParsePaymentStatus(PaymentStatusName(s)), s);
+  }
+  EXPECT_EQ(PaymentStatusName(PaymentStatus::kSucceeded), "succeeded");
+  EXPECT_EQ(ParsePaymentStatus("refunded").error().code, Errc::kDataLoss);
+  EXPECT_EQ(ParsePaymentStatus("Pending").error().code, Errc::kDataLoss);
+}
 
 TEST_F(ChargeStepsTest, AnUndeclared5xxAfterTheSendIsAnUnknownOutcomeNotAFailure) {
   const Execution e = Steps().AfterSend(Resumed(kChargeSent, Millis(0)), Pending(), Ok(),
@@ -59,7 +71,7 @@ TEST_F(ChargeStepsTest, OnlyAChargeThatNeverLeftAbandonsTheAttempt) {
                                            MakeError(Errc::kUnavailable, "refused"));
   EXPECT_FALSE(unsent.outcome_unknown);
   EXPECT_EQ(unsent.state, RecordState::kFailedRetryable);
-  EXPECT_EQ(unsent.recovery_point, kAbandoned);
+  EXPECT_EQ(unsent.recovery_point, kAbandonedPoint);
   EXPECT_TRUE(unsent.business) << "the payment row releases its order";
   const Execution timed_out = steps.AfterSend(Resumed(kChargeSent, Millis(0)), Pending(), Ok(),
                                               MakeError(Errc::kDeadlineExceeded, "timeout"));
@@ -78,7 +90,8 @@ TEST_F(ChargeStepsTest, NothingFoundHoldsTheSendUntilItHasSettled) {
   EXPECT_FALSE(Steps(/*deduplicates=*/true)
                    .Found(Resumed(kChargeSent, Millis(1000)), Pending(), std::optional<Charge>()))
       << "a provider that deduplicates by reference gets the charge again at once";
-  EXPECT_FALSE(steps.Found(Resumed(kAbandoned, Millis(1000)), Pending(), std::optional<Charge>()))
+  EXPECT_FALSE(
+      steps.Found(Resumed(kAbandonedPoint, Millis(1000)), Pending(), std::optional<Charge>()))
       << "an abandoned attempt sent nothing to wait for";
 }
 
@@ -107,7 +120,7 @@ TEST_F(ChargeStepsTest, AKeyAnsweringFromAnotherKeysPaymentComparesTheRequest) {
   const ChargeSteps steps = Steps();
   const Ticket ticket = Resumed(kExisting, Millis(0));
   Payment paid = Pending();
-  paid.status = "succeeded";
+  paid.status = PaymentStatus::kSucceeded;
   Payment out;
   const PaymentRequest same{"order-1", 1050, "USD"};
   const std::optional<Execution> replayed = steps.Prepared(ticket, std::optional(paid), same, &out);
@@ -140,7 +153,7 @@ TEST_F(ChargeStepsTest, TheReconcilerReleasesAnOrderOnlyOnceTheSendHasSettledUnd
   const Execution retryable =
       steps.TakeOverFound(Resumed(kChargeSent, kSettle, RecordState::kFailedRetryable), Pending(),
                           std::optional<Charge>());
-  EXPECT_EQ(retryable.recovery_point, kAbandoned);
+  EXPECT_EQ(retryable.recovery_point, kAbandonedPoint);
   EXPECT_FALSE(steps.TakeOverLoaded(Resumed(kChargeSent, Millis(0)), std::optional(Pending())))
       << "at charge_sent the charge is looked up";
 }

@@ -173,7 +173,7 @@ Status Payments::OnClaim(StoreTxn& txn, const Record& record, const http::Reques
   // A key that holds its order keeps it: ids are fixed once. A key whose attempt was abandoned,
   // or that answers from another key's payment, decides again who holds the order.
   const std::string_view point = record.recovery_point;
-  if (!record.resource_id.empty() && point != kAbandoned && point != kExisting) return Ok();
+  if (!record.resource_id.empty() && point != kAbandonedPoint && point != kExisting) return Ok();
   const ParseResult parsed = Parse(request.body);
   const PaymentRequest* p = std::get_if<PaymentRequest>(&parsed);
   // Validate accepted this body before the claim; Parse gives the same answer every time.
@@ -185,7 +185,7 @@ Status Payments::OnClaim(StoreTxn& txn, const Record& record, const http::Reques
   // refused write and the read of the holder, the holder can itself be abandoned: then the write
   // is tried again.
   std::string id = record.resource_id;
-  if (point != kAbandoned) {
+  if (point != kAbandonedPoint) {
     // The order's payments so far (abandoned ones included; business rows are never swept).
     IDEM_ASSIGN_OR_RETURN(auto made, txn.Exec("SELECT count(*) FROM payments WHERE tenant = ? AND "
                                               "merchant_order_no = ?",
@@ -195,7 +195,7 @@ Status Payments::OnClaim(StoreTxn& txn, const Record& record, const http::Reques
   }
   constexpr int kAttempts = 3;
   for (int attempt = 1; attempt <= kAttempts; ++attempt) {
-    if (point == kAbandoned) {
+    if (point == kAbandonedPoint) {
       auto revived = txn.Exec(
           "UPDATE payments SET status = 'pending', updated_at = ? "
           "WHERE id = ? AND status = 'abandoned'",
@@ -238,8 +238,9 @@ Result<std::optional<Payment>> Payments::Load(std::string_view id, std::string_v
                               {std::string(id), std::string(tenant)}));
   if (rows.empty()) return std::optional<Payment>();
   const SqlRow& r = rows[0];
-  return std::optional<Payment>(Payment{Text(r[0]), Text(r[1]), Integer(r[2]), Text(r[3]),
-                                        Text(r[4]), Text(r[5]), Integer(r[6])});
+  IDEM_ASSIGN_OR_RETURN(PaymentStatus status, ParsePaymentStatus(Text(r[4])));
+  return std::optional<Payment>(Payment{Text(r[0]), Text(r[1]), Integer(r[2]), Text(r[3]), status,
+                                        Text(r[5]), Integer(r[6])});
 }
 
 http::Async<Execution> Payments::Execute(Ticket& ticket, const http::Request& request,

@@ -190,6 +190,29 @@ std::optional<int64_t> AmountInMinorUnits(std::string_view amount, std::string_v
   return minor;
 }
 
+std::string_view PaymentStatusName(PaymentStatus status) {
+  switch (status) {
+    case PaymentStatus::kPending:
+      return "pending";
+    case PaymentStatus::kSucceeded:
+      return "succeeded";
+    case PaymentStatus::kDeclined:
+      return "declined";
+    case PaymentStatus::kAbandoned:
+      return "abandoned";
+  }
+  return "unknown";
+}
+
+Result<PaymentStatus> ParsePaymentStatus(std::string_view name) {
+  for (PaymentStatus status : {PaymentStatus::kPending, PaymentStatus::kSucceeded,
+                               PaymentStatus::kDeclined, PaymentStatus::kAbandoned}) {
+    if (name == PaymentStatusName(status)) return status;
+  }
+  return MakeError(Errc::kDataLoss,
+                   "a payment's status is none of the four: " + std::string(name.substr(0, 32)));
+}
+
 bool IsPaymentId(std::string_view reference) {
   constexpr std::string_view kPrefix = "pay_";
   return reference.size() == kPrefix.size() + 24 &&

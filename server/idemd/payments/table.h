@@ -35,8 +35,17 @@ std::vector<std::string> PaymentsSentPoints();
 // payment, which this key answers from.
 inline constexpr std::string_view kClaimed = "claimed";
 inline constexpr std::string_view kChargeSent = "charge_sent";
-inline constexpr std::string_view kAbandoned = "abandoned";
+// (kAbandonedPoint: the point, apart from PaymentStatus::kAbandoned, the row's status.)
+inline constexpr std::string_view kAbandonedPoint = "abandoned";
 inline constexpr std::string_view kExisting = "existing";
+
+// The status column of a payment: `pending` (holds its merchant order while it is charged),
+// `succeeded`, `declined`, or `abandoned` (its attempt charged nothing and gave the order up).
+enum class PaymentStatus : uint8_t { kPending, kSucceeded, kDeclined, kAbandoned };
+// The stored spelling, also the `status` member of a payment's JSON: "pending", ...
+std::string_view PaymentStatusName(PaymentStatus status);
+// Errors: kDataLoss for a spelling that is none of the four (the table holds something foreign).
+Result<PaymentStatus> ParsePaymentStatus(std::string_view name);
 
 // The id of the `n`-th payment (from 0) of a merchant order in the database's namespace `space`
 // (PaymentsNamespace).
