@@ -35,23 +35,24 @@ void CheckSecrets(const idem::idemd::Secrets& s) {
 }
 
 void CheckConfig(const idem::idemd::Config& c) {
-  IDEM_FUZZ_CHECK(!c.store_url.empty());
-  IDEM_FUZZ_CHECK(c.key_min_length >= 1 && c.key_min_length <= c.key_max_length &&
-                  c.key_max_length <= idem::limits::kKeyMaxLength);
-  IDEM_FUZZ_CHECK(c.lease > Millis(0) && c.retention > c.lease);
+  IDEM_FUZZ_CHECK(!c.store.url.empty());
+  IDEM_FUZZ_CHECK(c.idempotency.key_min_length >= 1 &&
+                  c.idempotency.key_min_length <= c.idempotency.key_max_length &&
+                  c.idempotency.key_max_length <= idem::limits::kKeyMaxLength);
+  IDEM_FUZZ_CHECK(c.idempotency.lease > Millis(0) && c.idempotency.retention > c.idempotency.lease);
   IDEM_FUZZ_CHECK(c.server.max_body_bytes >= 1 &&
                   c.server.max_body_bytes <= idem::limits::kJsonMaxBytes);
-  IDEM_FUZZ_CHECK(c.wait_max <= idem::limits::kWaitMax);
+  IDEM_FUZZ_CHECK(c.idempotency.wait_max <= idem::limits::kWaitMax);
   IDEM_FUZZ_CHECK(c.server.max_parked >= 0 && c.server.max_parked <= idem::limits::kParkedCeiling);
-  IDEM_FUZZ_CHECK(c.max_waiters_per_principal >= 0 &&
-                  c.max_waiters_per_principal <= idem::limits::kParkedCeiling);
-  IDEM_FUZZ_CHECK(c.max_processing >= 1 && c.max_retained >= 1);
-  IDEM_FUZZ_CHECK(c.provider_timeout.count() >= 0 && c.lease_margin.count() >= 0);
-  IDEM_FUZZ_CHECK(c.lease > c.provider_timeout + c.lease_margin);
-  IDEM_FUZZ_CHECK(c.provider_deduplicates_by_key || c.provider_settle > c.provider_timeout);
-  IDEM_FUZZ_CHECK(c.books_lease >= Millis(100));
-  IDEM_FUZZ_CHECK(c.books_interval.count() == 0 || c.books_window.count() > 0);
-  for (const std::string& currency : c.currencies) IDEM_FUZZ_CHECK(currency.size() == 3);
+  IDEM_FUZZ_CHECK(c.idempotency.max_waiters_per_principal >= 0 &&
+                  c.idempotency.max_waiters_per_principal <= idem::limits::kParkedCeiling);
+  IDEM_FUZZ_CHECK(c.idempotency.max_processing >= 1 && c.idempotency.max_retained >= 1);
+  IDEM_FUZZ_CHECK(c.provider.timeout.count() >= 0 && c.idempotency.lease_margin.count() >= 0);
+  IDEM_FUZZ_CHECK(c.idempotency.lease > c.provider.timeout + c.idempotency.lease_margin);
+  IDEM_FUZZ_CHECK(c.provider.deduplicates_by_key || c.provider.settle > c.provider.timeout);
+  IDEM_FUZZ_CHECK(c.reconciliation.lease >= Millis(100));
+  IDEM_FUZZ_CHECK(c.reconciliation.interval.count() == 0 || c.reconciliation.window.count() > 0);
+  for (const std::string& currency : c.payments.currencies) IDEM_FUZZ_CHECK(currency.size() == 3);
   for (const auto& p : c.principals) {
     IDEM_FUZZ_CHECK(p.api_key_sha256.size() == 64 && !p.tenant.empty() && !p.user.empty());
     for (char ch : p.api_key_sha256) {

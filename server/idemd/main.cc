@@ -165,13 +165,13 @@ int Run(int argc, char** argv) {
   }
 
   StoreUrlOptions store_options;
-  store_options.pool_size = config->store_pool_size;
-  store_options.prepared_statements = config->store_prepared_statements;
-  store_options.listen_url = config->store_listen_url;
-  store_options.postgres_timeouts = config->store_timeouts;
+  store_options.pool_size = config->store.pool_size;
+  store_options.prepared_statements = config->store.prepared_statements;
+  store_options.listen_url = config->store.listen_url;
+  store_options.postgres_timeouts = config->store.timeouts;
   store_options.app_name = "payments";
   store_options.app_migrations = PaymentsMigrations();
-  auto store = OpenStoreUrl(config->store_url, store_options);
+  auto store = OpenStoreUrl(config->store.url, store_options);
   if (!store) return Fail("store: " + store.error().message);
   Metrics metrics({.longest_timeout = LongestTimeout(*config),
                    .version = IDEM_VERSION,
@@ -179,12 +179,12 @@ int Run(int argc, char** argv) {
   // Every call that reaches the database is timed, beneath the caches in front of it.
   store = MakeTimedStore(std::move(*store), metrics, SystemMonotonicClock());
   std::unique_ptr<InFlightMarkers> markers;
-  if (!config->redis_url.empty()) {
+  if (!config->redis.url.empty()) {
     // Replays served from an in-process LRU and Redis, and in-flight markers that turn concurrent
     // duplicates away early; the database still decides (redis.h).
     RedisCacheOptions cache;
-    cache.url = config->redis_url;
-    cache.lru_bytes = static_cast<std::size_t>(config->replay_cache_bytes);
+    cache.url = config->redis.url;
+    cache.lru_bytes = static_cast<std::size_t>(config->store.replay_cache_bytes);
     cache.on_fallback = [&metrics] { metrics.CountRedisFallback(); };
     cache.on_health = [](std::string_view failure) {
       if (failure.empty()) {
@@ -198,59 +198,62 @@ int Run(int argc, char** argv) {
     if (!fast) return Fail("redis: " + fast.error().message);
     store = std::move(fast->store);
     markers = std::move(fast->markers);
-  } else if (config->replay_cache_bytes > 0) {
+  } else if (config->store.replay_cache_bytes > 0) {
     // Replays served from memory on every backend; the database still decides (replay_cache.h).
-    store = WrapWithReplayCache(std::move(*store),
-                                {.max_bytes = static_cast<std::size_t>(config->replay_cache_bytes)},
-                                SystemClock());
+    store = WrapWithReplayCache(
+        std::move(*store),
+        {.max_bytes = static_cast<std::size_t>(config->store.replay_cache_bytes)}, SystemClock());
   }
-  auto fingerprinter = Fingerprinter::Create(config->secrets.hmac, config->secrets.hmac_current);
+  auto fingerprinter =
+      Fingerprinter::Create(config->secrets.keys.hmac, config->secrets.keys.hmac_current);
   if (!fingerprinter) return Fail("secrets: " + fingerprinter.error().message);
   // Each route caps its own stored answers (RoutePolicy::max_response_bytes); the sealer takes
   // any a route may keep.
-  auto sealer = Sealer::Create(config->secrets.seal, config->secrets.seal_current, SystemRandom(),
-                               limits::kSealedResponseCeiling);
+  auto sealer = Sealer::Create(config->secrets.keys.seal, config->secrets.keys.seal_current,
+                               SystemRandom(), limits::kSealedResponseCeiling);
   if (!sealer) return Fail("secrets: " + sealer.error().message);
-  auto provider = MakeHttpProvider(config->provider_url, ProviderOptionsOf(*config));
+  auto provider = MakeHttpProvider(config->provider);
   if (!provider) return Fail("provider: " + provider.error().message);
   TimedProvider timed_provider(**provider, metrics, SystemMonotonicClock());
 
   Engine engine(**store, **fingerprinter, **sealer, SystemClock(), markers.get());
   KeyPolicy keys;
-  keys.min_length = config->key_min_length;
-  keys.max_length = config->key_max_length;
+  keys.min_length = config->idempotency.key_min_length;
+  keys.max_length = config->idempotency.key_max_length;
   // Every blocking store call of a request runs here; requests themselves hold no thread.
-  http::BlockingPool store_pool(StoreThreads(*config));
+  http::BlockingPool store_pool(StoreThreads(config->store));
   // Snapshot reads (replays not held in memory, parked requests' polls, GETs) on threads of their
   // own: they never queue behind claims and completions.
-  http::BlockingPool read_pool(config->store_read_threads);
+  http::BlockingPool read_pool(config->store.read_threads);
   auto payment_namespace = PaymentsNamespace(**store, SystemRandom());
   if (!payment_namespace) return Fail("store: " + payment_namespace.error().message);
   Payments payments(**store, store_pool, timed_provider, SystemClock(), SystemMonotonicClock(),
-                    std::move(*payment_namespace), config->currencies,
-                    ChargeCover{config->provider_timeout, config->lease_margin},
-                    config->provider_deduplicates_by_key, config->provider_settle);
+                    std::move(*payment_namespace), config->payments.currencies,
+                    ChargeCover{config->provider.timeout, config->idempotency.lease_margin},
+                    config->provider.deduplicates_by_key, config->provider.settle);
   FilterPolicy payments_policy =
-      PaymentsPolicy(keys, config->lease, config->retention, config->max_processing,
-                     config->max_retained, config->wait_max);
-  payments_policy.max_waiters_per_principal = config->max_waiters_per_principal;
-  payments_policy.max_new_keys_per_second = config->max_new_keys_per_second;
+      PaymentsPolicy(keys, config->idempotency.lease, config->idempotency.retention,
+                     config->idempotency.max_processing, config->idempotency.max_retained,
+                     config->idempotency.wait_max);
+  payments_policy.max_waiters_per_principal = config->idempotency.max_waiters_per_principal;
+  payments_policy.max_new_keys_per_second = config->idempotency.max_new_keys_per_second;
   IdempotencyFilter filter(engine, store_pool, SystemMonotonicClock(), metrics,
                            std::move(payments_policy), payments, &read_pool);
   // The gateway (docs/gateway.md): each route a filter in front of a proxy to its upstream, with
   // a keep-alive pool per route; SIGHUP builds it again from the file.
-  const GatewayDeps gateway_deps{.engine = engine,
-                                 .pool = store_pool,
-                                 .reads = read_pool,
-                                 .monotonic = SystemMonotonicClock(),
-                                 .metrics = metrics,
-                                 .keys = keys,
-                                 .max_processing = config->max_processing,
-                                 .max_retained = config->max_retained,
-                                 .max_waiters_per_principal = config->max_waiters_per_principal,
-                                 .max_new_keys_per_second = config->max_new_keys_per_second,
-                                 .wait_max = config->wait_max,
-                                 .lease_margin = config->lease_margin};
+  const GatewayDeps gateway_deps{
+      .engine = engine,
+      .pool = store_pool,
+      .reads = read_pool,
+      .monotonic = SystemMonotonicClock(),
+      .metrics = metrics,
+      .keys = keys,
+      .max_processing = config->idempotency.max_processing,
+      .max_retained = config->idempotency.max_retained,
+      .max_waiters_per_principal = config->idempotency.max_waiters_per_principal,
+      .max_new_keys_per_second = config->idempotency.max_new_keys_per_second,
+      .wait_max = config->idempotency.wait_max,
+      .lease_margin = config->idempotency.lease_margin};
   auto gateway = Gateway::Make(config->gateway, gateway_deps);
   if (!gateway) return Fail(gateway.error().message);
   Service service(config->principals, **store, store_pool, metrics, filter, payments,
@@ -288,10 +291,10 @@ int Run(int argc, char** argv) {
     }
     // Every route's points past a send (only payments have one): such retryable records are
     // the takeover loop's, never the sweeper's.
-    Loop sweeper(config->sweep_interval,
+    Loop sweeper(config->idempotency.sweep_interval,
                  [&] { (void)SweepExpired(**store, filter.policy().route.sent_points); });
     Loop census(kCensusInterval, [&] { TakeCensus(**store, metrics, SystemClock(), served); });
-    Loop reconciler(config->reconcile_interval, [&] {
+    Loop reconciler(config->idempotency.takeover_interval, [&] {
       // Payments and the gateway's routes side by side: a stalled provider delays no route's
       // records, and a stalled upstream no payment's (docs/idemd.md, "Ambiguous failures").
       const std::function<void(const std::string&)> notify = [&](const std::string& key) {
@@ -306,16 +309,17 @@ int Run(int argc, char** argv) {
       });
     });
     // The books: the provider's charges against the payments (docs/reconciliation.md).
-    Reconciliation books(**store, timed_provider, SystemClock(), SystemRandom(), &metrics,
-                         ReconcileOptions{.refund_duplicates = config->refund_duplicates,
-                                          .refund_orphans = config->refund_orphans,
-                                          .orphan_grace = config->orphan_grace,
-                                          .lease = config->books_lease,
-                                          .instance = InstanceName()});
+    Reconciliation books(
+        **store, timed_provider, SystemClock(), SystemRandom(), &metrics,
+        ReconcileOptions{.refund_duplicates = config->reconciliation.refund_duplicates,
+                         .refund_orphans = config->reconciliation.refund_orphans,
+                         .orphan_grace = config->reconciliation.orphan_grace,
+                         .lease = config->reconciliation.lease,
+                         .instance = InstanceName()});
     std::optional<Loop> bookkeeper;
-    if (config->books_interval.count() > 0) {
-      bookkeeper.emplace(config->books_interval, [&] {
-        auto ran = books.RunPeriodic(config->books_window, config->books_lag);
+    if (config->reconciliation.interval.count() > 0) {
+      bookkeeper.emplace(config->reconciliation.interval, [&] {
+        auto ran = books.RunPeriodic(config->reconciliation.window, config->reconciliation.lag);
         if (!ran && ran.error().code == Errc::kConflict) return;  // another instance runs it
         metrics.CountBooksRun(/*failed=*/!ran);
         boost::json::object line =

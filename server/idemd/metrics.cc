@@ -12,7 +12,6 @@
 #include <sstream>
 
 #include "http/log.h"
-#include "server/idemd/config/config.h"
 
 namespace idem::idemd {
 namespace {
@@ -80,15 +79,6 @@ std::vector<double> LatencyBuckets(Millis longest_timeout) {
       if (bound >= top) return bounds;
     }
   }
-}
-
-Millis LongestTimeout(const Config& config) {
-  Millis longest =
-      std::max({config.provider_timeout, config.wait_max, config.store_timeouts.statement,
-                config.store_timeouts.lock, config.gateway.unmatched_timeout});
-  for (const GatewayRoute& route : config.gateway.routes)
-    longest = std::max(longest, route.timeout);
-  return longest;
 }
 
 Metrics::Histogram::Histogram(std::size_t buckets)

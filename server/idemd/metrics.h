@@ -18,8 +18,6 @@
 
 namespace idem::idemd {
 
-struct Config;
-
 // The store calls idem_store_operation_duration_seconds{operation} times (TimedStore), in the
 // order their series are rendered: every method of Store and StoreTxn that reaches the database
 // but an operator's tool's (Settle, ListHeld). The label's value is StoreOperationName's.
@@ -44,14 +42,9 @@ std::string_view ProviderOperationName(ProviderOperation operation);
 // that a call which ran into its timeout still lands in a bucket of its own, not only in +Inf.
 std::vector<double> LatencyBuckets(Millis longest_timeout);
 
-// The longest wait a latency histogram may see under `config`: the provider's timeout, each
-// gateway route's timeout_ms and the unmatched upstream's, PostgreSQL's statement and lock
-// timeouts, and wait_max (a parked request's whole answer).
-Millis LongestTimeout(const Config& config);
-
 struct MetricsOptions {
-  // LatencyBuckets(longest_timeout); fixed for the process's life (a SIGHUP that lengthens a
-  // route's timeout keeps them).
+  // LatencyBuckets(longest_timeout) (LongestTimeout of the config); fixed for the process's life (a
+  // SIGHUP that lengthens a route's timeout keeps them).
   Millis longest_timeout{10000};
   // idem_build_info's labels.
   std::string version;

@@ -40,9 +40,9 @@ TEST(MetricsTest, TheLongestTimeoutIsTheLongestTheConfigurationSets) {
   config.gateway.routes.push_back(GatewayRoute{});
   config.gateway.routes.back().timeout = Millis(45000);
   EXPECT_EQ(LongestTimeout(config), Millis(45000));
-  config.provider_timeout = Millis(60000);
+  config.provider.timeout = Millis(60000);
   EXPECT_EQ(LongestTimeout(config), Millis(60000));
-  config.store_timeouts.statement = Millis(120000);
+  config.store.timeouts.statement = Millis(120000);
   EXPECT_EQ(LongestTimeout(config), Millis(120000));
 }
 

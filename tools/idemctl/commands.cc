@@ -109,10 +109,10 @@ Result<Opened> OpenFromConfig(const std::string& config_path) {
   IDEM_ASSIGN_OR_RETURN(o.config, idemd::LoadConfig(config_path, {}));
   idemd::StoreUrlOptions options;
   options.pool_size = 1;
-  options.prepared_statements = o.config.store_prepared_statements;
-  options.postgres_timeouts = o.config.store_timeouts;
+  options.prepared_statements = o.config.store.prepared_statements;
+  options.postgres_timeouts = o.config.store.timeouts;
   options.apply_migrations = false;
-  IDEM_ASSIGN_OR_RETURN(o.store, idemd::OpenStoreUrl(o.config.store_url, options));
+  IDEM_ASSIGN_OR_RETURN(o.store, idemd::OpenStoreUrl(o.config.store.url, options));
   return o;
 }
 
@@ -176,10 +176,10 @@ json::object RecordJson(const FoundRecord& found, bool show_response) {
 
 idemd::Reconciliation MakeReconciliation(const Opened& o, idemd::Provider& provider) {
   return idemd::Reconciliation(*o.store, provider, SystemClock(), SystemRandom(), nullptr,
-                               {.refund_duplicates = o.config.refund_duplicates,
-                                .refund_orphans = o.config.refund_orphans,
-                                .orphan_grace = o.config.orphan_grace,
-                                .lease = o.config.books_lease,
+                               {.refund_duplicates = o.config.reconciliation.refund_duplicates,
+                                .refund_orphans = o.config.reconciliation.refund_orphans,
+                                .orphan_grace = o.config.reconciliation.orphan_grace,
+                                .lease = o.config.reconciliation.lease,
                                 .instance = "idemctl@" + idemd::InstanceName()});
 }
 
@@ -202,9 +202,7 @@ struct Books {
 Result<Books> OpenBooks(const std::string& config_path) {
   Books b;
   IDEM_ASSIGN_OR_RETURN(b.opened, OpenFromConfig(config_path));
-  IDEM_ASSIGN_OR_RETURN(b.provider,
-                        idemd::MakeHttpProvider(b.opened.config.provider_url,
-                                                idemd::ProviderOptionsOf(b.opened.config)));
+  IDEM_ASSIGN_OR_RETURN(b.provider, idemd::MakeHttpProvider(b.opened.config.provider));
   return b;
 }
 
@@ -256,7 +254,7 @@ struct WithEngine {
 Result<WithEngine> OpenEngine(const std::string& config_path) {
   WithEngine w;
   IDEM_ASSIGN_OR_RETURN(w.opened, OpenFromConfig(config_path));
-  const idemd::Secrets& secrets = w.opened.config.secrets;
+  const idemd::Secrets& secrets = w.opened.config.secrets.keys;
   IDEM_ASSIGN_OR_RETURN(w.fingerprinter, Fingerprinter::Create(secrets.hmac, secrets.hmac_current));
   IDEM_ASSIGN_OR_RETURN(w.sealer,
                         Sealer::Create(secrets.seal, secrets.seal_current, SystemRandom()));

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "http/server.h"
@@ -41,53 +42,69 @@ inline constexpr int kMaxInFlightCeiling = 1'000'000;
 inline constexpr int kStoreThreadsCeiling = 1024;
 inline constexpr int64_t kReplayCacheCeiling = int64_t{1} << 40;
 
-struct Config {
-  http::ServerOptions server;
-  std::string store_url;  // "sqlite:///path/idem.db"
-  int store_pool_size = 4;
+inline constexpr std::string_view kDefaultStoreUrl = "sqlite://data/idem.db";
+
+// [store] (docs/config.md, "[store]").
+struct StoreConfig {
+  // "sqlite:///path/idem.db", "postgresql://user@host/db"; an empty url is this default too.
+  std::string url = std::string(kDefaultStoreUrl);
+  int pool_size = 4;
   // Threads that run the store's blocking calls; 0: a default by backend (StoreThreads).
-  int store_threads = 0;
+  int threads = 0;
   // Threads of their own for snapshot reads (replays not held in memory, parked requests' polls,
   // GETs), so that they never queue behind claims and completions.
-  int store_read_threads = 2;
+  int read_threads = 2;
   // Bytes of finished records kept in memory for replays (Redis or not); 0 turns it off.
   int64_t replay_cache_bytes = 64 << 20;
   // PostgreSQL: server-side prepared statements (off behind PgBouncer transaction pooling).
-  bool store_prepared_statements = true;
-  // PostgreSQL: where the listener for other instances' completions connects; empty: store_url.
+  bool prepared_statements = true;
+  // PostgreSQL: where the listener for other instances' completions connects; empty: url.
   // Behind a transaction pooler, the database itself (notifications do not pass the pooler).
-  std::string store_listen_url;
+  std::string listen_url;
   // PostgreSQL: connect, statement, lock and idle-in-transaction timeouts and TCP keepalives.
-  PostgresTimeouts store_timeouts;
-  std::string redis_url;  // optional: the replay cache and in-flight markers
-  std::string provider_url = "http://127.0.0.1:8090";
-  Millis provider_timeout{5000};
-  Millis provider_connect_timeout{2000};
-  int provider_max_connections = 1024;
-  std::string provider_ca_file;  // https: the CAs to trust; empty: the system's
-  // The provider's declared semantics: the 5xx statuses of a charge's answer that prove nothing
-  // was charged (e.g. {503} for a provider that documents 503 as "not processed"). Empty (the
-  // default): every 5xx after the request left is an unknown outcome, like a timeout; the charge
-  // is looked up, once its send has settled, before anything is charged again (docs/idemd.md,
-  // "Ambiguous failures").
-  std::vector<int> provider_nothing_charged_statuses;
-  // The provider's declared semantics: a repeated charge with the same reference (its
-  // idempotency key) charges at most once. On, a charge whose outcome is unknown is sent again at
-  // once; off (the default), only after settle_ms.
-  bool provider_deduplicates_by_key = false;
+  PostgresTimeouts timeouts;
+};
+
+// [redis]: the replay cache and in-flight markers; no url, none.
+struct RedisConfig {
+  std::string url;
+};
+
+// [provider]: where charges go, how long they may take, and the provider's declared semantics.
+struct ProviderConfig {
+  std::string url = "http://127.0.0.1:8090";
+  Millis timeout{5000};          // one exchange: writing the request and reading the answer
+  Millis connect_timeout{2000};  // waiting for a free connection, connecting, the TLS handshake
+  int max_connections = 1024;    // keep-alive connections open to the provider at most
+  std::string ca_file;           // https: the CAs to trust (PEM); empty: the system's
+  // The 5xx statuses of a charge's answer that prove nothing was charged (e.g. {503} for a
+  // provider that documents 503 as "not processed"). Empty (the default): every 5xx after the
+  // request left is an unknown outcome, like a timeout; the charge is looked up, once its send
+  // has settled, before anything is charged again (docs/idemd.md, "Ambiguous failures").
+  std::vector<int> nothing_charged_statuses;
+  // A repeated charge with the same reference (its idempotency key) charges at most once. On, a
+  // charge whose outcome is unknown is sent again at once; off (the default), only after settle.
+  bool deduplicates_by_key = false;
   // After an unknown outcome nothing is sent again until this long after the last send and a
-  // lookup still finds nothing: it must exceed timeout_ms plus how long the provider may still
-  // execute a request after its caller timed out (checked against timeout_ms at load).
-  Millis provider_settle{30000};
+  // lookup still finds nothing: it must exceed timeout plus how long the provider may still
+  // execute a request after its caller timed out (checked against timeout at load).
+  Millis settle{30000};
+};
 
-  // Where secrets come from: the IDEM_SECRETS environment variable (TOML text) wins; else this
-  // file; a development config may ask for the file to be generated when missing.
-  std::string secrets_file;
-  bool generate_secrets = false;
-  Secrets secrets;
+// [secrets]: where the HMAC and sealing secrets come from, and (after the load) the secrets.
+struct SecretsConfig {
+  // The IDEM_SECRETS environment variable (TOML text) wins; else this file; a development config
+  // may ask for the file to be generated when missing.
+  std::string file;
+  bool generate_if_missing = false;
+  Secrets keys;  // loaded; not a config key, never printed
+};
 
+// [idempotency]: the protocol's leases, retention, quotas and loops, for payments and the
+// gateway's routes alike.
+struct IdempotencyConfig {
   Millis lease{limits::kDefaultLease};
-  // The lease must outlast provider_timeout by more than this (checked at load).
+  // The lease must outlast provider.timeout by more than this (checked at load).
   Millis lease_margin{limits::kDefaultLeaseMargin};
   Millis retention{limits::kDefaultRetention};
   int64_t max_processing = limits::kMaxProcessingPerPrincipal;
@@ -99,30 +116,52 @@ struct Config {
   int64_t max_waiters_per_principal = limits::kMaxWaitersPerPrincipal;
   std::size_t key_min_length = limits::kKeyMinLength;
   std::size_t key_max_length = limits::kKeyMaxLength;
-  std::vector<std::string> currencies = {"CNY", "USD", "EUR", "JPY"};
   Millis sweep_interval{60000};
-  Millis reconcile_interval{5000};
+  Millis takeover_interval{5000};  // the key is reconcile_interval_ms, its name of old
+};
 
-  // Reconciliation of the books ([reconciliation], docs/reconciliation.md): every `interval`
-  // (0: off), the charges the provider made in [now - lag - window, now - lag).
-  Millis books_interval{600'000};
-  Millis books_window{24 * 3'600'000};
-  Millis books_lag{600'000};
+// [reconciliation]: the books (docs/reconciliation.md): every `interval` (0: off), the charges
+// the provider made in [now - lag - window, now - lag).
+struct ReconciliationConfig {
+  Millis interval{600'000};
+  Millis window{24 * 3'600'000};
+  Millis lag{600'000};
   bool refund_duplicates = true;
   bool refund_orphans = false;
   Millis orphan_grace{24 * 3'600'000};
-  Millis books_lease{60'000};  // a crashed runner's window is taken over this long after it
+  Millis lease{60'000};  // a crashed runner's window is taken over this long after it
+};
 
+// [payments].
+struct PaymentsConfig {
+  std::vector<std::string> currencies = {"CNY", "USD", "EUR", "JPY"};
+};
+
+// One member per section of the file (docs/config.md), and the arrays of tables.
+struct Config {
+  http::ServerOptions server{.io_threads = 0};  // 0: one per CPU (IoThreadsPerCpu, at load)
+  StoreConfig store;
+  RedisConfig redis;
+  ProviderConfig provider;
+  SecretsConfig secrets;
+  IdempotencyConfig idempotency;
+  ReconciliationConfig reconciliation;
+  PaymentsConfig payments;
   std::vector<PrincipalEntry> principals;
-
   // The gateway ([gateway] and [[routes]], docs/gateway.md).
   GatewayConfig gateway;
 };
 
+// The longest wait a latency histogram may see under `config`: the provider's timeout, each
+// gateway route's timeout_ms and the unmatched upstream's, PostgreSQL's statement and lock
+// timeouts, and wait_max (a parked request's whole answer).
+Millis LongestTimeout(const Config& config);
+
 // Reads `path` (TOML), then the IDEMD_<SECTION>_<KEY> environment variables over it (e.g.
 // IDEMD_STORE_URL, IDEMD_PROVIDER_TIMEOUT_MS), then `overrides` (--listen, --store, --redis,
-// --provider) over both, then loads the secrets. Errors: kInvalidArgument naming the file (and
-// line, for an unknown key), the environment variable or the flag, the key and the problem.
+// --provider) over both, then loads the secrets. Errors: kInvalidArgument naming where the value
+// came from (the file and its line, the environment variable or the flag), the key and the
+// problem.
 Result<Config> LoadConfig(const std::string& path, const std::vector<std::string>& overrides);
 
 // The configuration in effect, every key with its value (defaults included), as a TOML document
@@ -149,13 +188,13 @@ inline constexpr int kSqliteGroupWriters = 16;
 // [server] io_threads = 0: one I/O thread per CPU the process may run on, at least one.
 int IoThreadsPerCpu();
 
-// The threads for the store's blocking calls: store_threads; when it is 0, pool_size + 1 on
+// The threads for the store's blocking calls: [store] threads; when it is 0, pool_size + 1 on
 // PostgreSQL (its connections and one more to queue on them), pool_size + kSqliteGroupWriters on
 // SQLite (its readers, and writers to share each commit).
-inline int StoreThreads(const Config& c) {
-  if (c.store_threads > 0) return c.store_threads;
-  const bool sqlite = c.store_url.rfind("sqlite:", 0) == 0;
-  return c.store_pool_size + (sqlite ? kSqliteGroupWriters : 1);
+inline int StoreThreads(const StoreConfig& store) {
+  if (store.threads > 0) return store.threads;
+  const bool sqlite = store.url.rfind("sqlite:", 0) == 0;
+  return store.pool_size + (sqlite ? kSqliteGroupWriters : 1);
 }
 
 // Parses secrets from TOML text: hmac_current, seal_current, [[hmac]] / [[seal]] tables with

@@ -72,23 +72,23 @@ user = "alice"
   EXPECT_EQ(c->server.port, 0);
   EXPECT_EQ(c->server.io_threads, 3);
   EXPECT_EQ(c->server.max_in_flight, 3);
-  EXPECT_EQ(StoreThreads(*c), 6);
-  EXPECT_EQ(c->store_url, "sqlite:///tmp/b.db");
-  EXPECT_EQ(c->provider_url, "http://10.0.0.1:1");
-  EXPECT_EQ(c->provider_timeout, Millis(1500));
-  EXPECT_EQ(c->provider_nothing_charged_statuses, (std::vector<int>{503, 502}));
-  EXPECT_EQ(c->lease, Millis(20000));
-  EXPECT_EQ(c->retention, Millis(24LL * 3600 * 1000));
-  EXPECT_EQ(c->max_processing, 7);
-  EXPECT_EQ(c->max_waiters_per_principal, 5);
+  EXPECT_EQ(StoreThreads(c->store), 6);
+  EXPECT_EQ(c->store.url, "sqlite:///tmp/b.db");
+  EXPECT_EQ(c->provider.url, "http://10.0.0.1:1");
+  EXPECT_EQ(c->provider.timeout, Millis(1500));
+  EXPECT_EQ(c->provider.nothing_charged_statuses, (std::vector<int>{503, 502}));
+  EXPECT_EQ(c->idempotency.lease, Millis(20000));
+  EXPECT_EQ(c->idempotency.retention, Millis(24LL * 3600 * 1000));
+  EXPECT_EQ(c->idempotency.max_processing, 7);
+  EXPECT_EQ(c->idempotency.max_waiters_per_principal, 5);
   EXPECT_EQ(c->server.max_parked, 300);
-  EXPECT_EQ(c->store_timeouts.connect, Millis(2000));
-  EXPECT_EQ(c->store_timeouts.statement, Millis(4000));
-  EXPECT_EQ(c->store_timeouts.lock, Millis(1000));
-  EXPECT_EQ(c->store_timeouts.idle_in_transaction, Millis(6000));
-  EXPECT_EQ(c->store_timeouts.keepalives_idle, std::chrono::seconds(15));
-  EXPECT_EQ(c->store_timeouts.keepalives_interval, std::chrono::seconds(5));
-  EXPECT_EQ(c->store_timeouts.keepalives_count, 4);
+  EXPECT_EQ(c->store.timeouts.connect, Millis(2000));
+  EXPECT_EQ(c->store.timeouts.statement, Millis(4000));
+  EXPECT_EQ(c->store.timeouts.lock, Millis(1000));
+  EXPECT_EQ(c->store.timeouts.idle_in_transaction, Millis(6000));
+  EXPECT_EQ(c->store.timeouts.keepalives_idle, std::chrono::seconds(15));
+  EXPECT_EQ(c->store.timeouts.keepalives_interval, std::chrono::seconds(5));
+  EXPECT_EQ(c->store.timeouts.keepalives_count, 4);
   ASSERT_EQ(c->principals.size(), 1u);
   EXPECT_EQ(c->principals[0].api_key_sha256,
             "86f71c9cb79152ae8c4aff86cd48dbfc35eee594762141f8f00ece58705547e5");
@@ -99,29 +99,29 @@ TEST_F(ConfigTest, DefaultsWhenKeysAreAbsent) {
   ASSERT_TRUE(c.has_value()) << c.error().message;
   EXPECT_EQ(c->server.host, "127.0.0.1");
   EXPECT_EQ(c->server.port, 8080);
-  EXPECT_EQ(c->store_url, "sqlite://data/idem.db");
-  EXPECT_EQ(c->retention, Millis(7LL * 24 * 3600 * 1000));
+  EXPECT_EQ(c->store.url, "sqlite://data/idem.db");
+  EXPECT_EQ(c->idempotency.retention, Millis(7LL * 24 * 3600 * 1000));
   EXPECT_EQ(c->server.max_body_bytes, 64u * 1024);
-  EXPECT_TRUE(c->provider_nothing_charged_statuses.empty())
+  EXPECT_TRUE(c->provider.nothing_charged_statuses.empty())
       << "the conservative reading by default: every 5xx is an unknown outcome";
   // docs/config.md states these.
-  EXPECT_EQ(c->store_timeouts.connect, Millis(5000));
-  EXPECT_EQ(c->store_timeouts.statement, Millis(10000));
-  EXPECT_EQ(c->store_timeouts.lock, Millis(5000));
-  EXPECT_EQ(c->store_timeouts.idle_in_transaction, Millis(10000));
-  EXPECT_EQ(c->store_timeouts.keepalives_idle, std::chrono::seconds(30));
-  EXPECT_EQ(c->store_timeouts.keepalives_interval, std::chrono::seconds(10));
-  EXPECT_EQ(c->store_timeouts.keepalives_count, 3);
-  EXPECT_EQ(c->max_waiters_per_principal, 100);
+  EXPECT_EQ(c->store.timeouts.connect, Millis(5000));
+  EXPECT_EQ(c->store.timeouts.statement, Millis(10000));
+  EXPECT_EQ(c->store.timeouts.lock, Millis(5000));
+  EXPECT_EQ(c->store.timeouts.idle_in_transaction, Millis(10000));
+  EXPECT_EQ(c->store.timeouts.keepalives_idle, std::chrono::seconds(30));
+  EXPECT_EQ(c->store.timeouts.keepalives_interval, std::chrono::seconds(10));
+  EXPECT_EQ(c->store.timeouts.keepalives_count, 3);
+  EXPECT_EQ(c->idempotency.max_waiters_per_principal, 100);
   EXPECT_EQ(c->server.max_parked, 1024);
   EXPECT_EQ(c->server.max_in_flight, 4096);
   EXPECT_EQ(c->server.io_threads, IoThreadsPerCpu()) << "0: one I/O thread per CPU";
-  EXPECT_EQ(c->store_read_threads, 2);
+  EXPECT_EQ(c->store.read_threads, 2);
   EXPECT_GE(IoThreadsPerCpu(), 1);
-  EXPECT_EQ(StoreThreads(*c), c->store_pool_size + kSqliteGroupWriters)
+  EXPECT_EQ(StoreThreads(c->store), c->store.pool_size + kSqliteGroupWriters)
       << "0 on SQLite: the readers, and writers to share each commit";
-  c->store_url = "postgresql://idem@localhost/idem";
-  EXPECT_EQ(StoreThreads(*c), c->store_pool_size + 1)
+  c->store.url = "postgresql://idem@localhost/idem";
+  EXPECT_EQ(StoreThreads(c->store), c->store.pool_size + 1)
       << "0 on PostgreSQL: the connections and one more";
 }
 
@@ -134,9 +134,10 @@ TEST_F(ConfigTest, GeneratesDevelopmentSecretsOnceAndPrivately) {
   EXPECT_EQ(st.st_mode & 0777, 0600u);
   auto second = LoadConfig(path, {});
   ASSERT_TRUE(second.has_value());
-  EXPECT_EQ(second->secrets.hmac[0].bytes, first->secrets.hmac[0].bytes) << "generated once";
-  EXPECT_EQ(first->secrets.hmac[0].bytes.size(), 32u);
-  EXPECT_NE(first->secrets.hmac[0].bytes, first->secrets.seal[0].bytes);
+  EXPECT_EQ(second->secrets.keys.hmac[0].bytes, first->secrets.keys.hmac[0].bytes)
+      << "generated once";
+  EXPECT_EQ(first->secrets.keys.hmac[0].bytes.size(), 32u);
+  EXPECT_NE(first->secrets.keys.hmac[0].bytes, first->secrets.keys.seal[0].bytes);
 }
 
 TEST_F(ConfigTest, EnvironmentSecretsWin) {
@@ -146,8 +147,8 @@ TEST_F(ConfigTest, EnvironmentSecretsWin) {
   setenv("IDEM_SECRETS", env.c_str(), 1);
   auto c = LoadConfig(Write("c.toml", "[secrets]\nfile = \"/nonexistent/secrets.toml\"\n"), {});
   ASSERT_TRUE(c.has_value()) << c.error().message;
-  EXPECT_EQ(c->secrets.hmac_current, 2u);
-  EXPECT_EQ(c->secrets.hmac[0].bytes, std::string(32, '\xee'));
+  EXPECT_EQ(c->secrets.keys.hmac_current, 2u);
+  EXPECT_EQ(c->secrets.keys.hmac[0].bytes, std::string(32, '\xee'));
 }
 
 TEST_F(ConfigTest, ErrorsNameTheProblem) {
@@ -162,7 +163,10 @@ TEST_F(ConfigTest, ErrorsNameTheProblem) {
       {Minimal("[server]\nworker_threads = \"many\"\n"), {}, "worker_threads"},
       {Minimal(), {"--bogus", "x"}, "unknown flag"},
       {Minimal(), {"--listen"}, "needs a value"},
-      {Minimal("[idempotency]\nkey_max_length = 300\n"), {}, "key lengths"},
+      {Minimal("[idempotency]\nkey_max_length = 300\n"),
+       {},
+       "c.toml:5: idempotency.key_max_length must be 1..255"},
+      {Minimal("[idempotency]\nkey_min_length = 10\nkey_max_length = 9\n"), {}, "key lengths"},
       {Minimal("[idempotency]\nlease_ms = 0\n"), {}, "lease"},
       {Minimal("[[principals]]\napi_key_sha256 = \"abc\"\ntenant = \"t\"\nuser = \"u\"\n"),
        {},
@@ -204,15 +208,17 @@ TEST_F(ConfigTest, LimitsHoldAtTheirValueAndOnePast) {
   const std::string parked_past = std::to_string(limits::kParkedCeiling + 1);
   const std::vector<Case> cases = {
       {"[idempotency]\nkey_max_length = 255\n", "[idempotency]\nkey_max_length = 256\n",
-       "key lengths"},
-      {"[idempotency]\nkey_min_length = 1\n", "[idempotency]\nkey_min_length = 0\n", "key lengths"},
+       "key_max_length must be 1..255"},
+      {"[idempotency]\nkey_min_length = 1\n", "[idempotency]\nkey_min_length = 0\n",
+       "key_min_length must be 1..255"},
       {"[server]\nmax_body_bytes = " + max_body + "\n",
        "[server]\nmax_body_bytes = " + max_body + "1\n", "max_body_bytes"},
       {"[server]\nmax_body_bytes = 1\n", "[server]\nmax_body_bytes = 0\n", "max_body_bytes"},
       {"[idempotency]\nwait_max_ms = " + wait_max + "\n",
        "[idempotency]\nwait_max_ms = " + std::to_string(limits::kWaitMax.count() + 1) + "\n",
        "wait_max_ms"},
-      {"[idempotency]\nmax_processing = 1\n", "[idempotency]\nmax_processing = 0\n", "quotas"},
+      {"[idempotency]\nmax_processing = 1\n", "[idempotency]\nmax_processing = 0\n",
+       "bad.toml:5: idempotency.max_processing must be at least 1"},
       {"[idempotency]\nmax_waiters_per_principal = " + parked + "\n",
        "[idempotency]\nmax_waiters_per_principal = " + parked_past + "\n",
        "max_waiters_per_principal"},
@@ -221,7 +227,8 @@ TEST_F(ConfigTest, LimitsHoldAtTheirValueAndOnePast) {
       {"[server]\nio_threads = 0\n", "[server]\nio_threads = -1\n", "io_threads"},
       {"[server]\nmax_parked = " + parked + "\n", "[server]\nmax_parked = " + parked_past + "\n",
        "max_parked"},
-      {"[idempotency]\nmax_retained = 1\n", "[idempotency]\nmax_retained = 0\n", "quotas"},
+      {"[idempotency]\nmax_retained = 1\n", "[idempotency]\nmax_retained = 0\n",
+       "bad.toml:5: idempotency.max_retained must be at least 1"},
       {"[idempotency]\nmax_new_keys_per_second = 1000000\n",
        "[idempotency]\nmax_new_keys_per_second = 1000001\n", "max_new_keys_per_second"},
       {"[idempotency]\nlease_ms = 59999\nretention_ms = 60000\n",
@@ -328,14 +335,14 @@ TEST_F(ConfigTest, TheLeaseMustOutlastTheProviderTimeoutPlusTheMargin) {
       << refused.error().message;
   auto accepted = load(7001, "lease_margin_ms = 2000\n");
   ASSERT_TRUE(accepted.has_value()) << accepted.error().message;
-  EXPECT_EQ(accepted->lease_margin, Millis(2000));
+  EXPECT_EQ(accepted->idempotency.lease_margin, Millis(2000));
 
   // Without the key, the margin is the library's default.
   const int64_t covered = 5000 + limits::kDefaultLeaseMargin.count();
   EXPECT_FALSE(load(covered, "").has_value());
   auto defaulted = load(covered + 1, "");
   ASSERT_TRUE(defaulted.has_value()) << defaulted.error().message;
-  EXPECT_EQ(defaulted->lease_margin, limits::kDefaultLeaseMargin);
+  EXPECT_EQ(defaulted->idempotency.lease_margin, limits::kDefaultLeaseMargin);
   // No margin at all: nothing could ever leave after its covered advance.
   EXPECT_FALSE(load(5001, "lease_margin_ms = 0\n").has_value());
 }
@@ -361,7 +368,7 @@ TEST_F(ConfigTest, TheSettleWindowMustOutlastTheMarginPlusTheProviderTimeout) {
       << refused.error().message;
   auto accepted = load(7001, "");
   ASSERT_TRUE(accepted.has_value()) << accepted.error().message;
-  EXPECT_EQ(accepted->provider_settle, Millis(7001));
+  EXPECT_EQ(accepted->provider.settle, Millis(7001));
   EXPECT_TRUE(load(0, "deduplicates_by_key = true\n").has_value());
 }
 
@@ -691,6 +698,66 @@ TEST_F(ConfigTest, TheReferenceListsEveryKeyWithItsTypeAndNothingElse) {
   EXPECT_GT(documented.size(), 70u) << "the reference's tables were not found";
 }
 
+// docs/config.md gives each key's default as --check-config prints it for a file that sets
+// nothing: a default changed in the code without its line in the reference fails here.
+TEST_F(ConfigTest, TheReferenceGivesEachKeysDefault) {
+  // What an empty file loads to, as printed: "section.key" → the value, quotes and spaces gone.
+  auto plain = [](std::string text) {
+    std::erase_if(text, [](char ch) { return ch == '\'' || ch == '"' || ch == ' ' || ch == '`'; });
+    return text;
+  };
+  Config defaults;
+  std::map<std::string, std::string> printed;
+  {
+    std::istringstream in(EffectiveConfigToml(defaults));
+    std::string section, line;
+    while (std::getline(in, line)) {
+      if (line.size() > 2 && line.front() == '[') section = line.substr(1, line.size() - 2);
+      const std::size_t eq = line.find(" = ");
+      if (eq != std::string::npos)
+        printed[section + "." + line.substr(0, eq)] = plain(line.substr(eq + 3));
+    }
+  }
+  std::ifstream in(std::string(IDEM_SOURCE_DIR) + "/docs/config.md");
+  ASSERT_TRUE(in.good());
+  const std::regex heading(R"(^## `\[([a-z_]+)\]`)");
+  const std::regex name("`([^`]+)`");
+  std::string section, line;
+  int checked = 0;
+  while (std::getline(in, line)) {
+    std::smatch m;
+    if (std::regex_search(line, m, heading)) {
+      section = m[1];
+    } else if (line.rfind("## ", 0) == 0) {
+      section.clear();
+    }
+    if (section.empty() || line.rfind("| `", 0) != 0) continue;
+    const std::size_t bar = line.find(" | ", 2);
+    const std::size_t type_end = line.find(" | ", bar + 3);
+    const std::string keys = line.substr(2, bar - 2);
+    std::string column = line.substr(type_end + 3, line.find(" | ", type_end + 3) - type_end - 3);
+    if (column == "—" || column.ends_with(" h")) continue;  // removed keys; retention in hours
+    if (column == "none" || column.rfind("(empty", 0) == 0) column = "''";
+    std::vector<std::string> names, values;
+    for (auto it = std::sregex_iterator(keys.begin(), keys.end(), name);
+         it != std::sregex_iterator(); ++it) {
+      names.push_back(section + "." + (*it)[1].str());
+    }
+    // "30, 10, 3" for three keys; one value for one key (or for all of them).
+    std::istringstream parts(column);
+    for (std::string part; std::getline(parts, part, ',');) values.push_back(plain(part));
+    if (names.size() == 1 || values.size() != names.size()) values = {plain(column)};
+    for (std::size_t i = 0; i < names.size(); ++i) {
+      auto it = printed.find(names[i]);
+      ASSERT_NE(it, printed.end()) << names[i] << " is documented but not printed";
+      EXPECT_EQ(values[values.size() == 1 ? 0 : i], it->second)
+          << names[i] << "'s default in docs/config.md is not the code's";
+      ++checked;
+    }
+  }
+  EXPECT_GE(checked, 55) << "the reference's tables were not found";
+}
+
 // Every listed key is read and checked: set to a value of no key's type (an inline table), each
 // one stops the load with an error naming it. A key listed but never read would load.
 TEST_F(ConfigTest, EveryListedKeyIsReadAndChecked) {
@@ -803,7 +870,7 @@ upstream = "http://127.0.0.1:3000"
   ASSERT_TRUE(again.has_value()) << again.error().message << "\n" << printed;
   EXPECT_EQ(EffectiveConfigToml(*again), printed);
   EXPECT_EQ(again->server.host, "::1");
-  EXPECT_EQ(again->retention, std::chrono::hours(48));
+  EXPECT_EQ(again->idempotency.retention, std::chrono::hours(48));
   EXPECT_EQ(again->gateway.routes.at(0).final_statuses, std::vector<int>{409});
 }
 
@@ -844,19 +911,19 @@ TEST_F(ConfigTest, EnvironmentVariablesOverrideTheFileAndFlagsOverrideThem) {
     Env url("IDEMD_STORE_URL", "postgresql://idem:pw@db/idem");
     auto c = LoadConfig(path, {"--store", "sqlite://flag.db"});
     ASSERT_TRUE(c.has_value()) << c.error().message;
-    EXPECT_EQ(c->store_pool_size, 7);
-    EXPECT_EQ(c->provider_nothing_charged_statuses, (std::vector<int>{503, 504}));
-    EXPECT_EQ(c->currencies, (std::vector<std::string>{"USD", "EUR"}));
+    EXPECT_EQ(c->store.pool_size, 7);
+    EXPECT_EQ(c->provider.nothing_charged_statuses, (std::vector<int>{503, 504}));
+    EXPECT_EQ(c->payments.currencies, (std::vector<std::string>{"USD", "EUR"}));
     EXPECT_EQ(c->server.host, "::1");
     EXPECT_EQ(c->server.port, 7001);
-    EXPECT_EQ(c->store_url, "sqlite://flag.db") << "a flag wins over the environment";
-    EXPECT_EQ(c->store_read_threads, 2) << "an empty variable counts as unset";
+    EXPECT_EQ(c->store.url, "sqlite://flag.db") << "a flag wins over the environment";
+    EXPECT_EQ(c->store.read_threads, 2) << "an empty variable counts as unset";
   }
   const std::vector<std::tuple<const char*, const char*, std::string>> bad = {
       {"IDEMD_STORE_POOL_SIZ", "3", "IDEMD_STORE_POOL_SIZ names no configuration key"},
       {"IDEMD_STORE_POOL_SIZE", "many", "IDEMD_STORE_POOL_SIZE must be an integer"},
       {"IDEMD_STORE_PREPARED_STATEMENTS", "yes", "must be true or false"},
-      {"IDEMD_STORE_POOL_SIZE", "0", "pool_size"},
+      {"IDEMD_STORE_POOL_SIZE", "0", "IDEMD_STORE_POOL_SIZE: store.pool_size must be 1..256"},
   };
   for (const auto& [name, value, expect] : bad) {
     Env env(name, value);

@@ -55,7 +55,7 @@ Result<Charge> ParseCharge(const std::string& body) {
 // `took` is how long the exchange took and `timeout` its deadline: a transport error after the
 // send that came before the deadline is a lost connection (an unknown outcome the provider
 // answered, in effect), not a timeout.
-Result<ChargeResult> ChargeAnswer(Result<http::Response> sent, const ProviderOptions& options,
+Result<ChargeResult> ChargeAnswer(Result<http::Response> sent, const ProviderConfig& options,
                                   Millis took) {
   if (!sent && sent.error().code == Errc::kDeadlineExceeded && took < options.timeout) {
     return ChargeResult::Unknown("the connection was lost after the charge was sent (" +
@@ -134,7 +134,7 @@ Result<Refund> RefundAnswer(Result<http::Response> sent, const std::string& char
 
 class HttpProvider final : public Provider {
  public:
-  HttpProvider(http::Url url, std::unique_ptr<http::ClientPool> pool, const ProviderOptions& o)
+  HttpProvider(http::Url url, std::unique_ptr<http::ClientPool> pool, const ProviderConfig& o)
       : url_(std::move(url)), pool_(std::move(pool)), provider_options_(o) {
     options_.timeout = o.timeout;
     options_.connect_timeout = o.connect_timeout;
@@ -202,15 +202,14 @@ class HttpProvider final : public Provider {
 
   http::Url url_;
   std::unique_ptr<http::ClientPool> pool_;
-  ProviderOptions provider_options_;
+  ProviderConfig provider_options_;
   http::CallOptions options_;
 };
 
 }  // namespace
 
-Result<std::unique_ptr<Provider>> MakeHttpProvider(const std::string& base_url,
-                                                   const ProviderOptions& options) {
-  IDEM_ASSIGN_OR_RETURN(http::Url url, http::ParseHttpUrl(base_url));
+Result<std::unique_ptr<Provider>> MakeHttpProvider(const ProviderConfig& options) {
+  IDEM_ASSIGN_OR_RETURN(http::Url url, http::ParseHttpUrl(options.url));
   IDEM_ASSIGN_OR_RETURN(std::unique_ptr<http::ClientPool> pool,
                         http::ClientPool::Make(url, {.max_connections = options.max_connections,
                                                      .tls = {.ca_file = options.ca_file}}));

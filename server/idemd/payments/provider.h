@@ -92,28 +92,9 @@ class Provider {
 };
 
 // How idemd talks to the provider over HTTP.
-struct ProviderOptions {
-  Millis timeout{5000};          // one exchange: writing the request and reading the answer
-  Millis connect_timeout{2000};  // waiting for a free connection, connecting, the TLS handshake
-  int max_connections = 1024;    // keep-alive connections open to the provider at most
-  std::string ca_file;           // https: the CAs to trust (PEM); empty: the system's
-  // The 5xx statuses of a charge's answer that prove nothing was charged ([provider]
-  // nothing_charged_statuses); every other 5xx is an unknown outcome.
-  std::vector<int> nothing_charged_statuses;
-};
-
-inline ProviderOptions ProviderOptionsOf(const Config& c) {
-  return {.timeout = c.provider_timeout,
-          .connect_timeout = c.provider_connect_timeout,
-          .max_connections = c.provider_max_connections,
-          .ca_file = c.provider_ca_file,
-          .nothing_charged_statuses = c.provider_nothing_charged_statuses};
-}
-
-// The provider at `base_url` (http:// or https://, verified), over a pool of keep-alive
-// connections. Errors: kInvalidArgument for a bad URL or options, or a CA file that cannot be
-// loaded.
-Result<std::unique_ptr<Provider>> MakeHttpProvider(const std::string& base_url,
-                                                   const ProviderOptions& options);
+// The provider at `config.url` (http:// or https://, verified), over a pool of keep-alive
+// connections, with [provider]'s timeouts and bounds. Errors: kInvalidArgument for a bad URL or
+// options, or a CA file that cannot be loaded.
+Result<std::unique_ptr<Provider>> MakeHttpProvider(const ProviderConfig& config);
 
 }  // namespace idem::idemd

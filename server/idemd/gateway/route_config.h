@@ -1,0 +1,33 @@
+// server/idemd/gateway/route_config.h — the gateway's routes from a config file's [[routes]]
+// entries, and back: each entry checked and named in its errors ("c.toml:12: [[routes]]
+// orders.create: timeout_ms: must be ..."), the routes checked against each other and against
+// idemd's own paths. LoadConfig reads them; `--check-config` prints them with RouteTable.
+#pragma once
+
+#include <toml++/toml.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "idem/result.h"
+#include "server/idemd/gateway/routes.h"
+
+namespace idem::idemd {
+
+// "ORIGIN:LINE: [[routes]] NAME: what", kInvalidArgument.
+Error BadRoute(const std::string& origin, int64_t line, const std::string& name,
+               const std::string& what);
+
+// An upstream's URL as "scheme://host[:port]": http or https, a host, no path, query or user.
+Result<std::string> ParseUpstream(const std::string& text);
+
+// The [[routes]] entries of `file` (none: no routes), in the file's order. `origin` is the
+// file's path, for the errors.
+Status ReadGatewayRoutes(const toml::table& file, const std::string& origin,
+                         std::vector<GatewayRoute>& out);
+
+// `route` as the [[routes]] entry ReadGatewayRoutes reads back to it, every key included.
+toml::table RouteTable(const GatewayRoute& route);
+
+}  // namespace idem::idemd
