@@ -73,31 +73,16 @@ ProblemSpec Spec(ProblemKind kind) {
       return {504, "urn:idem:problem:timeout", "Gateway Timeout"};
     case K::kAnswerTooLarge:
       return {502, "urn:idem:problem:answer-too-large", "Bad Gateway", kNoRetry, kExpires};
-
-    case K::kPaymentDeclined:
-      return {402, "urn:idem:problem:payment-declined", "Payment Required", kNoRetry, kExpires};
-    case K::kProviderUnavailable:
-      return {503, "urn:idem:problem:provider-unavailable", "Service Unavailable", kRetry1s,
-              kExpires};
-    case K::kProviderTimeout:
-      return {504, "urn:idem:problem:provider-timeout", "Gateway Timeout", kNoRetry, kExpires};
-    case K::kOrderInProgress:
-      return {409, "urn:idem:problem:order-in-progress", "Conflict", kRetry1s, kExpires};
-    case K::kOrderConflict:
-      return {409, "urn:idem:problem:order-conflict", "Conflict", kNoRetry, kExpires};
-
-    case K::kUpstreamUnavailable:
-      return {502, "urn:idem:problem:upstream-unavailable", "Bad Gateway", kRetry1s, kExpires};
-    case K::kUpstreamTimeout:
-      return {504, "urn:idem:problem:upstream-timeout", "Gateway Timeout", kNoRetry, kExpires};
-    case K::kUpstreamOutcomeUnknown:
-      return {502, "urn:idem:problem:upstream-outcome-unknown", "Bad Gateway", kNoRetry, kExpires};
   }
   Unknown("ProblemKind", static_cast<int>(kind));
 }
 
 Response Problem(ProblemKind kind, std::string_view detail, const ProblemOptions& options) {
-  const ProblemSpec spec = Spec(kind);
+  return Problem(Spec(kind), detail, options);
+}
+
+Response Problem(const ProblemSpec& spec, std::string_view detail, const ProblemOptions& options) {
+  const bool validation = spec.type == Spec(ProblemKind::kValidationFailed).type;
   // A caller that gives options its kind's row does not allow has a bug, but its request may come
   // from anyone: the bug is logged with the kind and answered 500, never an abort.
   const char* misfit = nullptr;
@@ -107,7 +92,7 @@ Response Problem(ProblemKind kind, std::string_view detail, const ProblemOptions
   } else if (options.key_expires.has_value() != spec.key_expires) {
     misfit = spec.key_expires ? "no Idempotency-Key-Expires for a row that requires it"
                               : "an Idempotency-Key-Expires for a row that carries none";
-  } else if (!options.errors.empty() && kind != ProblemKind::kValidationFailed) {
+  } else if (!options.errors.empty() && !validation) {
     misfit = "field errors for a kind other than validation-failed";
   }
   if (misfit != nullptr) {
@@ -121,7 +106,7 @@ Response Problem(ProblemKind kind, std::string_view detail, const ProblemOptions
   body["title"] = spec.title;
   body["status"] = spec.status;
   body["detail"] = detail;
-  if (kind == ProblemKind::kValidationFailed) {
+  if (validation) {
     boost::json::array errors;
     for (const FieldError& e : options.errors) {
       errors.push_back(boost::json::object{{"field", e.field}, {"message", e.message}});

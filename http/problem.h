@@ -1,9 +1,11 @@
-// http/problem.h — every HTTP problem idem answers, in one closed table, and the one
-// function that builds their application/problem+json (RFC 9457) responses.
+// http/problem.h — the HTTP problems of the HTTP layer, of requests and of the idempotency
+// protocol, in one closed table, and the one function that builds application/problem+json
+// (RFC 9457) responses from a row of it or of another table (idemd's products keep theirs in
+// server/idemd/problems.h).
 //
-// The HTTP layer and idemd both answer problems, so the table lives here. A problem's status,
-// type URI, title and headers come from its kind's row; callers add only the detail text and,
-// where a row allows it, a computed Retry-After, the record's expiry or field errors.
+// A problem's status, type URI, title and headers come from its kind's row; callers add only the
+// detail text and, where a row allows it, a computed Retry-After, the record's expiry or field
+// errors.
 #pragma once
 
 #include <cstdint>
@@ -18,9 +20,9 @@
 
 namespace idem::http {
 
-// Every problem the product answers. Closed: each kind has exactly one row in the table (in
-// problem.cc, a switch without a default: a kind without a row fails to compile with -Werror, and
-// problem_test aborts on it), and clients depend on each row's type URI.
+// Every problem of the HTTP layer, of requests and of the protocol. Closed: each kind has exactly
+// one row in the table (in problem.cc, a switch without a default: a kind without a row fails to
+// compile with -Werror, and problem_test aborts on it), and clients depend on each row's type URI.
 enum class ProblemKind : uint8_t {
   // The HTTP layer, before any handler runs (or when it fails).
   kMalformedRequest,  // the bytes are not HTTP/1.1
@@ -49,22 +51,7 @@ enum class ProblemKind : uint8_t {
   kTimeout,               // a deadline passed; the outcome may be unknown
   kAnswerTooLarge,        // executed, but its answer is too large to keep: final, replayed
 
-  // Payments.
-  kPaymentDeclined,      // the provider declined the charge; final
-  kProviderUnavailable,  // the provider is down or failed; retry (an unknown outcome is looked up)
-  kProviderTimeout,      // the provider did not answer; retry to learn the outcome
-  kOrderInProgress,      // the merchant order is being paid under another key; retry
-  kOrderConflict,        // the merchant order is already paid differently
-
-  // Gateway routes.
-  kUpstreamUnavailable,  // the upstream could not be reached and nothing was sent; retry
-  kUpstreamTimeout,      // the upstream did not answer; retry with the same key to learn more
-  // Final: whether a forward executed stays unknown (the route's status URL could not tell for
-  // status_unknown_max_ms, or the route has none and no upstream_deduplicates); nothing is
-  // forwarded again, and an operator settles the record.
-  kUpstreamOutcomeUnknown,
-
-  kLast = kUpstreamOutcomeUnknown,  // keep naming the last kind: tests walk every kind up to it
+  kLast = kAnswerTooLarge,  // keep naming the last kind: tests walk every kind up to it
 };
 
 // One row of the problem table. Value type.
@@ -108,6 +95,11 @@ struct ProblemOptions {
 // but the request may be anyone's: they are logged (error level, with the kind) and answered 500
 // kInternal ("unexpected failure"), never an abort.
 Response Problem(ProblemKind kind, std::string_view detail, const ProblemOptions& options = {});
+
+// The same, for a row of another closed table (server/idemd/problems.h). Field errors are only
+// for kValidationFailed's row.
+Response Problem(const ProblemSpec& spec, std::string_view detail,
+                 const ProblemOptions& options = {});
 
 // The kind that answers a libidem error. Exhaustive over Errc.
 ProblemKind ProblemKindFor(Errc code);

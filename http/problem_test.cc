@@ -98,14 +98,6 @@ TEST(ProblemTable, KeepsThePublishedStatusTypeAndTitleOfEveryKind) {
       {K::kUnavailable, {503, "unavailable", "Service Unavailable", 1, false}},
       {K::kTimeout, {504, "timeout", "Gateway Timeout", 0, false}},
       {K::kAnswerTooLarge, {502, "answer-too-large", "Bad Gateway", 0, true}},
-      {K::kPaymentDeclined, {402, "payment-declined", "Payment Required", 0, true}},
-      {K::kProviderUnavailable, {503, "provider-unavailable", "Service Unavailable", 1, true}},
-      {K::kProviderTimeout, {504, "provider-timeout", "Gateway Timeout", 0, true}},
-      {K::kOrderInProgress, {409, "order-in-progress", "Conflict", 1, true}},
-      {K::kOrderConflict, {409, "order-conflict", "Conflict", 0, true}},
-      {K::kUpstreamUnavailable, {502, "upstream-unavailable", "Bad Gateway", 1, true}},
-      {K::kUpstreamTimeout, {504, "upstream-timeout", "Gateway Timeout", 0, true}},
-      {K::kUpstreamOutcomeUnknown, {502, "upstream-outcome-unknown", "Bad Gateway", 0, true}},
   };
   EXPECT_EQ(published.size(), AllKinds().size()) << "a new kind needs its published row here";
   for (ProblemKind kind : AllKinds()) {

@@ -5,8 +5,8 @@
 #include <cctype>
 
 #include "http/log.h"
-#include "http/problem.h"
 #include "idem/record.h"
+#include "server/idemd/problems.h"
 
 namespace idem::idemd {
 namespace {
@@ -138,10 +138,10 @@ Execution ForwardSteps::AfterForward(const Ticket& ticket, std::string_view meth
   if (answer.error().code == Errc::kUnavailable) {
     // Not sent: the upstream cannot have acted. Retryable at once.
     return Execution::Retryable(
-        http::Problem(http::ProblemKind::kUpstreamUnavailable,
-                      "the upstream could not be reached and nothing was sent; retry with the "
-                      "same key",
-                      {.key_expires = expires}),
+        Problem(ProductProblem::kUpstreamUnavailable,
+                "the upstream could not be reached and nothing was sent; retry with the "
+                "same key",
+                {.key_expires = expires}),
         kSettled);
   }
   // Sent, and no usable answer: the upstream may have acted. The record stays PROCESSING at
@@ -149,8 +149,8 @@ Execution ForwardSteps::AfterForward(const Ticket& ticket, std::string_view meth
   // the upstream's own deduplication decides, or, on a route that has neither, gets the held
   // unknown outcome (HeldUnknown).
   const bool again = !route_.status_path.empty() || route_.upstream_deduplicates;
-  return Execution::Unknown(http::Problem(
-      http::ProblemKind::kUpstreamTimeout,
+  return Execution::Unknown(Problem(
+      ProductProblem::kUpstreamTimeout,
       again ? "the upstream gave no usable answer in time; it may have acted. Retry with the same "
               "key: the upstream is asked, or the request is forwarded again with the same "
               "upstream key"
@@ -197,8 +197,8 @@ std::optional<Execution> ForwardSteps::FromStatus(const Ticket& ticket,
                  {"status_unknown_max_ms", route_.status_unknown_max.count()},
                  {"why", why}});
       metrics_.CountUnknownOutcome(route_.name);
-      return Execution::Held(http::Problem(
-          http::ProblemKind::kUpstreamOutcomeUnknown,
+      return Execution::Held(Problem(
+          ProductProblem::kUpstreamOutcomeUnknown,
           "the upstream's status URL could not tell whether this request executed, and idemd no "
           "longer asks; it is not forwarded again",
           {.key_expires = record.expires_at}));
@@ -207,8 +207,8 @@ std::optional<Execution> ForwardSteps::FromStatus(const Ticket& ticket,
     // takeover loop) asks again.
     http::Log(http::LogLevel::kWarn, "gateway status URL could not tell",
               {{"route", route_.name}, {"scope", ToHex(record.scope)}, {"why", why}});
-    return Execution::Unknown(http::Problem(
-        http::ProblemKind::kUpstreamUnavailable,
+    return Execution::Unknown(Problem(
+        ProductProblem::kUpstreamUnavailable,
         "the upstream's status URL could not tell whether an earlier forward of this request "
         "executed; nothing was forwarded again. Retry later",
         {.key_expires = record.expires_at}));
@@ -230,11 +230,11 @@ Execution ForwardSteps::HeldUnknown(const Record& record) const {
              {"upstream_key", UpstreamKeyOf(record)},
              {"why", "no status_path, and upstream_deduplicates is false"}});
   metrics_.CountUnknownOutcome(route_.name);
-  return Execution::Held(http::Problem(http::ProblemKind::kUpstreamOutcomeUnknown,
-                                       "an earlier forward of this request may have executed, "
-                                       "and this route can neither ask the upstream nor rely on "
-                                       "it to deduplicate: it is not forwarded again",
-                                       {.key_expires = record.expires_at}));
+  return Execution::Held(Problem(ProductProblem::kUpstreamOutcomeUnknown,
+                                 "an earlier forward of this request may have executed, "
+                                 "and this route can neither ask the upstream nor rely on "
+                                 "it to deduplicate: it is not forwarded again",
+                                 {.key_expires = record.expires_at}));
 }
 
 Execution ForwardSteps::Unanswered(const Ticket& ticket) const {
@@ -242,17 +242,17 @@ Execution ForwardSteps::Unanswered(const Ticket& ticket) const {
   const bool forwarded = ticket.record.recovery_point == kForwarded;
   if (!forwarded || !route_.status_path.empty()) {
     // Never forwarded, or the status URL says it never ran: nothing happened upstream.
-    return Execution::Retryable(http::Problem(http::ProblemKind::kUpstreamUnavailable,
-                                              "the request was not executed by the upstream; "
-                                              "retry with the same key to forward it",
-                                              {.key_expires = expires}),
+    return Execution::Retryable(Problem(ProductProblem::kUpstreamUnavailable,
+                                        "the request was not executed by the upstream; "
+                                        "retry with the same key to forward it",
+                                        {.key_expires = expires}),
                                 kSettled);
   }
   return Execution::Retryable(
-      http::Problem(http::ProblemKind::kUpstreamTimeout,
-                    "the upstream's outcome is unknown; retry with the same key: the request is "
-                    "forwarded again with the same upstream key",
-                    {.key_expires = expires}));
+      Problem(ProductProblem::kUpstreamTimeout,
+              "the upstream's outcome is unknown; retry with the same key: the request is "
+              "forwarded again with the same upstream key",
+              {.key_expires = expires}));
 }
 
 }  // namespace idem::idemd

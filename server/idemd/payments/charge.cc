@@ -5,10 +5,10 @@
 #include <chrono>
 
 #include "http/log.h"
-#include "http/problem.h"
 #include "idem/canonical.h"
 #include "idem/failpoint.h"
 #include "server/idemd/payments/table.h"
+#include "server/idemd/problems.h"
 #include "server/idemd/routes.h"
 
 namespace idem::idemd {
@@ -19,8 +19,8 @@ namespace json = boost::json;
 // The takeover loop's answer for a record whose payment was never charged: retryable, so the next
 // attempt with the key executes. The takeover loop stores only its status, never sends it.
 http::Response NothingCharged(const Ticket& ticket) {
-  return http::Problem(http::ProblemKind::kProviderUnavailable, "retry",
-                       {.key_expires = ticket.record.expires_at});
+  return Problem(ProductProblem::kProviderUnavailable, "retry",
+                 {.key_expires = ticket.record.expires_at});
 }
 
 // The answer of a takeover step that leaves the record as it is: nobody gets it.
@@ -72,13 +72,13 @@ std::optional<Execution> ChargeSteps::Prepared(const Ticket& ticket,
     // again who holds the order.
     if (same && (payment.status == PaymentStatus::kPending ||
                  payment.status == PaymentStatus::kAbandoned)) {
-      return Execution::Retryable(http::Problem(http::ProblemKind::kOrderInProgress,
-                                                "this merchant_order_no is being paid under "
-                                                "another Idempotency-Key; retry later",
-                                                {.key_expires = expires}));
+      return Execution::Retryable(Problem(ProductProblem::kOrderInProgress,
+                                          "this merchant_order_no is being paid under "
+                                          "another Idempotency-Key; retry later",
+                                          {.key_expires = expires}));
     }
-    return Execution::Answer(http::Problem(
-        http::ProblemKind::kOrderConflict,
+    return Execution::Answer(Problem(
+        ProductProblem::kOrderConflict,
         same ? "this merchant_order_no already has a " +
                    std::string(PaymentStatusName(payment.status)) + " payment"
              : "this merchant_order_no was already paid with a different amount or currency",
@@ -100,10 +100,10 @@ bool ChargeSteps::LooksUpFirst(const Ticket& ticket) {
 std::optional<Execution> ChargeSteps::Found(const Ticket& ticket, const Payment& payment,
                                             Result<std::optional<Charge>> found) const {
   if (!found) {
-    return Execution::Unknown(http::Problem(http::ProblemKind::kProviderUnavailable,
-                                            "the payment provider could not be asked about an "
-                                            "earlier attempt; retry later",
-                                            {.key_expires = ticket.record.expires_at}));
+    return Execution::Unknown(Problem(ProductProblem::kProviderUnavailable,
+                                      "the payment provider could not be asked about an "
+                                      "earlier attempt; retry later",
+                                      {.key_expires = ticket.record.expires_at}));
   }
   if (*found) return FromFoundCharge(ticket, payment, **found);
   // After a send whose outcome is unknown (a timeout, an undeclared 5xx, a lost connection, a
@@ -176,8 +176,8 @@ Execution ChargeSteps::AfterSend(const Ticket& ticket, Payment payment, Status f
     // settled and the lookup still finds nothing.
     http::Log(http::LogLevel::kWarn, "provider charge outcome unknown",
               {{"payment", payment.id}, {"why", charged->unknown}});
-    return Execution::Unknown(http::Problem(
-        http::ProblemKind::kProviderUnavailable,
+    return Execution::Unknown(Problem(
+        ProductProblem::kProviderUnavailable,
         "the payment provider failed after the charge was sent, and may have charged; retry "
         "with the same key: the charge is looked up before anything is charged again",
         {.key_expires = expires}));
@@ -186,15 +186,15 @@ Execution ChargeSteps::AfterSend(const Ticket& ticket, Payment payment, Status f
     // Nothing was charged: the request never left, or the provider answered a 5xx it declares
     // so ([provider] nothing_charged_statuses). The attempt is over, and its order is released
     // at once for any key; a retry of this key takes it back if it is still free.
-    return Abandoned(payment, http::Problem(http::ProblemKind::kProviderUnavailable,
-                                            "the payment provider is unavailable; nothing was "
-                                            "charged; retry with the same key",
-                                            {.key_expires = expires}));
+    return Abandoned(payment, Problem(ProductProblem::kProviderUnavailable,
+                                      "the payment provider is unavailable; nothing was "
+                                      "charged; retry with the same key",
+                                      {.key_expires = expires}));
   }
-  return Execution::Unknown(http::Problem(http::ProblemKind::kProviderTimeout,
-                                          "the payment provider did not answer in time; retry "
-                                          "with the same key to learn the outcome",
-                                          {.key_expires = expires}));
+  return Execution::Unknown(Problem(ProductProblem::kProviderTimeout,
+                                    "the payment provider did not answer in time; retry "
+                                    "with the same key to learn the outcome",
+                                    {.key_expires = expires}));
 }
 
 std::optional<Execution> ChargeSteps::TakeOverLoaded(
@@ -263,8 +263,8 @@ Execution ChargeSteps::Succeeded(Payment payment, const Charge& charge) const {
 Execution ChargeSteps::Declined(const Ticket& ticket, const Payment& payment) const {
   const int64_t now = ToUnixMillis(clock_.Now());
   return Execution::Answer(
-      http::Problem(http::ProblemKind::kPaymentDeclined, "the payment provider declined the charge",
-                    {.key_expires = ticket.record.expires_at}),
+      Problem(ProductProblem::kPaymentDeclined, "the payment provider declined the charge",
+              {.key_expires = ticket.record.expires_at}),
       [id = payment.id, now](StoreTxn& txn, const Record&) -> Status {
         IDEM_RETURN_IF_ERROR(txn.Exec(
             "UPDATE payments SET status = 'declined', updated_at = ? WHERE id = ?", {now, id}));
@@ -313,11 +313,11 @@ Execution ChargeSteps::FromFoundCharge(const Ticket& ticket, Payment payment,
   if (charge.status == "succeeded") return Succeeded(std::move(payment), charge);
   if (charge.status == "declined" || charge.status == "failed") return Declined(ticket, payment);
   // Not settled yet (e.g. pending): as unknown as a timeout; look again later.
-  return Execution::Unknown(http::Problem(http::ProblemKind::kProviderTimeout,
-                                          "the payment provider has not settled an earlier "
-                                          "attempt yet; retry with the same key to learn the "
-                                          "outcome",
-                                          {.key_expires = ticket.record.expires_at}));
+  return Execution::Unknown(Problem(ProductProblem::kProviderTimeout,
+                                    "the payment provider has not settled an earlier "
+                                    "attempt yet; retry with the same key to learn the "
+                                    "outcome",
+                                    {.key_expires = ticket.record.expires_at}));
 }
 
 }  // namespace idem::idemd
