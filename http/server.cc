@@ -296,10 +296,6 @@ class ServerImpl final : public Server {
           --in_flight_;
         }
       }
-      if (context.delay.count() > 0) {
-        net::steady_timer timer(conn->strand, context.delay);
-        co_await timer.async_wait(kTuple);
-      }
       if (context.drop) break;
       response.headers.Set("X-Request-Id", request_id);
       const int status = response.status;

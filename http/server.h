@@ -80,9 +80,8 @@ struct RequestContext {
   // Free for the handler across calls of one request (e.g. the end of a Prefer: wait).
   std::optional<std::chrono::steady_clock::time_point> wait_until;
   int attempt = 1;  // 1 on the first call of Handle for this request, 2 after a park, ...
-  // Wait this long before sending the response (test doubles: slow downstreams).
-  Millis delay{0};
-  // Close the connection without answering (after `delay`).
+  // Close the connection without answering (a parked request whose client left; a test double's
+  // hung downstream).
   bool drop = false;
   // The request's trace (ContinueTrace): its parent_id is the caller's span. The request the
   // handler sees carries this hop's own traceparent instead of the caller's.

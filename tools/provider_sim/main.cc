@@ -210,18 +210,24 @@ class ProviderSim final : public http::Handler {
     late_cv_.notify_all();
   }
 
-  // Answers at once, on the I/O thread: the simulator's state is in memory, and a slow answer is
-  // context.delay, which the server waits out without a thread.
+  // Decides at once, on the I/O thread (the simulator's state is in memory); a slow answer then
+  // waits out its delay on a timer, without a thread.
   http::Async<http::Response> Handle(const http::Request& request,
                                      http::RequestContext& context) override {
-    co_return Serve(request, context);
+    Millis delay{0};
+    http::Response response = Serve(request, context, delay);
+    if (delay.count() > 0) co_await http::SleepFor(delay);
+    co_return response;
   }
 
  private:
-  http::Response Serve(const http::Request& request, http::RequestContext& context) {
+  // `delay`: how long to wait before answering (or, with context.drop, before closing).
+  http::Response Serve(const http::Request& request, http::RequestContext& context, Millis& delay) {
     const std::string_view path = request.Path();
     context.route = std::string(path);
-    if (path == "/v1/charges" && request.method == "POST") return CreateCharge(request, context);
+    if (path == "/v1/charges" && request.method == "POST") {
+      return CreateCharge(request, context, delay);
+    }
     if (path == "/v1/charges" && request.method == "GET") return GetCharges(request);
     if (path == "/v1/refunds" && request.method == "POST") return CreateRefund(request);
     if (path == "/admin/charges" && request.method == "POST") return InjectCharge(request);
@@ -271,7 +277,8 @@ class ProviderSim final : public http::Handler {
                           " records of this kind");
   }
 
-  http::Response CreateCharge(const http::Request& request, http::RequestContext& context) {
+  http::Response CreateCharge(const http::Request& request, http::RequestContext& context,
+                              Millis& delay) {
     json::value body;
     Charge charge = Requested(request, &body);
     if (charge.reference.empty() || charge.amount.empty() || charge.currency.empty()) {
@@ -290,11 +297,11 @@ class ProviderSim final : public http::Handler {
       return Json(fault->status, json::object{{"error", "unavailable"}});
     }
     if (fault && fault->kind == "hang") {
-      context.delay = fault->delay.count() > 0 ? fault->delay : Millis(60000);
+      delay = fault->delay.count() > 0 ? fault->delay : Millis(60000);
       context.drop = true;
       return {};
     }
-    if (fault && fault->kind == "slow") context.delay = fault->delay;
+    if (fault && fault->kind == "slow") delay = fault->delay;
 
     charge.id = NewId("ch_");
     // A provider whose ids outgrow what a client keeps: idemd's stored answer (16 KiB) included.
@@ -305,25 +312,25 @@ class ProviderSim final : public http::Handler {
       // landing never finds the simulator full. `late` answers then if the caller still waits;
       // `error` answers its 5xx at once.
       if (charges_.size() + landing_ >= max_records_) return Full();
-      const Millis delay = fault->kind == "late" ? fault->delay : *fault->charge_after;
-      charge.created_ms += delay.count();
+      const Millis lands = fault->kind == "late" ? fault->delay : *fault->charge_after;
+      charge.created_ms += lands.count();
       ++landing_;
-      late_.emplace_back([this, delay, key, charge](std::stop_token stop) {
+      late_.emplace_back([this, lands, key, charge](std::stop_token stop) {
         std::unique_lock late_lock(mu_);
-        late_cv_.wait_for(late_lock, stop, delay, [] { return false; });
+        late_cv_.wait_for(late_lock, stop, lands, [] { return false; });
         if (stop.stop_requested()) return;
         --landing_;
         (void)AddCharge(key, charge);
       });
       if (fault->kind == "error")
         return Json(fault->status, json::object{{"error", "bad_gateway"}});
-      context.delay = delay;
+      delay = lands;
       return Json(201, ToJson(charge));
     }
     const std::optional<std::size_t> made = AddCharge(key, std::move(charge));
     if (!made) return Full();
     if (fault && fault->kind == "succeed_then_timeout") {
-      context.delay = fault->delay.count() > 0 ? fault->delay : Millis(60000);
+      delay = fault->delay.count() > 0 ? fault->delay : Millis(60000);
       context.drop = true;
       return {};
     }
