@@ -18,15 +18,12 @@ namespace idem::testing {
 
 class EngineFixture : public ::testing::Test {
  protected:
-  // The store applies `app_migrations` under `app_name` (none when empty). Aborts the test binary
-  // if the store or the secrets cannot be made: nothing else would run.
-  explicit EngineFixture(std::string app_name = "", std::vector<Migration> app_migrations = {},
-                         uint64_t seed = 7)
-      : random_(seed) {
+  // The store applies the migrations of `apps` (SchemaOptions::apps). Aborts the test binary if
+  // the store or the secrets cannot be made: nothing else would run.
+  explicit EngineFixture(std::vector<AppMigrations> apps = {}, uint64_t seed = 7) : random_(seed) {
     SqliteStoreOptions options;
     options.path = dir_.File("idem.db");
-    options.app_name = std::move(app_name);
-    options.app_migrations = std::move(app_migrations);
+    options.apps = std::move(apps);
     auto store = OpenSqliteStore(options, clock_, random_);
     IDEM_CHECK(store.has_value());
     store_ = std::move(*store);

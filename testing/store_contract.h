@@ -34,8 +34,7 @@ inline constexpr const char* kContractAppName = "contract";
 // `options` (a backend's options struct) with the suite's tables as its application migrations.
 template <typename Options>
 Options WithContractTables(Options options) {
-  options.app_name = kContractAppName;
-  options.app_migrations = ContractMigrations();
+  options.apps = {{kContractAppName, ContractMigrations()}};
   return options;
 }
 

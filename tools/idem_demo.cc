@@ -82,8 +82,7 @@ int Run(const std::string& db_path, const std::string& secrets_path) {
   }
   SqliteStoreOptions options;
   options.path = db_path;
-  options.app_name = "demo";
-  options.app_migrations = {{1, kPaymentsTable}};
+  options.apps = {{"demo", {{1, kPaymentsTable}}}};
   auto store = OpenSqliteStore(options, SystemClock(), SystemRandom());
   auto fingerprinter = Fingerprinter::Create({{1, secrets->hmac}}, 1);
   auto sealer = Sealer::Create({{1, secrets->seal}}, 1, SystemRandom());

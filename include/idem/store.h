@@ -33,13 +33,20 @@ struct Migration {
 };
 
 // How a SQL store treats its schema when it opens; every SQL backend's options include these.
+// An application's own migrations, recorded under `name` (not "idem", and one per application):
+// its versions are its own, applied in order, each once.
+struct AppMigrations {
+  std::string name;
+  std::vector<Migration> migrations;
+};
+
 struct SchemaOptions {
   // false: use the database as it is — nothing is created and no migration runs; libidem's
   // schema is only checked (tools that read a service's store use this).
   bool apply_migrations = true;
-  // The application's own migrations, applied after libidem's under `app_name` (not "idem").
-  std::string app_name;
-  std::vector<Migration> app_migrations;
+  // The applications' own migrations, applied after libidem's, each under its name, in this
+  // order (e.g. a service's tables, then a component's of its own).
+  std::vector<AppMigrations> apps;
 };
 
 // What a backend can do; tests and callers branch on these, never on the backend's name.

@@ -169,8 +169,7 @@ int Run(int argc, char** argv) {
   store_options.prepared_statements = config->store.prepared_statements;
   store_options.listen_url = config->store.listen_url;
   store_options.postgres_timeouts = config->store.timeouts;
-  store_options.app_name = "payments";
-  store_options.app_migrations = PaymentsMigrations();
+  store_options.apps = IdemdMigrations();
   auto store = OpenStoreUrl(config->store.url, store_options);
   if (!store) return Fail("store: " + store.error().message);
   Metrics metrics({.longest_timeout = LongestTimeout(*config),

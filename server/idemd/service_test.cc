@@ -18,6 +18,7 @@
 #include "idem/failpoint.h"
 #include "idem/store/sqlite.h"
 #include "server/idemd/filter/timed.h"
+#include "server/idemd/payments/books.h"
 #include "testing/engine_fixture.h"
 #include "testing/fakes.h"
 #include "testing/faulty_store.h"
@@ -176,7 +177,7 @@ class SwitchableStore final : public StoreWrapper {
 
 class ServiceTest : public testing::EngineFixture {
  protected:
-  ServiceTest() : EngineFixture("payments", PaymentsMigrations(), 11) { Build(false, Millis(0)); }
+  ServiceTest() : EngineFixture(IdemdMigrations(), 11) { Build(false, Millis(0)); }
 
   // (Re)builds Payments, the filter and the service with the provider's declared semantics.
   void Build(bool deduplicates_by_key, Millis settle) {

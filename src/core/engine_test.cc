@@ -25,9 +25,10 @@ constexpr Millis kRetention{24LL * 3600 * 1000};
 class EngineTest : public testing::EngineFixture {
  protected:
   EngineTest()
-      : EngineFixture("engine_test",
-                      {{1, "CREATE TABLE payments (id TEXT PRIMARY KEY, status TEXT NOT NULL)"}},
-                      3) {}
+      : EngineFixture(
+            {{"engine_test",
+              {{1, "CREATE TABLE payments (id TEXT PRIMARY KEY, status TEXT NOT NULL)"}}}},
+            3) {}
 
   void SetUp() override {
     policy_.route = "payments.create";

@@ -704,12 +704,13 @@ Result<RecordCensus> CensusRecords(SqlRunner& conn, const RecordSql& sql, StoreT
 
 Status MigrateAll(SqlRunner& conn, const RecordSql& sql,
                   const std::function<Status(const std::string&)>& script,
-                  const std::string& app_name, const std::vector<Migration>& app_migrations,
-                  Timestamp now) {
+                  const std::vector<AppMigrations>& apps, Timestamp now) {
   IDEM_RETURN_IF_ERROR(script(sql.create_schema_table));
   IDEM_RETURN_IF_ERROR(Migrate(conn, sql, script, kComponent, sql.migrations, now));
-  if (app_migrations.empty()) return Ok();
-  return Migrate(conn, sql, script, app_name, app_migrations, now);
+  for (const AppMigrations& app : apps) {
+    IDEM_RETURN_IF_ERROR(Migrate(conn, sql, script, app.name, app.migrations, now));
+  }
+  return Ok();
 }
 
 Status CheckSchema(SqlRunner& conn, const RecordSql& sql) {
@@ -726,11 +727,19 @@ Status CheckSchema(SqlRunner& conn, const RecordSql& sql) {
   return Ok();
 }
 
-Status CheckAppName(std::string_view backend, const std::string& app_name,
-                    const std::vector<Migration>& app_migrations) {
-  if (!app_migrations.empty() && (app_name.empty() || app_name == kComponent)) {
-    return MakeError(Errc::kInvalidArgument,
-                     std::string(backend) + ": app migrations need an app_name other than 'idem'");
+Status CheckAppNames(std::string_view backend, const std::vector<AppMigrations>& apps) {
+  for (std::size_t i = 0; i < apps.size(); ++i) {
+    const std::string& name = apps[i].name;
+    const bool taken =
+        std::any_of(apps.begin(), apps.begin() + static_cast<std::ptrdiff_t>(i),
+                    [&](const AppMigrations& before) { return before.name == name; });
+    if (name.empty() || name == kComponent || taken) {
+      return MakeError(Errc::kInvalidArgument,
+                       std::string(backend) +
+                           ": each application's migrations need a name of their own, not 'idem' "
+                           "(got '" +
+                           name + "')");
+    }
   }
   return Ok();
 }

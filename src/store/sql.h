@@ -234,22 +234,21 @@ Result<int> SweepRecords(SqlRunner& conn, const RecordSql& sql, StoreTime time, 
 // principals' counters.
 Result<RecordCensus> CensusRecords(SqlRunner& conn, const RecordSql& sql, StoreTime time);
 
-// Creates the schema table if needed and applies the pending migrations of libidem and, when
-// `app_migrations` is not empty, of the application `app_name`, inside the caller's transaction.
+// Creates the schema table if needed and applies the pending migrations of libidem and then of
+// each of `apps`, inside the caller's transaction.
 // `script` runs parameterless statements (DDL). Errors: kDataLoss when the database's schema is
 // newer than this build; kInvalidArgument naming a migration the database rejects.
 Status MigrateAll(SqlRunner& conn, const RecordSql& sql,
                   const std::function<Status(const std::string&)>& script,
-                  const std::string& app_name, const std::vector<Migration>& app_migrations,
-                  Timestamp now);
+                  const std::vector<AppMigrations>& apps, Timestamp now);
 
 // For a store opened without migrations: libidem's schema must be there, at a version this build
 // knows. Errors: kInvalidArgument when it is missing; kDataLoss when it is newer.
 Status CheckSchema(SqlRunner& conn, const RecordSql& sql);
 
-// Errors: kInvalidArgument when app migrations come without a name of their own.
-Status CheckAppName(std::string_view backend, const std::string& app_name,
-                    const std::vector<Migration>& app_migrations);
+// Errors: kInvalidArgument when an application's migrations come without a name of their own
+// (empty, "idem", or another application's).
+Status CheckAppNames(std::string_view backend, const std::vector<AppMigrations>& apps);
 
 // The one integer a query like "SELECT count(*)" returns. Errors: kDataLoss for anything else.
 Result<int64_t> SingleInteger(const std::vector<SqlRow>& rows, const char* what);

@@ -8,6 +8,9 @@
 
 #include "http/message.h"
 #include "idem/clock.h"
+#include "server/idemd/config/store_url.h"
+#include "server/idemd/payments/books.h"
+#include "server/idemd/payments/table.h"
 #include "tests/integration/idemd_fixture.h"
 
 namespace idem::itest {
@@ -303,6 +306,61 @@ TEST_F(ReconcileTest, IdemdsPeriodicJobRefundsADuplicate) {
       << metrics;
   EXPECT_NE(metrics.find("idem_reconcile_refunds_total{outcome=\"refunded\"} 1"), std::string::npos)
       << metrics;
+}
+
+// A store made before the books had migrations of their own, when the payments' version 3 made
+// their tables, opens with them: the books' version 1 finds its tables there and keeps what they
+// hold; a new store gets them from it.
+void BooksTakeOverTheirTables(const std::string& old_url, const std::string& new_url) {
+  std::vector<Migration> before = idemd::PaymentsMigrations();
+  std::string v3 = idemd::BooksMigrations().at(0).sql;  // as version 3 wrote it: no IF NOT EXISTS
+  for (std::size_t at; (at = v3.find(" IF NOT EXISTS")) != std::string::npos;) v3.erase(at, 14);
+  before.insert(before.begin() + 2, Migration{3, v3});
+  ASSERT_EQ(before.at(1).version, 2);
+  ASSERT_EQ(before.at(3).version, 4);
+  auto open = [](const std::string& url, std::vector<AppMigrations> apps) {
+    idemd::StoreUrlOptions options;
+    options.pool_size = 1;
+    options.apps = std::move(apps);
+    return idemd::OpenStoreUrl(url, options);
+  };
+  {
+    auto old = open(old_url, {{"payments", before}});
+    ASSERT_TRUE(old.has_value()) << old.error().message;
+  }
+  ExecSql(old_url,
+          "INSERT INTO reconcile_runs (id, since_ms, until_ms, cursor, state, instance, charges, "
+          "started_at, finished_at) VALUES ('run-1', 1, 2, '', 'done', 'old', 3, 4, 5)");
+  auto now = open(old_url, idemd::IdemdMigrations());
+  ASSERT_TRUE(now.has_value()) << now.error().message;
+  auto count = [](const std::string& url, const std::string& sql) {
+    const std::vector<SqlRow> rows = QuerySql(url, sql);
+    return rows.size() == 1 && std::holds_alternative<int64_t>(rows[0].at(0))
+               ? std::get<int64_t>(rows[0][0])
+               : -1;
+  };
+  EXPECT_EQ(count(old_url, "SELECT count(*) FROM reconcile_runs WHERE id = 'run-1'"), 1);
+  EXPECT_EQ(count(old_url, "SELECT max(version) FROM idem_schema WHERE component = 'books'"), 1);
+  EXPECT_EQ(count(old_url, "SELECT max(version) FROM idem_schema WHERE component = 'payments'"), 4);
+
+  auto fresh = open(new_url, idemd::IdemdMigrations());
+  ASSERT_TRUE(fresh.has_value()) << fresh.error().message;
+  EXPECT_EQ(count(new_url, "SELECT count(*) FROM reconcile_findings"), 0);
+  EXPECT_EQ(count(new_url,
+                  "SELECT count(*) FROM idem_schema WHERE component = 'payments' AND "
+                  "version = 3"),
+            0)
+      << "a new store never runs the payments' version 3";
+}
+
+TEST(BooksMigration, TheBooksTakeOverTheirTablesOnSqlite) {
+  testing::TempDir dir;
+  BooksTakeOverTheirTables("sqlite://" + dir.File("old.db"), "sqlite://" + dir.File("new.db"));
+}
+
+TEST(BooksMigration, TheBooksTakeOverTheirTablesOnPostgres) {
+  IDEM_NEED_SERVICE(PostgresServerUrl(), "IDEM_TEST_PG_URL");
+  BooksTakeOverTheirTables(FreshPostgresStoreUrl(), FreshPostgresStoreUrl());
 }
 
 // The same on PostgreSQL, with two idemd instances' worth of runners.

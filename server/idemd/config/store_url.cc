@@ -16,8 +16,7 @@ Result<std::unique_ptr<Store>> OpenStoreUrl(const std::string& url,
     sqlite.path = url.substr(kSqlite.size());
     sqlite.pool_size = options.pool_size;
     sqlite.apply_migrations = options.apply_migrations;
-    sqlite.app_name = options.app_name;
-    sqlite.app_migrations = options.app_migrations;
+    sqlite.apps = options.apps;
     const std::filesystem::path parent = std::filesystem::path(sqlite.path).parent_path();
     std::error_code ec;
     if (!parent.empty() && options.apply_migrations) {
@@ -33,8 +32,7 @@ Result<std::unique_ptr<Store>> OpenStoreUrl(const std::string& url,
     postgres.listen_conninfo = options.listen_url;
     postgres.timeouts = options.postgres_timeouts;
     postgres.apply_migrations = options.apply_migrations;
-    postgres.app_name = options.app_name;
-    postgres.app_migrations = options.app_migrations;
+    postgres.apps = options.apps;
     return OpenPostgresStore(postgres, SystemRandom());
   }
   return MakeError(Errc::kInvalidArgument, "store URL must start with sqlite:// or postgresql://");

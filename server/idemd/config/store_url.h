@@ -24,8 +24,7 @@ struct StoreUrlOptions {
   // (idemd). false: write nothing on open; the store must already have a current schema
   // (idemctl). See SqliteStoreOptions::apply_migrations.
   bool apply_migrations = true;
-  std::string app_name;
-  std::vector<Migration> app_migrations;
+  std::vector<AppMigrations> apps;  // SchemaOptions::apps
 };
 
 // Opens the store at `url`. Errors: kInvalidArgument for an unknown scheme; the backend's errors

@@ -11,6 +11,67 @@
 #include "server/idemd/payments/table.h"
 
 namespace idem::idemd {
+
+const std::vector<Migration>& BooksMigrations() {
+  static const std::vector<Migration> kMigrations = {
+      // Its runs, what it found, as it stands, and every change of a finding, append-only. "IF
+      // NOT EXISTS": a database made before the books had migrations of their own has these
+      // tables from the payments' version 3, and keeps them.
+      {1, R"sql(
+CREATE TABLE IF NOT EXISTS reconcile_runs (
+  id          TEXT PRIMARY KEY,
+  since_ms    BIGINT NOT NULL,
+  until_ms    BIGINT NOT NULL,
+  cursor      TEXT NOT NULL,
+  state       TEXT NOT NULL CHECK (state IN ('running', 'done')),
+  instance    TEXT NOT NULL,
+  charges     BIGINT NOT NULL,
+  started_at  BIGINT NOT NULL,
+  finished_at BIGINT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS reconcile_runs_open ON reconcile_runs (state, since_ms, until_ms);
+CREATE TABLE IF NOT EXISTS reconcile_findings (
+  class           TEXT NOT NULL
+                  CHECK (class IN ('duplicate', 'orphan', 'missing', 'mismatched')),
+  charge_id       TEXT NOT NULL,
+  payment_id      TEXT NOT NULL,
+  amount          TEXT NOT NULL,
+  currency        TEXT NOT NULL,
+  detail          TEXT NOT NULL,
+  action          TEXT NOT NULL
+                  CHECK (action IN ('reported', 'refund_pending', 'refunded', 'refund_failed')),
+  refund_id       TEXT NOT NULL,
+  refunded_amount TEXT NOT NULL,
+  run_id          TEXT NOT NULL,
+  instance        TEXT NOT NULL,
+  found_at        BIGINT NOT NULL,
+  updated_at      BIGINT NOT NULL,
+  PRIMARY KEY (class, charge_id, payment_id)
+);
+CREATE INDEX IF NOT EXISTS reconcile_findings_payment ON reconcile_findings (payment_id);
+CREATE INDEX IF NOT EXISTS reconcile_findings_found ON reconcile_findings (found_at);
+CREATE TABLE IF NOT EXISTS reconcile_events (
+  at         BIGINT NOT NULL,
+  run_id     TEXT NOT NULL,
+  instance   TEXT NOT NULL,
+  class      TEXT NOT NULL,
+  charge_id  TEXT NOT NULL,
+  payment_id TEXT NOT NULL,
+  action     TEXT NOT NULL,
+  refund_id  TEXT NOT NULL,
+  amount     TEXT NOT NULL,
+  detail     TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS reconcile_events_at ON reconcile_events (at);
+)sql"},
+  };
+  return kMigrations;
+}
+
+std::vector<AppMigrations> IdemdMigrations() {
+  return {{"payments", PaymentsMigrations()}, {"books", BooksMigrations()}};
+}
+
 namespace {
 
 // Payments whose own charge a run saw, kept to spare a provider lookup per payment when looking

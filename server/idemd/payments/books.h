@@ -18,6 +18,13 @@
 
 namespace idem::idemd {
 
+// The books' tables (runs, findings, their events), an application migration of the store
+// ("books" component), applied after PaymentsMigrations: the books read the payments table.
+const std::vector<Migration>& BooksMigrations();
+
+// Every application migration idemd's store applies, in order: the payments', then the books'.
+std::vector<AppMigrations> IdemdMigrations();
+
 struct ReconcileOptions {
   // Refund every charge of a payment beyond the one the payment records.
   bool refund_duplicates = true;

@@ -58,55 +58,8 @@ ALTER TABLE payments_v2 RENAME TO payments;
 CREATE UNIQUE INDEX payments_live_order ON payments (tenant, merchant_order_no)
   WHERE status <> 'abandoned';
 )sql"},
-      // Reconciliation of the books (server/idemd/payments/books.h): its runs, what it found,
-      // as it stands, and every change of a finding, append-only.
-      {3, R"sql(
-CREATE TABLE reconcile_runs (
-  id          TEXT PRIMARY KEY,
-  since_ms    BIGINT NOT NULL,
-  until_ms    BIGINT NOT NULL,
-  cursor      TEXT NOT NULL,
-  state       TEXT NOT NULL CHECK (state IN ('running', 'done')),
-  instance    TEXT NOT NULL,
-  charges     BIGINT NOT NULL,
-  started_at  BIGINT NOT NULL,
-  finished_at BIGINT NOT NULL
-);
-CREATE INDEX reconcile_runs_open ON reconcile_runs (state, since_ms, until_ms);
-CREATE TABLE reconcile_findings (
-  class           TEXT NOT NULL
-                  CHECK (class IN ('duplicate', 'orphan', 'missing', 'mismatched')),
-  charge_id       TEXT NOT NULL,
-  payment_id      TEXT NOT NULL,
-  amount          TEXT NOT NULL,
-  currency        TEXT NOT NULL,
-  detail          TEXT NOT NULL,
-  action          TEXT NOT NULL
-                  CHECK (action IN ('reported', 'refund_pending', 'refunded', 'refund_failed')),
-  refund_id       TEXT NOT NULL,
-  refunded_amount TEXT NOT NULL,
-  run_id          TEXT NOT NULL,
-  instance        TEXT NOT NULL,
-  found_at        BIGINT NOT NULL,
-  updated_at      BIGINT NOT NULL,
-  PRIMARY KEY (class, charge_id, payment_id)
-);
-CREATE INDEX reconcile_findings_payment ON reconcile_findings (payment_id);
-CREATE INDEX reconcile_findings_found ON reconcile_findings (found_at);
-CREATE TABLE reconcile_events (
-  at         BIGINT NOT NULL,
-  run_id     TEXT NOT NULL,
-  instance   TEXT NOT NULL,
-  class      TEXT NOT NULL,
-  charge_id  TEXT NOT NULL,
-  payment_id TEXT NOT NULL,
-  action     TEXT NOT NULL,
-  refund_id  TEXT NOT NULL,
-  amount     TEXT NOT NULL,
-  detail     TEXT NOT NULL
-);
-CREATE INDEX reconcile_events_at ON reconcile_events (at);
-)sql"},
+      // Version 3 made the books' tables, which are now the books' own migrations
+      // (BooksMigrations, books.cc); a database that has them keeps them.
       // A payment's id is derived from its merchant order and how many payments the order had
       // (PaymentIdFor): the claim counts them, abandoned ones included, through this index.
       // The database's payment namespace, drawn once (PaymentsNamespace), travels with its

@@ -334,8 +334,8 @@ Status PrepareSchema(const PostgresStoreOptions& options, Clock& clock) {
       IDEM_RETURN_IF_ERROR(conn->Script("CREATE SCHEMA IF NOT EXISTS " + options.schema));
     }
     return store_internal::MigrateAll(
-        *conn, Sql(), [&](const std::string& sql) { return conn->Script(sql); }, options.app_name,
-        options.app_migrations, clock.Now());
+        *conn, Sql(), [&](const std::string& sql) { return conn->Script(sql); }, options.apps,
+        clock.Now());
   }();
   if (!prepared) {
     (void)conn->Script("ROLLBACK");
@@ -386,8 +386,7 @@ Result<std::unique_ptr<Store>> Open(const PostgresStoreOptions& options, StoreTi
     return MakeError(Errc::kInvalidArgument, "postgres: schema must be 1..63 of a-z 0-9 _");
   }
   IDEM_RETURN_IF_ERROR(ValidatePostgresTimeouts(options.timeouts));
-  IDEM_RETURN_IF_ERROR(
-      store_internal::CheckAppName("postgres", options.app_name, options.app_migrations));
+  IDEM_RETURN_IF_ERROR(store_internal::CheckAppNames("postgres", options.apps));
   IDEM_RETURN_IF_ERROR(PrepareSchema(options, clock));
   auto connect = [options]() {
     return Connect(options, Bounded(options.timeouts), Now() + options.timeouts.connect);

@@ -249,7 +249,7 @@ TEST(PostgresStore, WithoutMigrationsOpensOnlyAnExistingCurrentSchema) {
       << "a read-only open created the schema";
 
   ASSERT_TRUE(OpenPostgresStore(Options(schema, 1, true), clock, random).has_value());
-  read_only.app_migrations.push_back({3, "CREATE TABLE never_applied (x BIGINT)"});
+  read_only.apps.at(0).migrations.push_back({3, "CREATE TABLE never_applied (x BIGINT)"});
   auto reader = OpenPostgresStore(read_only, clock, random);
   ASSERT_TRUE(reader.has_value()) << reader.error().message;
   EXPECT_EQ(QueryInt("SELECT count(*) FROM pg_tables WHERE schemaname = '" + schema +

@@ -479,8 +479,8 @@ Status PrepareSchema(Connection& conn, const SqliteStoreOptions& options, Clock&
   if (!options.apply_migrations) return store_internal::CheckSchema(conn, Sql());
   IDEM_RETURN_IF_ERROR(conn.Script("BEGIN IMMEDIATE"));
   Status migrated = store_internal::MigrateAll(
-      conn, Sql(), [&](const std::string& sql) { return conn.Script(sql); }, options.app_name,
-      options.app_migrations, clock.Now());
+      conn, Sql(), [&](const std::string& sql) { return conn.Script(sql); }, options.apps,
+      clock.Now());
   if (migrated) migrated = conn.Script("COMMIT");
   if (!migrated) (void)conn.Script("ROLLBACK");
   return migrated;
@@ -497,8 +497,7 @@ Result<std::unique_ptr<Store>> OpenSqliteStore(const SqliteStoreOptions& options
   if (options.max_group < 1 || options.max_group > 1024) {
     return MakeError(Errc::kInvalidArgument, "sqlite: max_group must be 1..1024");
   }
-  IDEM_RETURN_IF_ERROR(
-      store_internal::CheckAppName("sqlite", options.app_name, options.app_migrations));
+  IDEM_RETURN_IF_ERROR(store_internal::CheckAppNames("sqlite", options.apps));
   std::vector<std::unique_ptr<Connection>> conns;
   for (int i = 0; i < options.pool_size + 1; ++i) {
     auto conn = std::make_unique<Connection>();

@@ -117,7 +117,7 @@ TEST(SqliteStore, AppliesANewAppMigrationOnReopen) {
   const std::string path = env.dir.File("idem.db");
   ASSERT_TRUE(OpenSqliteStore(Options(path, 1), env.clock, env.random).has_value());
   SqliteStoreOptions v2 = Options(path, 1);
-  v2.app_migrations.push_back({3, "ALTER TABLE contract_business ADD COLUMN extra TEXT"});
+  v2.apps.at(0).migrations.push_back({3, "ALTER TABLE contract_business ADD COLUMN extra TEXT"});
   auto store = OpenSqliteStore(v2, env.clock, env.random);
   ASSERT_TRUE(store.has_value()) << store.error().message;
   EXPECT_EQ(QueryInt(path, "SELECT max(version) FROM idem_schema WHERE component = 'contract'"), 3);
@@ -168,7 +168,7 @@ TEST(SqliteStore, WithoutMigrationsOpensOnlyAnExistingCurrentSchema) {
     ASSERT_TRUE(txn->Commit().has_value());
   }
   owner->reset();  // idemd stopped: the WAL is checkpointed and its files removed
-  read_only.app_migrations.push_back({3, "CREATE TABLE never_applied (x INTEGER)"});
+  read_only.apps.at(0).migrations.push_back({3, "CREATE TABLE never_applied (x INTEGER)"});
   auto reader = OpenSqliteStore(read_only, env.clock, env.random);
   ASSERT_TRUE(reader.has_value()) << reader.error().message;
   auto read = (*reader)->Read(spec.scope);
@@ -188,7 +188,8 @@ TEST(SqliteStore, ABrokenMigrationLeavesNothingApplied) {
   StoreTestEnv env;
   const std::string path = env.dir.File("idem.db");
   SqliteStoreOptions options = Options(path, 1);
-  options.app_migrations = {{1, "CREATE TABLE ok_table (x INTEGER)"}, {2, "THIS IS NOT SQL"}};
+  options.apps.at(0).migrations = {{1, "CREATE TABLE ok_table (x INTEGER)"},
+                                   {2, "THIS IS NOT SQL"}};
   auto store = OpenSqliteStore(options, env.clock, env.random);
   ASSERT_FALSE(store.has_value());
   EXPECT_EQ(store.error().code, Errc::kInvalidArgument);
@@ -202,8 +203,14 @@ TEST(SqliteStore, RejectsBadOptions) {
   SqliteStoreOptions too_many = Options(env.dir.File("a.db"), 65);
   EXPECT_EQ(OpenSqliteStore(too_many, env.clock, env.random).error().code, Errc::kInvalidArgument);
   SqliteStoreOptions unnamed = Options(env.dir.File("b.db"), 1);
-  unnamed.app_name.clear();
+  unnamed.apps.at(0).name.clear();
   EXPECT_EQ(OpenSqliteStore(unnamed, env.clock, env.random).error().code, Errc::kInvalidArgument);
+  SqliteStoreOptions twice = Options(env.dir.File("c.db"), 1);
+  twice.apps.push_back(twice.apps.at(0));  // two applications of one name would share versions
+  EXPECT_EQ(OpenSqliteStore(twice, env.clock, env.random).error().code, Errc::kInvalidArgument);
+  SqliteStoreOptions as_idem = Options(env.dir.File("d.db"), 1);
+  as_idem.apps.at(0).name = "idem";
+  EXPECT_EQ(OpenSqliteStore(as_idem, env.clock, env.random).error().code, Errc::kInvalidArgument);
   SqliteStoreOptions nowhere = Options("/nonexistent-dir/x/idem.db", 1);
   EXPECT_EQ(OpenSqliteStore(nowhere, env.clock, env.random).error().code, Errc::kUnavailable);
 }
