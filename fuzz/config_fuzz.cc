@@ -59,7 +59,7 @@ void CheckConfig(const idem::idemd::Config& c) {
       IDEM_FUZZ_CHECK((ch >= '0' && ch <= '9') || (ch >= 'a' && ch <= 'f'));
     }
   }
-  CheckSecrets(c.secrets);
+  CheckSecrets(c.secrets.keys);
 }
 
 }  // namespace
