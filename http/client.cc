@@ -19,9 +19,10 @@
 #include <boost/url/parse.hpp>
 #include <cerrno>
 #include <deque>
-#include <mutex>
 #include <optional>
 #include <vector>
+
+#include "idem/mutex.h"
 
 namespace idem::http {
 
@@ -66,8 +67,8 @@ struct Waiter {
 };
 
 struct PoolState : std::enable_shared_from_this<PoolState> {
-  // Wakes the first waiter, if any: a connection was returned, or a slot freed. Holds mu.
-  void WakeOneLocked() {
+  // Wakes the first waiter, if any: a connection was returned, or a slot freed.
+  void WakeOneLocked() IDEM_REQUIRES(mu) {
     if (waiters.empty()) return;
     auto waiter = std::move(waiters.front());
     waiters.pop_front();
@@ -77,7 +78,7 @@ struct PoolState : std::enable_shared_from_this<PoolState> {
   // Gives back a leased slot and its connection, if one was opened: kept idle if `keep`, else
   // closed (here: the caller is on the connection's context).
   void Release(std::unique_ptr<Conn> conn, bool keep) {
-    std::lock_guard lock(mu);
+    MutexLock lock(mu);
     if (conn && keep && !closed) {
       conn->idle_since = std::chrono::steady_clock::now();
       idle.push_back(std::move(conn));
@@ -90,7 +91,7 @@ struct PoolState : std::enable_shared_from_this<PoolState> {
   // Closes the idle connections on `context`, which is shutting down.
   void DropIdleOf(const net::execution_context* context) {
     std::vector<std::unique_ptr<Conn>> dropped;
-    std::lock_guard lock(mu);
+    MutexLock lock(mu);
     for (auto it = idle.begin(); it != idle.end();) {
       if ((*it)->context != context) {
         ++it;
@@ -107,11 +108,11 @@ struct PoolState : std::enable_shared_from_this<PoolState> {
   PoolOptions options;
   std::optional<ssl::context> tls;  // https only
 
-  mutable std::mutex mu;
-  int open = 0;                                 // busy, idle and being opened
-  std::deque<std::unique_ptr<Conn>> idle;       // least recently used first
-  std::deque<std::shared_ptr<Waiter>> waiters;  // first come, first woken
-  bool closed = false;                          // the ClientPool is gone: keep nothing
+  mutable Mutex mu;
+  int open IDEM_GUARDED_BY(mu) = 0;                                 // busy, idle and being opened
+  std::deque<std::unique_ptr<Conn>> idle IDEM_GUARDED_BY(mu);       // least recently used first
+  std::deque<std::shared_ptr<Waiter>> waiters IDEM_GUARDED_BY(mu);  // first come, first woken
+  bool closed IDEM_GUARDED_BY(mu) = false;  // the ClientPool is gone: keep nothing
 };
 
 // One per execution context on which a pool opened a connection. When the context shuts down
@@ -126,7 +127,7 @@ class IdleRegistry final : public net::execution_context::service {
   explicit IdleRegistry(net::execution_context& context) : service(context) {}
 
   void Add(const std::shared_ptr<PoolState>& state) {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     std::erase_if(pools_, [](const std::weak_ptr<PoolState>& p) { return p.expired(); });
     for (const auto& p : pools_) {
       if (!p.owner_before(state) && !state.owner_before(p)) return;
@@ -138,7 +139,7 @@ class IdleRegistry final : public net::execution_context::service {
   void shutdown() override {
     std::vector<std::weak_ptr<PoolState>> pools;
     {
-      std::lock_guard lock(mu_);
+      MutexLock lock(mu_);
       pools.swap(pools_);
     }
     for (const auto& p : pools) {
@@ -146,8 +147,8 @@ class IdleRegistry final : public net::execution_context::service {
     }
   }
 
-  std::mutex mu_;
-  std::vector<std::weak_ptr<PoolState>> pools_;
+  Mutex mu_;
+  std::vector<std::weak_ptr<PoolState>> pools_ IDEM_GUARDED_BY(mu_);
 };
 
 net::execution_context::id IdleRegistry::id;
@@ -188,7 +189,7 @@ struct Lease {
 // Takes `waiter` off the list when its wait ends, however it ends (a wake may have done so).
 struct Unpark {
   ~Unpark() {
-    std::lock_guard lock(state.mu);
+    MutexLock lock(state.mu);
     std::erase(state.waiters, waiter);
   }
   PoolState& state;
@@ -264,7 +265,7 @@ Async<Status> Acquire(Lease& lease, net::any_io_executor ex, SteadyTime deadline
     int open = 0;
     const auto now = std::chrono::steady_clock::now();
     {
-      std::lock_guard lock(state.mu);
+      MutexLock lock(state.mu);
       while (!state.idle.empty() &&
              now - state.idle.front()->idle_since >= state.options.idle_timeout) {
         stale.push_back(std::move(state.idle.front()));
@@ -468,7 +469,7 @@ Result<std::unique_ptr<ClientPool>> ClientPool::Make(Url url, PoolOptions option
 
 ClientPool::~ClientPool() {
   std::deque<std::unique_ptr<internal::Conn>> idle;
-  std::lock_guard lock(state_->mu);
+  MutexLock lock(state_->mu);
   state_->closed = true;
   state_->open -= static_cast<int>(state_->idle.size());
   idle.swap(state_->idle);
@@ -479,12 +480,12 @@ Async<Result<Response>> ClientPool::Call(Request request, CallOptions options) {
 }
 
 int ClientPool::OpenConnections() const {
-  std::lock_guard lock(state_->mu);
+  MutexLock lock(state_->mu);
   return state_->open;
 }
 
 int ClientPool::IdleConnections() const {
-  std::lock_guard lock(state_->mu);
+  MutexLock lock(state_->mu);
   return static_cast<int>(state_->idle.size());
 }
 

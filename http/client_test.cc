@@ -20,10 +20,11 @@
 #include <cstdlib>
 #include <filesystem>
 #include <functional>
-#include <mutex>
 #include <optional>
 #include <thread>
 #include <vector>
+
+#include "idem/mutex.h"
 
 namespace idem::http {
 namespace {
@@ -72,30 +73,34 @@ class Upstream {
   }
 
   uint16_t port() const { return port_; }
-  int Accepted() const { return Get(accepted_); }
-  int Open() const { return Get(open_); }
-  int MaxOpen() const { return Get(max_open_); }
+  int Accepted() const {
+    MutexLock lock(mu_);
+    return accepted_;
+  }
+  int Open() const {
+    MutexLock lock(mu_);
+    return open_;
+  }
+  int MaxOpen() const {
+    MutexLock lock(mu_);
+    return max_open_;
+  }
   int Requests() const {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     return static_cast<int>(seen_.size());
   }
   std::vector<Seen> SeenRequests() const {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     return seen_;
   }
 
  private:
-  int Get(const int& counter) const {
-    std::lock_guard lock(mu_);
-    return counter;
-  }
-
   Async<void> Accept() {
     while (true) {
       auto [ec, socket] = co_await acceptor_.async_accept(kTuple);
       if (ec) co_return;
       {
-        std::lock_guard lock(mu_);
+        MutexLock lock(mu_);
         ++accepted_;
         max_open_ = std::max(max_open_, ++open_);
       }
@@ -112,7 +117,7 @@ class Upstream {
       beast::tcp_stream stream(std::move(socket));
       co_await Serve(stream);
     }
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     --open_;
   }
 
@@ -126,7 +131,7 @@ class Upstream {
       auto [ec, n] = co_await bhttp::async_read(stream, buffer, req, kTuple);
       if (ec) co_return;
       {
-        std::lock_guard lock(mu_);
+        MutexLock lock(mu_);
         seen_.push_back(Seen{std::string(req.method_string()), std::string(req.target()),
                              std::string(req[bhttp::field::host]), req.body()});
       }
@@ -165,11 +170,11 @@ class Upstream {
   net::io_context ioc_;
   tcp::acceptor acceptor_;
   uint16_t port_ = 0;
-  mutable std::mutex mu_;
-  int accepted_ = 0;
-  int open_ = 0;
-  int max_open_ = 0;
-  std::vector<Seen> seen_;
+  mutable Mutex mu_;
+  int accepted_ IDEM_GUARDED_BY(mu_) = 0;
+  int open_ IDEM_GUARDED_BY(mu_) = 0;
+  int max_open_ IDEM_GUARDED_BY(mu_) = 0;
+  std::vector<Seen> seen_ IDEM_GUARDED_BY(mu_);
   std::thread thread_;
 };
 

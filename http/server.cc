@@ -13,12 +13,12 @@
 #include <boost/url/authority_view.hpp>
 #include <boost/url/parse.hpp>
 #include <map>
-#include <mutex>
 #include <thread>
 
 #include "http/beast_request.h"
 #include "http/log.h"
 #include "http/problem.h"
+#include "idem/mutex.h"
 
 namespace idem::http {
 namespace {
@@ -150,7 +150,7 @@ class ServerImpl final : public Server {
   int ParkedCount() const override { return parked_count_.load(); }
 
   void Notify(const std::string& key) override {
-    std::lock_guard lock(park_mu_);
+    MutexLock lock(park_mu_);
     auto [begin, end] = parked_.equal_range(key);
     for (auto it = begin; it != end; ++it) Wake(it->second);
   }
@@ -172,7 +172,7 @@ class ServerImpl final : public Server {
     // Parked requests decide once more now (an answer that arrived, else 503 shutting-down)
     // instead of at their deadlines.
     {
-      std::lock_guard lock(park_mu_);
+      MutexLock lock(park_mu_);
       for (auto& [key, parked] : parked_) Wake(parked);
     }
     net::post(ioc_, [this] {
@@ -181,7 +181,7 @@ class ServerImpl final : public Server {
     });
     // Idle keep-alive connections are closed now; busy ones close after their response.
     {
-      std::lock_guard lock(conn_mu_);
+      MutexLock lock(conn_mu_);
       for (auto& [id, weak] : connections_) {
         if (auto conn = weak.lock(); conn && conn->idle) {
           net::post(conn->strand, [conn] {
@@ -223,7 +223,7 @@ class ServerImpl final : public Server {
     ++open_connections_;
     const uint64_t id = next_id_++;
     {
-      std::lock_guard lock(conn_mu_);
+      MutexLock lock(conn_mu_);
       connections_[id] = conn;
     }
     beast::flat_buffer buffer;
@@ -316,7 +316,7 @@ class ServerImpl final : public Server {
     conn->stream.socket().shutdown(tcp::socket::shutdown_send, ignored);
     conn->stream.socket().close(ignored);
     {
-      std::lock_guard lock(conn_mu_);
+      MutexLock lock(conn_mu_);
       connections_.erase(id);
     }
     --open_connections_;
@@ -373,7 +373,7 @@ class ServerImpl final : public Server {
       auto timer = std::make_shared<net::steady_timer>(conn.strand, wake);
       std::multimap<std::string, Parked>::iterator registration;
       {
-        std::lock_guard lock(park_mu_);
+        MutexLock lock(park_mu_);
         registration = parked_.emplace(park.key, Parked{timer, conn.strand});
       }
       // Also watch the connection: a client that goes away ends its parked request now, giving
@@ -391,7 +391,7 @@ class ServerImpl final : public Server {
         if (!closed) co_await timer->async_wait(kTuple);
       }
       {
-        std::lock_guard lock(park_mu_);
+        MutexLock lock(park_mu_);
         parked_.erase(registration);
       }
       if (closed) {
@@ -416,8 +416,8 @@ class ServerImpl final : public Server {
     Strand strand;
   };
 
-  // Ends a parked request's wait now. Caller holds park_mu_.
-  static void Wake(const Parked& parked) {
+  // Ends a parked request's wait now; `parked` is one of parked_.
+  void Wake(const Parked& parked) const IDEM_REQUIRES(park_mu_) {
     net::post(parked.strand, [timer = parked.timer] {
       if (auto t = timer.lock()) t->cancel();
     });
@@ -438,10 +438,10 @@ class ServerImpl final : public Server {
   std::atomic<int> parked_count_{0};
   std::atomic<int> open_connections_{0};
   std::atomic<uint64_t> next_id_{1};
-  std::mutex conn_mu_;
-  std::map<uint64_t, std::weak_ptr<Connection>> connections_;
-  std::mutex park_mu_;
-  std::multimap<std::string, Parked> parked_;
+  Mutex conn_mu_;
+  std::map<uint64_t, std::weak_ptr<Connection>> connections_ IDEM_GUARDED_BY(conn_mu_);
+  Mutex park_mu_;
+  std::multimap<std::string, Parked> parked_ IDEM_GUARDED_BY(park_mu_);
 };
 
 }  // namespace

@@ -13,10 +13,8 @@
 #include <unistd.h>
 
 #include <atomic>
-#include <condition_variable>
 #include <future>
 #include <map>
-#include <mutex>
 #include <optional>
 #include <set>
 #include <stdexcept>
@@ -24,6 +22,7 @@
 #include <vector>
 
 #include "http/client.h"
+#include "idem/mutex.h"
 #include "testing/raw_connection.h"
 
 namespace idem::http {
@@ -48,11 +47,11 @@ class FakeHandler final : public Handler {
   Async<Response> Handle(const Request& request, RequestContext& context) override {
     const std::string_view path = request.Path();
     if (path == "/echo") {
-      Bump(echoes_);
+      Bump(&FakeHandler::echoes_);
       co_return Text(std::to_string(request.body.size()));
     }
     if (path == "/target") {
-      Bump(echoes_);
+      Bump(&FakeHandler::echoes_);
       co_return Text(request.target +
                      " host=" + std::string(request.headers.Get("host").value_or("")) +
                      " hosts=" + std::to_string(request.headers.Count("host")));
@@ -62,7 +61,7 @@ class FakeHandler final : public Handler {
     if (path == "/block") co_return co_await pool_.Call([this] { return Block(); });
     if (path == "/sleep") {
       co_await SleepFor(milliseconds(std::stoi(std::string(*request.QueryParam("ms")))));
-      Bump(slept_);
+      Bump(&FakeHandler::slept_);
       co_return Text("slept");
     }
     if (path == "/park") co_return Park(request, context);
@@ -70,42 +69,44 @@ class FakeHandler final : public Handler {
   }
 
   void Open() {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     open_ = true;
-    changed_.notify_all();
+    changed_.NotifyAll();
   }
   void Release(const std::string& key) {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     released_.insert(key);
   }
 
   int Echoes() {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     return echoes_;
   }
   int Slept() {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     return slept_;
   }
   // The times `key`'s handler was called, in order.
   std::vector<Clock::time_point> Calls(const std::string& key) {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     return calls_[key];
   }
   // Waits up to 5 s for `blocked` requests in /block, or `n` calls of /park on `key`.
   bool WaitBlocked(int blocked) {
-    std::unique_lock lock(mu_);
-    return changed_.wait_for(lock, std::chrono::seconds(5), [&] { return blocked_ >= blocked; });
+    MutexLock lock(mu_);
+    return changed_.WaitFor(mu_, std::chrono::seconds(5),
+                            [&]() IDEM_REQUIRES(mu_) { return blocked_ >= blocked; });
   }
   // Waits up to `timeout` for the end of the request parked on `key` (its hold destroyed).
   bool WaitEnded(const std::string& key, std::chrono::milliseconds timeout) {
-    std::unique_lock lock(mu_);
-    return changed_.wait_for(lock, timeout, [&] { return ended_.contains(key); });
+    MutexLock lock(mu_);
+    return changed_.WaitFor(mu_, timeout,
+                            [&]() IDEM_REQUIRES(mu_) { return ended_.contains(key); });
   }
   bool WaitCalls(const std::string& key, std::size_t n) {
-    std::unique_lock lock(mu_);
-    return changed_.wait_for(lock, std::chrono::seconds(5),
-                             [&] { return calls_[key].size() >= n; });
+    MutexLock lock(mu_);
+    return changed_.WaitFor(mu_, std::chrono::seconds(5),
+                            [&]() IDEM_REQUIRES(mu_) { return calls_[key].size() >= n; });
   }
 
  private:
@@ -116,20 +117,22 @@ class FakeHandler final : public Handler {
   }
 
   Response Block() {
-    std::unique_lock lock(mu_);
+    MutexLock lock(mu_);
     ++blocked_;
-    changed_.notify_all();
+    changed_.NotifyAll();
     // Bounded, so a failed test cannot hang the server's drain for ever.
-    if (!changed_.wait_for(lock, std::chrono::seconds(10), [&] { return open_; })) {
+    if (!changed_.WaitFor(mu_, std::chrono::seconds(10),
+                          [&]() IDEM_REQUIRES(mu_) { return open_; })) {
       return Response{504, {}, "never opened"};
     }
     return Text("unblocked");
   }
 
-  void Bump(int& counter) {
-    std::lock_guard lock(mu_);
-    ++counter;
-    changed_.notify_all();
+  // One more of `counter` (echoes_ or slept_).
+  void Bump(int FakeHandler::*counter) {
+    MutexLock lock(mu_);
+    ++(this->*counter);
+    changed_.NotifyAll();
   }
 
   Response Park(const Request& request, RequestContext& context) {
@@ -138,9 +141,9 @@ class FakeHandler final : public Handler {
     if (!context.wait_until) {
       context.wait_until = now + milliseconds(std::stoi(std::string(*request.QueryParam("ms"))));
     }
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     calls_[key].push_back(now);
-    changed_.notify_all();
+    changed_.NotifyAll();
     if (released_.contains(key)) return Text("released");
     if (now >= *context.wait_until) return Text("deadline");
     if (context.reserve_park && !context.reserve_park()) return Response{409, {}, "no room"};
@@ -156,23 +159,23 @@ class FakeHandler final : public Handler {
   struct Ender {
     Ender(FakeHandler* handler, std::string key) : handler_(handler), key_(std::move(key)) {}
     ~Ender() {
-      std::lock_guard lock(handler_->mu_);
+      MutexLock lock(handler_->mu_);
       handler_->ended_.insert(key_);
-      handler_->changed_.notify_all();
+      handler_->changed_.NotifyAll();
     }
     FakeHandler* handler_;
     std::string key_;
   };
 
-  std::mutex mu_;
-  std::condition_variable changed_;
-  int echoes_ = 0;
-  int slept_ = 0;
-  int blocked_ = 0;
-  bool open_ = false;
-  std::set<std::string> released_;
-  std::set<std::string> ended_;
-  std::map<std::string, std::vector<Clock::time_point>> calls_;
+  Mutex mu_;
+  CondVar changed_;
+  int echoes_ IDEM_GUARDED_BY(mu_) = 0;
+  int slept_ IDEM_GUARDED_BY(mu_) = 0;
+  int blocked_ IDEM_GUARDED_BY(mu_) = 0;
+  bool open_ IDEM_GUARDED_BY(mu_) = false;
+  std::set<std::string> released_ IDEM_GUARDED_BY(mu_);
+  std::set<std::string> ended_ IDEM_GUARDED_BY(mu_);
+  std::map<std::string, std::vector<Clock::time_point>> calls_ IDEM_GUARDED_BY(mu_);
   BlockingPool pool_{8};
 };
 

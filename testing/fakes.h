@@ -4,11 +4,11 @@
 #include <atomic>
 #include <cstdint>
 #include <filesystem>
-#include <mutex>
 #include <random>
 #include <string>
 
 #include "idem/clock.h"
+#include "idem/mutex.h"
 
 namespace idem::testing {
 
@@ -39,13 +39,13 @@ class SeededRandom final : public Random {
  public:
   explicit SeededRandom(uint64_t seed) : engine_(seed) {}
   void Fill(std::span<uint8_t> out) override {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     for (uint8_t& b : out) b = static_cast<uint8_t>(engine_());
   }
 
  private:
-  std::mutex mu_;
-  std::mt19937_64 engine_;
+  Mutex mu_;
+  std::mt19937_64 engine_ IDEM_GUARDED_BY(mu_);
 };
 
 // A fresh directory under the system temp dir, removed with everything in it on destruction.

@@ -3,9 +3,10 @@
 
 #include <algorithm>
 #include <array>
-#include <mutex>
 #include <string>
 #include <utility>
+
+#include "idem/mutex.h"
 
 namespace idem::testing {
 
@@ -84,15 +85,15 @@ class FaultyStore::State {
   }
 
   void SetPlan(FaultPlan plan) {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     options_.plan = std::move(plan);
   }
   uint64_t Calls() const {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     return calls_;
   }
   std::vector<InjectedFault> Injected() const {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     return injected_;
   }
 
@@ -104,7 +105,7 @@ class FaultyStore::State {
     FakeClock* clock = nullptr;
     std::function<void(const StoreCall&, Millis)> on_delay;
     {
-      std::lock_guard lock(mu_);
+      MutexLock lock(mu_);
       call.n = ++calls_;
       call.op = op;
       call.n_of_op = ++calls_of_op_[static_cast<std::size_t>(op)];
@@ -121,11 +122,11 @@ class FaultyStore::State {
     return fault;
   }
 
-  mutable std::mutex mu_;
-  FaultyStoreOptions options_;
-  uint64_t calls_ = 0;
-  std::array<uint64_t, kStoreOperations> calls_of_op_{};
-  std::vector<InjectedFault> injected_;
+  mutable Mutex mu_;
+  FaultyStoreOptions options_ IDEM_GUARDED_BY(mu_);
+  uint64_t calls_ IDEM_GUARDED_BY(mu_) = 0;
+  std::array<uint64_t, kStoreOperations> calls_of_op_ IDEM_GUARDED_BY(mu_) = {};
+  std::vector<InjectedFault> injected_ IDEM_GUARDED_BY(mu_);
 };
 
 namespace {

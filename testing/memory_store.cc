@@ -5,16 +5,14 @@
 #include "testing/memory_store.h"
 
 #include <algorithm>
-#include <condition_variable>
 #include <map>
-#include <mutex>
-#include <shared_mutex>
 #include <string>
 #include <tuple>
 #include <utility>
 #include <vector>
 
 #include "idem/limits.h"
+#include "idem/mutex.h"
 
 namespace idem::testing {
 namespace {
@@ -24,23 +22,23 @@ namespace {
 class WriteLock {
  public:
   bool TryLockFor(Millis wait) {
-    std::unique_lock lock(mu_);
-    if (!cv_.wait_for(lock, wait, [&] { return !held_; })) return false;
+    MutexLock lock(mu_);
+    if (!cv_.WaitFor(mu_, wait, [&]() IDEM_REQUIRES(mu_) { return !held_; })) return false;
     held_ = true;
     return true;
   }
   void Unlock() {
     {
-      std::lock_guard lock(mu_);
+      MutexLock lock(mu_);
       held_ = false;
     }
-    cv_.notify_one();
+    cv_.NotifyOne();
   }
 
  private:
-  std::mutex mu_;
-  std::condition_variable cv_;
-  bool held_ = false;
+  Mutex mu_;
+  CondVar cv_;
+  bool held_ IDEM_GUARDED_BY(mu_) = false;
 };
 
 constexpr const char* kNoSql = "the memory store runs no SQL";
@@ -74,9 +72,10 @@ struct MemoryData {
   explicit MemoryData(Millis wait) : lock_wait(wait) {}
 
   const Millis lock_wait;
-  WriteLock write_lock;                 // held by the open write transaction, or a sweep
-  mutable std::shared_mutex mu;         // guards `records`
-  std::map<ScopeHash, Record> records;  // committed; observed_at is set on the way out
+  WriteLock write_lock;  // held by the open write transaction, or a sweep
+  mutable SharedMutex mu;
+  // Committed; observed_at is set on the way out.
+  std::map<ScopeHash, Record> records IDEM_GUARDED_BY(mu);
 };
 
 Status CheckTransition(const std::optional<Record>& before, const Record& after, Timestamp now) {
@@ -293,7 +292,7 @@ class MemoryTxn final : public StoreTxn {
     std::size_t n = 0;
     for (const auto& [scope, r] : overlay_) n += counts(r) ? 1 : 0;
     {
-      std::shared_lock lock(data_->mu);
+      ReaderMutexLock lock(data_->mu);
       for (const auto& [scope, r] : data_->records) {
         if (!overlay_.contains(scope) && counts(r)) ++n;
       }
@@ -311,7 +310,7 @@ class MemoryTxn final : public StoreTxn {
   Status Commit() override {
     IDEM_CHECK(!ended_);
     {
-      std::unique_lock lock(data_->mu);
+      WriterMutexLock lock(data_->mu);
       for (auto& [scope, r] : overlay_) data_->records[scope] = std::move(r);
     }
     overlay_.clear();
@@ -332,7 +331,7 @@ class MemoryTxn final : public StoreTxn {
   // nothing else changes while this transaction holds the write lock).
   std::optional<Record> Current(const ScopeHash& scope) const {
     if (auto it = overlay_.find(scope); it != overlay_.end()) return it->second;
-    std::shared_lock lock(data_->mu);
+    ReaderMutexLock lock(data_->mu);
     if (auto it = data_->records.find(scope); it != data_->records.end()) return it->second;
     return std::nullopt;
   }
@@ -383,7 +382,7 @@ class MemoryStore final : public Store {
   // get, on the committed records.
   Result<std::optional<Record>> Read(const ScopeHash& scope) override {
     const Timestamp now = clock_.Now();
-    std::shared_lock lock(data_->mu);
+    ReaderMutexLock lock(data_->mu);
     auto it = data_->records.find(scope);
     if (it == data_->records.end()) return std::optional<Record>();
     return std::optional<Record>(Observed(it->second, now));
@@ -422,7 +421,7 @@ class MemoryStore final : public Store {
     const Timestamp now = clock_.Now();
     std::vector<Record> held;
     {
-      std::shared_lock lock(data_->mu);
+      ReaderMutexLock lock(data_->mu);
       for (const auto& [scope, r] : data_->records) {
         if (r.state == RecordState::kFailedFinal && r.recovery_point == kOutcomeUnknownPoint &&
             r.expires_at > now && (route.empty() || r.route == route)) {
@@ -445,7 +444,7 @@ class MemoryStore final : public Store {
     const Timestamp now = clock_.Now();
     std::vector<Record> stale;
     {
-      std::shared_lock lock(data_->mu);
+      ReaderMutexLock lock(data_->mu);
       for (const auto& [scope, r] : data_->records) {
         if (r.route != route || r.lease.until >= now) continue;
         if (r.state == RecordState::kProcessing || PastSend(r, sent_points)) {
@@ -470,7 +469,7 @@ class MemoryStore final : public Store {
     const Timestamp now = clock_.Now();
     std::size_t deleted = 0;
     {
-      std::unique_lock lock(data_->mu);
+      WriterMutexLock lock(data_->mu);
       std::vector<std::pair<Timestamp, ScopeHash>> expired;
       for (const auto& [scope, r] : data_->records) {
         if (r.expires_at <= now && r.state != RecordState::kProcessing &&
@@ -490,7 +489,7 @@ class MemoryStore final : public Store {
   Result<RecordCensus> Census() override {
     const Timestamp now = clock_.Now();
     RecordCensus census;
-    std::shared_lock lock(data_->mu);
+    ReaderMutexLock lock(data_->mu);
     for (const auto& [scope, r] : data_->records) {
       ++census.retained;
       if (r.state == RecordState::kFailedRetryable) ++census.failed_retryable;

@@ -1,13 +1,12 @@
 // include/idem/heartbeat.h — keeps an executing ticket's lease alive while its executor works.
 #pragma once
 
-#include <condition_variable>
 #include <cstdint>
-#include <mutex>
 #include <thread>
 
 #include "idem/clock.h"
 #include "idem/engine.h"
+#include "idem/mutex.h"
 #include "idem/result.h"
 
 namespace idem {
@@ -63,24 +62,24 @@ class Heartbeat {
 
  private:
   // Renews if a renewal is due and none has failed; serialised between the thread and Check.
-  void RenewIfDue();
-  void Run();
+  void RenewIfDue() IDEM_EXCLUDES(renew_mu_, mu_);
+  void Run() IDEM_EXCLUDES(mu_);
 
   Engine& engine_;
   MonotonicClock& clock_;
   const Millis interval_;
   const Millis poll_;
 
-  std::mutex renew_mu_;  // held across one renewal; taken before mu_
-  Ticket ticket_;        // the heartbeat's copy; guarded by renew_mu_
+  Mutex renew_mu_;                            // held across one renewal; taken before mu_
+  Ticket ticket_ IDEM_GUARDED_BY(renew_mu_);  // the heartbeat's copy
 
-  mutable std::mutex mu_;
-  std::condition_variable wake_;
-  SteadyTime due_;        // guarded by mu_
-  Status status_;         // guarded by mu_
-  int64_t renewals_ = 0;  // guarded by mu_
-  bool stop_ = false;     // guarded by mu_
-  std::thread thread_;    // last: starts once everything above is set; none without own_thread
+  mutable Mutex mu_;
+  CondVar wake_;
+  SteadyTime due_ IDEM_GUARDED_BY(mu_);
+  Status status_ IDEM_GUARDED_BY(mu_);
+  int64_t renewals_ IDEM_GUARDED_BY(mu_) = 0;
+  bool stop_ IDEM_GUARDED_BY(mu_) = false;
+  std::thread thread_;  // last: starts once everything above is set; none without own_thread
 };
 
 }  // namespace idem

@@ -116,24 +116,24 @@ Metrics::Metrics(MetricsOptions options)
 }
 
 void Metrics::DeclareRoute(const std::string& route) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   for (std::string_view outcome : kFilterOutcomes) {
     requests_.try_emplace({route, std::string(outcome)}, 0);
   }
 }
 
 void Metrics::DeclareUpstream(const std::string& route) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   upstream_.try_emplace(route, bounds_.size());
 }
 
 void Metrics::CountRequest(const std::string& route, const std::string& outcome) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   ++requests_[{route, outcome}];
 }
 
 void Metrics::ObserveHttpRequest(const std::string& route, int code, double seconds) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   http_.try_emplace({route.empty() ? "unknown" : route, code}, bounds_.size())
       .first->second.Observe(bounds_, seconds);
 }
@@ -147,22 +147,22 @@ void Metrics::ObserveProvider(ProviderOperation operation, double seconds) {
 }
 
 void Metrics::ObserveUpstream(const std::string& route, double seconds) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   upstream_.try_emplace(route, bounds_.size()).first->second.Observe(bounds_, seconds);
 }
 
 void Metrics::DeclareUnknownOutcomes(const std::string& route) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   unknown_outcomes_.try_emplace(route, 0);
 }
 
 void Metrics::CountUnknownOutcome(const std::string& route) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   ++unknown_outcomes_[route];
 }
 
 void Metrics::CountTakeoverResult(const std::string& result) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   ++reconciled_[result];
 }
 
@@ -177,23 +177,23 @@ void Metrics::CountBooksRun(bool failed) {
 }
 
 void Metrics::CountReconcileFinding(const std::string& finding_class) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   ++findings_[finding_class];
 }
 
 void Metrics::CountCompensation(const std::string& outcome) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   ++compensations_[outcome];
 }
 
 void Metrics::SetRecords(const RecordCensus& census, Timestamp taken) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   census_ = census;
   census_taken_ = taken;
 }
 
 std::map<std::string, int64_t> Metrics::SetUnserved(std::map<std::string, int64_t> unserved) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   std::map<std::string, int64_t> changed;
   for (const auto& [route, n] : unserved) {
     auto was = unserved_.find(route);
@@ -207,14 +207,14 @@ std::map<std::string, int64_t> Metrics::SetUnserved(std::map<std::string, int64_
 }
 
 void Metrics::WatchServer(std::function<ServerLoad()> read) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   server_load_ = std::move(read);
 }
 
 std::string Metrics::Render() const {
   std::string out;
   out.reserve(32 * 1024);
-  std::unique_lock lock(mu_);
+  MutexLock lock(mu_);
 
   Header(out, "idem_build_info", "gauge",
          "Always 1; the labels name idemd's version and the store it runs on.");
@@ -299,7 +299,7 @@ std::string Metrics::Render() const {
   for (const auto& [outcome, n] : compensations_) {
     Sample(out, "idem_reconcile_refunds_total", Label("outcome", outcome), n);
   }
-  lock.unlock();
+  lock.Unlock();
 
   Header(out, "idem_store_operation_duration_seconds", "histogram",
          "Latency of store calls, by operation (a method of the store interface).");

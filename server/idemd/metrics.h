@@ -8,12 +8,12 @@
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "idem/clock.h"
+#include "idem/mutex.h"
 #include "idem/store.h"
 
 namespace idem::idemd {
@@ -136,20 +136,22 @@ class Metrics {
 
   const MetricsOptions options_;
   const std::vector<double> bounds_;
-  mutable std::mutex mu_;
-  std::map<std::pair<std::string, std::string>, uint64_t> requests_;
-  std::map<std::string, uint64_t> reconciled_ = {{"resolved", 0}, {"unknown", 0}};
-  std::map<std::string, uint64_t> findings_ = {
+  mutable Mutex mu_;
+  std::map<std::pair<std::string, std::string>, uint64_t> requests_ IDEM_GUARDED_BY(mu_);
+  std::map<std::string, uint64_t> reconciled_ IDEM_GUARDED_BY(mu_) = {{"resolved", 0},
+                                                                      {"unknown", 0}};
+  std::map<std::string, uint64_t> findings_ IDEM_GUARDED_BY(mu_) = {
       {"duplicate", 0}, {"missing", 0}, {"mismatched", 0}, {"orphan", 0}};
-  std::map<std::string, uint64_t> compensations_ = {
+  std::map<std::string, uint64_t> compensations_ IDEM_GUARDED_BY(mu_) = {
       {"refunded", 0}, {"refused", 0}, {"unknown", 0}};
-  std::map<std::pair<std::string, int>, Histogram> http_;  // by route, code
-  std::map<std::string, Histogram> upstream_;              // by route
-  std::map<std::string, uint64_t> unknown_outcomes_;       // by route
-  RecordCensus census_;
-  std::map<std::string, int64_t> unserved_;
-  Timestamp census_taken_{};
-  std::function<ServerLoad()> server_load_;           // guarded by mu_
+  std::map<std::pair<std::string, int>, Histogram> http_ IDEM_GUARDED_BY(mu_);  // by route, code
+  std::map<std::string, Histogram> upstream_ IDEM_GUARDED_BY(mu_);              // by route
+  std::map<std::string, uint64_t> unknown_outcomes_ IDEM_GUARDED_BY(mu_);       // by route
+  RecordCensus census_ IDEM_GUARDED_BY(mu_);
+  std::map<std::string, int64_t> unserved_ IDEM_GUARDED_BY(mu_);
+  Timestamp census_taken_ IDEM_GUARDED_BY(mu_) = {};
+  std::function<ServerLoad()> server_load_ IDEM_GUARDED_BY(mu_);
+  // Filled by the constructor, then only read: each Histogram counts in atomics, without mu_.
   std::vector<std::unique_ptr<Histogram>> store_;     // by StoreOperation
   std::vector<std::unique_ptr<Histogram>> provider_;  // by ProviderOperation
   std::atomic<uint64_t> takeovers_{0};

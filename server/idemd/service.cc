@@ -6,7 +6,6 @@
 #include <algorithm>
 #include <boost/json.hpp>
 #include <cstdio>
-#include <mutex>
 #include <utility>
 
 #include "http/log.h"
@@ -47,14 +46,14 @@ Service::Service(const std::vector<PrincipalEntry>& principals, Store& store,
 void Service::SetGateway(std::shared_ptr<const Gateway> gateway) {
   std::shared_ptr<const Gateway> before;
   {
-    std::lock_guard lock(gateway_mu_);
+    MutexLock lock(gateway_mu_);
     before = std::exchange(gateway_, std::move(gateway));
   }
   // `before` is released here, outside the lock: its last request may have ended already.
 }
 
 std::shared_ptr<const Gateway> Service::CurrentGateway() const {
-  std::lock_guard lock(gateway_mu_);
+  MutexLock lock(gateway_mu_);
   return gateway_;
 }
 

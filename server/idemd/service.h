@@ -3,10 +3,10 @@
 
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 
 #include "http/server.h"
+#include "idem/mutex.h"
 #include "server/idemd/config/config.h"
 #include "server/idemd/filter/filter.h"
 #include "server/idemd/gateway/gateway.h"
@@ -70,8 +70,8 @@ class Service final : public http::Handler {
   Metrics& metrics_;
   IdempotencyFilter& payments_filter_;
   Payments& payments_;
-  mutable std::mutex gateway_mu_;
-  std::shared_ptr<const Gateway> gateway_;  // guarded by gateway_mu_
+  mutable Mutex gateway_mu_;
+  std::shared_ptr<const Gateway> gateway_ IDEM_GUARDED_BY(gateway_mu_);
 };
 
 // One JSON line per request on stderr: route, outcome, status, latency, request id; and, given

@@ -10,12 +10,12 @@
 #include <atomic>
 #include <boost/json.hpp>
 #include <map>
-#include <mutex>
 #include <thread>
 #include <utility>
 
 #include "http/problem.h"
 #include "idem/failpoint.h"
+#include "idem/mutex.h"
 #include "idem/store/sqlite.h"
 #include "server/idemd/filter/timed.h"
 #include "server/idemd/payments/books.h"
@@ -62,7 +62,7 @@ class FakeProvider final : public Provider {
                                                  const std::string& currency, Millis send_within,
                                                  const std::string&) override {
     {
-      std::lock_guard lock(mu_);
+      MutexLock lock(mu_);
       send_withins_.push_back(send_within);
     }
     if (send_within <= Millis(0)) {
@@ -86,7 +86,7 @@ class FakeProvider final : public Provider {
 
   Result<ChargeResult> Create(const std::string& reference, const std::string& amount,
                               const std::string& currency) {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     ++calls_;
     references_.push_back(reference);
     if (time_out_next_) {
@@ -110,47 +110,47 @@ class FakeProvider final : public Provider {
   }
   Result<std::optional<Charge>> Find(const std::string& reference) {
     if (on_find) on_find();
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     auto it = charges_.find(reference);
     if (it == charges_.end()) return std::optional<Charge>();
     return std::optional<Charge>(it->second);
   }
 
   void TimeOutNextCharge() {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     time_out_next_ = true;
   }
   // What lookups of `reference` find from now on.
   void Plant(const std::string& reference, const Charge& charge) {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     charges_[reference] = charge;
   }
   // The reference of every CreateCharge call, in order.
   std::vector<std::string> References() {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     return references_;
   }
   int Calls() {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     return calls_;
   }
   // What each CreateCharge was given to leave within, in order.
   std::vector<Millis> SendWithins() {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     return send_withins_;
   }
   std::map<std::string, Charge> Charges() {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     return charges_;
   }
 
  private:
-  std::mutex mu_;
-  int calls_ = 0;
-  bool time_out_next_ = false;
-  std::vector<std::string> references_;
-  std::vector<Millis> send_withins_;
-  std::map<std::string, Charge> charges_;  // by reference
+  Mutex mu_;
+  int calls_ IDEM_GUARDED_BY(mu_) = 0;
+  bool time_out_next_ IDEM_GUARDED_BY(mu_) = false;
+  std::vector<std::string> references_ IDEM_GUARDED_BY(mu_);
+  std::vector<Millis> send_withins_ IDEM_GUARDED_BY(mu_);
+  std::map<std::string, Charge> charges_ IDEM_GUARDED_BY(mu_);  // by reference
 };
 
 // Forwards to a real store; while `reachable` is false, Ping fails as it does when the database

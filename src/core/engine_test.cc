@@ -6,12 +6,12 @@
 #include <atomic>
 #include <deque>
 #include <map>
-#include <mutex>
 #include <stdexcept>
 #include <thread>
 
 #include "idem/failpoint.h"
 #include "idem/heartbeat.h"
+#include "idem/mutex.h"
 #include "idem/store/sqlite.h"
 #include "testing/engine_fixture.h"
 #include "testing/fakes.h"
@@ -560,26 +560,26 @@ TEST_F(EngineTest, LookupFindsTheCallersRecordAndOpensItsAnswer) {
 class MapMarkers final : public InFlightMarkers {
  public:
   Placement Place(const ScopeHash& scope, const InFlight& mine, Millis) override {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     auto [it, placed] = markers_.try_emplace(scope, mine, "token-" + std::to_string(++placed_));
     if (!placed) return Placement{std::nullopt, it->second.first};
     return Placement{it->second.second, std::nullopt};
   }
   void Release(const ScopeHash& scope, const MarkerToken& token) override {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (auto it = markers_.find(scope); it != markers_.end() && it->second.second == token) {
       markers_.erase(it);
     }
   }
   bool Has(const ScopeHash& scope) {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     return markers_.count(scope) > 0;
   }
 
  private:
-  std::mutex mu_;
-  int placed_ = 0;
-  std::map<ScopeHash, std::pair<InFlight, MarkerToken>> markers_;
+  Mutex mu_;
+  int placed_ IDEM_GUARDED_BY(mu_) = 0;
+  std::map<ScopeHash, std::pair<InFlight, MarkerToken>> markers_ IDEM_GUARDED_BY(mu_);
 };
 
 TEST_F(EngineTest, OnlyTheRequestThatPlacedAMarkerRemovesIt) {

@@ -6,10 +6,11 @@
 #include <atomic>
 #include <chrono>
 #include <map>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
+
+#include "idem/mutex.h"
 
 namespace idem {
 namespace {
@@ -20,8 +21,8 @@ struct Action {
 };
 
 std::atomic<bool> g_any_armed{false};
-std::mutex g_mu;
-std::map<std::string, Action, std::less<>>& Points() {
+Mutex g_mu;
+std::map<std::string, Action, std::less<>>& Points() IDEM_REQUIRES(g_mu) {
   static std::map<std::string, Action, std::less<>> points;
   return points;
 }
@@ -67,7 +68,7 @@ Status ArmFailpoints(std::string_view spec) {
                        "failpoint spec: action must be crash, stall:MS, error or off");
     }
   }
-  std::lock_guard lock(g_mu);
+  MutexLock lock(g_mu);
   for (auto& [name, action] : parsed) {
     if (action) {
       Points()[name] = *action;
@@ -80,7 +81,7 @@ Status ArmFailpoints(std::string_view spec) {
 }
 
 void ClearFailpoints() {
-  std::lock_guard lock(g_mu);
+  MutexLock lock(g_mu);
   Points().clear();
   g_any_armed = false;
 }
@@ -93,7 +94,7 @@ Status HitFailpoint(std::string_view name) {
   if (!g_any_armed.load(std::memory_order_relaxed)) return Ok();
   Action action;
   {
-    std::lock_guard lock(g_mu);
+    MutexLock lock(g_mu);
     auto it = Points().find(name);
     if (it == Points().end()) return Ok();
     action = it->second;

@@ -9,8 +9,9 @@
 #include <openssl/evp.h>
 
 #include <map>
-#include <mutex>
 #include <vector>
+
+#include "idem/mutex.h"
 
 namespace idem {
 namespace {
@@ -53,7 +54,7 @@ class KeyedMac {
 
   MacCtx Take() const {
     {
-      std::lock_guard lock(mu_);
+      MutexLock lock(mu_);
       if (!idle_.empty()) {
         MacCtx ctx = std::move(idle_.back());
         idle_.pop_back();
@@ -66,13 +67,13 @@ class KeyedMac {
   }
 
   void Give(MacCtx ctx) const {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (idle_.size() < kMaxIdle) idle_.push_back(std::move(ctx));
   }
 
   MacCtx keyed_;
-  mutable std::mutex mu_;
-  mutable std::vector<MacCtx> idle_;
+  mutable Mutex mu_;
+  mutable std::vector<MacCtx> idle_ IDEM_GUARDED_BY(mu_);
 };
 
 class HmacFingerprinter final : public Fingerprinter {

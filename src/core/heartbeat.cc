@@ -30,34 +30,34 @@ Heartbeat::Heartbeat(Engine& engine, const Ticket& ticket, MonotonicClock& clock
 
 Heartbeat::~Heartbeat() {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     stop_ = true;
   }
-  wake_.notify_all();
+  wake_.NotifyAll();
   if (thread_.joinable()) thread_.join();
 }
 
 Status Heartbeat::Check() {
   RenewIfDue();
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   return status_;
 }
 
 int64_t Heartbeat::Renewals() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   return renewals_;
 }
 
 void Heartbeat::RenewIfDue() {
-  std::lock_guard renewing(renew_mu_);
+  MutexLock renewing(renew_mu_);
   const SteadyTime started = clock_.Now();
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (stop_ || !status_.has_value() || started < due_) return;
   }
   Status renewed = IDEM_FAILPOINT("heartbeat");
   if (renewed) renewed = engine_.Renew(ticket_);
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   if (!renewed) {
     status_ = std::move(renewed);  // for good: the lease may have run out unseen
     return;
@@ -67,17 +67,17 @@ void Heartbeat::RenewIfDue() {
 }
 
 void Heartbeat::Run() {
-  std::unique_lock lock(mu_);
+  MutexLock lock(mu_);
   while (!stop_ && status_.has_value()) {
     const SteadyTime now = clock_.Now();
     if (now < due_) {
       const Millis until_due = std::chrono::ceil<Millis>(due_ - now);
-      wake_.wait_for(lock, std::min(until_due, poll_), [this] { return stop_; });
+      wake_.WaitFor(mu_, std::min(until_due, poll_), [this]() IDEM_REQUIRES(mu_) { return stop_; });
       continue;
     }
-    lock.unlock();
+    lock.Unlock();
     RenewIfDue();
-    lock.lock();
+    lock.Lock();
   }
 }
 

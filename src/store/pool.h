@@ -3,16 +3,15 @@
 #pragma once
 
 #include <algorithm>
-#include <condition_variable>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
 #include <vector>
 
+#include "idem/mutex.h"
 #include "idem/store.h"
 
 namespace idem::store_internal {
@@ -34,8 +33,9 @@ class Pool {
 
   // Errors: kUnavailable when none is free within `wait`, or a new one cannot be made.
   Result<Conn*> Acquire(Millis wait) {
-    std::unique_lock lock(mu_);
-    if (!cv_.wait_for(lock, wait, [&] { return !idle_.empty() || missing_ > 0; })) {
+    MutexLock lock(mu_);
+    if (!cv_.WaitFor(mu_, wait,
+                     [&]() IDEM_REQUIRES(mu_) { return !idle_.empty() || missing_ > 0; })) {
       return MakeError(Errc::kUnavailable, name_ + ": no free connection within " +
                                                std::to_string(wait.count()) + " ms");
     }
@@ -46,14 +46,14 @@ class Pool {
     }
     // Replace a connection that broke earlier.
     --missing_;
-    lock.unlock();
+    lock.Unlock();
     auto fresh = factory_ ? factory_()
                           : Result<std::unique_ptr<Conn>>(
                                 MakeError(Errc::kUnavailable, name_ + ": connection lost"));
     if (!fresh) {
-      std::lock_guard relock(mu_);
+      MutexLock relock(mu_);
       ++missing_;
-      cv_.notify_one();
+      cv_.NotifyOne();
       return std::move(fresh).error();
     }
     return fresh->release();
@@ -61,7 +61,7 @@ class Pool {
 
   void Release(Conn* conn, bool broken) {
     {
-      std::lock_guard lock(mu_);
+      MutexLock lock(mu_);
       if (broken) {
         delete conn;
         ++missing_;
@@ -69,15 +69,15 @@ class Pool {
         idle_.emplace_back(conn);
       }
     }
-    cv_.notify_one();
+    cv_.NotifyOne();
   }
 
  private:
   std::string name_;
-  int missing_ = 0;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::vector<std::unique_ptr<Conn>> idle_;
+  int missing_ IDEM_GUARDED_BY(mu_) = 0;
+  Mutex mu_;
+  CondVar cv_;
+  std::vector<std::unique_ptr<Conn>> idle_ IDEM_GUARDED_BY(mu_);
   Factory factory_;
 };
 

@@ -5,11 +5,11 @@
 #include <signal.h>
 
 #include <atomic>
-#include <mutex>
 #include <random>
 #include <sstream>
 #include <thread>
 
+#include "idem/mutex.h"
 #include "testing/http_answers.h"
 #include "testing/stall.h"
 #include "tests/integration/idemd_fixture.h"
@@ -171,7 +171,7 @@ void ThreeInstances(PostgresIdemdTest& t, RedisMode mode) {
                                     : "redis://127.0.0.1:" + std::to_string(redis_port);
   // Instance 0 is the fixture's; two more share the database (and the provider).
   std::vector<std::optional<testing::ChildProcess>> others(2);
-  std::mutex urls_mu;  // the restarted instance's address changes while clients run
+  Mutex urls_mu;  // the restarted instance's address changes while clients run
   std::vector<http::Url> urls(3);
   auto start_other = [&](int i) {
     const std::string config = t.dir_.File("idemd-" + std::to_string(i) + ".toml");
@@ -187,7 +187,7 @@ void ThreeInstances(PostgresIdemdTest& t, RedisMode mode) {
     auto url = others[static_cast<std::size_t>(i - 1)]->WaitForLine("idemd listening on ",
                                                                     std::chrono::seconds(10));
     ASSERT_TRUE(url.has_value());
-    std::lock_guard lock(urls_mu);
+    MutexLock lock(urls_mu);
     urls[static_cast<std::size_t>(i)] = *http::ParseHttpUrl(*url);
   };
   t.StartIdemd({.lease_ms = 2000,
@@ -195,7 +195,7 @@ void ThreeInstances(PostgresIdemdTest& t, RedisMode mode) {
                 .store_url = t.store_url_,
                 .redis_url = redis_url});
   {
-    std::lock_guard lock(urls_mu);
+    MutexLock lock(urls_mu);
     urls[0] = t.idemd_url_;
   }
   start_other(1);
@@ -209,14 +209,14 @@ void ThreeInstances(PostgresIdemdTest& t, RedisMode mode) {
     req.headers.Set("Idempotency-Key", key);
     http::Url url;
     {
-      std::lock_guard lock(urls_mu);
+      MutexLock lock(urls_mu);
       url = urls[static_cast<std::size_t>(instance)];
     }
     return http::Call(url, std::move(req));
   };
 
   std::vector<std::string> first_answer(kOrders);
-  std::mutex mu;
+  Mutex mu;
   std::thread chaos([&] {
     std::this_thread::sleep_for(std::chrono::milliseconds(400));
     others[0]->Signal(SIGKILL);
@@ -243,7 +243,7 @@ void ThreeInstances(PostgresIdemdTest& t, RedisMode mode) {
         for (int attempt = 0; attempt < 200; ++attempt) {
           auto r = pay_at((o + attempt) % 3, key, body);
           if (r && (r->status == 201 || r->status == 200)) {
-            std::lock_guard lock(mu);
+            MutexLock lock(mu);
             if (first_answer[static_cast<std::size_t>(o)].empty()) {
               first_answer[static_cast<std::size_t>(o)] = r->body;
             }

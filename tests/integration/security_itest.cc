@@ -22,6 +22,7 @@
 #include <thread>
 
 #include "idem/key.h"
+#include "idem/mutex.h"
 #include "tests/integration/idemd_fixture.h"
 
 namespace idem::itest {
@@ -32,8 +33,8 @@ using namespace std::chrono_literals;
 
 std::string RandomHex(std::size_t bytes) {
   static std::mt19937_64 rng(std::random_device{}());
-  static std::mutex mu;
-  std::lock_guard lock(mu);
+  static Mutex mu;
+  MutexLock lock(mu);
   std::string out;
   constexpr const char* kDigits = "0123456789abcdef";
   for (std::size_t i = 0; i < bytes; ++i) {
@@ -844,7 +845,7 @@ TEST_F(SecurityTest, PaymentIdsAreRandomNotCounted) {
   constexpr int kThreads = 4;
   constexpr int kPerThread = 25;
   std::vector<std::string> ids;
-  std::mutex mu;
+  Mutex mu;
   const std::string tag = RandomHex(4);
   // Two runs of idemd on the same store: a seeded or counting generator repeats after a restart.
   for (int run = 0; run < 2; ++run) {
@@ -860,7 +861,7 @@ TEST_F(SecurityTest, PaymentIdsAreRandomNotCounted) {
           if (r.status != 201) continue;
           const std::string id = Str(r, "id");
           EXPECT_EQ(r.headers.Get("location").value_or(""), "/v1/payments/" + id);
-          std::lock_guard lock(mu);
+          MutexLock lock(mu);
           ids.push_back(id);
         }
       });
@@ -910,7 +911,7 @@ TEST_F(SecurityTest, KeyFloodIsThrottledWithoutHurtingOthers) {
   std::atomic<int> flood_429{0};
   std::atomic<int> flood_201{0};
   std::atomic<int> sent{0};
-  std::mutex mu;
+  Mutex mu;
   std::vector<std::string> odd;  // anything but 201 / 429, or a 429 without Retry-After
   std::vector<std::string> flood_keys;
   std::vector<std::thread> flooders;
@@ -921,7 +922,7 @@ TEST_F(SecurityTest, KeyFloodIsThrottledWithoutHurtingOthers) {
         const std::string key = "sec-flood-" + n;
         http::Response r = Pay(key, Body("ORD-FLOOD-" + n));
         ++sent;
-        std::lock_guard lock(mu);
+        MutexLock lock(mu);
         if (r.status == 201) {
           ++flood_201;
           flood_keys.push_back(key);
@@ -961,7 +962,7 @@ TEST_F(SecurityTest, KeyFloodIsThrottledWithoutHurtingOthers) {
         if (r.status == 201) {
           ++others_201;
         } else {
-          std::lock_guard lock(mu);
+          MutexLock lock(mu);
           others_failed.push_back(std::string(name) + ": " + std::to_string(r.status) + " " +
                                   r.body);
         }

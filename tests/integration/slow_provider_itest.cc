@@ -8,10 +8,10 @@
 #include <atomic>
 #include <chrono>
 #include <map>
-#include <mutex>
 #include <thread>
 #include <vector>
 
+#include "idem/mutex.h"
 #include "tests/integration/idemd_fixture.h"
 
 namespace idem::itest {
@@ -25,11 +25,16 @@ class SlowProviderTest : public IdemdTest {
   // connection; each answer is recorded as it arrives, with whether the stall was still on.
   struct Flight {
     std::vector<std::thread> threads;
-    std::mutex mu;
-    std::vector<http::Response> answers;
+    Mutex mu;
+    std::vector<http::Response> answers IDEM_GUARDED_BY(mu);
     std::atomic<int> answered{0};
     ~Flight() {
       for (std::thread& t : threads) t.join();
+    }
+    // The answers so far.
+    std::vector<http::Response> Answers() {
+      MutexLock lock(mu);
+      return answers;
     }
   };
   void Launch(Flight& flight, int count, const std::string& prefix, const char* api_key) {
@@ -42,7 +47,7 @@ class SlowProviderTest : public IdemdTest {
         request.headers.Set("Idempotency-Key", prefix + "-key-" + n);
         auto answer = http::Call(idemd_url_, std::move(request),
                                  http::CallOptions{.timeout = milliseconds(60000)});
-        std::lock_guard lock(flight.mu);
+        MutexLock lock(flight.mu);
         flight.answers.push_back(answer ? *answer : http::Response{0, {}, answer.error().message});
         ++flight.answered;
       });
@@ -90,7 +95,7 @@ TEST_F(SlowProviderTest, AReplayStaysFastWhileChargesWaitOnASlowProvider) {
   for (std::thread& t : flight.threads) t.join();
   flight.threads.clear();
   std::map<int, int> statuses;
-  for (const http::Response& r : flight.answers) ++statuses[r.status];
+  for (const http::Response& r : flight.Answers()) ++statuses[r.status];
   EXPECT_EQ(statuses[201], kCharges);
   EXPECT_EQ(TotalCharges(), kCharges + 1) << "one charge per payment";
 }
@@ -118,10 +123,7 @@ TEST_F(SlowProviderTest, ConcurrentSlowRequestsOfOnePrincipalBeyondTheQuotaGet42
     if (!refused) std::this_thread::sleep_for(milliseconds(20));
   }
   std::map<int, int> early;
-  {
-    std::lock_guard lock(flight.mu);
-    for (const http::Response& r : flight.answers) ++early[r.status];
-  }
+  for (const http::Response& r : flight.Answers()) ++early[r.status];
   EXPECT_EQ(early[429], 70) << "the quota, not a thread pool, bounds one principal's charges";
   EXPECT_EQ(early[201], 0) << "refusals came only after charges finished";
   EXPECT_LE(TotalCharges(), 30) << "more charges than the quota reached the provider";
@@ -129,7 +131,7 @@ TEST_F(SlowProviderTest, ConcurrentSlowRequestsOfOnePrincipalBeyondTheQuotaGet42
   for (std::thread& t : flight.threads) t.join();
   flight.threads.clear();
   std::map<int, int> statuses;
-  for (const http::Response& r : flight.answers) {
+  for (const http::Response& r : flight.Answers()) {
     ++statuses[r.status];
     if (r.status == 429) {
       EXPECT_TRUE(r.headers.Get("retry-after").has_value());

@@ -64,7 +64,6 @@
 #include <iostream>
 #include <limits>
 #include <map>
-#include <mutex>
 #include <optional>
 #include <set>
 #include <stop_token>
@@ -73,6 +72,7 @@
 
 #include "http/server.h"
 #include "idem/key.h"
+#include "idem/mutex.h"
 
 namespace {
 
@@ -233,7 +233,7 @@ class ProviderSim final : public http::Handler {
     if (path == "/admin/charges" && request.method == "POST") return InjectCharge(request);
     if (path == "/admin/faults" && request.method == "POST") return SetFault(request);
     if (path == "/admin/faults" && request.method == "DELETE") {
-      std::lock_guard lock(mu_);
+      MutexLock lock(mu_);
       faults_.clear();
       global_.reset();
       return Json(200, json::object{{"faults", "cleared"}});
@@ -244,8 +244,8 @@ class ProviderSim final : public http::Handler {
     return Json(404, json::object{{"error", "not_found"}});
   }
 
-  // The fault that applies to `reference` now (consuming one use), if any. Caller holds mu_.
-  std::optional<Fault> TakeFault(const std::string& reference) {
+  // The fault that applies to `reference` now (consuming one use), if any.
+  std::optional<Fault> TakeFault(const std::string& reference) IDEM_REQUIRES(mu_) {
     auto take = [](std::optional<Fault>& f) -> std::optional<Fault> {
       if (!f) return std::nullopt;
       Fault out = *f;
@@ -286,7 +286,7 @@ class ProviderSim final : public http::Handler {
     }
     const std::string key = std::string(request.headers.Get("idempotency-key").value_or(""));
 
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (!context.trace.parent_id.empty()) {
       traceparent_by_reference_[charge.reference] = context.trace.CallerTraceparent();
     }
@@ -316,8 +316,8 @@ class ProviderSim final : public http::Handler {
       charge.created_ms += lands.count();
       ++landing_;
       late_.emplace_back([this, lands, key, charge](std::stop_token stop) {
-        std::unique_lock late_lock(mu_);
-        late_cv_.wait_for(late_lock, stop, lands, [] { return false; });
+        MutexLock late_lock(mu_);
+        late_cv_.wait_for(mu_, stop, lands, [] { return false; });
         if (stop.stop_requested()) return;
         --landing_;
         (void)AddCharge(key, charge);
@@ -344,9 +344,8 @@ class ProviderSim final : public http::Handler {
   }
 
   // Makes `charge` unless `key` was seen before and keys are honoured: then the earlier charge is
-  // the answer. Returns its index in charges_, or nullopt when the simulator is full. Caller
-  // holds mu_.
-  std::optional<std::size_t> AddCharge(const std::string& key, Charge charge) {
+  // the answer. Returns its index in charges_, or nullopt when the simulator is full.
+  std::optional<std::size_t> AddCharge(const std::string& key, Charge charge) IDEM_REQUIRES(mu_) {
     auto existing = by_key_.find(key);
     if (!ignore_keys_ && !key.empty() && existing != by_key_.end()) {
       return existing->second;  // a repeat: the same charge
@@ -374,7 +373,7 @@ class ProviderSim final : public http::Handler {
   }
 
   http::Response FindCharge(const std::string& reference) {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     for (const Charge& c : charges_) {
       if (c.reference == reference) return Json(200, ToJson(c));
     }
@@ -410,7 +409,7 @@ class ProviderSim final : public http::Handler {
       }
     }
 
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     auto it = by_time_.lower_bound({gte, 0});
     if (request.QueryParam("starting_after")) {
       const auto found = by_id_.find(param("starting_after"));
@@ -445,7 +444,7 @@ class ProviderSim final : public http::Handler {
     }
     const std::string key = std::string(request.headers.Get("idempotency-key").value_or(""));
 
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (auto it = refund_by_key_.find(key);
         !ignore_keys_ && !key.empty() && it != refund_by_key_.end()) {
       return Json(201, refunds_[it->second]);  // a repeat: the same refund
@@ -493,7 +492,7 @@ class ProviderSim final : public http::Handler {
         return Error(400, "created_at must be an RFC 3339 date-time from 1970 on");
       charge.created_ms = *ms;
     }
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     charge.id = NewId("ch_");
     const std::optional<std::size_t> made = AddCharge("", std::move(charge));
     if (!made) return Full();
@@ -533,7 +532,7 @@ class ProviderSim final : public http::Handler {
       f.charge_after = Millis(after->as_int64());
     }
     std::optional<Fault> value = f.kind == "none" ? std::nullopt : std::optional<Fault>(f);
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (const json::value* r = o->if_contains("reference"); r && r->is_string()) {
       faults_[std::string(r->as_string())] = value;
     } else {
@@ -550,13 +549,13 @@ class ProviderSim final : public http::Handler {
     if (v == nullptr || !v->is_bool()) {
       return Json(400, json::object{{"error", "expected {\"ignore_idempotency_keys\": bool}"}});
     }
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     ignore_keys_ = v->as_bool();
     return Json(200, json::object{{"ignore_idempotency_keys", ignore_keys_}});
   }
 
   http::Response Stats() {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     json::object by_reference;
     for (const auto& [reference, n] : count_by_reference_) by_reference[reference] = n;
     json::object traceparents;
@@ -571,23 +570,28 @@ class ProviderSim final : public http::Handler {
   }
 
   const std::size_t max_records_;  // charges, and separately refunds
-  std::mutex mu_;
-  std::vector<Charge> charges_;  // in creation order: the index is the creation sequence
-  std::size_t landing_ = 0;      // late charges not made yet, each holding a slot
-  std::map<std::string, std::size_t> by_key_;
-  std::unordered_map<std::string, std::size_t> by_id_;
-  std::set<std::pair<int64_t, std::size_t>> by_time_;  // (created_ms, index): listing order
-  std::map<std::string, int64_t> count_by_reference_;
-  std::map<std::string, std::string> traceparent_by_reference_;
-  std::vector<json::object> refunds_;
-  std::map<std::string, std::size_t> refund_by_key_;  // keys of refunds, apart from charges'
-  std::map<std::string, int64_t> refunds_by_charge_;
-  std::map<std::string, std::optional<Fault>> faults_;
-  std::optional<Fault> global_;
-  bool ignore_keys_ = false;
-  Random& random_ = SystemRandom();
-  std::condition_variable_any late_cv_;  // never notified but at destruction: a stoppable sleep
-  std::vector<std::jthread> late_;       // one per late charge; never pruned (a test double)
+  Mutex mu_;
+  // In creation order: the index is the creation sequence.
+  std::vector<Charge> charges_ IDEM_GUARDED_BY(mu_);
+  std::size_t landing_ IDEM_GUARDED_BY(mu_) = 0;  // late charges not made yet, each holding a slot
+  std::map<std::string, std::size_t> by_key_ IDEM_GUARDED_BY(mu_);
+  std::unordered_map<std::string, std::size_t> by_id_ IDEM_GUARDED_BY(mu_);
+  // (created_ms, index): listing order.
+  std::set<std::pair<int64_t, std::size_t>> by_time_ IDEM_GUARDED_BY(mu_);
+  std::map<std::string, int64_t> count_by_reference_ IDEM_GUARDED_BY(mu_);
+  std::map<std::string, std::string> traceparent_by_reference_ IDEM_GUARDED_BY(mu_);
+  std::vector<json::object> refunds_ IDEM_GUARDED_BY(mu_);
+  // Keys of refunds, apart from charges'.
+  std::map<std::string, std::size_t> refund_by_key_ IDEM_GUARDED_BY(mu_);
+  std::map<std::string, int64_t> refunds_by_charge_ IDEM_GUARDED_BY(mu_);
+  std::map<std::string, std::optional<Fault>> faults_ IDEM_GUARDED_BY(mu_);
+  std::optional<Fault> global_ IDEM_GUARDED_BY(mu_);
+  bool ignore_keys_ IDEM_GUARDED_BY(mu_) = false;
+  Random& random_ = SystemRandom();  // thread-safe of its own
+  // Never notified but at destruction: a stoppable sleep, with mu_ (BasicLockable) as its lock.
+  std::condition_variable_any late_cv_;
+  // One per late charge; never pruned (a test double).
+  std::vector<std::jthread> late_ IDEM_GUARDED_BY(mu_);
 };
 
 class StderrLog final : public http::AccessLog {

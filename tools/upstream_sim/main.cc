@@ -25,11 +25,11 @@
 #include <csignal>
 #include <cstdio>
 #include <map>
-#include <mutex>
 #include <string>
 
 #include "http/async.h"
 #include "http/server.h"
+#include "idem/mutex.h"
 
 namespace idem {
 namespace {
@@ -68,7 +68,7 @@ class UpstreamSim final : public http::Handler {
     const std::optional<std::string_view> key = request.headers.Get("idempotency-key");
     int64_t n = 0;
     {
-      std::lock_guard lock(mu_);
+      MutexLock lock(mu_);
       n = ++total_;
       ++by_target_[request.target];
       if (key) {
@@ -116,7 +116,7 @@ class UpstreamSim final : public http::Handler {
     r.headers.Set("X-Upstream-Execution", std::to_string(n));
     r.headers.Set("Set-Cookie", "upstream-session=" + std::to_string(n));
     if (key) {
-      std::lock_guard lock(mu_);
+      MutexLock lock(mu_);
       answers_[std::string(*key)] = r;
     }
     if (request.headers.Get("x-upstream-drop") == "true") context.drop = true;  // executed
@@ -127,7 +127,7 @@ class UpstreamSim final : public http::Handler {
   // GET /status/K: 404 if no request with Idempotency-Key K came, 503 while one executes, else
   // the answer the last one got.
   http::Response StatusOf(const http::Request& request, const std::string& key) {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     ++status_questions_;
     if (!status_token_.empty() &&
         request.headers.Get("authorization") != "Bearer " + status_token_) {
@@ -149,7 +149,7 @@ class UpstreamSim final : public http::Handler {
       const boost::json::value v = boost::json::parse(request.body, ec);
       if (ec || !v.is_object()) return http::Response{400, {}, "a JSON object expected\n"};
       const boost::json::object& o = v.as_object();
-      std::lock_guard lock(mu_);
+      MutexLock lock(mu_);
       const boost::json::value* status = o.if_contains("status");
       status_answer_ =
           status != nullptr && status->is_int64() ? static_cast<int>(status->as_int64()) : 0;
@@ -163,7 +163,7 @@ class UpstreamSim final : public http::Handler {
     boost::json::object by_target;
     boost::json::object keys;
     boost::json::object out;
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     for (const auto& [target, count] : by_target_) by_target[target] = count;
     for (const auto& [key, count] : keys_) keys[key] = count;
     out["total"] = total_;
@@ -176,15 +176,16 @@ class UpstreamSim final : public http::Handler {
     return r;
   }
 
-  std::mutex mu_;
-  int64_t total_ = 0;
-  int64_t credentials_seen_ = 0;
-  std::map<std::string, int64_t> by_target_;
-  std::map<std::string, int64_t> keys_;
-  std::map<std::string, http::Response> answers_;  // by key: the last execution's answer
-  int status_answer_ = 0;                          // 0: the status URL answers by its books
-  std::string status_token_;                       // "": the status URL wants no credential
-  int64_t status_questions_ = 0;
+  Mutex mu_;
+  int64_t total_ IDEM_GUARDED_BY(mu_) = 0;
+  int64_t credentials_seen_ IDEM_GUARDED_BY(mu_) = 0;
+  std::map<std::string, int64_t> by_target_ IDEM_GUARDED_BY(mu_);
+  std::map<std::string, int64_t> keys_ IDEM_GUARDED_BY(mu_);
+  // By key: the last execution's answer.
+  std::map<std::string, http::Response> answers_ IDEM_GUARDED_BY(mu_);
+  int status_answer_ IDEM_GUARDED_BY(mu_) = 0;     // 0: the status URL answers by its books
+  std::string status_token_ IDEM_GUARDED_BY(mu_);  // "": the status URL wants no credential
+  int64_t status_questions_ IDEM_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace

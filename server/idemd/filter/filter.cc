@@ -6,12 +6,12 @@
 #include <atomic>
 #include <boost/json.hpp>
 #include <chrono>
-#include <mutex>
 #include <thread>
 #include <unordered_map>
 
 #include "http/log.h"
 #include "http/problem.h"
+#include "idem/mutex.h"
 
 namespace idem::idemd {
 namespace {
@@ -99,7 +99,7 @@ class IdempotencyFilter::Waiters {
  public:
   // Counts one more waiter of `who` unless it has `max` already.
   bool TryAdd(const std::string& who, int64_t max) {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     auto [it, inserted] = parked_.try_emplace(who, 0);
     if (it->second >= max) {
       if (inserted) parked_.erase(it);
@@ -109,14 +109,14 @@ class IdempotencyFilter::Waiters {
     return true;
   }
   void Remove(const std::string& who) {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     auto it = parked_.find(who);
     if (it != parked_.end() && --it->second <= 0) parked_.erase(it);
   }
 
  private:
-  std::mutex mu_;
-  std::unordered_map<std::string, int64_t> parked_;
+  Mutex mu_;
+  std::unordered_map<std::string, int64_t> parked_ IDEM_GUARDED_BY(mu_);
 };
 
 // Claims per principal: a token bucket of `rate` tokens a second holding at most `rate`. The
@@ -130,7 +130,7 @@ class IdempotencyFilter::ClaimRate {
   // Takes a token of `who` at `now`; false when none is left.
   bool Take(const std::string& who, SteadyTime now) {
     if (rate_ <= 0) return true;
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (buckets_.size() >= kMaxBuckets && !buckets_.contains(who)) Prune(now);
     auto [it, inserted] = buckets_.try_emplace(who, Bucket{rate_, now});
     Bucket& b = it->second;
@@ -151,15 +151,15 @@ class IdempotencyFilter::ClaimRate {
     const double seconds = std::chrono::duration<double>(now - b.at).count();
     return std::min(rate_, b.tokens + std::max(0.0, seconds) * rate_);
   }
-  void Prune(SteadyTime now) {
+  void Prune(SteadyTime now) IDEM_REQUIRES(mu_) {
     std::erase_if(buckets_,
                   [&](const auto& entry) { return Refilled(entry.second, now) >= rate_; });
     if (buckets_.size() >= kMaxBuckets) buckets_.clear();
   }
 
   const double rate_;
-  std::mutex mu_;
-  std::unordered_map<std::string, Bucket> buckets_;
+  Mutex mu_;
+  std::unordered_map<std::string, Bucket> buckets_ IDEM_GUARDED_BY(mu_);
 };
 
 // One waiter's place among its principal's: given back when the request's context lets it go.

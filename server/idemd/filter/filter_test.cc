@@ -12,16 +12,15 @@
 #include <algorithm>
 #include <atomic>
 #include <boost/json.hpp>
-#include <condition_variable>
 #include <functional>
 #include <future>
 #include <latch>
-#include <mutex>
 #include <set>
 #include <thread>
 #include <vector>
 
 #include "http/problem.h"
+#include "idem/mutex.h"
 #include "idem/store/replay_cache.h"
 #include "idem/store/sqlite.h"
 #include "testing/engine_fixture.h"
@@ -70,7 +69,7 @@ class FakeOperation final : public Operation {
   std::function<Execution(Ticket& ticket)> reconcile;
 
   std::optional<http::Response> Validate(const http::Request&, const Principal&) override {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     ++validated_;
     return refusal;
   }
@@ -78,7 +77,7 @@ class FakeOperation final : public Operation {
                  const Principal&) override {
     int n;
     {
-      std::lock_guard lock(mu_);
+      MutexLock lock(mu_);
       n = ++claimed_;
     }
     if (!record.resource_id.empty()) return Ok();
@@ -88,7 +87,7 @@ class FakeOperation final : public Operation {
                                  Heartbeat&) override {
     int n;
     {
-      std::lock_guard lock(mu_);
+      MutexLock lock(mu_);
       n = ++executed_;
       executions_.push_back(ticket);
     }
@@ -96,41 +95,41 @@ class FakeOperation final : public Operation {
   }
   Execution TakeOver(Ticket& ticket, Engine&) override {
     {
-      std::lock_guard lock(mu_);
+      MutexLock lock(mu_);
       reconciled_.push_back(ticket);
     }
     return reconcile ? reconcile(ticket) : Answer(201, 99);
   }
 
   int Validated() {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     return validated_;
   }
   int Claimed() {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     return claimed_;
   }
   int Executed() {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     return executed_;
   }
   // The ticket each execution (or reconciliation) started with, in order.
   std::vector<Ticket> Executions() {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     return executions_;
   }
   std::vector<Ticket> Reconciled() {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     return reconciled_;
   }
 
  private:
-  std::mutex mu_;
-  int validated_ = 0;
-  int claimed_ = 0;
-  int executed_ = 0;
-  std::vector<Ticket> executions_;
-  std::vector<Ticket> reconciled_;
+  Mutex mu_;
+  int validated_ IDEM_GUARDED_BY(mu_) = 0;
+  int claimed_ IDEM_GUARDED_BY(mu_) = 0;
+  int executed_ IDEM_GUARDED_BY(mu_) = 0;
+  std::vector<Ticket> executions_ IDEM_GUARDED_BY(mu_);
+  std::vector<Ticket> reconciled_ IDEM_GUARDED_BY(mu_);
 };
 
 class FilterTest : public testing::EngineFixture {
@@ -184,11 +183,11 @@ class FilterTest : public testing::EngineFixture {
   http::RequestContext Context() {
     http::RequestContext context;
     context.spawn = [this](std::function<http::Async<void>()> task) {
-      std::lock_guard lock(mu_);
+      MutexLock lock(mu_);
       spawned_.push_back(std::move(task));
     };
     context.notify = [this](const std::string& key) {
-      std::lock_guard lock(mu_);
+      MutexLock lock(mu_);
       notified_.push_back(key);
     };
     return context;
@@ -260,8 +259,17 @@ class FilterTest : public testing::EngineFixture {
                   "\"}");
   }
   std::vector<std::string> Notified() {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     return notified_;
+  }
+  std::size_t SpawnedCount() {
+    MutexLock lock(mu_);
+    return spawned_.size();
+  }
+  // The i-th spawned task, to run; it stays in spawned_, which keeps what it captured.
+  http::Async<void> Spawned(std::size_t i) {
+    MutexLock lock(mu_);
+    return spawned_[i]();
   }
 
   Metrics metrics_;
@@ -270,9 +278,9 @@ class FilterTest : public testing::EngineFixture {
   FakeOperation op_;
   std::unique_ptr<IdempotencyFilter> filter_;
 
-  std::mutex mu_;
-  std::vector<std::function<http::Async<void>()>> spawned_;
-  std::vector<std::string> notified_;
+  Mutex mu_;
+  std::vector<std::function<http::Async<void>()>> spawned_ IDEM_GUARDED_BY(mu_);
+  std::vector<std::string> notified_ IDEM_GUARDED_BY(mu_);
 
   std::latch entered_{1};
   std::latch release_{1};
@@ -500,7 +508,7 @@ TEST_F(FilterTest, ADuplicateWhileTheFirstRunsWithRespondAsyncIs202) {
   EXPECT_EQ(HeaderOf(r, "Location"), "/v1/operations/key-00000001");
   EXPECT_EQ(HeaderOf(r, "Idempotency-Key-Expires"), ExpiresFor(t0_));
   EXPECT_EQ(context.outcome, "in_progress");
-  EXPECT_TRUE(spawned_.empty()) << "a duplicate spawns no work";
+  EXPECT_EQ(SpawnedCount(), 0u) << "a duplicate spawns no work";
   EXPECT_EQ(Release().status, 201);
   EXPECT_EQ(op_.Executed(), 1);
 }
@@ -823,11 +831,11 @@ TEST_F(FilterTest, ANewKeyWithRespondAsyncIs202AndTheWorkGoesToSpawn) {
   EXPECT_EQ(HeaderOf(r, "Idempotency-Key-Expires"), ExpiresFor(t0_));
   EXPECT_EQ(context.outcome, "accepted");
   EXPECT_EQ(op_.Executed(), 0) << "the work runs on the spawned task, not in Handle";
-  ASSERT_EQ(spawned_.size(), 1u);
+  ASSERT_EQ(SpawnedCount(), 1u);
   ASSERT_TRUE(Found("key-00000001").has_value());
   EXPECT_EQ(Found("key-00000001")->record.state, RecordState::kProcessing);
 
-  http::RunSync(spawned_[0]());
+  http::RunSync(Spawned(0));
   EXPECT_EQ(op_.Executed(), 1);
   auto found = Found("key-00000001");
   ASSERT_TRUE(found.has_value());
@@ -1309,15 +1317,15 @@ TEST_F(FilterTest, TakeOverOnceResolvesStaleRecordsSideBySide) {
     ASSERT_TRUE(claimed && claimed->kind == Decision::Kind::kExecute);
   }
   clock_.Advance(kLease + Millis(1));
-  std::mutex mu;
-  std::condition_variable all_in;
-  int started = 0;
+  Mutex mu;
+  CondVar all_in;
+  int started = 0;  // both under mu (a local takes no GUARDED_BY)
   int alone = 0;
   op_.reconcile = [&](Ticket& ticket) {
-    std::unique_lock lock(mu);
+    MutexLock lock(mu);
     ++started;
-    all_in.notify_all();
-    if (!all_in.wait_for(lock, std::chrono::seconds(10), [&] { return started == kRecords; })) {
+    all_in.NotifyAll();
+    if (!all_in.WaitFor(mu, std::chrono::seconds(10), [&] { return started == kRecords; })) {
       ++alone;
     }
     return Answer(201, static_cast<int>(ticket.record.resource_id.size()));
@@ -1328,11 +1336,11 @@ TEST_F(FilterTest, TakeOverOnceResolvesStaleRecordsSideBySide) {
 }
 
 TEST(RunConcurrentlyTest, CallsEveryIndexOnceOnAtMostWidthThreads) {
-  std::mutex mu;
+  Mutex mu;
   std::vector<int> calls(50, 0);
   std::set<std::thread::id> threads;
   RunConcurrently(50, 4, [&](std::size_t i) {
-    std::lock_guard lock(mu);
+    MutexLock lock(mu);
     ++calls[i];
     threads.insert(std::this_thread::get_id());
   });

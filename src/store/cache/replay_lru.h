@@ -5,12 +5,12 @@
 #include <chrono>
 #include <cstddef>
 #include <list>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <unordered_map>
 
 #include "idem/clock.h"
+#include "idem/mutex.h"
 #include "idem/record.h"
 
 namespace idem::cache {
@@ -40,7 +40,7 @@ class Lru {
   // The entry of `scope` alive at `now`, its observed_at moved on by the time it has spent here.
   std::optional<Record> Get(const ScopeHash& scope, SteadyTime now) {
     if (max_entries_ == 0 || max_bytes_ == 0) return std::nullopt;
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     auto it = index_.find(Key(scope));
     if (it == index_.end()) return std::nullopt;
     const Entry& entry = it->second->second;
@@ -57,7 +57,7 @@ class Lru {
   void Put(const ScopeHash& scope, const Record& record, SteadyTime deadline) {
     const std::size_t size = SizeOf(record);
     if (max_entries_ == 0 || size > max_bytes_) return;
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     std::string key = Key(scope);
     if (auto it = index_.find(key); it != index_.end()) Drop(it);
     order_.emplace_front(key, Entry{record, deadline, size});
@@ -84,8 +84,7 @@ class Lru {
     return r.tenant.size() + r.user.size() + r.route.size() + r.recovery_point.size() +
            r.resource_id.size() + r.response.size() + 2 * 32 + 256;
   }
-  // Caller holds mu_.
-  void Drop(std::unordered_map<std::string, Order::iterator>::iterator it) {
+  void Drop(std::unordered_map<std::string, Order::iterator>::iterator it) IDEM_REQUIRES(mu_) {
     bytes_ -= it->second->second.size;
     order_.erase(it->second);
     index_.erase(it);
@@ -93,10 +92,10 @@ class Lru {
 
   const std::size_t max_entries_;
   const std::size_t max_bytes_;
-  mutable std::mutex mu_;
-  Order order_;
-  std::unordered_map<std::string, Order::iterator> index_;
-  std::size_t bytes_ = 0;
+  mutable Mutex mu_;
+  Order order_ IDEM_GUARDED_BY(mu_);
+  std::unordered_map<std::string, Order::iterator> index_ IDEM_GUARDED_BY(mu_);
+  std::size_t bytes_ IDEM_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace idem::cache

@@ -7,12 +7,11 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <functional>
-#include <mutex>
 #include <optional>
 #include <thread>
 
+#include "idem/mutex.h"
 #include "idem/store/postgres.h"
 #include "src/store/pool.h"
 #include "src/store/postgres/postgres_internal.h"
@@ -177,8 +176,9 @@ class PostgresStore final : public Store {
     // flag under a condition variable rather than std::timed_mutex, whose timed lock
     // ThreadSanitizer cannot follow.)
     {
-      std::unique_lock lock(ping_mu_);
-      if (!ping_cv_.wait_until(lock, deadline, [&] { return !pinging_; })) {
+      MutexLock lock(ping_mu_);
+      if (!ping_cv_.WaitUntil(ping_mu_, deadline,
+                              [&]() IDEM_REQUIRES(ping_mu_) { return !pinging_; })) {
         return MakeError(Errc::kUnavailable,
                          "postgres ping: no answer within " + MillisText(timeout));
       }
@@ -188,10 +188,10 @@ class PostgresStore final : public Store {
       PostgresStore* store;
       ~Done() {
         {
-          std::lock_guard lock(store->ping_mu_);
+          MutexLock lock(store->ping_mu_);
           store->pinging_ = false;
         }
-        store->ping_cv_.notify_one();
+        store->ping_cv_.NotifyOne();
       }
     } done{this};
     if (ping_ != nullptr && ping_->Broken()) ping_.reset();
@@ -294,9 +294,9 @@ class PostgresStore final : public Store {
   StoreTime time_;
   Random& random_;
   StoreCapabilities caps_;
-  std::mutex ping_mu_;
-  std::condition_variable ping_cv_;
-  bool pinging_ = false;              // guarded by ping_mu_
+  Mutex ping_mu_;
+  CondVar ping_cv_;
+  bool pinging_ IDEM_GUARDED_BY(ping_mu_) = false;
   std::unique_ptr<Connection> ping_;  // used only by the one ping that set pinging_
 };
 

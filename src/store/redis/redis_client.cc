@@ -154,14 +154,14 @@ void RedisClient::Fallback(std::string_view why) {
   CountFallback();
   resting_until_ms_ = NowMs() + options_.rest_after_failure.count();
   // Under the lock, so the reports of concurrent calls come out in the order of the changes.
-  std::lock_guard lock(health_mu_);
+  MutexLock lock(health_mu_);
   if (failing_.exchange(true)) return;
   if (options_.on_health) options_.on_health(why);
 }
 
 void RedisClient::Answered() {
   if (!failing_.load(std::memory_order_relaxed)) return;  // healthy traffic takes no lock
-  std::lock_guard lock(health_mu_);
+  MutexLock lock(health_mu_);
   if (!failing_.exchange(false)) return;
   if (options_.on_health) options_.on_health("");
 }

@@ -7,11 +7,11 @@
 
 #include <atomic>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "idem/mutex.h"
 #include "idem/store/redis.h"
 #include "src/store/pool.h"
 
@@ -97,7 +97,7 @@ class RedisClient {
   MonotonicClock& monotonic_;
   store_internal::Pool<RedisConn> pool_;
   std::atomic<int64_t> resting_until_ms_{0};
-  std::mutex health_mu_;  // orders on_health's reports
+  Mutex health_mu_;  // orders on_health's reports; guards no member (failing_ is atomic)
   std::atomic<bool> failing_{false};
 };
 

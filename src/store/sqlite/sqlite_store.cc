@@ -3,10 +3,9 @@
 // columns. The SQL text and the record operations are the shared ones of src/store/sql.h.
 #include <sqlite3.h>
 
-#include <condition_variable>
-#include <mutex>
 #include <unordered_map>
 
+#include "idem/mutex.h"
 #include "idem/store/sqlite.h"
 #include "src/store/pool.h"
 #include "src/store/sql.h"
@@ -220,7 +219,8 @@ using PooledConnection = store_internal::Lent<Connection>;
 // durable, and a member that read another's writes learns at its Commit whether they held.
 class WriteGroups {
  public:
-  // What members of one group learn when it ends.
+  // What members of one group learn when it ends. Under mu_, which a GUARDED_BY in Group cannot
+  // name.
   struct Group {
     bool done = false;
     Status status = Ok();
@@ -233,9 +233,9 @@ class WriteGroups {
   // with BEGIN IMMEDIATE when none is. Errors: kUnavailable (no turn within the wait; the file
   // locked by another process).
   Result<std::shared_ptr<Group>> Join() {
-    std::unique_lock lock(mu_);
+    MutexLock lock(mu_);
     ++waiting_;
-    const bool turn = free_.wait_for(lock, wait_, [&] { return !held_; });
+    const bool turn = free_.WaitFor(mu_, wait_, [&]() IDEM_REQUIRES(mu_) { return !held_; });
     --waiting_;
     // A waiter that gives up leaves the group to whoever holds the connection: its Leave sees
     // the waiter gone and commits.
@@ -245,9 +245,9 @@ class WriteGroups {
     }
     held_ = true;
     if (!open_) {
-      lock.unlock();
+      lock.Unlock();
       Status begun = conn_->Script("BEGIN IMMEDIATE");
-      lock.lock();
+      lock.Lock();
       if (!begun) {
         PassOn();
         return std::move(begun).error();
@@ -257,7 +257,7 @@ class WriteGroups {
     }
     ++members_;
     std::shared_ptr<Group> group = open_;
-    lock.unlock();
+    lock.Unlock();
     if (Status saved = conn_->Script("SAVEPOINT idem_member"); !saved) {
       (void)Leave(group, /*keep=*/false);
       return std::move(saved).error();
@@ -270,7 +270,7 @@ class WriteGroups {
   // commit status once it is known: kUnavailable when nothing was committed.
   Status Leave(const std::shared_ptr<Group>& group, bool keep) {
     Status ended = InTransaction() ? End(keep) : Ok();
-    std::unique_lock lock(mu_);
+    MutexLock lock(mu_);
     if (!InTransaction()) {
       // SQLite rolled the whole transaction back (SQLITE_FULL, an I/O error, ...): every
       // member's writes are gone.
@@ -284,17 +284,17 @@ class WriteGroups {
     if (waiting_ > 0 && members_ < max_group_) {
       PassOn();  // the next member joins the open group; the last one commits it
       if (!keep) return ended;
-      done_.wait(lock, [&] { return group->done; });
+      done_.Wait(mu_, [&] { return group->done; });
       return group->status;
     }
-    lock.unlock();
+    lock.Unlock();
     Status committed = conn_->Script("COMMIT");
     if (!committed) {
       if (InTransaction()) (void)conn_->Script("ROLLBACK");
       committed =
           MakeError(Errc::kUnavailable, "nothing was committed: " + committed.error().message);
     }
-    lock.lock();
+    lock.Lock();
     Finish(*group, std::move(committed));
     PassOn();
     if (!ended) return ended;
@@ -318,31 +318,32 @@ class WriteGroups {
     return conn_->Script("ROLLBACK TO idem_member; RELEASE idem_member");
   }
 
-  // Under mu_: the group is over with `status`; its members are told.
-  void Finish(Group& group, Status status) {
+  // The group is over with `status`; its members are told.
+  void Finish(Group& group, Status status) IDEM_REQUIRES(mu_) {
     group.done = true;
     group.status = std::move(status);
     if (open_.get() == &group) open_.reset();
     members_ = 0;
-    done_.notify_all();
+    done_.NotifyAll();
   }
 
-  // Under mu_: gives the connection up, to a waiter if any.
-  void PassOn() {
+  // Gives the connection up, to a waiter if any.
+  void PassOn() IDEM_REQUIRES(mu_) {
     held_ = false;
-    free_.notify_one();
+    free_.NotifyOne();
   }
 
   std::unique_ptr<Connection> conn_;
   const Millis wait_;
   const int max_group_;
-  std::mutex mu_;
-  std::condition_variable free_;  // the connection was given up
-  std::condition_variable done_;  // a group ended
-  bool held_ = false;             // a member (or a committing leader) uses the connection
-  int waiting_ = 0;               // Join calls waiting for their turn
-  int members_ = 0;               // members of the open group so far
-  std::shared_ptr<Group> open_;   // the open group; null outside a transaction
+  Mutex mu_;
+  CondVar free_;  // the connection was given up
+  CondVar done_;  // a group ended
+  // A member (or a committing leader) uses the connection: conn_ is then its own, without mu_.
+  bool held_ IDEM_GUARDED_BY(mu_) = false;
+  int waiting_ IDEM_GUARDED_BY(mu_) = 0;              // Join calls waiting for their turn
+  int members_ IDEM_GUARDED_BY(mu_) = 0;              // members of the open group so far
+  std::shared_ptr<Group> open_ IDEM_GUARDED_BY(mu_);  // the open group; null outside a transaction
 };
 
 // ---- Transaction ---------------------------------------------------------------------------
