@@ -2,18 +2,17 @@
 // background loops (sweeper, takeover, books), and a graceful SIGTERM drain. Nothing else.
 #include <signal.h>
 
-#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <iostream>
-#include <mutex>
 #include <thread>
 
 #include "http/log.h"
 #include "http/server.h"
 #include "idem/engine.h"
 #include "idem/failpoint.h"
+#include "idem/mutex.h"
 #include "idem/store/redis.h"
 #include "idem/store/replay_cache.h"
 #include "server/idemd/config/config.h"
@@ -44,26 +43,26 @@ class Loop {
  public:
   Loop(Millis interval, std::function<void()> work)
       : thread_([this, interval, work = std::move(work)] {
-          std::unique_lock lock(mu_);
-          while (!cv_.wait_for(lock, interval, [this] { return stop_; })) {
-            lock.unlock();
+          MutexLock lock(mu_);
+          while (!cv_.WaitFor(mu_, interval, [this]() IDEM_REQUIRES(mu_) { return stop_; })) {
+            lock.Unlock();
             work();
-            lock.lock();
+            lock.Lock();
           }
         }) {}
   ~Loop() {
     {
-      std::lock_guard lock(mu_);
+      MutexLock lock(mu_);
       stop_ = true;
     }
-    cv_.notify_all();
+    cv_.NotifyAll();
     thread_.join();
   }
 
  private:
-  std::mutex mu_;
-  std::condition_variable cv_;
-  bool stop_ = false;
+  Mutex mu_;
+  CondVar cv_;
+  bool stop_ IDEM_GUARDED_BY(mu_) = false;
   std::thread thread_;
 };
 
