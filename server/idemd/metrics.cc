@@ -12,14 +12,10 @@
 #include <sstream>
 
 #include "http/log.h"
+#include "http/server.h"
 
 namespace idem::idemd {
 namespace {
-
-// What the idempotency filter counts a request as (IdempotencyFilter::Decide).
-constexpr std::array<std::string_view, 9> kFilterOutcomes = {
-    "accepted", "error", "executed", "in_progress", "invalid",
-    "mismatch", "quota", "replayed", "unauthorized"};
 
 std::string Number(double v) {
   char text[32];
@@ -115,10 +111,39 @@ Metrics::Metrics(MetricsOptions options)
     provider_.push_back(std::make_unique<Histogram>(bounds_.size()));
 }
 
+std::string_view RequestOutcomeName(RequestOutcome outcome) {
+  switch (outcome) {
+    case RequestOutcome::kAccepted:
+      return "accepted";
+    case RequestOutcome::kError:
+      return "error";
+    case RequestOutcome::kExecuted:
+      return "executed";
+    case RequestOutcome::kInProgress:
+      return "in_progress";
+    case RequestOutcome::kInvalid:
+      return "invalid";
+    case RequestOutcome::kMismatch:
+      return "mismatch";
+    case RequestOutcome::kQuota:
+      return "quota";
+    case RequestOutcome::kReplayed:
+      return "replayed";
+    case RequestOutcome::kUnauthorized:
+      return "unauthorized";
+    case RequestOutcome::kPassedThrough:
+      return "passed_through";
+    case RequestOutcome::kForwardedWithoutKey:
+      return "forwarded_without_key";
+  }
+  return "unknown";  // no RequestOutcome: never counted as one
+}
+
 void Metrics::DeclareRoute(const std::string& route) {
   MutexLock lock(mu_);
-  for (std::string_view outcome : kFilterOutcomes) {
-    requests_.try_emplace({route, std::string(outcome)}, 0);
+  for (std::size_t i = 0; i < kFilterOutcomes; ++i) {
+    requests_.try_emplace({route, std::string(RequestOutcomeName(static_cast<RequestOutcome>(i)))},
+                          0);
   }
 }
 
@@ -127,9 +152,14 @@ void Metrics::DeclareUpstream(const std::string& route) {
   upstream_.try_emplace(route, bounds_.size());
 }
 
-void Metrics::CountRequest(const std::string& route, const std::string& outcome) {
+void Metrics::CountRequest(const std::string& route, RequestOutcome outcome) {
   MutexLock lock(mu_);
-  ++requests_[{route, outcome}];
+  ++requests_[{route, std::string(RequestOutcomeName(outcome))}];
+}
+
+void Metrics::CountRequest(http::RequestContext& context, RequestOutcome outcome) {
+  context.outcome = RequestOutcomeName(outcome);
+  CountRequest(context.route, outcome);
 }
 
 void Metrics::ObserveHttpRequest(const std::string& route, int code, double seconds) {

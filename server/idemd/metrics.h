@@ -16,6 +16,10 @@
 #include "idem/mutex.h"
 #include "idem/store.h"
 
+namespace idem::http {
+struct RequestContext;
+}  // namespace idem::http
+
 namespace idem::idemd {
 
 // The store calls idem_store_operation_duration_seconds{operation} times (TimedStore), in the
@@ -31,6 +35,25 @@ inline constexpr std::array<StoreOperation, 17> kTimedStoreOperations = {
 };
 // Whether `operation` is one of kTimedStoreOperations.
 bool IsTimedStoreOperation(StoreOperation operation);
+
+// What became of a request: its idem_requests_total{route, outcome} series and its access-log
+// line's "outcome" (RequestOutcomeName). The first nine are the idempotency filter's, rendered
+// for each declared route from the start (DeclareRoute).
+enum class RequestOutcome : uint8_t {
+  kAccepted,             // 202: executing in the background (respond-async)
+  kError,                // the store or the operation failed before an answer of the protocol
+  kExecuted,             // the first request's execution answered
+  kInProgress,           // 409: another request of the key is executing (or parked and given up)
+  kInvalid,              // refused before any record: a bad key, header or body
+  kMismatch,             // 422: the key was used for another request
+  kQuota,                // 429: the principal's quotas or claim rate
+  kReplayed,             // the stored answer
+  kUnauthorized,         // 401: no or an unknown API key
+  kPassedThrough,        // a request no route matches, forwarded as it is (gateway.unmatched)
+  kForwardedWithoutKey,  // a key-optional gateway route's request without a key (logged only)
+};
+inline constexpr std::size_t kFilterOutcomes = 9;  // kAccepted..kUnauthorized
+std::string_view RequestOutcomeName(RequestOutcome outcome);
 
 // The provider calls idem_provider_request_duration_seconds{operation} times (TimedProvider).
 enum class ProviderOperation : uint8_t { kCharge, kLookup, kListCharges, kRefund };
@@ -64,9 +87,10 @@ class Metrics {
   // A gateway route's (or "unmatched") idem_upstream_request_duration_seconds{route} series.
   void DeclareUpstream(const std::string& route);
 
-  // idem_requests_total{route, outcome}: executed, replayed, mismatch, in_progress, quota,
-  // invalid, unauthorized, error, accepted, passed_through.
-  void CountRequest(const std::string& route, const std::string& outcome);
+  // idem_requests_total{route, outcome}, the outcome by RequestOutcomeName.
+  void CountRequest(const std::string& route, RequestOutcome outcome);
+  // CountRequest on the request's route, and the outcome for its access-log line.
+  void CountRequest(http::RequestContext& context, RequestOutcome outcome);
   // idem_http_request_duration_seconds{route, code}: every answered request, from its first byte
   // read to its last byte written ("unknown" for requests refused before routing, as in the log).
   void ObserveHttpRequest(const std::string& route, int code, double seconds);

@@ -46,6 +46,36 @@ TEST(MetricsTest, TheLongestTimeoutIsTheLongestTheConfigurationSets) {
   EXPECT_EQ(LongestTimeout(config), Millis(120000));
 }
 
+// The outcome labels dashboards and alerts match on (deploy/): each outcome keeps its own.
+TEST(MetricsTest, EachRequestOutcomeKeepsItsPublishedLabel) {
+  const std::vector<std::pair<RequestOutcome, std::string_view>> published = {
+      {RequestOutcome::kAccepted, "accepted"},
+      {RequestOutcome::kError, "error"},
+      {RequestOutcome::kExecuted, "executed"},
+      {RequestOutcome::kInProgress, "in_progress"},
+      {RequestOutcome::kInvalid, "invalid"},
+      {RequestOutcome::kMismatch, "mismatch"},
+      {RequestOutcome::kQuota, "quota"},
+      {RequestOutcome::kReplayed, "replayed"},
+      {RequestOutcome::kUnauthorized, "unauthorized"},
+      {RequestOutcome::kPassedThrough, "passed_through"},
+      {RequestOutcome::kForwardedWithoutKey, "forwarded_without_key"},
+  };
+  for (const auto& [outcome, label] : published) EXPECT_EQ(RequestOutcomeName(outcome), label);
+  Metrics metrics({.longest_timeout = Millis(5000), .version = "1", .store = "sqlite"});
+  metrics.DeclareRoute("r");
+  metrics.CountRequest("r", RequestOutcome::kPassedThrough);
+  const std::string text = metrics.Render();
+  for (std::size_t i = 0; i < kFilterOutcomes; ++i) {
+    const std::string series =
+        "idem_requests_total{route=\"r\",outcome=\"" + std::string(published[i].second) + "\"} 0";
+    EXPECT_NE(text.find(series), std::string::npos) << series << " is not rendered from the start";
+  }
+  EXPECT_NE(text.find(R"(idem_requests_total{route="r",outcome="passed_through"} 1)"),
+            std::string::npos);
+  EXPECT_EQ(text.find("forwarded_without_key"), std::string::npos) << "counted by no route";
+}
+
 TEST(MetricsTest, EverySeriesWithKnownLabelsIsRenderedFromTheStartAsZero) {
   Metrics metrics({.longest_timeout = Millis(5000), .version = "1.2.3", .store = "sqlite"});
   metrics.DeclareRoute("payments.create");

@@ -89,8 +89,7 @@ std::optional<Principal> Service::GatewayPrincipal(const http::Request& request,
 }
 
 http::Response Service::Unauthorized(http::RequestContext& context, const std::string& detail) {
-  context.outcome = "unauthorized";
-  metrics_.CountRequest(context.route, "unauthorized");
+  metrics_.CountRequest(context, RequestOutcome::kUnauthorized);
   auto r = http::Problem(http::ProblemKind::kUnauthorized, detail);
   r.headers.Set("WWW-Authenticate", "Bearer");
   return r;
@@ -116,12 +115,10 @@ http::Async<http::Response> Service::Handle(const http::Request& request,
     if (request.method == "CONNECT" || request.method == "TRACE") {
       // A tunnel or an echo of the request (its credentials included) through idemd, which
       // does not authenticate what it passes through: never forwarded.
-      context.outcome = "invalid";
-      metrics_.CountRequest(context.route, context.outcome);
+      metrics_.CountRequest(context, RequestOutcome::kInvalid);
       co_return MethodNotAllowed("GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS");
     }
-    context.outcome = "passed_through";
-    metrics_.CountRequest(context.route, context.outcome);
+    metrics_.CountRequest(context, RequestOutcome::kPassedThrough);
     co_return co_await gateway->PassThrough(request);
   }
   context.route = "unknown";
@@ -205,14 +202,13 @@ http::Async<http::Response> Service::HandleRoute(const http::Request& request,
   if (!AmbiguousParameterSegment(*endpoint.route, request.Path()).empty()) {
     // An upstream that normalises the path would act on another resource than the one the
     // route's pattern (and the record) names.
-    context.outcome = "invalid";
-    metrics_.CountRequest(context.route, context.outcome);
+    metrics_.CountRequest(context, RequestOutcome::kInvalid);
     co_return http::Problem(http::ProblemKind::kInvalidRequest,
                             "a path parameter must not be '.' or '..' or hold an encoded '/' or "
                             "'\\' (%2F, %5C) or a '\\'");
   }
   if (!endpoint.route->key_required && request.headers.Count("idempotency-key") == 0) {
-    context.outcome = "forwarded_without_key";
+    context.outcome = RequestOutcomeName(RequestOutcome::kForwardedWithoutKey);  // not counted
     co_return co_await endpoint.proxy->ForwardWithoutKey(request);
   }
   co_return co_await endpoint.filter->Handle(request, *principal, context);

@@ -313,8 +313,8 @@ http::Response IdempotencyFilter::InProgress(const Running& running, bool respon
     context.park = http::RequestContext::Park{ScopeKey(running.scope), *context.wait_until};
     return {};
   }
-  context.outcome = "in_progress";
-  metrics_.CountRequest(policy_.route_label, "in_progress");
+  context.outcome = RequestOutcomeName(RequestOutcome::kInProgress);
+  metrics_.CountRequest(policy_.route_label, RequestOutcome::kInProgress);
   const std::string location = policy_.operations_prefix + running.key + policy_.operations_suffix;
   if (respond_async) return Accepted(running.key, location, running.key_expires);
   http::Response response =
@@ -330,19 +330,20 @@ http::Async<http::Response> IdempotencyFilter::Decide(const http::Request& reque
                                                       const Principal& principal,
                                                       http::RequestContext& context) {
   context.route = policy_.route_label;
-  auto count = [&](const char* outcome) {
-    context.outcome = outcome;
+  using O = RequestOutcome;
+  auto count = [&](RequestOutcome outcome) {
+    context.outcome = RequestOutcomeName(outcome);
     metrics_.CountRequest(policy_.route_label, outcome);
   };
   if (auto refusal = operation_.Validate(request, principal)) {
-    count("invalid");
+    count(O::kInvalid);
     co_return std::move(*refusal);
   }
   Request engine_request;
   engine_request.principal = principal;
   engine_request.key_header = request.headers.Get("idempotency-key");
   if (request.headers.Count("idempotency-key") > 1) {
-    count("invalid");
+    count(O::kInvalid);
     co_return http::Problem(http::ProblemKind::kInvalidRequest,
                             "send exactly one Idempotency-Key header");
   }
@@ -368,7 +369,7 @@ http::Async<http::Response> IdempotencyFilter::Decide(const http::Request& reque
     held = co_await reads_.Call(
         [&] { return engine_.ReplayFromStore(policy_.route, engine_request, &mismatch_expires); });
     if (held && !*held && !claim_rate_->Take(PrincipalKey(principal), monotonic_.Now())) {
-      count("quota");
+      count(O::kQuota);
       co_return http::Problem(http::ProblemKind::kQuotaExceeded,
                               "too many new requests for this principal (limit " +
                                   std::to_string(policy_.max_new_keys_per_second) +
@@ -393,10 +394,10 @@ http::Async<http::Response> IdempotencyFilter::Decide(const http::Request& reque
   }
   if (!decision) {
     const Errc code = decision.error().code;
-    count(code == Errc::kFingerprintMismatch                          ? "mismatch"
-          : code == Errc::kResourceExhausted                          ? "quota"
-          : code == Errc::kInvalidArgument || code == Errc::kTooLarge ? "invalid"
-                                                                      : "error");
+    count(code == Errc::kFingerprintMismatch                          ? O::kMismatch
+          : code == Errc::kResourceExhausted                          ? O::kQuota
+          : code == Errc::kInvalidArgument || code == Errc::kTooLarge ? O::kInvalid
+                                                                      : O::kError);
     if (code == Errc::kDataLoss || code == Errc::kInternal) {
       http::Log(http::LogLevel::kError, "engine", {{"code", ErrcName(code)}});
     }
@@ -411,7 +412,7 @@ http::Async<http::Response> IdempotencyFilter::Decide(const http::Request& reque
       policy_.operations_prefix + decision->key + policy_.operations_suffix;
   switch (decision->kind) {
     case Decision::Kind::kReplay: {
-      count("replayed");
+      count(O::kReplayed);
       http::Response response;
       response.status = decision->response.status;
       for (auto& [name, value] : decision->response.headers) response.headers.Add(name, value);
@@ -431,7 +432,7 @@ http::Async<http::Response> IdempotencyFilter::Decide(const http::Request& reque
   decision->ticket.claim_began = claim_began;
   if (decision->ticket.resumed) metrics_.CountTakeover();
   if (prefer.respond_async) {
-    count("accepted");
+    count(O::kAccepted);
     // The work runs on apart from this request, with copies of what it needs.
     context.spawn([this, ticket = decision->ticket, request, principal, notify = context.notify,
                    location]() -> http::Async<void> {
@@ -450,10 +451,10 @@ http::Async<http::Response> IdempotencyFilter::Decide(const http::Request& reque
           Running{decision->key, decision->record.scope, *settling, decision->key_expires},
           /*respond_async=*/false, prefer.wait, principal, context);
     }
-    count("in_progress");
+    count(O::kInProgress);
     co_return response;
   }
-  count("executed");
+  count(O::kExecuted);
   AddExpires(response, decision->key_expires);
   co_return response;
 }
