@@ -13,6 +13,7 @@
 #include "idem/heartbeat.h"
 #include "idem/mutex.h"
 #include "idem/store/sqlite.h"
+#include "testing/assert_ok.h"
 #include "testing/engine_fixture.h"
 #include "testing/fakes.h"
 
@@ -65,14 +66,25 @@ class EngineTest : public testing::EngineFixture {
     return d ? Errc::kInternal : d.error().code;
   }
 
+  // The record of `key`, nullopt when there is none (or, failing the test, when it cannot be
+  // read).
   std::optional<Record> RecordOf(const std::string& key, const std::string& user = "alice") {
-    return *store_->Read(*Scope{"acme", user, policy_.route, key}.Hash());
+    auto scope = IDEM_VALUE_OF((Scope{"acme", user, policy_.route, key}.Hash()));
+    if (!scope) return std::nullopt;
+    auto read = IDEM_VALUE_OF(store_->Read(*scope));
+    return read ? *read : std::nullopt;
   }
 
+  // The payments rows of `id`; -1, failing the test, when they cannot be counted.
   int64_t Payments(const std::string& id) {
-    auto txn = std::move(*store_->Begin());
-    return std::get<int64_t>(
-        txn->Exec("SELECT count(*) FROM payments WHERE id = ?", {id})->at(0).at(0));
+    auto txn = IDEM_VALUE_OF(store_->Begin());
+    if (!txn) return -1;
+    auto rows = IDEM_VALUE_OF((*txn)->Exec("SELECT count(*) FROM payments WHERE id = ?", {id}));
+    if (!rows || rows->size() != 1 || !std::holds_alternative<int64_t>(rows->at(0).at(0))) {
+      ADD_FAILURE() << "no count of payments " << id;
+      return -1;
+    }
+    return std::get<int64_t>(rows->at(0)[0]);
   }
 
   static StoredResponse Created(std::string id) {
@@ -124,7 +136,7 @@ TEST_F(EngineTest, FirstRequestExecutesAndRetriesReplayTheSameAnswer) {
   }
   EXPECT_EQ(Payments("pay_1"), 1);
   EXPECT_EQ(Payments("pay_2"), 0) << "a replay must not run the claim hook";
-  EXPECT_EQ(RecordOf("key-00001")->recovery_point, "done");
+  EXPECT_EQ(RecordOf("key-00001").value().recovery_point, "done");
 }
 
 TEST_F(EngineTest, SameKeyWithADifferentRequestIsAMismatch) {
@@ -281,7 +293,7 @@ TEST_F(EngineTest, FinishKeepsAnAnswerAtTheRoutesCapAndRefusesOnePast) {
   const Status refused = engine_->Finish(past.ticket, RecordState::kSucceeded, past_cap);
   ASSERT_FALSE(refused.has_value());
   EXPECT_EQ(refused.error().code, Errc::kTooLarge);
-  EXPECT_EQ(RecordOf("cap-00001")->state, RecordState::kProcessing) << "nothing was written";
+  EXPECT_EQ(RecordOf("cap-00001").value().state, RecordState::kProcessing) << "nothing was written";
 
   Decision at = MustStart(Req("cap-00002"));
   ASSERT_TRUE(engine_->Finish(at.ticket, RecordState::kSucceeded, at_cap).has_value());
@@ -714,17 +726,17 @@ TEST_F(EngineTest, AdvanceBeforeCallRenewsTheLeaseAndNeedsItToCoverTheCall) {
   // The step renews first, so a call as long as the whole lease is covered...
   ASSERT_TRUE(engine_->AdvanceBeforeCall(d.ticket, "charge_sent", kLease).has_value());
   EXPECT_EQ(ToUnixMillis(d.ticket.lease.until), ToUnixMillis(clock_.Now() + kLease));
-  EXPECT_EQ(ToUnixMillis(RecordOf("cover-key-001")->lease.until),
+  EXPECT_EQ(ToUnixMillis(RecordOf("cover-key-001").value().lease.until),
             ToUnixMillis(clock_.Now() + kLease));
-  EXPECT_EQ(RecordOf("cover-key-001")->recovery_point, "charge_sent");
+  EXPECT_EQ(RecordOf("cover-key-001").value().recovery_point, "charge_sent");
   // ...and one a millisecond longer never is: a distinct error, nothing written, lease kept.
   clock_.Advance(Millis(2000));
   const Timestamp held_until = d.ticket.lease.until;
   auto refused = engine_->AdvanceBeforeCall(d.ticket, "second_call", kLease + Millis(1));
   ASSERT_FALSE(refused.has_value()) << "advanced under a lease that cannot cover the call";
   EXPECT_EQ(refused.error().code, Errc::kConflict) << refused.error().message;
-  EXPECT_EQ(RecordOf("cover-key-001")->recovery_point, "charge_sent");
-  EXPECT_EQ(ToUnixMillis(RecordOf("cover-key-001")->lease.until), ToUnixMillis(held_until));
+  EXPECT_EQ(RecordOf("cover-key-001").value().recovery_point, "charge_sent");
+  EXPECT_EQ(ToUnixMillis(RecordOf("cover-key-001").value().lease.until), ToUnixMillis(held_until));
   EXPECT_EQ(ToUnixMillis(d.ticket.lease.until), ToUnixMillis(held_until));
   ASSERT_TRUE(engine_->Finish(d.ticket, RecordState::kSucceeded, Created("pay_c1")).has_value());
   EXPECT_EQ(engine_->AdvanceBeforeCall(d.ticket, "charge_sent", Millis(0)).error().code,
@@ -742,7 +754,7 @@ TEST_F(EngineTest, AHeartbeatKeepsALongExecutionsLeaseAlive) {
     monotonic_.Advance(kLease / 3);
     ASSERT_TRUE(Eventually([&] { return heartbeat.Renewals() == beat; }))
         << "beat " << beat << ": " << heartbeat.Renewals() << " renewals";
-    EXPECT_EQ(ToUnixMillis(RecordOf("beat-key-001")->lease.until),
+    EXPECT_EQ(ToUnixMillis(RecordOf("beat-key-001").value().lease.until),
               ToUnixMillis(clock_.Now() + kLease));
   }
   EXPECT_TRUE(heartbeat.Check().has_value());
@@ -765,8 +777,8 @@ TEST_F(EngineTest, AFencedRenewalStopsTheExecutorBeforeItsNextCall) {
   ASSERT_FALSE(verdict.has_value()) << "a taken-over executor was told to go on";
   EXPECT_EQ(verdict.error().code, Errc::kFenced) << verdict.error().message;
   EXPECT_EQ(heartbeat.Renewals(), 0);
-  EXPECT_EQ(RecordOf("beat-key-002")->lease.owner, taker.ticket.lease.owner);
-  EXPECT_EQ(ToUnixMillis(RecordOf("beat-key-002")->lease.until),
+  EXPECT_EQ(RecordOf("beat-key-002").value().lease.owner, taker.ticket.lease.owner);
+  EXPECT_EQ(ToUnixMillis(RecordOf("beat-key-002").value().lease.until),
             ToUnixMillis(taker.ticket.lease.until))
       << "the taker's lease stands";
 }
@@ -781,7 +793,7 @@ TEST_F(EngineTest, AHeartbeatThatCannotReachTheStoreStopsForGood) {
   monotonic_.Advance(kLease / 3);
   ASSERT_TRUE(heartbeat.Check().has_value());
   EXPECT_EQ(heartbeat.Renewals(), 1);
-  const Timestamp renewed_until = RecordOf("beat-key-003")->lease.until;
+  const Timestamp renewed_until = RecordOf("beat-key-003").value().lease.until;
 
   flaky.down = true;
   clock_.Advance(kLease / 3);
@@ -796,7 +808,8 @@ TEST_F(EngineTest, AHeartbeatThatCannotReachTheStoreStopsForGood) {
   monotonic_.Advance(kLease / 3);
   EXPECT_EQ(heartbeat.Check().error().code, Errc::kUnavailable);
   EXPECT_EQ(heartbeat.Renewals(), 1);
-  EXPECT_EQ(ToUnixMillis(RecordOf("beat-key-003")->lease.until), ToUnixMillis(renewed_until));
+  EXPECT_EQ(ToUnixMillis(RecordOf("beat-key-003").value().lease.until),
+            ToUnixMillis(renewed_until));
 }
 
 TEST_F(EngineTest, TheHeartbeatFailpointFailsARenewal) {
@@ -862,7 +875,7 @@ TEST_F(EngineTest, ARetryThatRacesTheSweeperExecutesAndIsNeverNotFound) {
     EXPECT_EQ(retry->kind, Decision::Kind::kExecute);
     EXPECT_EQ(ToUnixMillis(retry->key_expires), ToUnixMillis(clock_.Now() + kRetention));
     ASSERT_TRUE(RecordOf(key).has_value());
-    EXPECT_EQ(RecordOf(key)->state, RecordState::kProcessing);
+    EXPECT_EQ(RecordOf(key).value().state, RecordState::kProcessing);
     clock_.Advance(before_expiry - kRetention);
   }
 }
