@@ -640,34 +640,58 @@ TEST_F(ConfigTest, TheGatewaySectionHasSafeDefaultsAndIsChecked) {
   }
 }
 
-// docs/config.md lists exactly the keys idemd reads (ConfigKeys), each with its type: a key added
-// to the code without its line in the reference fails here, and so does a documented key that no
-// longer exists.
-TEST_F(ConfigTest, TheReferenceListsEveryKeyWithItsTypeAndNothingElse) {
+// One row of docs/config.md's key tables: the section ("routes" for [[routes]]), the keys it
+// names, and its type and default columns as written.
+struct ReferenceRow {
+  std::string section;
+  std::vector<std::string> keys;
+  std::string type;
+  std::string default_value;
+  bool array_of_tables = false;  // a [[section]]'s keys
+};
+
+std::vector<ReferenceRow> ReferenceRows() {
   std::ifstream in(std::string(IDEM_SOURCE_DIR) + "/docs/config.md");
-  ASSERT_TRUE(in.good());
-  const std::regex heading(R"(^## `\[\[?([a-z_]+)\]\]?`)");
+  EXPECT_TRUE(in.good()) << "docs/config.md";
+  const std::regex heading(R"(^## `(\[\[?)([a-z_]+)\]\]?`)");
   const std::regex name("`([^`]+)`");
-  std::map<std::string, std::string> documented;  // section.key → type
+  std::vector<ReferenceRow> rows;
   std::string section, line;
+  bool array_of_tables = false;
   bool in_table = false;
   while (std::getline(in, line)) {
     std::smatch m;
     if (std::regex_search(line, m, heading)) {
-      section = m[1];
+      section = m[2];
+      array_of_tables = m[1] == "[[";
     } else if (line.rfind("## ", 0) == 0) {
       section.clear();
     }
     if (line.rfind("| key | type | default | meaning |", 0) == 0) in_table = true;
     if (line.empty()) in_table = false;
     if (!in_table || section.empty() || line.rfind("| `", 0) != 0) continue;
+    ReferenceRow row{section, {}, "", "", array_of_tables};
     const std::size_t bar = line.find(" | ", 2);
+    const std::size_t type_end = line.find(" | ", bar + 3);
     const std::string keys = line.substr(2, bar - 2);
-    const std::string type = line.substr(bar + 3, line.find(" | ", bar + 3) - bar - 3);
+    row.type = line.substr(bar + 3, type_end - bar - 3);
+    row.default_value = line.substr(type_end + 3, line.find(" | ", type_end + 3) - type_end - 3);
     for (auto it = std::sregex_iterator(keys.begin(), keys.end(), name);
          it != std::sregex_iterator(); ++it) {
-      documented[section + "." + (*it)[1].str()] = type;
+      row.keys.push_back(section + "." + (*it)[1].str());
     }
+    rows.push_back(std::move(row));
+  }
+  return rows;
+}
+
+// docs/config.md lists exactly the keys idemd reads (ConfigKeys), each with its type: a key added
+// to the code without its line in the reference fails here, and so does a documented key that no
+// longer exists.
+TEST_F(ConfigTest, TheReferenceListsEveryKeyWithItsTypeAndNothingElse) {
+  std::map<std::string, std::string> documented;  // section.key → type
+  for (const ReferenceRow& row : ReferenceRows()) {
+    for (const std::string& key : row.keys) documented[key] = row.type;
   }
   const std::map<Kind, std::string> type_of = {{Kind::kString, "string"},
                                                {Kind::kInteger, "integer"},
@@ -708,40 +732,22 @@ TEST_F(ConfigTest, TheReferenceGivesEachKeysDefault) {
         printed[section + "." + line.substr(0, eq)] = plain(line.substr(eq + 3));
     }
   }
-  std::ifstream in(std::string(IDEM_SOURCE_DIR) + "/docs/config.md");
-  ASSERT_TRUE(in.good());
-  const std::regex heading(R"(^## `\[([a-z_]+)\]`)");
-  const std::regex name("`([^`]+)`");
-  std::string section, line;
   int checked = 0;
-  while (std::getline(in, line)) {
-    std::smatch m;
-    if (std::regex_search(line, m, heading)) {
-      section = m[1];
-    } else if (line.rfind("## ", 0) == 0) {
-      section.clear();
-    }
-    if (section.empty() || line.rfind("| `", 0) != 0) continue;
-    const std::size_t bar = line.find(" | ", 2);
-    const std::size_t type_end = line.find(" | ", bar + 3);
-    const std::string keys = line.substr(2, bar - 2);
-    std::string column = line.substr(type_end + 3, line.find(" | ", type_end + 3) - type_end - 3);
+  for (const ReferenceRow& row : ReferenceRows()) {
+    if (row.array_of_tables) continue;  // entries have no defaults to print
+    std::string column = row.default_value;
     if (column == "—" || column.ends_with(" h")) continue;  // removed keys; retention in hours
     if (column == "none" || column.rfind("(empty", 0) == 0) column = "''";
-    std::vector<std::string> names, values;
-    for (auto it = std::sregex_iterator(keys.begin(), keys.end(), name);
-         it != std::sregex_iterator(); ++it) {
-      names.push_back(section + "." + (*it)[1].str());
-    }
     // "30, 10, 3" for three keys; one value for one key (or for all of them).
+    std::vector<std::string> values;
     std::istringstream parts(column);
     for (std::string part; std::getline(parts, part, ',');) values.push_back(plain(part));
-    if (names.size() == 1 || values.size() != names.size()) values = {plain(column)};
-    for (std::size_t i = 0; i < names.size(); ++i) {
-      auto it = printed.find(names[i]);
-      ASSERT_NE(it, printed.end()) << names[i] << " is documented but not printed";
+    if (row.keys.size() == 1 || values.size() != row.keys.size()) values = {plain(column)};
+    for (std::size_t i = 0; i < row.keys.size(); ++i) {
+      auto it = printed.find(row.keys[i]);
+      ASSERT_NE(it, printed.end()) << row.keys[i] << " is documented but not printed";
       EXPECT_EQ(values[values.size() == 1 ? 0 : i], it->second)
-          << names[i] << "'s default in docs/config.md is not the code's";
+          << row.keys[i] << "'s default in docs/config.md is not the code's";
       ++checked;
     }
   }
