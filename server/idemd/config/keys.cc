@@ -194,11 +194,7 @@ Status ReadNothingChargedStatuses(const ConfigKey& key, const toml::node& node,
   std::vector<int>& out = config.provider.nothing_charged_statuses;
   out.clear();
   for (const toml::node& n : *array) {
-    std::optional<int64_t> code = n.value<int64_t>();
-    if (auto text = n.value<std::string>();
-        text && text->size() == 3 && std::all_of(text->begin(), text->end(), ::isdigit)) {
-      code = std::stoi(*text);
-    }
+    std::optional<int64_t> code = StatusCodeOf(n);
     if (!n.is_integer() && !n.is_string()) code.reset();
     if (!code || *code < 500 || *code > 599) {
       return MakeError(Errc::kInvalidArgument,

@@ -56,16 +56,11 @@ Status RouteStatuses(const toml::node& node, GatewayRoute& route) {
   }
   route.success_final = false;
   for (const toml::node& n : *array) {
-    std::optional<int64_t> code = n.value<int64_t>();
-    if (auto text = n.value<std::string>()) {
-      if (*text == "2xx") {
-        route.success_final = true;
-        continue;
-      }
-      if (text->size() == 3 && std::all_of(text->begin(), text->end(), ::isdigit)) {
-        code = std::stoi(*text);
-      }
+    if (n.value<std::string>() == "2xx") {
+      route.success_final = true;
+      continue;
     }
+    const std::optional<int64_t> code = StatusCodeOf(n);
     if (!code || *code < 100 || *code > 599) {
       const std::string shown = n.is_string()    ? "\"" + *n.value<std::string>() + "\""
                                 : n.is_integer() ? std::to_string(*n.value<int64_t>())
@@ -277,6 +272,17 @@ Error BadRoute(const std::string& origin, int64_t line, const std::string& name,
                const std::string& what) {
   return MakeError(Errc::kInvalidArgument, origin + ":" + std::to_string(line) + ": [[routes]]" +
                                                (name.empty() ? "" : " " + name) + ": " + what);
+}
+
+std::optional<int64_t> StatusCodeOf(const toml::node& node) {
+  if (auto text = node.value<std::string>()) {
+    const bool digits = text->size() == 3 && std::all_of(text->begin(), text->end(), [](char ch) {
+                          return ch >= '0' && ch <= '9';
+                        });
+    if (!digits) return std::nullopt;
+    return std::stoi(*text);
+  }
+  return node.value<int64_t>();
 }
 
 Result<std::string> ParseUpstream(const std::string& text) {

@@ -7,6 +7,7 @@
 #include <toml++/toml.h>
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -21,6 +22,10 @@ Error BadRoute(const std::string& origin, int64_t line, const std::string& name,
 
 // An upstream's URL as "scheme://host[:port]": http or https, a host, no path, query or user.
 Result<std::string> ParseUpstream(const std::string& text);
+
+// A status code as a TOML value holds it: a number, or its three digits in a string (the form an
+// IDEMD_ list takes). nullopt for anything else.
+std::optional<int64_t> StatusCodeOf(const toml::node& node);
 
 // The [[routes]] entries of `file` (none: no routes), in the file's order. `origin` is the
 // file's path, for the errors.
