@@ -9,24 +9,69 @@ namespace idem::http {
 
 namespace net = boost::asio;
 
+namespace {
+
+thread_local const MonotonicClock* timer_clock = nullptr;
+
+// steady_clock, or the thread's timer clock (SetTimerClock): what SleepFor's and WhileRunning's
+// timers expire by. The names are the ones Asio's clock and wait traits requirements use.
+// NOLINTBEGIN(readability-identifier-naming)
+struct TimerClock {
+  using duration = std::chrono::steady_clock::duration;
+  using rep = duration::rep;
+  using period = duration::period;
+  using time_point = std::chrono::steady_clock::time_point;
+  static time_point now() {
+    return timer_clock != nullptr ? timer_clock->Now() : std::chrono::steady_clock::now();
+  }
+};
+// How long the reactor waits in real time for a timer: as long as it has to go, or, on the
+// timer clock, no time at all, so that every run of the loop looks at its timers by that clock.
+struct TimerWaitTraits {
+  static TimerClock::duration to_wait_duration(const TimerClock::duration& d) {
+    return timer_clock != nullptr ? TimerClock::duration::zero() : d;
+  }
+  static TimerClock::duration to_wait_duration(const TimerClock::time_point& t) {
+    return net::wait_traits<TimerClock>::to_wait_duration(timer_clock != nullptr ? TimerClock::now()
+                                                                                 : t);
+  }
+};
+// NOLINTEND(readability-identifier-naming)
+using Timer = net::basic_waitable_timer<TimerClock, TimerWaitTraits>;
+
+}  // namespace
+
+void SetTimerClock(const MonotonicClock* clock) { timer_clock = clock; }
+
 struct BlockingPool::Impl {
-  explicit Impl(int threads) : pool(static_cast<std::size_t>(threads)) {}
-  net::thread_pool pool;
+  explicit Impl(int threads) : pool(std::in_place, static_cast<std::size_t>(threads)) {}
+  Impl() = default;
+  std::optional<net::thread_pool> pool;  // none: on the loop
 };
 
 BlockingPool::BlockingPool(int threads)
     : impl_(std::make_unique<Impl>(threads < 1 ? 1 : threads)) {}
 
+BlockingPool::BlockingPool(OnTheLoop) : impl_(std::make_unique<Impl>()) {}
+
 BlockingPool::~BlockingPool() { Join(); }
 
 Async<void> BlockingPool::Run(std::function<void()> work) {
+  if (!impl_->pool) {
+    // As from a pool thread: the caller hops away before the work and back after it.
+    const net::any_io_executor ex = co_await net::this_coro::executor;
+    co_await net::post(ex, net::use_awaitable);
+    work();
+    co_await net::post(ex, net::use_awaitable);
+    co_return;
+  }
   // co_spawn onto the pool resumes this coroutine on its own executor once the work is done. The
   // work is not cancellable (it runs to its end anyway), so no cancellation slot is bound: a
   // cancellation of the caller would otherwise be forwarded to the pool from the caller's
   // executor and race with the spawned coroutine's end, which Asio 1.81 does not survive (a use
   // after free in co_spawn_cancellation_handler; WhileRunningTest).
   co_await net::co_spawn(
-      impl_->pool,
+      *impl_->pool,
       [&]() -> Async<void> {
         work();
         co_return;
@@ -35,6 +80,10 @@ Async<void> BlockingPool::Run(std::function<void()> work) {
 }
 
 Async<bool> BlockingPool::RunWithin(std::function<void()> work, std::chrono::milliseconds limit) {
+  if (!impl_->pool) {
+    co_await Run(std::move(work));
+    co_return true;
+  }
   // The waiter polls a flag the work sets: nothing of the waiter (its timer, its executor) is
   // touched from the pool's thread, so the work may end after the waiter, or its event loop, is
   // gone.
@@ -53,12 +102,20 @@ Async<bool> BlockingPool::RunWithin(std::function<void()> work, std::chrono::mil
   co_return done->load();
 }
 
-void BlockingPool::Post(std::function<void()> work) { net::post(impl_->pool, std::move(work)); }
+void BlockingPool::Post(std::function<void()> work) {
+  if (!impl_->pool) {
+    work();
+    return;
+  }
+  net::post(*impl_->pool, std::move(work));
+}
 
-void BlockingPool::Join() { impl_->pool.join(); }
+void BlockingPool::Join() {
+  if (impl_->pool) impl_->pool->join();
+}
 
 Async<void> SleepFor(std::chrono::milliseconds duration) {
-  net::steady_timer timer(co_await net::this_coro::executor, duration);
+  Timer timer(co_await net::this_coro::executor, duration);
   co_await timer.async_wait(net::as_tuple(net::use_awaitable));
 }
 
@@ -67,10 +124,10 @@ namespace {
 // What WhileRunning and its ticker share; touched only on their executor (one at a time).
 struct Ticking {
   explicit Ticking(const net::any_io_executor& ex) : sleep(ex), finished(ex) {
-    finished.expires_at(net::steady_timer::time_point::max());
+    finished.expires_at(Timer::time_point::max());
   }
-  net::steady_timer sleep;     // the ticker's wait for its next tick
-  net::steady_timer finished;  // cancelled when the ticker has ended
+  Timer sleep;     // the ticker's wait for its next tick
+  Timer finished;  // cancelled when the ticker has ended
   bool stop = false;
   bool ended = false;
 };
@@ -115,6 +172,30 @@ void RunSyncVoid(Async<void> task) {
   net::co_spawn(ioc, std::move(task), [&](std::exception_ptr e) { failure = e; });
   ioc.run();
   if (failure) std::rethrow_exception(failure);
+}
+
+struct EventLoop::Impl {
+  net::io_context ioc{1};
+};
+
+EventLoop::EventLoop() : impl_(std::make_unique<Impl>()) {}
+
+EventLoop::~EventLoop() = default;
+
+void EventLoop::Spawn(Async<void> task, std::function<void(std::exception_ptr)> done) {
+  net::co_spawn(impl_->ioc, std::move(task), [done = std::move(done)](std::exception_ptr e) {
+    if (done) done(e);
+  });
+}
+
+bool EventLoop::RunOne() {
+  if (impl_->ioc.stopped()) impl_->ioc.restart();
+  return impl_->ioc.poll_one() > 0;
+}
+
+std::size_t EventLoop::RunReady() {
+  if (impl_->ioc.stopped()) impl_->ioc.restart();
+  return impl_->ioc.poll();
 }
 
 }  // namespace idem::http

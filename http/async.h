@@ -15,6 +15,8 @@
 #include <type_traits>
 #include <utility>
 
+#include "idem/clock.h"
+
 namespace idem::http {
 
 template <class T>
@@ -24,6 +26,13 @@ using Async = boost::asio::awaitable<T>;
 class BlockingPool {
  public:
   explicit BlockingPool(int threads);
+  // No threads: Run and Call yield to the calling coroutine's event loop (any other ready
+  // coroutine goes first), run the work on that loop's thread, and yield again before the
+  // caller goes on, as a hop to a pool thread and back does; Post runs it at once;
+  // RunWithin runs it and answers true. For a caller that steps one event loop itself (the
+  // simulator, EventLoop): every blocking call is a step of its schedule.
+  struct OnTheLoop {};
+  explicit BlockingPool(OnTheLoop);
   ~BlockingPool();  // Join()
   BlockingPool(const BlockingPool&) = delete;
   BlockingPool& operator=(const BlockingPool&) = delete;
@@ -57,7 +66,37 @@ class BlockingPool {
 };
 
 // Resumes the calling coroutine after `duration`, on its own executor; holds no thread meanwhile.
+// Timed by steady_clock, or by the timer clock of the thread that runs the event loop.
 Async<void> SleepFor(std::chrono::milliseconds duration);
+
+// The clock SleepFor's and WhileRunning's timers expire by on this thread's event loops, from
+// now on; nullptr: steady_clock again. For the simulator, whose loops (EventLoop) run on one
+// thread in simulated time: `clock` must outlive the loops that use it.
+void SetTimerClock(const MonotonicClock* clock);
+
+// An event loop its caller steps (the simulator): coroutines spawned on it run only inside
+// RunOne and RunReady, on the calling thread, in the order they became ready; timers are due by
+// the thread's timer clock. Destroying it destroys the coroutines that have not finished, as a
+// process that dies leaves them. Not thread-safe.
+class EventLoop {
+ public:
+  EventLoop();
+  ~EventLoop();
+  EventLoop(const EventLoop&) = delete;
+  EventLoop& operator=(const EventLoop&) = delete;
+
+  // Starts `task` at the next step; `done` (if set) gets what it threw, or nullptr, when it ends.
+  void Spawn(Async<void> task, std::function<void(std::exception_ptr)> done = {});
+  // Runs one handler that is ready (a coroutine that can go on, a timer that is due): whether
+  // there was one.
+  bool RunOne();
+  // Runs handlers until none is ready; how many ran.
+  std::size_t RunReady();
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
 
 // Awaits `main`; meanwhile, every `every`, runs `tick` on `pool`. Returns (or rethrows what `main`
 // throws) once `main` has ended and no tick is running: nothing of `tick` runs afterwards.

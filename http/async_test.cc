@@ -1,15 +1,121 @@
-// http/async_test.cc — the coroutine seam: BlockingPool, WhileRunning, RunWithin.
+// http/async_test.cc — the coroutine seam: BlockingPool, WhileRunning, RunWithin, and the
+// stepped EventLoop with its timer clock (the simulator's).
 #include "http/async.h"
 
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <string>
 #include <thread>
+
+#include "testing/fakes.h"
 
 namespace idem::http {
 namespace {
 
 using std::chrono::milliseconds;
+
+// The simulator's time for this thread's timers, set for one test and restored after it.
+class SimulatedTime {
+ public:
+  SimulatedTime() { SetTimerClock(&clock); }
+  ~SimulatedTime() { SetTimerClock(nullptr); }
+  testing::FakeMonotonicClock clock;
+};
+
+// A coroutine spawned on an EventLoop outlives the statement that spawns it: what it uses comes
+// in as parameters (a lambda's captures would die with the lambda).
+Async<void> Sleep(milliseconds duration, bool& woke) {
+  co_await SleepFor(duration);
+  woke = true;
+}
+
+TEST(EventLoopTest, ATimerIsDueByTheTimerClockNotByRealTime) {
+  SimulatedTime time;
+  EventLoop loop;
+  bool woke = false;
+  loop.Spawn(Sleep(milliseconds(5000), woke));
+  loop.RunReady();
+  std::this_thread::sleep_for(milliseconds(20));
+  loop.RunReady();
+  EXPECT_FALSE(woke) << "woke by real time";
+  time.clock.Advance(milliseconds(4999));
+  loop.RunReady();
+  EXPECT_FALSE(woke);
+  time.clock.Advance(milliseconds(1));
+  loop.RunReady();
+  EXPECT_TRUE(woke);
+}
+
+Async<void> TickWhileSleeping(BlockingPool& pool, int& ticks, bool& ended) {
+  bool woke = false;
+  co_await WhileRunning(Sleep(milliseconds(1000), woke), milliseconds(300), pool,
+                        [&ticks] { ++ticks; });
+  ended = woke;
+}
+
+TEST(EventLoopTest, WhileRunningTicksInSimulatedTime) {
+  SimulatedTime time;
+  EventLoop loop;
+  BlockingPool pool(BlockingPool::OnTheLoop{});
+  int ticks = 0;
+  bool ended = false;
+  loop.Spawn(TickWhileSleeping(pool, ticks, ended));
+  loop.RunReady();
+  for (int i = 0; i < 10 && !ended; ++i) {
+    time.clock.Advance(milliseconds(100));
+    loop.RunReady();
+  }
+  EXPECT_TRUE(ended);
+  EXPECT_EQ(ticks, 3);  // at 300, 600 and 900 ms
+}
+
+Async<void> Named(char name, BlockingPool& pool, std::string& order, std::thread::id& ran_on) {
+  order += name;
+  co_await pool.Run([&] {
+    ran_on = std::this_thread::get_id();
+    order += static_cast<char>(name - 'a' + 'A');
+  });
+  if (name == 'a') order += '.';  // after b's work too: a yielded after its own
+}
+
+// On the loop, a blocking call is a step: the calling coroutine yields, the others that are
+// ready go first, and the work runs on the loop's thread.
+TEST(EventLoopTest, APoolOnTheLoopYieldsBeforeEachCall) {
+  EventLoop loop;
+  BlockingPool pool(BlockingPool::OnTheLoop{});
+  std::string order;
+  std::thread::id ran_on;
+  loop.Spawn(Named('a', pool, order, ran_on));
+  loop.Spawn(Named('b', pool, order, ran_on));
+  EXPECT_TRUE(loop.RunOne());
+  EXPECT_EQ(order, "a");
+  loop.RunReady();
+  EXPECT_EQ(order, "abAB.");
+  EXPECT_EQ(ran_on, std::this_thread::get_id());
+  EXPECT_FALSE(loop.RunOne());
+}
+
+Async<void> HoldWhileSleeping(std::shared_ptr<int> held, bool& woke) {
+  co_await Sleep(milliseconds(10), woke);
+  woke = woke && *held == 1;
+}
+
+// A loop destroyed with a coroutine waiting destroys it, as a process that dies: it never
+// resumes, and what it holds is released.
+TEST(EventLoopTest, DestroyingTheLoopDestroysWhatWaits) {
+  SimulatedTime time;
+  auto held = std::make_shared<int>(1);
+  bool woke = false;
+  {
+    EventLoop loop;
+    loop.Spawn(HoldWhileSleeping(held, woke));
+    loop.RunReady();
+    EXPECT_EQ(held.use_count(), 2);
+  }
+  EXPECT_EQ(held.use_count(), 1);
+  EXPECT_FALSE(woke);
+}
 
 TEST(BlockingPoolTest, CallRunsOnAPoolThreadAndResumesTheCaller) {
   BlockingPool pool(2);

@@ -46,7 +46,17 @@ std::string LogLine(int64_t unix_ms, LogLevel level, std::string_view msg,
   return line;
 }
 
+namespace {
+thread_local const LogSink* log_sink = nullptr;
+}  // namespace
+
+void SetLogSink(const LogSink* sink) { log_sink = sink; }
+
 void Log(LogLevel level, std::string_view msg, const boost::json::object& fields) {
+  if (log_sink != nullptr) {
+    (*log_sink)(level, msg, fields);
+    return;
+  }
   const int64_t now = std::chrono::duration_cast<std::chrono::milliseconds>(
                           std::chrono::system_clock::now().time_since_epoch())
                           .count();

@@ -6,6 +6,7 @@
 #include <boost/json.hpp>
 #include <regex>
 #include <set>
+#include <thread>
 
 #include "http/log.h"
 #include "testing/fakes.h"
@@ -93,6 +94,21 @@ TEST(Trace, AMissingOrMalformedTraceparentStartsANewTrace) {
     EXPECT_TRUE(t.parent_id.empty());
     EXPECT_FALSE(t.sampled);
   }
+}
+
+TEST(Log, ASinkTakesThisThreadsLinesInsteadOfStderr) {
+  std::vector<std::string> lines;
+  const LogSink sink = [&](LogLevel level, std::string_view msg, const boost::json::object& f) {
+    lines.push_back(std::to_string(static_cast<int>(level)) + " " + std::string(msg) + " " +
+                    boost::json::serialize(f));
+  };
+  SetLogSink(&sink);
+  Log(LogLevel::kError, "charge lost", {{"payment", "pay_1"}});
+  std::thread([] { Log(LogLevel::kDebug, "another thread's line goes to stderr"); }).join();
+  SetLogSink(nullptr);
+  Log(LogLevel::kDebug, "after the sink: stderr");
+  ASSERT_EQ(lines.size(), 1u);
+  EXPECT_EQ(lines[0], "3 charge lost {\"payment\":\"pay_1\"}");
 }
 
 TEST(Log, EveryLineIsOneJsonObjectWithTimeLevelAndMessageFirst) {

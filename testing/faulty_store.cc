@@ -39,11 +39,14 @@ FaultPlan FaultPlan::FromSeed(uint64_t seed, double rate, Millis max_delay) {
     const double u = static_cast<double>(h >> 11) * 0x1.0p-53;  // uniform in [0, 1)
     if (u >= rate) return Fault::Pass();
     const uint64_t pick = Mix(h);
-    switch (pick % (Commits(call.op) ? 3 : 2)) {
+    const Millis delay(static_cast<int64_t>(1 + Mix(pick) % delays));
+    switch (pick % (Commits(call.op) ? 4 : 3)) {
       case 0:
         return Fault::FailBefore();
       case 1:
-        return Fault::Delay(Millis(static_cast<int64_t>(1 + Mix(pick) % delays)));
+        return Fault::Delay(delay);
+      case 2:
+        return Fault::AnswerLate(delay);
       default:
         return Fault::CommitThenFail();
     }
@@ -68,7 +71,7 @@ class FaultyStore::State {
   // call of `op`.
   Status Run(StoreOperation op, const ForwardedCall& call) {
     if (!Counted(op)) return call();
-    const Fault fault = Next(op);
+    const auto [counted, fault] = Next(op);
     if (fault.kind == Fault::Kind::kFailBefore ||
         (fault.kind == Fault::Kind::kCommitThenFail && !Commits(op))) {
       return MakeError(Errc::kUnavailable,
@@ -76,6 +79,7 @@ class FaultyStore::State {
                            " failed before it reached the store");
     }
     Status status = call();
+    if (fault.kind == Fault::Kind::kAnswerLate) Delay(counted, fault.delay);
     if (fault.kind == Fault::Kind::kCommitThenFail && status.has_value()) {
       return MakeError(Errc::kDeadlineExceeded,
                        "fault injected: " + std::string(StoreOperationName(op)) +
@@ -99,27 +103,33 @@ class FaultyStore::State {
 
  private:
   // Numbers the call, asks the plan, records a fault and carries out a delay.
-  Fault Next(StoreOperation op) {
+  std::pair<StoreCall, Fault> Next(StoreOperation op) {
     StoreCall call;
     Fault fault;
-    FakeClock* clock = nullptr;
-    std::function<void(const StoreCall&, Millis)> on_delay;
     {
       MutexLock lock(mu_);
       call.n = ++calls_;
       call.op = op;
       call.n_of_op = ++calls_of_op_[static_cast<std::size_t>(op)];
       fault = options_.plan(call);
-      if (fault.kind == Fault::Kind::kPass) return fault;
+      if (fault.kind == Fault::Kind::kPass) return {call, fault};
       injected_.push_back({call, fault});
+    }
+    if (fault.kind == Fault::Kind::kDelay) Delay(call, fault.delay);
+    return {call, fault};
+  }
+
+  // Advances the clock and calls the delay hook: `call` is `d` late.
+  void Delay(const StoreCall& call, Millis d) {
+    FakeClock* clock = nullptr;
+    std::function<void(const StoreCall&, Millis)> on_delay;
+    {
+      MutexLock lock(mu_);
       clock = options_.clock;
       on_delay = options_.on_delay;
     }
-    if (fault.kind == Fault::Kind::kDelay) {
-      if (clock != nullptr) clock->Advance(fault.delay);
-      if (on_delay) on_delay(call, fault.delay);
-    }
-    return fault;
+    if (clock != nullptr) clock->Advance(d);
+    if (on_delay) on_delay(call, d);
   }
 
   mutable Mutex mu_;

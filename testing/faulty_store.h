@@ -9,6 +9,9 @@
 //   fail before      answer kUnavailable without forwarding: nothing was done;
 //   delay            advance the injected FakeClock and/or call the delay hook (never sleep), then
 //                    forward it: the call runs that much later on the store's clock;
+//   answer late      forward it, then advance the clock and call the hook: the call ran on time,
+//                    and its answer arrives that much later (a slow acknowledgment, a caller
+//                    paused on its way back);
 //   commit then fail for Commit (and Sweep, which commits on its own): forward it, and when it
 //                    succeeded answer kDeadlineExceeded anyway — the data IS committed, and the
 //                    caller is told the outcome is unknown (the dangerous case). For any other
@@ -32,13 +35,14 @@
 namespace idem::testing {
 
 struct Fault {
-  enum class Kind : uint8_t { kPass, kFailBefore, kDelay, kCommitThenFail };
+  enum class Kind : uint8_t { kPass, kFailBefore, kDelay, kAnswerLate, kCommitThenFail };
   Kind kind = Kind::kPass;
-  Millis delay{0};  // kDelay
+  Millis delay{0};  // kDelay, kAnswerLate
 
   static Fault Pass() { return {}; }
   static Fault FailBefore() { return {Kind::kFailBefore, Millis(0)}; }
   static Fault Delay(Millis d) { return {Kind::kDelay, d}; }
+  static Fault AnswerLate(Millis d) { return {Kind::kAnswerLate, d}; }
   static Fault CommitThenFail() { return {Kind::kCommitThenFail, Millis(0)}; }
   bool operator==(const Fault&) const = default;
 };
@@ -61,8 +65,8 @@ class FaultPlan {
   explicit FaultPlan(Decide decide) : decide_(std::move(decide)) {}
 
   // Each call faults with probability `rate` (0..1), decided from (seed, call number) alone: a
-  // fault that fits the operation, chosen evenly — fail before or delay (1..max_delay ms); for
-  // Commit and Sweep also commit then fail.
+  // fault that fits the operation, chosen evenly — fail before, delay or answer late
+  // (1..max_delay ms); for Commit and Sweep also commit then fail.
   static FaultPlan FromSeed(uint64_t seed, double rate, Millis max_delay = Millis(1000));
   // Call `n` (counting every operation, from 1) gets `fault`; every other call passes.
   static FaultPlan FailNth(uint64_t n, Fault fault);

@@ -178,6 +178,27 @@ TEST_P(FaultyStoreTest, CommitThenFailLeavesTheDataCommitted) {
   EXPECT_FALSE(InnerRead(spec.scope).has_value());
 }
 
+// A delay makes the call run later by the store's clock; an answer that comes late leaves the
+// call on time and moves the clock after it: the claim's lease starts before the delay, and its
+// caller learns of it that much later.
+TEST_P(FaultyStoreTest, ADelayedCallRunsLateAndALateAnswerRanOnTime) {
+  for (const Fault fault : {Fault::Delay(Millis(700)), Fault::AnswerLate(Millis(700))}) {
+    const ClaimSpec spec = Spec(fault.kind == Fault::Kind::kDelay ? "key-delayed" : "key-late");
+    auto store = Faulty(FaultPlan::FailNthOf(StoreOperation::kClaim, 1, fault));
+    const Timestamp asked = clock_.Now();
+    auto txn = store->Begin();
+    ASSERT_TRUE(txn.has_value()) << txn.error().message;
+    auto claimed = (*txn)->Claim(spec);
+    ASSERT_TRUE(claimed.has_value()) << claimed.error().message;
+    EXPECT_EQ(clock_.Now(), asked + Millis(700)) << "the caller learns 700 ms later either way";
+    ASSERT_TRUE((*txn)->Commit().has_value());
+    const std::optional<Record> r = InnerRead(spec.scope);
+    ASSERT_TRUE(r.has_value());
+    const Timestamp ran = fault.kind == Fault::Kind::kDelay ? asked + Millis(700) : asked;
+    EXPECT_EQ(r->lease.until, ran + spec.lease_ttl);
+  }
+}
+
 TEST_P(FaultyStoreTest, TheNthCallPlanHitsExactlyTheNthCall) {
   // Read, Begin, Claim, Get, Count, Commit, Read, Ping: eight calls.
   const std::vector<StoreOperation> ops = {StoreOperation::kRead,  StoreOperation::kBegin,
@@ -236,6 +257,7 @@ Trace RunScript(Backend backend, const FaultPlan& plan) {
                             (result ? "ok" : std::string(ErrcName(result.error().code))));
   };
   for (int i = 0; i < 60; ++i) {
+    if (i > 0 && i % 10 == 0) clock.Advance(Millis(1001));
     const ClaimSpec spec = Spec("key-script-" + std::to_string(i % 5));
     note("read", store.Read(spec.scope));
     auto txn = store.Begin();
@@ -246,10 +268,9 @@ Trace RunScript(Backend backend, const FaultPlan& plan) {
     if (claim && !claim->claimed) note("reclaim", (*txn)->Reclaim(spec, claim->record.lease.fence));
     note("count", (*txn)->Count("acme", "alice", RecordState::kProcessing, 100));
     note("commit", (*txn)->Commit());
-    if (i % 10 == 9) clock.Advance(Millis(1001));
   }
   trace.injected = store.Injected();
-  trace.delayed = std::chrono::duration_cast<Millis>(clock.Now() - start) - Millis(6 * 1001);
+  trace.delayed = std::chrono::duration_cast<Millis>(clock.Now() - start) - Millis(5 * 1001);
   return trace;
 }
 
@@ -271,6 +292,7 @@ TEST_P(FaultyStoreTest, TheSameSeedInjectsTheSameFaults) {
   }
   EXPECT_GT(kinds[Fault::Kind::kFailBefore], 0);
   EXPECT_GT(kinds[Fault::Kind::kDelay], 0);
+  EXPECT_GT(kinds[Fault::Kind::kAnswerLate], 0);
   EXPECT_GT(kinds[Fault::Kind::kCommitThenFail], 0);
   EXPECT_EQ(first.delayed, delays);
   EXPECT_TRUE(RunScript(GetParam(), FaultPlan()).injected.empty());
@@ -427,6 +449,7 @@ TEST_P(FaultyStoreTest, TheEngineNeverAnswersTwoExecutionsForOneKey) {
     for (const InjectedFault& f : store.Injected()) {
       ++seen[std::string(StoreOperationName(f.call.op)) + " " +
              (f.fault.kind == Fault::Kind::kDelay        ? "delayed"
+              : f.fault.kind == Fault::Kind::kAnswerLate ? "answered late"
               : f.fault.kind == Fault::Kind::kFailBefore ? "failed before"
                                                          : "committed then failed")];
     }

@@ -48,8 +48,33 @@ void ClearFailpoints();
 // coroutine on an I/O thread) pass a point through a thread pool only when it could stall.
 bool FailpointsArmed();
 
+// Fixes a test can take back, one by one, to show that the simulator (tests/sim) finds the
+// double execution each one prevents. IDEM_REVERTED(name) is true while the fix is taken back
+// (RevertFixes); builds without failpoints compile it to false. Nothing but a test arms one: no
+// environment variable, flag or configuration reaches them.
+inline constexpr std::array<std::string_view, 2> kRevertibleFixes = {
+    // A charge leaves only within the lease margin after its covered advance (ChargeSteps::
+    // BeforeSend and SendWithin); taken back, it leaves however late the store answered.
+    "margin",
+    // A provider 5xx it does not declare as "nothing charged" is an unknown outcome
+    // (ChargeSteps::AfterSend); taken back, it abandons the attempt as if nothing was charged.
+    "unknown_5xx",
+};
+
+// Takes back the fixes a comma-separated list names ("" restores every fix). Errors:
+// kInvalidArgument for a name not in kRevertibleFixes, or when failpoints are compiled out.
+Status RevertFixes(std::string_view names);
+
 namespace internal {
 Status HitFailpoint(std::string_view name);
+bool Reverted(std::string_view name);
+
+consteval std::string_view Revertible(std::string_view name) {
+  for (std::string_view known : kRevertibleFixes) {
+    if (known == name) return name;
+  }
+  throw "IDEM_REVERTED: not a name in kRevertibleFixes";
+}
 
 // `name` if it is a listed failpoint; used in a constant expression, an unlisted name does not
 // compile.
@@ -65,7 +90,10 @@ consteval std::string_view Listed(std::string_view name) {
 
 #if defined(IDEM_NO_FAILPOINTS)
 #define IDEM_FAILPOINT(name) ::idem::Status()
+#define IDEM_REVERTED(name) false
 #else
+// Whether the fix `name` is taken back (RevertFixes).
+#define IDEM_REVERTED(name) ::idem::internal::Reverted(::idem::internal::Revertible(name))
 // Evaluates to a Status: Ok unless the point is armed with "error".
 #define IDEM_FAILPOINT(name) ::idem::internal::HitFailpoint(::idem::internal::Listed(name))
 #endif

@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdint>
 #include <map>
 #include <optional>
 #include <string>
@@ -21,6 +22,16 @@ struct Action {
 };
 
 std::atomic<bool> g_any_armed{false};
+// Bit i: kRevertibleFixes[i] is taken back.
+std::atomic<uint32_t> g_reverted{0};
+static_assert(kRevertibleFixes.size() <= 32);
+
+std::optional<std::size_t> RevertibleIndex(std::string_view name) {
+  for (std::size_t i = 0; i < kRevertibleFixes.size(); ++i) {
+    if (kRevertibleFixes[i] == name) return i;
+  }
+  return std::nullopt;
+}
 Mutex g_mu;
 std::map<std::string, Action, std::less<>>& Points() IDEM_REQUIRES(g_mu) {
   static std::map<std::string, Action, std::less<>> points;
@@ -88,6 +99,32 @@ void ClearFailpoints() {
 
 bool FailpointsArmed() { return g_any_armed.load(std::memory_order_relaxed); }
 
+Status RevertFixes(std::string_view names) {
+#if defined(IDEM_NO_FAILPOINTS)
+  if (!names.empty()) {
+    return MakeError(Errc::kInvalidArgument,
+                     "fixes cannot be taken back: built without failpoints");
+  }
+#endif
+  uint32_t bits = 0;
+  while (!names.empty()) {
+    const std::size_t comma = names.find(',');
+    const std::string_view name = names.substr(0, comma);
+    names = comma == std::string_view::npos ? std::string_view() : names.substr(comma + 1);
+    const std::optional<std::size_t> i = RevertibleIndex(name);
+    if (!i) {
+      std::string known;
+      for (std::string_view k : kRevertibleFixes)
+        known += (known.empty() ? "" : ", ") + std::string(k);
+      return MakeError(Errc::kInvalidArgument,
+                       "no revertible fix '" + std::string(name) + "' (known: " + known + ")");
+    }
+    bits |= uint32_t{1} << *i;
+  }
+  g_reverted = bits;
+  return Ok();
+}
+
 namespace internal {
 
 Status HitFailpoint(std::string_view name) {
@@ -109,6 +146,13 @@ Status HitFailpoint(std::string_view name) {
       return MakeError(Errc::kUnavailable, "failpoint " + std::string(name));
   }
   return Ok();
+}
+
+bool Reverted(std::string_view name) {
+  const uint32_t bits = g_reverted.load(std::memory_order_relaxed);
+  if (bits == 0) return false;
+  const std::optional<std::size_t> i = RevertibleIndex(name);
+  return i && (bits & (uint32_t{1} << *i)) != 0;
 }
 
 }  // namespace internal

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <string>
 
 namespace idem {
 namespace {
@@ -50,6 +51,27 @@ TEST_F(FailpointTest, RefusesNamesThatAreNoFailpoint) {
   for (std::string_view name : kFailpoints) {
     EXPECT_TRUE(ArmFailpoints(std::string(name) + "=off").has_value()) << name;
   }
+}
+
+TEST(RevertFixesTest, TakesBackTheFixesNamedAndOnlyThose) {
+#if defined(IDEM_NO_FAILPOINTS)
+  EXPECT_FALSE(RevertFixes("margin").has_value());
+  EXPECT_FALSE(IDEM_REVERTED("margin"));
+#else
+  EXPECT_FALSE(IDEM_REVERTED("margin"));
+  ASSERT_TRUE(RevertFixes("unknown_5xx").has_value());
+  EXPECT_TRUE(IDEM_REVERTED("unknown_5xx"));
+  EXPECT_FALSE(IDEM_REVERTED("margin"));
+  ASSERT_TRUE(RevertFixes("margin,unknown_5xx").has_value());
+  EXPECT_TRUE(IDEM_REVERTED("margin"));
+  const Status unknown = RevertFixes("margin,settle_nothing");
+  ASSERT_FALSE(unknown.has_value());
+  EXPECT_NE(unknown.error().message.find("settle_nothing"), std::string::npos);
+  EXPECT_TRUE(IDEM_REVERTED("margin")) << "a refused list changes nothing";
+  ASSERT_TRUE(RevertFixes("").has_value());
+  EXPECT_FALSE(IDEM_REVERTED("margin"));
+  EXPECT_FALSE(IDEM_REVERTED("unknown_5xx"));
+#endif
 }
 
 }  // namespace

@@ -1,20 +1,22 @@
-// tests/sim/sim.cc — the deterministic simulator (docs/testing.md): the real engine over a real
-// store, driven through simulated time by many clients retrying one payment each, executors that
-// crash or pause between any two steps, the takeover loop, and a simulated provider that declines,
-// fails, loses answers, lets charges land after the caller gave up, and honours idempotency keys
-// or not. One seed fixes the whole schedule; invariants are checked after every step and at the
-// end. A failure prints `reproduce: idem_sim --seed=N` and the schedule's trace.
+// tests/sim/sim.cc — the deterministic simulator (docs/testing.md): idemd's payments route as it
+// ships — the idempotency filter, the payments operation and its charge steps, the engine, the
+// heartbeat and the takeover loop — on a real SQLite database, run by several instances in
+// simulated time, each on an event loop the simulator steps, against a simulated provider that
+// fails in every way its contract allows (sim_provider.h). Clients retry one payment each (some
+// orders under two keys, some keys sent twice at once); instances crash, pause and see their
+// wall clocks step; the store fails, stalls and loses commit answers (testing/faulty_store.h).
+// One seed fixes the whole schedule; invariants are checked after every step and at the end. A
+// failure prints `reproduce: idem_sim --seed=N` and the schedule's trace.
 //
-//   idem_sim --seed=N [--schedules=K] [--seconds=S] [--store=memory|sqlite] [--verbose]
-//
-// The operation is a model of the payments operation (its steps in the order payments takes
-// them: look up a charge that may have left, advance under a covering lease, charge, finish),
-// not server/idemd/payments/payments.cc itself, whose heartbeat runs on a thread of its own.
+//   idem_sim --seed=N [--schedules=K] [--seconds=S] [--without=FIX,...] [--expect-failure]
+//            [--verbose]
 #include <algorithm>
+#include <boost/json.hpp>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <map>
 #include <memory>
 #include <optional>
@@ -23,16 +25,27 @@
 #include <string>
 #include <vector>
 
+#include "http/async.h"
+#include "http/log.h"
 #include "idem/engine.h"
+#include "idem/failpoint.h"
 #include "idem/store/sqlite.h"
+#include "server/idemd/filter/filter.h"
+#include "server/idemd/metrics.h"
+#include "server/idemd/payments/books.h"
+#include "server/idemd/payments/payments.h"
+#include "server/idemd/payments/table.h"
+#include "server/idemd/routes.h"
 #include "testing/fakes.h"
 #include "testing/faulty_store.h"
-#include "testing/memory_store.h"
+#include "tests/sim/sim_provider.h"
 
 namespace idem::sim {
 namespace {
 
+namespace json = boost::json;
 using testing::FakeClock;
+using testing::FakeMonotonicClock;
 using testing::FaultPlan;
 using testing::FaultyStore;
 using testing::SeededRandom;
@@ -41,118 +54,28 @@ using testing::TempDir;
 constexpr Millis kLease{3000};
 constexpr Millis kTimeout{1000};  // the provider call's deadline
 constexpr Millis kMargin{500};
-constexpr Millis kLateLandsWithin{2400};  // the longest a charge takes to land after it left
-// A send leaves within kMargin of sent_at (or not at all) and lands within kLateLandsWithin.
+constexpr Millis kLandsWithin{2400};  // the longest a charge takes to land after it left
 constexpr Millis kSettle{3000};
-static_assert(kSettle > kMargin + kLateLandsWithin);
-constexpr std::string_view kSent = "charge_sent";
-constexpr std::string_view kAbandoned = "abandoned";
+static_assert(kSettle > kMargin + kLandsWithin);
+constexpr Millis kClientTimeout{4000};  // a client gives an attempt up after this
+constexpr std::string_view kAmount = "10.00";
 
 struct Options {
   uint64_t seed = 1;
   int schedules = 1;
   double seconds = 0;  // when > 0, run schedules until this much wall time has passed
   bool verbose = false;
-  bool sqlite = false;  // the real SQL on a SQLite file instead of the in-memory model
-  // A guard of the payments protocol switched off in the model, to show the simulator finds the
-  // bug it prevents; with expect_failure, success is a broken invariant.
+  // Fixes taken back, to show that the simulator finds what each prevents: "settle" (the provider
+  // is configured to settle at once: [provider] settle_ms = 0) and kRevertibleFixes.
   std::string without;
   bool expect_failure = false;
+  // Runs each schedule twice and requires the same trace: the schedule is a function of its seed.
+  bool twice = false;
 };
 
-// The guards of the payments operation the model keeps (Payments::Execute), each of which one
-// --without= switches off.
-struct Guards {
-  bool settle = true;  // nothing is sent again within the settle window of an unknown outcome
-  bool cover = true;   // a charge is sent only under a lease that outlasts the call
-  bool margin = true;  // nor when the covered advance answered after the margin
-};
-
-// The provider: charges by reference. A late charge is created some time after the request,
-// whether or not its caller still waits.
-class Provider {
- public:
-  explicit Provider(bool honours_keys) : honours_keys_(honours_keys) {}
-
-  enum class Outcome { kCharged, kDeclined, k5xx, kLostAfterCharge, kLate, kLostBefore };
-
-  // Takes the request of attempt `by` at `now`; what its caller will learn. A charge is made
-  // when the provider gets to it: before `answer_at` when the caller is answered (a slow
-  // provider), any time within kLateLandsWithin when it is not (LandedFor tells which charge).
-  Outcome Charge(const std::string& reference, int by, Outcome fault, Timestamp now,
-                 Timestamp answer_at, std::mt19937_64& rng) {
-    // A provider that honours keys answers a repeat with the first request's outcome: the
-    // charge made, or a retryable conflict while the first is still being executed.
-    if (honours_keys_ && fault == Outcome::kDeclined) {
-      if (Find(reference)) fault = Outcome::kCharged;
-      if (std::any_of(late_.begin(), late_.end(),
-                      [&](const Late& l) { return l.reference == reference; })) {
-        fault = Outcome::k5xx;
-      }
-    }
-    if (fault == Outcome::kDeclined || fault == Outcome::k5xx || fault == Outcome::kLostBefore) {
-      return fault;
-    }
-    const Millis window = fault == Outcome::kCharged
-                              ? std::chrono::duration_cast<Millis>(answer_at - now)
-                              : kLateLandsWithin;
-    late_.push_back(
-        {now + Millis(static_cast<int64_t>(rng() % (window.count() + 1))), reference, by});
-    return fault;
-  }
-  // The charge made for attempt `by`'s request, once made.
-  std::optional<std::string> LandedFor(int by) const {
-    auto it = landed_.find(by);
-    if (it == landed_.end()) return std::nullopt;
-    return it->second;
-  }
-  std::optional<std::string> Find(const std::string& reference) const {
-    auto it = charges_.find(reference);
-    if (it == charges_.end() || it->second.empty()) return std::nullopt;
-    return it->second.front();
-  }
-  void Tick(Timestamp now) {
-    for (auto it = late_.begin(); it != late_.end();) {
-      if (it->at <= now) {
-        landed_[it->by] = Make(it->reference);
-        it = late_.erase(it);
-      } else {
-        ++it;
-      }
-    }
-  }
-  std::size_t ChargesOf(const std::string& reference) const {
-    auto it = charges_.find(reference);
-    return it == charges_.end() ? 0 : it->second.size();
-  }
-  bool Has(const std::string& reference, const std::string& id) const {
-    auto it = charges_.find(reference);
-    return it != charges_.end() &&
-           std::find(it->second.begin(), it->second.end(), id) != it->second.end();
-  }
-  bool HonoursKeys() const { return honours_keys_; }
-
- private:
-  std::string Make(const std::string& reference) {
-    std::vector<std::string>& made = charges_[reference];
-    if (honours_keys_ && !made.empty()) return made.front();
-    made.push_back("ch_" + std::to_string(++next_));
-    return made.back();
-  }
-  struct Late {
-    Timestamp at;
-    std::string reference;
-    int by;
-  };
-  std::map<int, std::string> landed_;
-  bool honours_keys_;
-  int next_ = 0;
-  std::map<std::string, std::vector<std::string>> charges_;
-  std::vector<Late> late_;
-};
-
-// An executor's wall clock: the world's time (the store's, as a database server's) plus this
-// instance's skew, which jumps now and then. Decisions about a record must not depend on it.
+// An instance's wall clock: the world's time plus this instance's skew, which jumps now and then.
+// The store's clock (the database server's) is the world's; decisions about a record must not
+// depend on an instance's.
 class InstanceClock final : public Clock {
  public:
   explicit InstanceClock(const FakeClock& world) : world_(world) {}
@@ -165,65 +88,124 @@ class InstanceClock final : public Clock {
   Millis skew_{0};
 };
 
-// One attempt at one key: a client's request on some instance, or a takeover.
-struct Attempt {
-  enum class Step { kStart, kLookup, kAdvance, kAwait, kFinish, kRelease, kDone };
-  int id = 0;
-  int instance = 0;  // the executor it runs on
-  std::string key;
-  bool reconciler = false;
-  Step step = Step::kStart;
-  Ticket ticket;
-  RecordState finish_state = RecordState::kSucceeded;
-  StoredResponse answer;     // what kFinish stores
-  std::string finish_point;  // kFinish's recovery point for a retryable failure
-  Millis hold{0};            // kRelease's hold
-  Timestamp paused_until{};  // not scheduled before this: a pause, or a call's answer to come
-  int outcome = 0;           // kAwait: a Provider::Outcome
+// One idemd process: what main.cc builds for the payments route, on an event loop of its own
+// that the simulator steps. A crash destroys it, loop first (every request it was serving dies
+// with it); a restart builds it again.
+struct Instance {
+  InstanceClock clock;
+  std::unique_ptr<http::BlockingPool> pool;
+  std::unique_ptr<Engine> engine;
+  std::unique_ptr<idemd::Metrics> metrics;
+  std::unique_ptr<idemd::Payments> payments;
+  std::unique_ptr<idemd::IdempotencyFilter> filter;
+  std::unique_ptr<http::EventLoop> loop;  // last: destroyed first
+  SteadyTime paused_until{};
+  int generation = 0;
+
+  explicit Instance(const FakeClock& world) : clock(world) {}
 };
 
-// An executor: its own clock, and an engine over the shared store.
-struct Instance {
-  explicit Instance(const FakeClock& world) : clock(world) {}
-  InstanceClock clock;
-  std::unique_ptr<Engine> engine;
+// A client's request in flight; shared with the coroutine that serves it, which may outlive the
+// client's patience or die with its instance.
+struct Call {
+  int id = 0;
+  int key = 0;
+  int instance = 0;
+  int generation = 0;
+  SteadyTime sent{};
+  bool given_up = false;
+  std::optional<http::Response> answer;
 };
+
+// One Idempotency-Key of one merchant order, and what its client has learnt.
+struct Key {
+  std::string key;
+  int order = 0;
+  ScopeHash scope{};
+  std::optional<http::Response> final;  // the first final answer
+  SteadyTime retry_at{};
+  int in_flight = 0;
+};
+
+struct Order {
+  std::string merchant_order_no;
+  std::vector<int> keys;
+};
+
+// The charge a success answer names, or "" when it names none.
+std::string ChargeOf(const http::Response& r) {
+  boost::system::error_code ec;
+  const json::value doc = json::parse(r.body, ec);
+  if (ec || !doc.is_object()) return "";
+  const json::value* id = doc.as_object().if_contains("provider_charge_id");
+  return id != nullptr && id->is_string() ? std::string(id->as_string()) : std::string();
+}
+
+// Whether an answer ends the client's retries: a success, a decline, a conflict of the order.
+bool IsFinal(const http::Response& r) {
+  return r.status == 200 || r.status == 201 || r.status == 402 ||
+         (r.status == 409 && r.body.find("order-conflict") != std::string::npos);
+}
+
+http::Async<void> Serve(idemd::IdempotencyFilter& filter, http::Request request,
+                        Principal principal, std::shared_ptr<Call> call) {
+  http::RequestContext context;
+  http::Response answer = co_await filter.Handle(request, principal, context);
+  call->answer = std::move(answer);
+}
 
 class Schedule {
  public:
-  Schedule(uint64_t seed, bool sqlite, Guards guards, std::string reproduce)
-      : guards_(guards),
-        reproduce_(std::move(reproduce)),
-        sqlite_(sqlite),
+  Schedule(uint64_t seed, const std::string& dir, bool settle, std::string reproduce)
+      : reproduce_(std::move(reproduce)),
+        dir_(dir),
+        settle_(settle),
         seed_(seed),
         rng_(seed),
-        random_(seed ^ 0x9e3779b97f4a7c15ULL),
-        provider_(rng_() % 2 == 0) {}
+        random_(seed ^ 0x9e3779b97f4a7c15ULL) {}
+
+  ~Schedule() {
+    instances_.clear();  // their loops and engines before the store
+    http::SetTimerClock(nullptr);
+    http::SetLogSink(nullptr);
+  }
+
+  const std::vector<std::string>& Trace() const { return trace_; }
 
   // Runs the schedule; returns false (after printing why) when an invariant broke.
   bool Run(bool verbose) {
     verbose_ = verbose;
+    http::SetTimerClock(&monotonic_);
+    http::SetLogSink(&log_sink_);
     if (!Open()) return false;
-    const int keys = 1 + static_cast<int>(rng_() % 4);
-    for (int k = 0; k < keys; ++k) {
-      keys_.push_back("sim-key-" + std::to_string(k));
-      // Known up front: a claim whose commit landed but reported failure names no scope.
-      scopes_[*Scope{"acme", "alice", policy_.route, keys_.back()}.Hash()] = keys_.back();
+    const int orders = 1 + static_cast<int>(rng_() % 4);
+    for (int o = 0; o < orders; ++o) {
+      orders_.push_back({"order-" + std::to_string(o), {}});
+      const int keys = rng_() % 4 == 0 ? 2 : 1;  // a second client pays the same order
+      for (int k = 0; k < keys; ++k) {
+        Key key;
+        key.key = "sim-key-" + std::to_string(o) + "-" + std::to_string(k) + "-0000000000";
+        key.order = o;
+        key.scope =
+            *Scope{"acme", "alice", std::string(idemd::kPaymentsCreateRoute), key.key}.Hash();
+        orders_.back().keys.push_back(static_cast<int>(keys_.size()));
+        keys_.push_back(std::move(key));
+      }
     }
     // A burst of requests: each key, some twice at once.
-    for (const std::string& key : keys_) {
-      NewAttempt(key, false);
-      if (rng_() % 3 == 0) NewAttempt(key, false);
+    for (std::size_t k = 0; k < keys_.size(); ++k) {
+      Send(static_cast<int>(k));
+      if (rng_() % 3 == 0) Send(static_cast<int>(k));
     }
-    const int steps = 40 + static_cast<int>(rng_() % 160);
+    const int steps = 60 + static_cast<int>(rng_() % 240);
     for (int i = 0; i < steps && ok_; ++i) Tick(/*faults=*/true);
     faulty_->SetPlan(FaultPlan());
+    provider_->SetFaults(false);
     Log("faults stop");
     // Faults stop; time passes; clients keep retrying and the takeover loop runs until every key
-    // has its final answer. An order still unanswered after that is blocked forever.
+    // has its final answer. A key still unanswered after that is blocked forever.
     for (int round = 0; round < 60 && ok_ && !AllFinal(); ++round) {
-      clock_.Advance(kLease);
-      for (int i = 0; i < 30 && ok_; ++i) Tick(/*faults=*/false);
+      for (int i = 0; i < 40 && ok_; ++i) Tick(/*faults=*/false);
     }
     if (ok_) CheckEnd();
     if (!ok_) PrintTrace();
@@ -232,345 +214,327 @@ class Schedule {
 
  private:
   bool Open() {
-    if (sqlite_) {
-      dir_.emplace();
-      SqliteStoreOptions options;
-      options.path = dir_->File("sim.db");
-      options.pool_size = 1;
-      options.synchronous_full = false;
-      auto store = OpenSqliteStore(options, clock_, random_);
-      if (!store) return Fail("store: " + store.error().message);
-      store_ = std::move(*store);
-    } else {
-      store_ = testing::MakeMemoryStore(clock_, random_);
-    }
+    SqliteStoreOptions options;
+    options.path = dir_ + "/sim.db";  // each schedule's database replaces the last one's
+    for (const char* suffix : {"", "-wal", "-shm"}) std::remove((options.path + suffix).c_str());
+    options.pool_size = 1;
+    options.synchronous_full = false;
+    options.max_group = 1;
+    options.apps = idemd::IdemdMigrations();
+    auto store = OpenSqliteStore(options, world_, random_);
+    if (!store) return Fail("store: " + store.error().message);
+    store_ = std::move(*store);
+    db_path_ = options.path;
+    auto space = idemd::PaymentsNamespace(*store_, random_);
+    if (!space) return Fail("payments namespace: " + space.error().message);
+    namespace_ = *space;
     // Store faults by the seed: calls that fail, commits that land but report failure, and
-    // delays that advance the world's time in the middle of a call (a slow commit).
+    // delays that move time on in the middle of a call (a slow commit).
     const double store_faults = rng_() % 3 == 0 ? 0.0 : 0.01 * static_cast<double>(1 + rng_() % 5);
     faulty_ = std::make_unique<FaultyStore>(
         *store_,
-        testing::FaultyStoreOptions{.plan = FaultPlan::FromSeed(rng_(), store_faults, kLease),
-                                    .clock = &clock_,
-                                    .on_delay = {}});
+        testing::FaultyStoreOptions{
+            .plan = FaultPlan::FromSeed(rng_(), store_faults, kLease),
+            .clock = &world_,
+            .on_delay = [this](const testing::StoreCall&, Millis d) { monotonic_.Advance(d); }});
     fingerprinter_ = std::move(*Fingerprinter::Create({{1, std::string(32, 'h')}}, 1));
     sealer_ = std::move(*Sealer::Create({{1, std::string(32, 's')}}, 1, random_));
+    const bool honours_keys = rng_() % 2 == 0;
+    provider_ = std::make_unique<SimProvider>(
+        SimProvider::Options{
+            .honours_keys = honours_keys, .call_timeout = kTimeout, .lands_within = kLandsWithin},
+        world_, rng_, [this](const std::string& line) { Log(acting_ + ": " + line); });
+    // As an operator configures idemd for this provider: [provider] deduplicates_by_key when it
+    // does (then nothing settles), else settle_ms.
+    dedup_ = honours_keys && rng_() % 2 == 0;
     const int instances = 1 + static_cast<int>(rng_() % 3);
     std::string skews;
     for (int i = 0; i < instances; ++i) {
-      auto instance = std::make_unique<Instance>(clock_);
-      instance->clock.Set(RandomSkew());
-      instance->engine =
-          std::make_unique<Engine>(*faulty_, *fingerprinter_, *sealer_, instance->clock);
-      skews += " " + std::to_string(instance->clock.Skew().count());
-      instances_.push_back(std::move(instance));
+      instances_.push_back(std::make_unique<Instance>(world_));
+      instances_.back()->clock.Set(RandomSkew());
+      Start(*instances_.back());
+      skews += " " + std::to_string(instances_.back()->clock.Skew().count());
     }
-    policy_.route = "payments.create";
-    policy_.lease = kLease;
-    policy_.retention = Millis(3'600'000);
-    policy_.sent_points = {std::string(kSent)};
     Log("seed " + std::to_string(seed_) + ": provider " +
-        (provider_.HonoursKeys() ? "honours keys" : "ignores keys") + "; store faults " +
-        std::to_string(store_faults) + "; instance clock skews (ms)" + skews);
+        (honours_keys ? "honours keys" : "ignores keys") +
+        (dedup_ ? ", configured deduplicates_by_key" : "") + "; store faults " +
+        std::to_string(store_faults) + "; " + std::to_string(instances) +
+        " instances, wall clock skews (ms)" + skews);
     return true;
   }
 
-  void NewAttempt(const std::string& key, bool reconciler) {
-    Attempt a;
-    a.id = ++attempts_made_;
-    a.instance = static_cast<int>(rng_() % instances_.size());
-    a.key = key;
-    a.reconciler = reconciler;
-    attempts_.push_back(std::move(a));
+  // Builds an instance's payments route as idemd's main does.
+  void Start(Instance& in) {
+    in.pool = std::make_unique<http::BlockingPool>(http::BlockingPool::OnTheLoop{});
+    in.engine = std::make_unique<Engine>(*faulty_, *fingerprinter_, *sealer_, in.clock);
+    in.metrics = std::make_unique<idemd::Metrics>();
+    in.payments = std::make_unique<idemd::Payments>(
+        *faulty_, *in.pool, *provider_, in.clock, monotonic_, namespace_,
+        std::vector<std::string>{"USD"}, idemd::ChargeCover{kTimeout, kMargin}, dedup_,
+        settle_ ? kSettle : Millis(0));
+    idemd::FilterPolicy policy = idemd::PaymentsPolicy(KeyPolicy{}, kLease, Millis(3'600'000),
+                                                       1'000'000, 1'000'000, Millis(10'000));
+    policy.max_new_keys_per_second = 0;
+    policy.takeover_concurrency = 1;  // the simulator's one thread
+    in.filter = std::make_unique<idemd::IdempotencyFilter>(*in.engine, *in.pool, monotonic_,
+                                                           *in.metrics, policy, *in.payments);
+    in.loop = std::make_unique<http::EventLoop>();
+    ++in.generation;
   }
 
-  // One step of the world: time moves, late charges land, and one actor acts.
+  void Crash(int i) {
+    Instance& in = *instances_[static_cast<std::size_t>(i)];
+    Log("instance i" + std::to_string(i) + " crashes and restarts");
+    in.loop.reset();  // every coroutine it ran dies here
+    in.filter.reset();
+    in.payments.reset();
+    in.metrics.reset();
+    in.engine.reset();
+    in.pool.reset();
+    Start(in);
+  }
+
+  void Advance(Millis d) {
+    world_.Advance(d);
+    monotonic_.Advance(d);
+  }
+
+  // A client sends key k's request to a random instance.
+  void Send(int k) {
+    Key& key = keys_[static_cast<std::size_t>(k)];
+    const int i = static_cast<int>(rng_() % instances_.size());
+    Instance& in = *instances_[static_cast<std::size_t>(i)];
+    auto call = std::make_shared<Call>();
+    call->id = ++calls_made_;
+    call->key = k;
+    call->instance = i;
+    call->generation = in.generation;
+    call->sent = monotonic_.Now();
+    http::Request request;
+    request.method = "POST";
+    request.target = "/v1/payments";
+    request.headers.Set("Idempotency-Key", key.key);
+    request.headers.Set("Content-Type", "application/json");
+    request.body = "{\"merchant_order_no\":\"" +
+                   orders_[static_cast<std::size_t>(key.order)].merchant_order_no +
+                   "\",\"amount\":\"" + std::string(kAmount) + "\",\"currency\":\"USD\"}";
+    Log("request " + std::to_string(call->id) + " for " + key.key + " to i" + std::to_string(i));
+    in.loop->Spawn(Serve(*in.filter, std::move(request), Principal{"acme", "alice"}, call));
+    ++key.in_flight;
+    calls_.push_back(std::move(call));
+  }
+
+  // One step of the world: time moves, late charges land, something happens (a client sends, an
+  // instance pauses or its clock steps, a takeover pass), and then the instances run whatever is
+  // ready, interleaved at random, until none has anything left to do now; between two of their
+  // steps an instance may crash.
   void Tick(bool faults) {
-    clock_.Advance(Millis(static_cast<int64_t>(rng_() % 400)));
-    provider_.Tick(clock_.Now());
-    for (const std::string& key : keys_) CheckCharges(key);
-    if (faults && rng_() % 50 == 0) {
-      Instance& jumped = *instances_[rng_() % instances_.size()];
-      jumped.clock.Set(RandomSkew());
-      Log("an instance's clock jumps to skew " + std::to_string(jumped.clock.Skew().count()) +
-          " ms");
-    }
-    const uint64_t what = rng_() % 12;
-    if (what == 0) {
-      Reconcile();
+    Advance(Millis(static_cast<int64_t>(rng_() % 200)));
+    provider_->Tick();
+    const uint64_t what = rng_() % 16;
+    if (faults && what == 1 && rng_() % 3 == 0) {
+      const std::size_t i = rng_() % instances_.size();
+      instances_[i]->clock.Set(RandomSkew());
+      Log("instance i" + std::to_string(i) + "'s wall clock steps to skew " +
+          std::to_string(instances_[i]->clock.Skew().count()) + " ms");
     } else if (what == 2) {
-      // The sweeper deletes only expired finished records; nothing here expires within a
-      // schedule, so whatever it deletes shows at the end as a record gone.
-      (void)SweepExpired(*faulty_, policy_.sent_points);
-    } else if (what == 1) {
-      // A client whose last answer was not final retries (or a fresh duplicate arrives).
-      const std::string& key = keys_[rng_() % keys_.size()];
-      if (!final_.count(key) || rng_() % 4 == 0) NewAttempt(key, false);
-    } else {
-      std::vector<std::size_t> ready;
-      for (std::size_t i = 0; i < attempts_.size(); ++i) {
-        if (attempts_[i].paused_until <= clock_.Now()) ready.push_back(i);
+      TakeOver(static_cast<int>(rng_() % instances_.size()));
+    } else if (what <= 8) {
+      Retry();
+    }
+    std::vector<std::size_t> running;
+    for (std::size_t i = 0; i < instances_.size(); ++i) {
+      if (instances_[i]->paused_until <= monotonic_.Now()) running.push_back(i);
+    }
+    while (!running.empty() && ok_) {
+      const std::size_t pick = rng_() % running.size();
+      const std::size_t i = running[pick];
+      const uint64_t fault = faults ? rng_() % 400 : 400;  // 400: none
+      if (fault == 0) {
+        Crash(static_cast<int>(i));
+        running.erase(running.begin() + static_cast<std::ptrdiff_t>(pick));
+      } else if (fault <= 2) {
+        // Stopped (a long GC, SIGSTOP, a VM migration) for longer than a lease.
+        instances_[i]->paused_until =
+            monotonic_.Now() + kLease + Millis(static_cast<int64_t>(rng_() % 3000));
+        Log("instance i" + std::to_string(i) + " pauses");
+        running.erase(running.begin() + static_cast<std::ptrdiff_t>(pick));
+      } else if (acting_ = "i" + std::to_string(i); !instances_[i]->loop->RunOne()) {
+        running.erase(running.begin() + static_cast<std::ptrdiff_t>(pick));
       }
-      if (ready.empty()) return;
-      Attempt& a = attempts_[ready[rng_() % ready.size()]];
-      // Faults between steps: the process dies, or stops for longer than the lease (while a
-      // call is out too). The covered advance and the send are one step, as in the payments
-      // operation: nothing but lease_margin covers the time between them.
-      if (faults && rng_() % 25 == 0) {
-        Log(Who(a) + " (" + a.key + ") crashes");
-        a.step = Attempt::Step::kDone;
-      } else if (faults && rng_() % 25 == 0) {
-        a.paused_until = clock_.Now() + kLease + Millis(static_cast<int64_t>(rng_() % 3000));
-        Log(Who(a) + " (" + a.key + ") pauses");
-      } else {
-        Act(a, faults);
-      }
+      LogInjected();
+      Collect();
+      CheckCharges();
     }
     LogInjected();
-    std::erase_if(attempts_, [](const Attempt& a) { return a.step == Attempt::Step::kDone; });
+    Collect();
+    CheckCharges();
   }
 
-  void Reconcile() {
-    const int on = static_cast<int>(rng_() % instances_.size());
-    Engine& engine = *instances_[on]->engine;
-    auto stale = engine.ListStale(policy_, 10);
-    if (!stale) return;
-    for (const Record& r : *stale) {
-      auto ticket = engine.TakeOver(policy_, r);
-      if (!ticket) continue;
-      const std::string key = KeyOf(r.scope);
-      if (!Acquired(key, *ticket)) return;
-      Attempt a;
-      a.id = ++attempts_made_;
-      a.instance = on;
-      a.key = key;
-      a.reconciler = true;
-      a.ticket = std::move(*ticket);
-      a.step = Attempt::Step::kLookup;
-      Log("reconciler takes " + key + " over at fence " + std::to_string(a.ticket.lease.fence));
-      attempts_.push_back(std::move(a));
+  // The clients: one whose last answer was not final retries after its back-off; now and then a
+  // client whose answer was final sends once more (a double click), and must get it again.
+  void Retry() {
+    const std::size_t k = rng_() % keys_.size();
+    Key& key = keys_[k];
+    if (key.final) {
+      if (rng_() % 8 == 0) Send(static_cast<int>(k));
+      return;
+    }
+    if (key.in_flight == 0 && key.retry_at <= monotonic_.Now()) Send(static_cast<int>(k));
+  }
+
+  void TakeOver(int i) {
+    Instance& in = *instances_[static_cast<std::size_t>(i)];
+    if (in.paused_until > monotonic_.Now()) return;
+    // The loop runs on its own thread in idemd, its provider calls blocking; here they answer
+    // at once.
+    provider_->SetAtOnce(true);
+    acting_ = "the takeover loop on i" + std::to_string(i);
+    const int resolved = in.filter->TakeOverOnce(10, {});
+    provider_->SetAtOnce(false);
+    if (resolved > 0) Log(acting_ + " resolves " + std::to_string(resolved));
+  }
+
+  // Answers that arrived, calls whose instance died, calls whose client gave up.
+  void Collect() {
+    for (auto it = calls_.begin(); it != calls_.end();) {
+      Call& call = **it;
+      Key& key = keys_[static_cast<std::size_t>(call.key)];
+      const Instance& in = *instances_[static_cast<std::size_t>(call.instance)];
+      const bool died = in.generation != call.generation && !call.answer;
+      if (!call.answer && !died && !call.given_up &&
+          monotonic_.Now() - call.sent > kClientTimeout) {
+        call.given_up = true;
+        --key.in_flight;
+        key.retry_at = monotonic_.Now();
+        Log("request " + std::to_string(call.id) + " for " + key.key + ": the client gives up");
+      }
+      if (!call.answer && !died) {
+        ++it;
+        continue;
+      }
+      if (!call.given_up) --key.in_flight;
+      if (died) {
+        if (!call.given_up) {
+          Log("request " + std::to_string(call.id) + " for " + key.key +
+              ": connection lost with its instance");
+        }
+        key.retry_at = monotonic_.Now() + Millis(static_cast<int64_t>(rng_() % 1000));
+      } else {
+        Answered(call, key, *call.answer);
+      }
+      it = calls_.erase(it);
     }
   }
 
-  void Act(Attempt& a, bool faults) {
-    switch (a.step) {
-      case Attempt::Step::kStart: {
-        Request request;
-        request.principal = {"acme", "alice"};
-        request.key_header = a.key;
-        request.method = "POST";
-        request.content_type = "application/json";
-        const std::string body = "{\"order\":\"" + a.key + "\"}";
-        request.body = body;
-        auto d = Eng(a).Start(policy_, request);
-        if (!d) {
-          Log(Who(a) + " start: " + d.error().message);
-          a.step = Attempt::Step::kDone;
-          return;
-        }
-        if (d->kind == Decision::Kind::kReplay) {
-          Answer(a, d->response, true);
-          a.step = Attempt::Step::kDone;
-        } else if (d->kind == Decision::Kind::kInProgress) {
-          a.step = Attempt::Step::kDone;
-        } else {
-          if (!Acquired(a.key, d->ticket)) return;
-          a.ticket = std::move(d->ticket);
-          const std::string& point = a.ticket.record.recovery_point;
-          a.step = a.ticket.resumed && (point == kSent || point == kAbandoned)
-                       ? Attempt::Step::kLookup
-                       : Attempt::Step::kAdvance;
-          Log(Who(a) + " executes " + a.key + " at fence " + std::to_string(a.ticket.lease.fence) +
-              (a.ticket.resumed ? " (resumed)" : ""));
-        }
+  void Answered(const Call& call, Key& key, const http::Response& answer) {
+    const std::string charge = ChargeOf(answer);
+    Log("request " + std::to_string(call.id) + " for " + key.key + " answers on i" +
+        std::to_string(call.instance) + ": " + std::to_string(answer.status) +
+        (charge.empty() ? "" : " " + charge) + (call.given_up ? " (its client had given up)" : ""));
+    if (answer.status == 422 || answer.status == 400 || answer.status == 415) {
+      Fail(key.key + " answered " + std::to_string(answer.status) + ": " + answer.body);
+      return;
+    }
+    if (!IsFinal(answer)) {
+      key.retry_at = monotonic_.Now() + Millis(static_cast<int64_t>(200 + rng_() % 1500));
+      return;
+    }
+    // A success names a charge the provider holds for this key's payment, as succeeded.
+    if (answer.status == 200 || answer.status == 201) {
+      if (charge.empty() || !ChargeExists(charge)) {
+        Fail(key.key + " answered " + std::to_string(answer.status) +
+             " naming a charge the provider does not hold: " + answer.body);
         return;
       }
-      case Attempt::Step::kLookup: {
-        if (auto found = provider_.Find(a.key)) {
-          Finish(a, RecordState::kSucceeded, {201, {}, "charged " + *found});
-          return;
-        }
-        const Record& r = a.ticket.record;
-        const std::optional<Millis> unsettled = UntilSettled(r, kSettle);
-        // As idemd configured with [provider] deduplicates_by_key = true when it does.
-        if (guards_.settle && !provider_.HonoursKeys() &&
-            a.ticket.resumed_from == RecordState::kProcessing && r.recovery_point == kSent &&
-            unsettled) {
-          a.hold = std::min(*unsettled, policy_.retry_after);
-          a.step = Attempt::Step::kRelease;
-          return;
-        }
-        if (a.reconciler) {
-          // Nothing left, nothing to find: the order is free again for the client's retry.
-          a.finish_point = std::string(kAbandoned);
-          Finish(a, RecordState::kFailedRetryable, {503, {}, "retry"});
-          return;
-        }
-        a.step = Attempt::Step::kAdvance;
-        return;
+    }
+    if (!key.final) {
+      key.final = answer;
+      return;
+    }
+    // Every answer after the first final one is the same: the one stored.
+    if (key.final->status != answer.status || key.final->body != answer.body) {
+      Fail("answers differ for " + key.key + ": " + std::to_string(key.final->status) + " " +
+           key.final->body + " then " + std::to_string(answer.status) + " " + answer.body);
+    }
+  }
+
+  bool ChargeExists(const std::string& id) const {
+    for (const auto& [reference, made] : provider_->Charges()) {
+      for (const SimCharge& c : made) {
+        if (c.id == id && c.status == "succeeded") return true;
       }
-      case Attempt::Step::kAdvance: {
-        const Timestamp asked = clock_.Now();  // the world's time, as a monotonic clock counts
-        auto advanced = Eng(a).AdvanceBeforeCall(a.ticket, kSent,
-                                                 guards_.cover ? kTimeout + kMargin : Millis(0));
-        if (!advanced) {
-          Log(Who(a) + " advance: " + advanced.error().message);
-          a.step = advanced.error().code == Errc::kConflict ? Attempt::Step::kRelease
-                                                            : Attempt::Step::kDone;
-          return;
+    }
+    return false;
+  }
+
+  // The merchant order a charge's reference (a payment id) belongs to, from the payments table.
+  std::string OrderOfPayment(const std::string& payment) {
+    auto it = payment_orders_.find(payment);
+    if (it != payment_orders_.end()) return it->second;
+    auto rows = store_->Query("SELECT merchant_order_no FROM payments WHERE id = ?", {payment});
+    if (!rows || rows->empty()) return "?";
+    return payment_orders_[payment] = idemd::Text((*rows)[0][0]);
+  }
+
+  // Succeeded, unrefunded charges per merchant order.
+  std::map<std::string, std::vector<std::string>> ChargesByOrder() {
+    std::map<std::string, std::vector<std::string>> by_order;
+    for (const auto& [reference, made] : provider_->Charges()) {
+      for (const SimCharge& c : made) {
+        if (c.status == "succeeded" && !c.refunded) {
+          by_order[OrderOfPayment(reference)].push_back(c.id);
         }
-        // The store answered after the margin: the lease may not outlast the call, and nothing
-        // has left yet (Payments::Execute).
-        if (guards_.margin && clock_.Now() - asked > kMargin) {
-          Log(Who(a) + " advance answered after the margin: nothing sent");
-          a.finish_point = std::string(kSent);
-          Finish(a, RecordState::kFailedRetryable, {503, {}, "store too slow"});
-          return;
-        }
-        // The request leaves at once; its answer comes back within the call's deadline, while
-        // everyone else goes on.
-        Provider::Outcome fault = Provider::Outcome::kCharged;
-        if (faults) {
-          static constexpr Provider::Outcome kFaults[] = {
-              Provider::Outcome::kCharged, Provider::Outcome::kCharged,
-              Provider::Outcome::kCharged, Provider::Outcome::kDeclined,
-              Provider::Outcome::k5xx,     Provider::Outcome::kLostAfterCharge,
-              Provider::Outcome::kLate,    Provider::Outcome::kLostBefore};
-          fault = kFaults[rng_() % std::size(kFaults)];
-        }
-        const bool answered = fault == Provider::Outcome::kCharged ||
-                              fault == Provider::Outcome::kDeclined ||
-                              fault == Provider::Outcome::k5xx;
-        a.paused_until =
-            clock_.Now() +
-            (answered ? Millis(static_cast<int64_t>(rng_() % kTimeout.count())) : kTimeout);
-        a.outcome = static_cast<int>(
-            provider_.Charge(a.key, a.id, fault, clock_.Now(), a.paused_until, rng_));
-        Log(Who(a) + " sends a charge for " + a.key + ": " + Name(fault));
-        a.step = Attempt::Step::kAwait;
-        return;
       }
-      case Attempt::Step::kAwait:
-        switch (static_cast<Provider::Outcome>(a.outcome)) {
-          case Provider::Outcome::kCharged: {
-            provider_.Tick(clock_.Now());
-            const std::optional<std::string> id = provider_.LandedFor(a.id);
-            if (!id) {
-              Fail("the provider answered before it charged");
-              return;
-            }
-            Finish(a, RecordState::kSucceeded, {201, {}, "charged " + *id});
-            return;
-          }
-          case Provider::Outcome::kDeclined:
-            Finish(a, RecordState::kFailedFinal, {402, {}, "declined"});
-            return;
-          case Provider::Outcome::k5xx:
-            Finish(a, RecordState::kFailedRetryable, {503, {}, "provider 5xx"});
-            return;
-          default:  // the call timed out: the record stays PROCESSING for a lookup
-            a.hold = Millis(0);
-            a.step = Attempt::Step::kRelease;
-            return;
-        }
-      case Attempt::Step::kFinish: {
-        auto finished = Eng(a).Finish(a.ticket, a.finish_state, a.answer, {}, a.finish_point);
-        if (finished) {
-          if (a.finish_state != RecordState::kFailedRetryable) {
-            if (++completions_[a.key] > 1) Fail("two executors completed " + a.key);
-            Answer(a, a.answer, false);
-          }
-        } else {
-          Log(Who(a) + " finish: " + finished.error().message);
-          // A commit that landed but reported failure completed the record all the same.
-          auto r = store_->Read(a.ticket.scope);
-          if (r && *r && (*r)->state != RecordState::kProcessing &&
-              (*r)->lease.fence == a.ticket.lease.fence &&
-              a.finish_state != RecordState::kFailedRetryable && ++completions_[a.key] > 1) {
-            Fail("two executors completed " + a.key);
-          }
-        }
-        a.step = Attempt::Step::kDone;
-        return;
+    }
+    return by_order;
+  }
+
+  void CheckCharges() {
+    for (const auto& [order, charges] : ChargesByOrder()) {
+      if (charges.size() > 1) {
+        std::string list;
+        for (const std::string& c : charges) list += " " + c;
+        Fail(order + " was charged " + std::to_string(charges.size()) + " times:" + list);
       }
-      case Attempt::Step::kRelease:
-        (void)Eng(a).Release(a.ticket, a.hold);
-        a.step = Attempt::Step::kDone;
-        return;
-      case Attempt::Step::kDone:
-        return;
     }
-  }
-
-  void Finish(Attempt& a, RecordState state, StoredResponse answer) {
-    a.finish_state = state;
-    a.answer = std::move(answer);
-    a.step = Attempt::Step::kFinish;
-  }
-
-  // A claim or takeover won: fences of one record only ever grow.
-  bool Acquired(const std::string& key, const Ticket& ticket) {
-    int64_t& last = fences_[key];
-    if (ticket.lease.fence <= last) {
-      return Fail("fence of " + key + " went from " + std::to_string(last) + " to " +
-                  std::to_string(ticket.lease.fence));
-    }
-    last = ticket.lease.fence;
-    return true;
-  }
-
-  // A final answer a client saw: every one for a key after the first is the same, and a
-  // success names a charge the provider made for that key.
-  void Answer(const Attempt& a, const StoredResponse& answer, bool replayed) {
-    Log(Who(a) + " answers " + a.key + ": " + std::to_string(answer.status) + " " + answer.body +
-        (replayed ? " (replay)" : ""));
-    auto [it, first] = final_.emplace(a.key, answer);
-    if (!first && !(it->second == answer)) {
-      Fail("answers differ for " + a.key + ": " + it->second.body + " then " + answer.body);
-    }
-    if (answer.status == 201 && !provider_.Has(a.key, answer.body.substr(8))) {
-      Fail("a 201 for " + a.key + " names a charge the provider did not make");
-    }
-  }
-
-  void CheckCharges(const std::string& key) {
-    if (provider_.ChargesOf(key) > 1) Fail(key + " was charged twice");
   }
 
   bool AllFinal() const {
-    for (const std::string& key : keys_) {
-      if (!final_.count(key)) return false;
-    }
-    return true;
+    return std::all_of(keys_.begin(), keys_.end(),
+                       [](const Key& k) { return k.final.has_value(); });
   }
 
   void CheckEnd() {
-    provider_.Tick(clock_.Now() + kSettle);
-    for (const std::string& key : keys_) {
-      if (!final_.count(key)) {
-        Fail(key + " never got a final answer: blocked");
+    Advance(kSettle + kLandsWithin);
+    provider_->LandAll();
+    CheckCharges();
+    std::map<std::string, std::vector<std::string>> charged = ChargesByOrder();
+    for (const Key& key : keys_) {
+      const Order& order = orders_[static_cast<std::size_t>(key.order)];
+      if (!key.final) {
+        Fail(key.key + " never got a final answer: blocked");
         continue;
       }
-      CheckCharges(key);
-      const std::size_t charged = provider_.ChargesOf(key);
-      const int status = final_.at(key).status;
-      if (status == 201 && charged != 1)
-        Fail(key + " answered 201 with " + std::to_string(charged) + " charges");
-      if (status == 402 && charged != 0) Fail(key + " was declined yet charged");
-    }
-    for (const std::string& key : keys_) {
-      if (const auto scope = ScopeOf(key)) {
-        auto r = store_->Read(*scope);
-        if (r && !*r) Fail(key + "'s record is gone before it expired");
-        if (r && *r && (*r)->state == RecordState::kProcessing) {
-          Fail(key + " is still PROCESSING after faults stopped and the reconciler ran");
-        }
+      const std::vector<std::string>& made = charged[order.merchant_order_no];
+      const int status = key.final->status;
+      if ((status == 200 || status == 201) &&
+          (made.size() != 1 || made.front() != ChargeOf(*key.final))) {
+        Fail(key.key + " answered " + std::to_string(status) + " for " + ChargeOf(*key.final) +
+             ", and " + order.merchant_order_no + " has " + std::to_string(made.size()) +
+             " charges");
+      }
+      if (status == 402 && !made.empty()) {
+        Fail(key.key + " was declined, yet " + order.merchant_order_no + " was charged");
+      }
+      auto r = store_->Read(key.scope);
+      if (r && !*r) Fail(key.key + "'s record is gone before it expired");
+      if (r && *r && (*r)->state == RecordState::kProcessing) {
+        Fail(key.key + " is still PROCESSING after faults stopped and the takeover loop ran");
       }
     }
   }
 
-  static std::string Who(const Attempt& a) {
-    return "attempt " + std::to_string(a.id) + "@i" + std::to_string(a.instance);
-  }
   // Writes the store faults injected since the last call into the trace.
   void LogInjected() {
     const std::vector<testing::InjectedFault> injected = faulty_->Injected();
@@ -584,41 +548,11 @@ class Schedule {
           " " + what);
     }
   }
-  Engine& Eng(const Attempt& a) { return *instances_[a.instance]->engine; }
   // Up to ten seconds either way.
   Millis RandomSkew() { return Millis(static_cast<int64_t>(rng_() % 20001) - 10000); }
 
-  std::optional<ScopeHash> ScopeOf(const std::string& key) const {
-    for (const auto& [scope, k] : scopes_) {
-      if (k == key) return scope;
-    }
-    return std::nullopt;
-  }
-  std::string KeyOf(const ScopeHash& scope) const {
-    auto it = scopes_.find(scope);
-    return it == scopes_.end() ? std::string("?") : it->second;
-  }
-
-  static std::string Name(Provider::Outcome o) {
-    switch (o) {
-      case Provider::Outcome::kCharged:
-        return "charged";
-      case Provider::Outcome::kDeclined:
-        return "declined";
-      case Provider::Outcome::k5xx:
-        return "5xx, nothing charged";
-      case Provider::Outcome::kLostAfterCharge:
-        return "charged, answer lost";
-      case Provider::Outcome::kLate:
-        return "no answer, lands late";
-      case Provider::Outcome::kLostBefore:
-        return "no answer, nothing charged";
-    }
-    return "?";
-  }
-
   void Log(const std::string& line) {
-    trace_.push_back("[" + std::to_string(ToUnixMillis(clock_.Now()) - start_ms_) + " ms] " + line);
+    trace_.push_back("[" + std::to_string(ToUnixMillis(world_.Now()) - start_ms_) + " ms] " + line);
     if (verbose_) std::printf("%s\n", trace_.back().c_str());
   }
   bool Fail(const std::string& why) {
@@ -635,31 +569,44 @@ class Schedule {
                 static_cast<unsigned long long>(seed_));
   }
 
-  Guards guards_;
   std::string reproduce_;  // the command line, less the seed
-  bool sqlite_;
+  std::string dir_;
+  bool settle_;
   uint64_t seed_;
   std::mt19937_64 rng_;
   SeededRandom random_;
-  Provider provider_;
-  FakeClock clock_;
-  const int64_t start_ms_ = ToUnixMillis(clock_.Now());
-  std::optional<TempDir> dir_;
+  FakeClock world_;
+  FakeMonotonicClock monotonic_;
+  const int64_t start_ms_ = ToUnixMillis(world_.Now());
+  std::string db_path_;
   std::unique_ptr<Store> store_;
+  std::string namespace_;
   std::unique_ptr<Fingerprinter> fingerprinter_;
   std::unique_ptr<Sealer> sealer_;
   std::unique_ptr<FaultyStore> faulty_;
+  std::unique_ptr<SimProvider> provider_;
+  bool dedup_ = false;
   std::vector<std::unique_ptr<Instance>> instances_;
   std::size_t injected_logged_ = 0;
-  RoutePolicy policy_;
-  std::vector<std::string> keys_;
-  std::vector<Attempt> attempts_;
-  int attempts_made_ = 0;
-  std::map<std::string, StoredResponse> final_;
-  std::map<std::string, int64_t> fences_;
-  std::map<std::string, int> completions_;
-  std::map<ScopeHash, std::string> scopes_;
+  std::vector<Order> orders_;
+  std::vector<Key> keys_;
+  std::vector<std::shared_ptr<Call>> calls_;
+  int calls_made_ = 0;
+  std::map<std::string, std::string> payment_orders_;
   std::vector<std::string> trace_;
+  std::string acting_;  // who is running idemd's code: "i0", "the takeover loop on i1"
+  // What idemd logs goes into the trace, as an operator would read it.
+  const http::LogSink log_sink_ = [this](http::LogLevel level, std::string_view msg,
+                                         const json::object& fields) {
+    if (level < http::LogLevel::kWarn) return;
+    std::string line =
+        acting_ + " logs: " + (level == http::LogLevel::kError ? "ERROR " : "") + std::string(msg);
+    for (const auto& [name, value] : fields) {
+      line += " " + std::string(name) + "=" +
+              (value.is_string() ? std::string(value.as_string()) : json::serialize(value));
+    }
+    Log(line);
+  };
   bool verbose_ = false;
   bool ok_ = true;
 };
@@ -686,47 +633,63 @@ int Main(int argc, char** argv) {
       o.expect_failure = true;
     } else if (arg == "--verbose") {
       o.verbose = true;
-    } else if (arg == "--store=sqlite") {
-      o.sqlite = true;
-    } else if (arg == "--store=memory") {
-      o.sqlite = false;
+    } else if (arg == "--twice") {
+      o.twice = true;
     } else {
       std::fprintf(stderr,
                    "usage: idem_sim [--seed=N | --random] [--schedules=K] [--seconds=S] "
-                   "[--store=memory|sqlite] [--without=settle|cover|margin] "
-                   "[--expect-failure] [--verbose]\n");
+                   "[--without=settle|margin|unknown_5xx,...] [--expect-failure] [--twice] "
+                   "[--verbose]\n");
       return 2;
     }
   }
-  Guards guards;
+  bool settle = true;
+  std::string reverted;
   for (std::size_t at = 0; at < o.without.size();) {
     std::size_t comma = o.without.find(',', at);
     if (comma == std::string::npos) comma = o.without.size();
-    const std::string guard = o.without.substr(at, comma - at);
-    if (guard == "settle") {
-      guards.settle = false;
-    } else if (guard == "cover") {
-      guards.cover = false;
-    } else if (guard == "margin") {
-      guards.margin = false;
+    const std::string fix = o.without.substr(at, comma - at);
+    if (fix == "settle") {
+      settle = false;
     } else {
-      std::fprintf(stderr, "idem_sim: --without=%s: not a guard (settle, cover, margin)\n",
-                   guard.c_str());
-      return 2;
+      reverted += (reverted.empty() ? "" : ",") + fix;
     }
     at = comma + 1;
   }
+  if (Status taken = RevertFixes(reverted); !taken) {
+    std::fprintf(stderr, "idem_sim: --without=%s: %s (or settle)\n", o.without.c_str(),
+                 taken.error().message.c_str());
+    return 2;
+  }
   std::string reproduce = "idem_sim";
-  if (o.sqlite) reproduce += " --store=sqlite";
   if (!o.without.empty()) reproduce += " --without=" + o.without;
+  // Each schedule writes a fresh database: in memory-backed /dev/shm when there is one (and no
+  // TMPDIR says otherwise), it costs half as much.
+  if (std::getenv("TMPDIR") == nullptr && std::filesystem::is_directory("/dev/shm")) {
+    ::setenv("TMPDIR", "/dev/shm", 1);
+  }
+  TempDir dir;
   const auto started = std::chrono::steady_clock::now();
   auto elapsed = [&] {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   };
   int run = 0;
   for (; o.seconds > 0 ? elapsed() < o.seconds : run < o.schedules; ++run) {
-    Schedule schedule(o.seed + static_cast<uint64_t>(run), o.sqlite, guards, reproduce);
-    if (!schedule.Run(o.verbose)) {
+    const uint64_t seed = o.seed + static_cast<uint64_t>(run);
+    Schedule schedule(seed, dir.path().string(), settle, reproduce);
+    const bool passed = schedule.Run(o.verbose);
+    if (o.twice) {
+      Schedule again(seed, dir.path().string(), settle, reproduce);
+      (void)again.Run(/*verbose=*/false);
+      if (again.Trace() != schedule.Trace()) {
+        std::printf(
+            "seed %llu ran differently the second time: the schedule is not a function "
+            "of its seed\n",
+            static_cast<unsigned long long>(seed));
+        return 1;
+      }
+    }
+    if (!passed) {
       if (!o.expect_failure) return 1;
       std::printf("without %s, schedule %d (seed %llu) broke an invariant, as expected\n",
                   o.without.c_str(), run + 1, static_cast<unsigned long long>(o.seed + run));

@@ -622,7 +622,7 @@ int IdempotencyFilter::TakeOverOnce(int limit,
   if (!stale) failed = true;
   const std::vector<Record> records = stale ? std::move(*stale) : std::vector<Record>();
   // One record's downstream may stall until its timeout: the others are not held up behind it.
-  RunConcurrently(records.size(), kTakeoverConcurrency, [&](std::size_t i) {
+  RunConcurrently(records.size(), policy_.takeover_concurrency, [&](std::size_t i) {
     const Record& record = records[i];
     auto ticket = engine_.TakeOver(policy_.route, record);
     if (!ticket) {

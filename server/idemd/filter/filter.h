@@ -126,6 +126,9 @@ struct FilterPolicy {
   std::string operations_prefix;
   std::string operations_suffix;
   std::string api_version = "v1";
+  // Stale records TakeOverOnce resolves at once, each on a thread of its own (the calling
+  // thread among them); 1: one after another on the calling thread (the simulator's).
+  std::size_t takeover_concurrency = kTakeoverConcurrency;
   // Response headers kept with a stored response (besides the status and body).
   std::vector<std::string> stored_headers = {"Location", "Content-Type"};
   // The request's target (path and query) is part of its fingerprint: for routes whose pattern

@@ -142,7 +142,7 @@ std::optional<Execution> ChargeSteps::BeforeSend(Ticket& ticket, const Payment& 
   // another executor's lookup finds nothing and charges again. Nothing has been sent: the attempt
   // ends retryable at charge_sent, and the retry looks the charge up first, then sends it. What
   // is left of the margin bounds the send itself (Provider::CreateCharge's send_within).
-  if (monotonic_.Now() - *advanced > cover.margin) {
+  if (monotonic_.Now() - *advanced > cover.margin && !IDEM_REVERTED("margin")) {
     // Nothing was sent by this attempt, and no earlier send is unsettled (a fresh claim has
     // none; a resumed one looked its charge up after the window): the attempt is abandoned, so
     // a retry sends at once and the takeover loop has nothing to settle.
@@ -156,6 +156,7 @@ std::optional<Execution> ChargeSteps::BeforeSend(Ticket& ticket, const Payment& 
 }
 
 Millis ChargeSteps::SendWithin(SteadyTime advanced) const {
+  if (IDEM_REVERTED("margin")) return rules_.cover.margin;
   return rules_.cover.margin - std::chrono::duration_cast<Millis>(monotonic_.Now() - advanced);
 }
 
@@ -168,6 +169,11 @@ Execution ChargeSteps::AfterSend(const Ticket& ticket, Payment payment, Status f
     return FromFoundCharge(ticket, std::move(payment), charged->charge);
   }
   const Timestamp expires = ticket.record.expires_at;
+  if (charged && IDEM_REVERTED("unknown_5xx")) {
+    return Abandoned(payment, Problem(ProductProblem::kProviderUnavailable,
+                                      "the payment provider failed; retry with the same key",
+                                      {.key_expires = expires}));
+  }
   if (charged) {
     // A 5xx the provider does not declare as "nothing charged", or the connection lost after
     // the send: the provider may have charged, now or later (a front end's 502 while its back
