@@ -259,7 +259,7 @@ int main(int argc, char** argv) {
   std::printf("BEGIN;\n");
   std::printf("%s\n", WithVariables("finish", sql.finish,
                                     {"succeeded", "status", "response", "done", "done", "now",
-                                     "scope", "owner", "fence"})
+                                     "now", "now", "retention", "scope", "owner", "fence"})
                           .c_str());
   std::printf("COMMIT;\n");
   return 0;

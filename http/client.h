@@ -105,7 +105,16 @@ struct PoolState;
 // https uses OpenSSL with TLS 1.2 at least and sends SNI for a host name (not for an IP literal,
 // RFC 6066 §3). Connections are closed without a TLS close_notify: the client has read all it
 // wants by then, and nothing can be truncated that way.
-class ClientPool {
+// Where a request is sent and its answer read: a ClientPool's server, or a test's or the
+// simulator's stand-in for one (a gateway route's upstream). Thread-safe.
+class Upstream {
+ public:
+  virtual ~Upstream() = default;
+  // Sends `request` and reads its answer, as ClientPool::Call does.
+  virtual Async<Result<Response>> Exchange(Request request, CallOptions options) = 0;
+};
+
+class ClientPool final : public Upstream {
  public:
   // Errors: kInvalidArgument for a URL that is neither http nor https or has no host,
   // max_connections < 1, a negative idle_timeout, or a CA file that cannot be loaded.
@@ -114,7 +123,7 @@ class ClientPool {
   // Closes the idle connections. Calls still in flight finish normally (they share the pool's
   // state); their connections are closed afterwards instead of being kept. Must not run while an
   // io_context that ran calls of this pool is being destroyed.
-  ~ClientPool();
+  ~ClientPool() override;
   ClientPool(const ClientPool&) = delete;
   ClientPool& operator=(const ClientPool&) = delete;
 
@@ -129,6 +138,9 @@ class ClientPool {
   // delimited by the connection's end) with no extra bytes behind it; after any failure it is
   // closed. Errors: as above (kUnavailable when no connection became free in time).
   Async<Result<Response>> Call(Request request, CallOptions options = {});
+  Async<Result<Response>> Exchange(Request request, CallOptions options) override {
+    return Call(std::move(request), options);
+  }
 
   // For metrics and tests, a snapshot: connections open (busy, idle and being opened), and idle.
   int OpenConnections() const;

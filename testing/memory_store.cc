@@ -234,7 +234,8 @@ class MemoryTxn final : public StoreTxn {
     return Ok();
   }
 
-  // finish: the outcome; the recovery point unless the outcome's is empty.
+  // finish: the outcome; the recovery point unless the outcome's is empty; past its expiry, a
+  // retention from now.
   Status Finish(const ScopeHash& scope, const Lease& lease, const Outcome& outcome) override {
     IDEM_CHECK(outcome.state != RecordState::kProcessing);
     IDEM_RETURN_IF_ERROR(Open());
@@ -247,6 +248,7 @@ class MemoryTxn final : public StoreTxn {
     current->response = outcome.sealed_response;  // SQL stores NULL for "", read back as ""
     if (!outcome.recovery_point.empty()) current->recovery_point = outcome.recovery_point;
     current->updated_at = now;
+    if (current->expires_at <= now) current->expires_at = now + outcome.retention;
     IDEM_RETURN_IF_ERROR(Put(*current, now));
     return Ok();
   }

@@ -633,6 +633,30 @@ TEST_P(StoreContractTest, AResumeExtendsRetentionToAtLeastAFullPeriodFromNow) {
   EXPECT_EQ(ToUnixMillis(resumed->expires_at), ToUnixMillis(e1.expires_at));
 }
 
+// An execution that outlived its record's retention (a process stopped for longer) finishes a
+// record already past expires_at: it is kept a full retention from its completion, so a retry
+// that waited meanwhile is answered from it instead of beginning the operation anew. One that
+// finishes in time keeps its expiry.
+TEST_P(StoreContractTest, ACompletionPastItsExpiryKeepsTheRecordAFullRetentionFromThen) {
+  const ClaimSpec late = ContractSpec("key-finished-late");
+  IDEM_ASSERT_OK_AND_ASSIGN(Record l1, ClaimAndCommit(*store_, late));
+  const ClaimSpec on_time = ContractSpec("key-finished-on-time");
+  IDEM_ASSERT_OK_AND_ASSIGN(Record o1, ClaimAndCommit(*store_, on_time));
+  Outcome succeeded = Succeeded("the answer");
+  succeeded.retention = kRetention;
+  IDEM_ASSERT_OK(FinishAndCommit(*store_, on_time, o1.lease, succeeded));
+  env_.clock.Advance(kRetention + Millis(5000));
+  IDEM_ASSERT_OK(FinishAndCommit(*store_, late, l1.lease, succeeded));
+  IDEM_ASSERT_OK_AND_ASSIGN(auto kept, store_->Read(late.scope));
+  ASSERT_TRUE(kept.has_value());
+  EXPECT_EQ(ToUnixMillis(kept->expires_at), ToUnixMillis(env_.clock.Now() + kRetention));
+  EXPECT_EQ(ReadOrNone(*store_, on_time.scope)->expires_at, o1.expires_at);
+  // The waiting retry's reclaim finds a finished, unexpired record: no new operation.
+  IDEM_ASSERT_OK_AND_ASSIGN(auto txn, store_->Begin());
+  auto again = txn->Reclaim(ContractSpec("key-finished-late"), kept->lease.fence);
+  EXPECT_FALSE(again.has_value()) << "a retry began the operation anew";
+}
+
 TEST_P(StoreContractTest, AResumedThenFinishedRecordSurvivesASweepAtItsOldExpiry) {
   const ClaimSpec spec = ContractSpec("key-resumed-kept");
   IDEM_ASSERT_OK_AND_ASSIGN(Record first, ClaimAndCommit(*store_, spec));

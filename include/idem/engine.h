@@ -88,6 +88,9 @@ struct Ticket {
   Millis lease_ttl{0};
   // The route's RoutePolicy::max_response_bytes when the ticket was issued. Set by the engine.
   std::size_t max_response_bytes = limits::kSealedResponseMaxBytes;
+  // The route's RoutePolicy::retention when the ticket was issued (Outcome::retention). Set by
+  // the engine.
+  Millis retention{0};
   // A moment inside the claim's transaction, by the caller's monotonic clock, no later than the
   // claim hook's first statement and the read back (so no later than the store reckoned
   // record.observed_at): set by the caller (idemd's filter takes it as its hook starts), never

@@ -52,13 +52,22 @@ bool FailpointsArmed();
 // double execution each one prevents. IDEM_REVERTED(name) is true while the fix is taken back
 // (RevertFixes); builds without failpoints compile it to false. Nothing but a test arms one: no
 // environment variable, flag or configuration reaches them.
-inline constexpr std::array<std::string_view, 2> kRevertibleFixes = {
+inline constexpr std::array<std::string_view, 5> kRevertibleFixes = {
     // A charge leaves only within the lease margin after its covered advance (ChargeSteps::
     // BeforeSend and SendWithin); taken back, it leaves however late the store answered.
     "margin",
     // A provider 5xx it does not declare as "nothing charged" is an unknown outcome
     // (ChargeSteps::AfterSend); taken back, it abandons the attempt as if nothing was charged.
     "unknown_5xx",
+    // An executed operation whose answer is too large to keep is finished with a small answer
+    // that says so (IdempotencyFilter::Finish); taken back, it is left unfinished.
+    "too_large",
+    // A status URL's answer other than 404 or a 2xx cannot tell (ForwardSteps::FromStatus);
+    // taken back, anything but a 2xx reads as "never ran", and the request is forwarded again.
+    "status_vocabulary",
+    // Each operation forwards a key of its own (UpstreamKeyOf); taken back, every operation of a
+    // client key forwards the scope's, also after the record expired and a new one began.
+    "upstream_key",
 };
 
 // Takes back the fixes a comma-separated list names ("" restores every fix). Errors:

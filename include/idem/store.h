@@ -98,6 +98,10 @@ struct Outcome {
   int status_code = 0;
   std::string sealed_response;  // Sealer output; may be empty for FAILED_RETRYABLE
   std::string recovery_point;   // the point reached, e.g. "done"; empty leaves it unchanged
+  // A finish reached at or past the record's expires_at keeps the record for this long from now
+  // (an execution that outlived its retention: a retry that waited meanwhile is answered from it
+  // instead of beginning a new operation); an unexpired record keeps its expires_at.
+  Millis retention{0};
 };
 
 // Bytes bound to or read from business SQL (BYTEA on PostgreSQL, BLOB on SQLite), distinct from

@@ -297,8 +297,9 @@ Result<Decision> Engine::ClaimInTxn(const RoutePolicy& policy, const Request& re
   IDEM_RETURN_IF_ERROR(IDEM_FAILPOINT("after_claim"));
   decision.kind = Decision::Kind::kExecute;
   decision.key_expires = record.expires_at;
-  decision.ticket = Ticket{spec.scope,   record.lease, record,         resumed,
-                           resumed_from, std::nullopt, spec.lease_ttl, policy.max_response_bytes};
+  decision.ticket = Ticket{spec.scope,      record.lease, record,         resumed,
+                           resumed_from,    std::nullopt, spec.lease_ttl, policy.max_response_bytes,
+                           policy.retention};
   decision.record = std::move(record);
   return decision;
 }
@@ -426,7 +427,8 @@ Result<Ticket> Engine::TakeOver(const RoutePolicy& policy, const Record& stale) 
                 stale.state,
                 /*marker=*/std::nullopt,
                 policy.lease,
-                policy.max_response_bytes};
+                policy.max_response_bytes,
+                policy.retention};
 }
 
 Status Engine::Finish(const Ticket& ticket, RecordState state, const StoredResponse& response,
@@ -441,6 +443,7 @@ Status Engine::Finish(const Ticket& ticket, RecordState state, const StoredRespo
   outcome.recovery_point = std::string(recovery_point);
   outcome.state = state;
   outcome.status_code = response.status;
+  outcome.retention = ticket.retention;
   if (IsReplayable(state)) {
     const std::string encoded = EncodeResponse(response);
     if (encoded.size() > ticket.max_response_bytes) {

@@ -371,12 +371,13 @@ RecordSql::RecordSql(const Dialect& d) : dialect(d) {
              "UPDATE idem_records SET recovery_point = ?, updated_at = {now}, sent_at = {now} "
              "WHERE scope_hash = ? AND owner_token = ? AND fence = ? AND state = 'PROCESSING' AND "
              "lease_until >= {now} + ?");
-  finish =
-      Render(d,
-             "UPDATE idem_records SET state = ?, status_code = ?, response = ?, "
-             "recovery_point = CASE WHEN ? = '' THEN recovery_point ELSE ? END, updated_at = {now} "
-             "WHERE scope_hash = ? AND owner_token = ? AND fence = ? AND state = 'PROCESSING'" +
-                 std::string(d.on_finish));
+  finish = Render(
+      d,
+      "UPDATE idem_records SET state = ?, status_code = ?, response = ?, "
+      "recovery_point = CASE WHEN ? = '' THEN recovery_point ELSE ? END, updated_at = {now}, "
+      "expires_at = CASE WHEN expires_at <= {now} THEN {now} + ? ELSE expires_at END "
+      "WHERE scope_hash = ? AND owner_token = ? AND fence = ? AND state = 'PROCESSING'" +
+          std::string(d.on_finish));
   // Only a held outcome, and only the one the operator looked at (its fence).
   settle = Render(d,
                   "UPDATE idem_records SET state = ?, status_code = ?, response = ?, "
@@ -541,12 +542,13 @@ Status SqlTxn::Finish(const ScopeHash& scope, const Lease& lease, const Outcome&
   IDEM_RETURN_IF_ERROR(CheckProgress(outcome.recovery_point, {}));
   SqlValue response =
       outcome.sealed_response.empty() ? SqlValue{} : SqlValue{Blob{outcome.sealed_response}};
+  const SqlValue now = time_.Param();
   IDEM_ASSIGN_OR_RETURN(
       int changed,
       Change(sql_.finish,
              {std::string(RecordStateName(outcome.state)), int64_t{outcome.status_code},
-              std::move(response), outcome.recovery_point, outcome.recovery_point, time_.Param(),
-              BytesOf(scope), BytesOf(lease.owner), lease.fence}));
+              std::move(response), outcome.recovery_point, outcome.recovery_point, now, now, now,
+              outcome.retention.count(), BytesOf(scope), BytesOf(lease.owner), lease.fence}));
   if (changed == 0) return Fenced("finish");
   return Ok();
 }

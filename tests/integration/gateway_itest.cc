@@ -59,7 +59,9 @@ class GatewayTest : public IdemdTest {
         "upstream = \"" +
         upstream +
         "\"\nforward_key_header = \"Idempotency-Key\"\nstatus_path = \"/status/{key}\"\n"
+        // upstream-sim's delayed requests execute up to 500 ms after they timed out here.
         "final_statuses = [\"2xx\", 422]\nlease_ms = 2000\ntimeout_ms = 500\n"
+        "late_execution_ms = 500\n"
         "[[routes]]\nname = \"forms.create\"\nmatch = \"POST /v1/forms\"\n"
         "upstream = \"" +
         upstream +
@@ -115,7 +117,7 @@ class GatewayTest : public IdemdTest {
     return "[[routes]]\nname = \"" + name + "\"\nmatch = \"POST " + path +
            "\"\nupstream = \"http://127.0.0.1:" + std::to_string(upstream_url_.port) +
            "\"\nforward_key_header = \"Idempotency-Key\"\nstatus_path = \"/status/{key}\"\n"
-           "lease_ms = 2000\ntimeout_ms = 500\n" +
+           "lease_ms = 2000\ntimeout_ms = 500\nlate_execution_ms = 500\n" +
            extra;
   }
 
@@ -497,12 +499,12 @@ TEST_F(GatewayTest, AStatusUrlTellsTheOutcomeOfAnUnknownForwardSoNothingRunsTwic
   auto slow = Call("POST", "/v1/transfers", "transfer-key-1", R"({"to":"X"})",
                    {{"X-Upstream-Delay-Ms", "1000"}});
   EXPECT_EQ(slow.status, 504) << slow.body;
-  // The forward may still be executing (timeout_ms + lease_margin_ms after it left): the retry
-  // is told to come back, and nothing is asked or forwarded.
+  // The forward may still be executing (timeout_ms + lease_margin_ms + late_execution_ms after
+  // it left): the retry is told to come back, and nothing is asked or forwarded.
   auto early = Call("POST", "/v1/transfers", "transfer-key-1", R"({"to":"X"})");
   EXPECT_EQ(early.status, 409) << early.body;
   EXPECT_TRUE(early.headers.Get("Retry-After").has_value());
-  std::this_thread::sleep_for(std::chrono::milliseconds(800));
+  std::this_thread::sleep_for(std::chrono::milliseconds(1100));
   // Done: its answer is the outcome, and the operation's from then on.
   auto told = Call("POST", "/v1/transfers", "transfer-key-1", R"({"to":"X"})");
   ASSERT_EQ(told.status, 201) << told.body;
@@ -517,7 +519,7 @@ TEST_F(GatewayTest, AStatusUrlTellsTheOutcomeOfAnUnknownForwardSoNothingRunsTwic
   auto lost = Call("POST", "/v1/transfers", "transfer-key-2", R"({"to":"Y"})",
                    {{"X-Upstream-Drop", "unexecuted"}});
   EXPECT_EQ(lost.status, 504) << lost.body;
-  std::this_thread::sleep_for(std::chrono::milliseconds(1100));  // settled
+  std::this_thread::sleep_for(std::chrono::milliseconds(1600));  // settled: 1500 ms after the send
   auto forwarded = Call("POST", "/v1/transfers", "transfer-key-2", R"({"to":"Y"})");
   ASSERT_EQ(forwarded.status, 201) << forwarded.body;
   EXPECT_EQ(ParseObject(forwarded.body).at("execution").as_int64(), 2);
@@ -592,7 +594,7 @@ TEST_F(GatewayTest, AStatusUrlThatCannotTellIsGivenUpOnAfterItsBound) {
   auto slow = Call("POST", "/v1/bounded-transfers", "bounded-key-1", R"({"to":"B"})",
                    {{"X-Upstream-Delay-Ms", "1000"}});
   EXPECT_EQ(slow.status, 504) << slow.body;
-  std::this_thread::sleep_for(std::chrono::milliseconds(1100));  // settled 1000 ms after the send
+  std::this_thread::sleep_for(std::chrono::milliseconds(1100));  // settled 1500 ms after the send
   auto unknown = Call("POST", "/v1/bounded-transfers", "bounded-key-1", R"({"to":"B"})");
   EXPECT_EQ(unknown.status, 502) << unknown.body;
   EXPECT_NE(unknown.body.find("upstream-unavailable"), std::string::npos) << unknown.body;

@@ -11,6 +11,7 @@
 //   idem_sim --seed=N [--schedules=K] [--seconds=S] [--without=FIX,...] [--expect-failure]
 //            [--verbose]
 #include <algorithm>
+#include <atomic>
 #include <boost/json.hpp>
 #include <chrono>
 #include <cstdio>
@@ -23,14 +24,17 @@
 #include <random>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "http/async.h"
 #include "http/log.h"
 #include "idem/engine.h"
 #include "idem/failpoint.h"
+#include "idem/mutex.h"
 #include "idem/store/sqlite.h"
 #include "server/idemd/filter/filter.h"
+#include "server/idemd/gateway/proxy.h"
 #include "server/idemd/metrics.h"
 #include "server/idemd/payments/books.h"
 #include "server/idemd/payments/payments.h"
@@ -39,6 +43,7 @@
 #include "testing/fakes.h"
 #include "testing/faulty_store.h"
 #include "tests/sim/sim_provider.h"
+#include "tests/sim/sim_upstream.h"
 
 namespace idem::sim {
 namespace {
@@ -59,6 +64,10 @@ constexpr Millis kSettle{3000};
 static_assert(kSettle > kMargin + kLandsWithin);
 constexpr Millis kClientTimeout{4000};  // a client gives an attempt up after this
 constexpr std::string_view kAmount = "10.00";
+// Short, so that keys expire within a schedule and begin new operations; longer than any request
+// stays in flight (a few pauses of an instance), so none reaches its record after it expired.
+constexpr Millis kGatewayRetention{60'000};
+constexpr std::size_t kGatewayMaxStored = 2048;
 
 struct Options {
   uint64_t seed = 1;
@@ -71,6 +80,7 @@ struct Options {
   bool expect_failure = false;
   // Runs each schedule twice and requires the same trace: the schedule is a function of its seed.
   bool twice = false;
+  int jobs = 1;  // schedules run on this many threads at once
 };
 
 // An instance's wall clock: the world's time plus this instance's skew, which jumps now and then.
@@ -98,6 +108,8 @@ struct Instance {
   std::unique_ptr<idemd::Metrics> metrics;
   std::unique_ptr<idemd::Payments> payments;
   std::unique_ptr<idemd::IdempotencyFilter> filter;
+  std::unique_ptr<idemd::ProxyOperation> proxy;  // the gateway route
+  std::unique_ptr<idemd::IdempotencyFilter> gateway;
   std::unique_ptr<http::EventLoop> loop;  // last: destroyed first
   SteadyTime paused_until{};
   int generation = 0;
@@ -117,10 +129,13 @@ struct Call {
   std::optional<http::Response> answer;
 };
 
-// One Idempotency-Key of one merchant order, and what its client has learnt.
+// One Idempotency-Key, of a merchant order's payment or of a gateway operation, and what its client
+// has learnt.
 struct Key {
   std::string key;
-  int order = 0;
+  bool gateway = false;
+  int order = 0;   // a payment's: its merchant order
+  std::string op;  // a gateway operation's: its id, in the body; a new one after expiry
   ScopeHash scope{};
   std::optional<http::Response> final;  // the first final answer
   SteadyTime retry_at{};
@@ -141,10 +156,25 @@ std::string ChargeOf(const http::Response& r) {
   return id != nullptr && id->is_string() ? std::string(id->as_string()) : std::string();
 }
 
-// Whether an answer ends the client's retries: a success, a decline, a conflict of the order.
-bool IsFinal(const http::Response& r) {
+// Whether an answer ends the client's retries: a success, a decline, a conflict of the order; on
+// the gateway route a 2xx, or a final 502 (the answer too large to keep, an outcome held).
+bool IsFinal(const Key& key, const http::Response& r) {
+  if (key.gateway) {
+    return (r.status >= 200 && r.status < 300) ||
+           (r.status == 502 && (r.body.find("answer-too-large") != std::string::npos ||
+                                r.body.find("upstream-outcome-unknown") != std::string::npos));
+  }
   return r.status == 200 || r.status == 201 || r.status == 402 ||
          (r.status == 409 && r.body.find("order-conflict") != std::string::npos);
+}
+
+// The gateway operation a 2xx answer names ({"op": ...}), or "".
+std::string OpOf(const http::Response& r) {
+  boost::system::error_code ec;
+  const json::value doc = json::parse(r.body, ec);
+  if (ec || !doc.is_object()) return "";
+  const json::value* op = doc.as_object().if_contains("op");
+  return op != nullptr && op->is_string() ? std::string(op->as_string()) : std::string();
 }
 
 http::Async<void> Serve(idemd::IdempotencyFilter& filter, http::Request request,
@@ -156,10 +186,15 @@ http::Async<void> Serve(idemd::IdempotencyFilter& filter, http::Request request,
 
 class Schedule {
  public:
-  Schedule(uint64_t seed, const std::string& dir, bool settle, std::string reproduce)
+  // `settle` and `late_execution`: whether idemd is configured for a provider and an upstream
+  // that may still execute a request after it timed out ([provider] settle_ms, a route's
+  // late_execution_ms), as an operator configures it for these.
+  Schedule(uint64_t seed, const std::string& dir, bool settle, bool late_execution,
+           std::string reproduce)
       : reproduce_(std::move(reproduce)),
         dir_(dir),
         settle_(settle),
+        late_execution_(late_execution),
         seed_(seed),
         rng_(seed),
         random_(seed ^ 0x9e3779b97f4a7c15ULL) {}
@@ -171,6 +206,15 @@ class Schedule {
   }
 
   const std::vector<std::string>& Trace() const { return trace_; }
+  // What a failed schedule prints: its trace (unless it was printed as it ran) and how to
+  // run it again.
+  std::string Report() const {
+    std::string out = "FAILED seed " + std::to_string(seed_) + "\n";
+    if (!verbose_) {
+      for (const std::string& line : trace_) out += "  " + line + "\n";
+    }
+    return out + "reproduce: " + reproduce_ + " --seed=" + std::to_string(seed_) + "\n";
+  }
 
   // Runs the schedule; returns false (after printing why) when an invariant broke.
   bool Run(bool verbose) {
@@ -192,6 +236,17 @@ class Schedule {
         keys_.push_back(std::move(key));
       }
     }
+    // Gateway operations: none to three, each under a key of its own.
+    const int operations = static_cast<int>(rng_() % 4);
+    next_op_ = static_cast<int>(rng_() % 10);
+    for (int g = 0; g < operations; ++g) {
+      Key key;
+      key.key = "sim-gw-key-" + std::to_string(g) + "-0000000000";
+      key.gateway = true;
+      key.op = "op-" + std::to_string(next_op_++);
+      key.scope = *Scope{"acme", "alice", route_.RouteId(), key.key}.Hash();
+      keys_.push_back(std::move(key));
+    }
     // A burst of requests: each key, some twice at once.
     for (std::size_t k = 0; k < keys_.size(); ++k) {
       Send(static_cast<int>(k));
@@ -201,14 +256,28 @@ class Schedule {
     for (int i = 0; i < steps && ok_; ++i) Tick(/*faults=*/true);
     faulty_->SetPlan(FaultPlan());
     provider_->SetFaults(false);
+    upstream_->SetFaults(false);
     Log("faults stop");
     // Faults stop; time passes; clients keep retrying and the takeover loop runs until every key
     // has its final answer. A key still unanswered after that is blocked forever.
-    for (int round = 0; round < 60 && ok_ && !AllFinal(); ++round) {
-      for (int i = 0; i < 40 && ok_; ++i) Tick(/*faults=*/false);
+    Settle();
+    // Past the gateway route's retention its keys are free: some clients begin a new operation
+    // under the key they used before, which the upstream must execute as the new one it is.
+    if (ok_ && std::any_of(keys_.begin(), keys_.end(), [](const Key& k) { return k.gateway; })) {
+      Settle(/*drain=*/true);  // no earlier request reaches a record after it expired
+      Advance(kGatewayRetention + kLease);
+      for (std::size_t k = 0; k < keys_.size(); ++k) {
+        Key& key = keys_[k];
+        if (!key.gateway || !Expired(key) || rng_() % 2 == 0) continue;
+        done_.push_back(key);
+        key.op = "op-" + std::to_string(next_op_++);
+        key.final.reset();
+        Log(key.key + " expired; its client begins " + key.op + " under it");
+        Send(static_cast<int>(k));
+      }
+      Settle();
     }
     if (ok_) CheckEnd();
-    if (!ok_) PrintTrace();
     return ok_;
   }
 
@@ -247,6 +316,30 @@ class Schedule {
     // As an operator configures idemd for this provider: [provider] deduplicates_by_key when it
     // does (then nothing settles), else settle_ms.
     dedup_ = honours_keys && rng_() % 2 == 0;
+    // The gateway route, as its [[routes]] table would say for this upstream: a status URL or
+    // not, upstream_deduplicates only when it does.
+    const bool upstream_honours = rng_() % 2 == 0;
+    upstream_ = std::make_unique<SimUpstream>(
+        SimUpstream::Options{.honours_keys = upstream_honours,
+                             .timeout = kTimeout,
+                             .lands_within = kLandsWithin,
+                             .large_body = 2 * kGatewayMaxStored},
+        monotonic_, rng_, [this](const std::string& line) { Log(acting_ + ": " + line); });
+    route_.name = "orders";
+    route_.method = "POST";
+    std::string no_match = idemd::ParseGatewayMatch("POST /v1/orders", route_);
+    if (!no_match.empty()) return Fail("route: " + no_match);
+    route_.upstream = "http://orders.sim";
+    route_.store_headers = {"content-type", "location"};
+    route_.forward_key_header = std::string(kUpstreamKeyHeader);
+    route_.upstream_deduplicates = upstream_honours && rng_() % 2 == 0;
+    if (rng_() % 2 == 0) route_.status_path = std::string(kStatusPath);
+    route_.status_unknown_max = Millis(60'000);
+    route_.late_execution = late_execution_ ? kLandsWithin : Millis(0);
+    route_.lease = kLease;
+    route_.retention = kGatewayRetention;
+    route_.timeout = kTimeout;
+    route_.max_stored_bytes = kGatewayMaxStored;
     const int instances = 1 + static_cast<int>(rng_() % 3);
     std::string skews;
     for (int i = 0; i < instances; ++i) {
@@ -257,7 +350,10 @@ class Schedule {
     }
     Log("seed " + std::to_string(seed_) + ": provider " +
         (honours_keys ? "honours keys" : "ignores keys") +
-        (dedup_ ? ", configured deduplicates_by_key" : "") + "; store faults " +
+        (dedup_ ? ", configured deduplicates_by_key" : "") + "; upstream " +
+        (upstream_honours ? "honours" : "ignores") + " the forwarded key" +
+        (route_.upstream_deduplicates ? ", declared upstream_deduplicates" : "") +
+        (route_.status_path.empty() ? ", no status URL" : ", a status URL") + "; store faults " +
         std::to_string(store_faults) + "; " + std::to_string(instances) +
         " instances, wall clock skews (ms)" + skews);
     return true;
@@ -278,6 +374,14 @@ class Schedule {
     policy.takeover_concurrency = 1;  // the simulator's one thread
     in.filter = std::make_unique<idemd::IdempotencyFilter>(*in.engine, *in.pool, monotonic_,
                                                            *in.metrics, policy, *in.payments);
+    in.proxy = std::make_unique<idemd::ProxyOperation>(route_, *upstream_, *in.pool, monotonic_,
+                                                       *in.metrics, kMargin);
+    idemd::FilterPolicy gateway =
+        idemd::GatewayPolicy(route_, KeyPolicy{}, 1'000'000, 1'000'000, Millis(10'000));
+    gateway.max_new_keys_per_second = 0;
+    gateway.takeover_concurrency = 1;
+    in.gateway = std::make_unique<idemd::IdempotencyFilter>(*in.engine, *in.pool, monotonic_,
+                                                            *in.metrics, gateway, *in.proxy);
     in.loop = std::make_unique<http::EventLoop>();
     ++in.generation;
   }
@@ -286,6 +390,8 @@ class Schedule {
     Instance& in = *instances_[static_cast<std::size_t>(i)];
     Log("instance i" + std::to_string(i) + " crashes and restarts");
     in.loop.reset();  // every coroutine it ran dies here
+    in.gateway.reset();
+    in.proxy.reset();
     in.filter.reset();
     in.payments.reset();
     in.metrics.reset();
@@ -297,6 +403,11 @@ class Schedule {
   void Advance(Millis d) {
     world_.Advance(d);
     monotonic_.Advance(d);
+  }
+
+  void Land() {
+    provider_->Tick();
+    upstream_->Tick();
   }
 
   // A client sends key k's request to a random instance.
@@ -312,14 +423,21 @@ class Schedule {
     call->sent = monotonic_.Now();
     http::Request request;
     request.method = "POST";
-    request.target = "/v1/payments";
     request.headers.Set("Idempotency-Key", key.key);
     request.headers.Set("Content-Type", "application/json");
-    request.body = "{\"merchant_order_no\":\"" +
-                   orders_[static_cast<std::size_t>(key.order)].merchant_order_no +
-                   "\",\"amount\":\"" + std::string(kAmount) + "\",\"currency\":\"USD\"}";
-    Log("request " + std::to_string(call->id) + " for " + key.key + " to i" + std::to_string(i));
-    in.loop->Spawn(Serve(*in.filter, std::move(request), Principal{"acme", "alice"}, call));
+    if (key.gateway) {
+      request.target = "/v1/orders";
+      request.body = "{\"op\":\"" + key.op + "\"}";
+    } else {
+      request.target = "/v1/payments";
+      request.body = "{\"merchant_order_no\":\"" +
+                     orders_[static_cast<std::size_t>(key.order)].merchant_order_no +
+                     "\",\"amount\":\"" + std::string(kAmount) + "\",\"currency\":\"USD\"}";
+    }
+    Log("request " + std::to_string(call->id) + " for " + key.key +
+        (key.gateway ? " (" + key.op + ")" : "") + " to i" + std::to_string(i));
+    in.loop->Spawn(Serve(key.gateway ? *in.gateway : *in.filter, std::move(request),
+                         Principal{"acme", "alice"}, call));
     ++key.in_flight;
     calls_.push_back(std::move(call));
   }
@@ -330,7 +448,7 @@ class Schedule {
   // steps an instance may crash.
   void Tick(bool faults) {
     Advance(Millis(static_cast<int64_t>(rng_() % 200)));
-    provider_->Tick();
+    Land();
     const uint64_t what = rng_() % 16;
     if (faults && what == 1 && rng_() % 3 == 0) {
       const std::size_t i = rng_() % instances_.size();
@@ -364,11 +482,11 @@ class Schedule {
       }
       LogInjected();
       Collect();
-      CheckCharges();
+      CheckEffects();
     }
     LogInjected();
     Collect();
-    CheckCharges();
+    CheckEffects();
   }
 
   // The clients: one whose last answer was not final retries after its back-off; now and then a
@@ -377,11 +495,31 @@ class Schedule {
     const std::size_t k = rng_() % keys_.size();
     Key& key = keys_[k];
     if (key.final) {
-      if (rng_() % 8 == 0) Send(static_cast<int>(k));
+      // Well within its record's retention: past it, the same request is a new operation.
+      if (!key.gateway || !ExpiresWithin(key, Millis(10'000))) {
+        if (rng_() % 8 == 0) Send(static_cast<int>(k));
+      }
       return;
     }
     if (key.in_flight == 0 && key.retry_at <= monotonic_.Now()) Send(static_cast<int>(k));
   }
+
+  // Time passes without faults; clients keep retrying and the takeover loop runs until every key
+  // has its final answer, or a bound: a key unanswered after it is blocked (CheckEnd).
+  // With `drain`, also until no request is left in flight (those whose clients gave up included).
+  void Settle(bool drain = false) {
+    for (int round = 0; round < 60 && ok_ && !(AllFinal() && (!drain || calls_.empty())); ++round) {
+      for (int i = 0; i < 40 && ok_; ++i) Tick(/*faults=*/false);
+    }
+  }
+
+  // Whether the key's record expires within `d` by the store's clock, or has (its client reads
+  // Idempotency-Key-Expires).
+  bool ExpiresWithin(const Key& key, Millis d) {
+    auto r = store_->Read(key.scope);
+    return r && *r && (*r)->expires_at < world_.Now() + d;
+  }
+  bool Expired(const Key& key) { return ExpiresWithin(key, Millis(0)); }
 
   void TakeOver(int i) {
     Instance& in = *instances_[static_cast<std::size_t>(i)];
@@ -389,9 +527,11 @@ class Schedule {
     // The loop runs on its own thread in idemd, its provider calls blocking; here they answer
     // at once.
     provider_->SetAtOnce(true);
+    upstream_->SetAtOnce(true);
     acting_ = "the takeover loop on i" + std::to_string(i);
-    const int resolved = in.filter->TakeOverOnce(10, {});
+    const int resolved = in.filter->TakeOverOnce(10, {}) + in.gateway->TakeOverOnce(10, {});
     provider_->SetAtOnce(false);
+    upstream_->SetAtOnce(false);
     if (resolved > 0) Log(acting_ + " resolves " + std::to_string(resolved));
   }
 
@@ -436,12 +576,17 @@ class Schedule {
       Fail(key.key + " answered " + std::to_string(answer.status) + ": " + answer.body);
       return;
     }
-    if (!IsFinal(answer)) {
+    if (key.gateway && answer.status >= 200 && answer.status < 300 && OpOf(answer) != key.op) {
+      Fail(key.key + " answered " + std::to_string(answer.status) + " for " + key.op +
+           " with another operation's answer: " + OpOf(answer));
+      return;
+    }
+    if (!IsFinal(key, answer)) {
       key.retry_at = monotonic_.Now() + Millis(static_cast<int64_t>(200 + rng_() % 1500));
       return;
     }
     // A success names a charge the provider holds for this key's payment, as succeeded.
-    if (answer.status == 200 || answer.status == 201) {
+    if (!key.gateway && (answer.status == 200 || answer.status == 201)) {
       if (charge.empty() || !ChargeExists(charge)) {
         Fail(key.key + " answered " + std::to_string(answer.status) +
              " naming a charge the provider does not hold: " + answer.body);
@@ -490,6 +635,14 @@ class Schedule {
     return by_order;
   }
 
+  // At most one effect per order and per gateway operation.
+  void CheckEffects() {
+    CheckCharges();
+    for (const auto& [op, n] : upstream_->Executions()) {
+      if (n > 1) Fail(op + " was executed " + std::to_string(n) + " times upstream");
+    }
+  }
+
   void CheckCharges() {
     for (const auto& [order, charges] : ChargesByOrder()) {
       if (charges.size() > 1) {
@@ -505,17 +658,38 @@ class Schedule {
                        [](const Key& k) { return k.final.has_value(); });
   }
 
+  // A gateway operation's final answer against what the upstream did: a 2xx or an answer too
+  // large to keep, exactly one execution; an outcome held, at most one.
+  void CheckOperation(const Key& key) {
+    const int n = upstream_->ExecutionsOf(key.op);
+    const http::Response& final = *key.final;
+    const bool ran = (final.status >= 200 && final.status < 300) ||
+                     final.body.find("answer-too-large") != std::string::npos;
+    if (ran && n != 1) {
+      Fail(key.key + "'s " + key.op + " answered " + std::to_string(final.status) + ", and the " +
+           "upstream executed it " + std::to_string(n) + " times");
+    }
+    if (n > 1) Fail(key.op + " was executed " + std::to_string(n) + " times upstream");
+  }
+
   void CheckEnd() {
     Advance(kSettle + kLandsWithin);
     provider_->LandAll();
-    CheckCharges();
+    upstream_->LandAll();
+    CheckEffects();
+    for (const Key& key : done_) CheckOperation(key);
     std::map<std::string, std::vector<std::string>> charged = ChargesByOrder();
     for (const Key& key : keys_) {
-      const Order& order = orders_[static_cast<std::size_t>(key.order)];
       if (!key.final) {
         Fail(key.key + " never got a final answer: blocked");
         continue;
       }
+      if (key.gateway) {
+        CheckOperation(key);
+        CheckRecord(key);
+        continue;
+      }
+      const Order& order = orders_[static_cast<std::size_t>(key.order)];
       const std::vector<std::string>& made = charged[order.merchant_order_no];
       const int status = key.final->status;
       if ((status == 200 || status == 201) &&
@@ -527,11 +701,15 @@ class Schedule {
       if (status == 402 && !made.empty()) {
         Fail(key.key + " was declined, yet " + order.merchant_order_no + " was charged");
       }
-      auto r = store_->Read(key.scope);
-      if (r && !*r) Fail(key.key + "'s record is gone before it expired");
-      if (r && *r && (*r)->state == RecordState::kProcessing) {
-        Fail(key.key + " is still PROCESSING after faults stopped and the takeover loop ran");
-      }
+      CheckRecord(key);
+    }
+  }
+
+  void CheckRecord(const Key& key) {
+    auto r = store_->Read(key.scope);
+    if (r && !*r) Fail(key.key + "'s record is gone before it expired");
+    if (r && *r && (*r)->state == RecordState::kProcessing) {
+      Fail(key.key + " is still PROCESSING after faults stopped and the takeover loop ran");
     }
   }
 
@@ -560,18 +738,11 @@ class Schedule {
     ok_ = false;
     return false;
   }
-  void PrintTrace() const {
-    std::printf("FAILED seed %llu\n", static_cast<unsigned long long>(seed_));
-    if (!verbose_) {
-      for (const std::string& line : trace_) std::printf("  %s\n", line.c_str());
-    }
-    std::printf("reproduce: %s --seed=%llu\n", reproduce_.c_str(),
-                static_cast<unsigned long long>(seed_));
-  }
 
   std::string reproduce_;  // the command line, less the seed
   std::string dir_;
   bool settle_;
+  bool late_execution_;
   uint64_t seed_;
   std::mt19937_64 rng_;
   SeededRandom random_;
@@ -585,11 +756,15 @@ class Schedule {
   std::unique_ptr<Sealer> sealer_;
   std::unique_ptr<FaultyStore> faulty_;
   std::unique_ptr<SimProvider> provider_;
+  std::unique_ptr<SimUpstream> upstream_;
+  idemd::GatewayRoute route_;
   bool dedup_ = false;
   std::vector<std::unique_ptr<Instance>> instances_;
   std::size_t injected_logged_ = 0;
   std::vector<Order> orders_;
   std::vector<Key> keys_;
+  std::vector<Key> done_;  // gateway operations whose key began another after it expired
+  int next_op_ = 0;
   std::vector<std::shared_ptr<Call>> calls_;
   int calls_made_ = 0;
   std::map<std::string, std::string> payment_orders_;
@@ -635,15 +810,19 @@ int Main(int argc, char** argv) {
       o.verbose = true;
     } else if (arg == "--twice") {
       o.twice = true;
+    } else if (const char* jobs = value("--jobs=")) {
+      o.jobs = std::max(1, std::atoi(jobs));
     } else {
       std::fprintf(stderr,
                    "usage: idem_sim [--seed=N | --random] [--schedules=K] [--seconds=S] "
-                   "[--without=settle|margin|unknown_5xx,...] [--expect-failure] [--twice] "
-                   "[--verbose]\n");
+                   "[--without=FIX,...] [--expect-failure] [--twice] [--jobs=N] [--verbose]\n"
+                   "  FIX: settle, late_execution, margin, unknown_5xx, too_large, "
+                   "status_vocabulary, upstream_key\n");
       return 2;
     }
   }
   bool settle = true;
+  bool late_execution = true;
   std::string reverted;
   for (std::size_t at = 0; at < o.without.size();) {
     std::size_t comma = o.without.find(',', at);
@@ -651,14 +830,16 @@ int Main(int argc, char** argv) {
     const std::string fix = o.without.substr(at, comma - at);
     if (fix == "settle") {
       settle = false;
+    } else if (fix == "late_execution") {
+      late_execution = false;
     } else {
       reverted += (reverted.empty() ? "" : ",") + fix;
     }
     at = comma + 1;
   }
   if (Status taken = RevertFixes(reverted); !taken) {
-    std::fprintf(stderr, "idem_sim: --without=%s: %s (or settle)\n", o.without.c_str(),
-                 taken.error().message.c_str());
+    std::fprintf(stderr, "idem_sim: --without=%s: %s (or settle, late_execution)\n",
+                 o.without.c_str(), taken.error().message.c_str());
     return 2;
   }
   std::string reproduce = "idem_sim";
@@ -673,36 +854,67 @@ int Main(int argc, char** argv) {
   auto elapsed = [&] {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   };
-  int run = 0;
-  for (; o.seconds > 0 ? elapsed() < o.seconds : run < o.schedules; ++run) {
-    const uint64_t seed = o.seed + static_cast<uint64_t>(run);
-    Schedule schedule(seed, dir.path().string(), settle, reproduce);
-    const bool passed = schedule.Run(o.verbose);
-    if (o.twice) {
-      Schedule again(seed, dir.path().string(), settle, reproduce);
-      (void)again.Run(/*verbose=*/false);
-      if (again.Trace() != schedule.Trace()) {
-        std::printf(
-            "seed %llu ran differently the second time: the schedule is not a function "
-            "of its seed\n",
-            static_cast<unsigned long long>(seed));
-        return 1;
+  // Each thread takes the next seed until there are none left or one failed. A failure stops
+  // the taking, but every seed below it was taken already and runs to its end: the failure
+  // reported is the smallest failing seed, however many threads ran.
+  std::atomic<int64_t> next{0};
+  std::atomic<int64_t> ran{0};
+  std::atomic<bool> stop{false};
+  Mutex mu;
+  struct Failure {
+    uint64_t seed;
+    std::string report;
+  };
+  std::optional<Failure> failed;  // guarded by mu
+  auto work = [&](int worker) {
+    const std::string db_dir = dir.File("w" + std::to_string(worker));
+    std::filesystem::create_directories(db_dir);
+    while (!stop) {
+      const int64_t run = next++;
+      if (o.seconds > 0 ? elapsed() >= o.seconds : run >= o.schedules) break;
+      const uint64_t seed = o.seed + static_cast<uint64_t>(run);
+      Schedule schedule(seed, db_dir, settle, late_execution, reproduce);
+      std::optional<std::string> report;
+      if (!schedule.Run(o.verbose)) report = schedule.Report();
+      if (o.twice) {
+        Schedule again(seed, db_dir, settle, late_execution, reproduce);
+        (void)again.Run(/*verbose=*/false);
+        if (again.Trace() != schedule.Trace()) {
+          report = "seed " + std::to_string(seed) +
+                   " ran differently the second time: the schedule is not a function of its "
+                   "seed\n";
+        }
+      }
+      ++ran;
+      if (report) {
+        MutexLock lock(mu);
+        if (!failed || seed < failed->seed) failed = Failure{seed, std::move(*report)};
+        stop = true;
       }
     }
-    if (!passed) {
-      if (!o.expect_failure) return 1;
-      std::printf("without %s, schedule %d (seed %llu) broke an invariant, as expected\n",
-                  o.without.c_str(), run + 1, static_cast<unsigned long long>(o.seed + run));
-      return 0;
-    }
+  };
+  {
+    std::vector<std::jthread> threads;
+    for (int w = 1; w < o.jobs; ++w) threads.emplace_back(work, w);
+    work(0);
+  }
+  const int64_t run = ran.load();
+  MutexLock lock(mu);
+  if (failed) {
+    std::printf("%s", failed->report.c_str());
+    if (!o.expect_failure) return 1;
+    std::printf("without %s, seed %llu broke an invariant, as expected\n", o.without.c_str(),
+                static_cast<unsigned long long>(failed->seed));
+    return 0;
   }
   if (o.expect_failure) {
-    std::printf("without %s, no schedule of %d broke an invariant: the simulator missed it\n",
-                o.without.c_str(), run);
+    std::printf("without %s, no schedule of %lld broke an invariant: the simulator missed it\n",
+                o.without.c_str(), static_cast<long long>(run));
     return 1;
   }
-  std::printf("%d schedules from seed %llu passed in %.1f s (%.0f schedules/s)\n", run,
-              static_cast<unsigned long long>(o.seed), elapsed(), run / std::max(elapsed(), 1e-9));
+  std::printf("%lld schedules from seed %llu passed in %.1f s (%.0f schedules/s, %d threads)\n",
+              static_cast<long long>(run), static_cast<unsigned long long>(o.seed), elapsed(),
+              static_cast<double>(run) / std::max(elapsed(), 1e-9), o.jobs);
   return 0;
 }
 

@@ -554,6 +554,9 @@ TEST_F(ConfigTest, BadGatewayRoutesAreStartUpErrorsWithTheirLine) {
       {"[[routes]]\nname = \"a\"\nmatch = \"POST /a\"\nupstream = \"http://h:1\"\n"
        "status_unknown_max_ms = 0\n",
        ":8: [[routes]] a: status_unknown_max_ms: must be an integer 1..315360000000"},
+      {"[[routes]]\nname = \"a\"\nmatch = \"POST /a\"\nupstream = \"http://h:1\"\n"
+       "late_execution_ms = -1\n",
+       ":8: [[routes]] a: late_execution_ms: must be an integer 0..3600000"},
   };
   for (const Case& k : cases) {
     auto c = LoadConfig(Write("c.toml", Minimal(k.routes)), {});
@@ -571,7 +574,7 @@ TEST_F(ConfigTest, AStatusUrlCredentialComesFromTheEnvironmentAndIsNeverPrinted)
       "[[routes]]\nname = \"a\"\nmatch = \"POST /a\"\nupstream = \"http://h:1\"\n"
       "forward_key_header = \"K\"\nstatus_path = \"/s/{key}\"\n"
       "status_auth_header = \"Authorization\"\nstatus_auth_env = \"IDEM_TEST_STATUS_TOKEN\"\n"
-      "status_unknown_max_ms = 60000\n";
+      "status_unknown_max_ms = 60000\nlate_execution_ms = 0\n";
   setenv("IDEM_TEST_STATUS_TOKEN", "Bearer very-secret", 1);
   auto c = LoadConfig(Write("c.toml", Minimal(route)), {});
   ASSERT_TRUE(c.has_value()) << c.error().message;
@@ -580,6 +583,7 @@ TEST_F(ConfigTest, AStatusUrlCredentialComesFromTheEnvironmentAndIsNeverPrinted)
   EXPECT_EQ(r.status_auth_env, "IDEM_TEST_STATUS_TOKEN");
   EXPECT_EQ(r.status_auth_value, "Bearer very-secret");
   EXPECT_EQ(r.status_unknown_max, Millis(60000));
+  EXPECT_EQ(r.late_execution, Millis(0));
   const std::string printed = EffectiveConfigToml(*c);
   EXPECT_EQ(printed.find("very-secret"), std::string::npos) << printed;
   EXPECT_NE(printed.find("status_auth_env = 'IDEM_TEST_STATUS_TOKEN'"), std::string::npos)
@@ -587,6 +591,7 @@ TEST_F(ConfigTest, AStatusUrlCredentialComesFromTheEnvironmentAndIsNeverPrinted)
   auto again = LoadConfig(Write("printed.toml", printed), {});
   ASSERT_TRUE(again.has_value()) << again.error().message;
   EXPECT_EQ(again->gateway.routes[0].status_auth_value, "Bearer very-secret");
+  EXPECT_EQ(again->gateway.routes[0].late_execution, Millis(0));
 
   unsetenv("IDEM_TEST_STATUS_TOKEN");
   auto unset = LoadConfig(Write("c.toml", Minimal(route)), {});
@@ -600,6 +605,7 @@ TEST_F(ConfigTest, AStatusUrlCredentialComesFromTheEnvironmentAndIsNeverPrinted)
   auto plain = LoadConfig(Write("c.toml", Minimal(std::string(kOrders))), {});
   ASSERT_TRUE(plain.has_value()) << plain.error().message;
   EXPECT_EQ(plain->gateway.routes[0].status_unknown_max, Millis(3'600'000));
+  EXPECT_EQ(plain->gateway.routes[0].late_execution, Millis(30'000));
 }
 
 TEST_F(ConfigTest, TheGatewaySectionHasSafeDefaultsAndIsChecked) {

@@ -11,6 +11,7 @@
 
 #include "http/log.h"
 #include "http/problem.h"
+#include "idem/failpoint.h"
 #include "idem/mutex.h"
 
 namespace idem::idemd {
@@ -527,7 +528,7 @@ http::Response IdempotencyFilter::Finish(Ticket& ticket, Execution execution,
   Status finished =
       engine_.Finish(ticket, state, Stored(execution.response, policy_.stored_headers),
                      execution.business, resume_at);
-  if (!finished && finished.error().code == Errc::kTooLarge) {
+  if (!finished && finished.error().code == Errc::kTooLarge && !IDEM_REVERTED("too_large")) {
     // The operation was executed and its answer cannot be kept. Left unfinished, the record
     // would be taken over once its lease ends and executed again (a gateway route forwards
     // again, on every retry). It is finished instead, in the state its answer had, with a small

@@ -5,6 +5,7 @@
 #include <cctype>
 
 #include "http/log.h"
+#include "idem/failpoint.h"
 #include "idem/record.h"
 #include "server/idemd/problems.h"
 
@@ -62,6 +63,7 @@ http::Response UpstreamFailure(std::string_view route, std::string_view method,
 }
 
 std::string UpstreamKeyOf(const Record& record) {
+  if (IDEM_REVERTED("upstream_key")) return ToHex(record.scope);
   // Records claimed before the key was fixed in the claim forwarded the scope's hex: they keep it.
   return record.resource_id.empty() ? ToHex(record.scope) : record.resource_id;
 }
@@ -89,7 +91,7 @@ Resume ForwardSteps::Resuming(const Ticket& ticket) const {
 }
 
 std::optional<Millis> ForwardSteps::Unsettled(const Record& record) const {
-  return UntilSettled(record, route_.timeout + margin_);
+  return UntilSettled(record, route_.timeout + margin_ + route_.late_execution);
 }
 
 http::Request ForwardSteps::Upstream(const http::Request& request,
@@ -177,6 +179,10 @@ std::optional<Execution> ForwardSteps::FromStatus(const Ticket& ticket,
   // request's answers): 404 never ran, a 2xx ran (and reports its answer), anything else cannot
   // tell.
   if (answer && answer->status == 404) return std::nullopt;
+  if (IDEM_REVERTED("status_vocabulary") &&
+      !(answer && answer->status >= 200 && answer->status < 300)) {
+    return std::nullopt;
+  }
   const bool ran = answer && answer->status >= 200 && answer->status < 300;
   const std::optional<int> original = ran ? OriginalStatus(*answer) : std::nullopt;
   const Record& record = ticket.record;
@@ -185,7 +191,8 @@ std::optional<Execution> ForwardSteps::FromStatus(const Ticket& ticket,
         !answer ? answer.error().message
         : ran   ? "a 2xx with an unusable " + std::string(kOriginalStatusHeader) + " header"
                 : "it answered " + std::to_string(answer->status);
-    if (!UntilSettled(record, route_.timeout + margin_ + route_.status_unknown_max)) {
+    if (!UntilSettled(
+            record, route_.timeout + margin_ + route_.late_execution + route_.status_unknown_max)) {
       // Asked for long enough: the outcome stays unknown, and it is final. Nothing is forwarded
       // again; the operator finds the record by this line and the metric, and settles it.
       http::Log(http::LogLevel::kError, "gateway outcome unknown; no longer asking",

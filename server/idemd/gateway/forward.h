@@ -63,8 +63,9 @@ class ForwardSteps {
 
   Resume Resuming(const Ticket& ticket) const;
   // How long until the last forward of `record` can no longer be executing at the upstream (sent
-  // at sent_at, out for the route's timeout at most, the margin for a late arrival), by the
-  // store's clock when the record was read; nullopt once it has passed.
+  // at sent_at, out for the route's timeout at most, the margin for a late arrival, then the
+  // route's late_execution), by the store's clock when the record was read; nullopt once it has
+  // passed.
   std::optional<Millis> Unsettled(const Record& record) const;
 
   // What goes upstream: the request without hop-by-hop headers, credentials, cookies and the

@@ -17,6 +17,7 @@ class ForwardStepsTest : public ::testing::Test {
     route_.timeout = kTimeout;
     route_.forward_key_header = "idempotency-key";
     route_.status_unknown_max = Millis(60'000);
+    route_.late_execution = Millis(0);
   }
   ForwardSteps Steps() { return ForwardSteps(route_, metrics_, kMargin); }
   // A ticket resumed at `point` whose last forward left `sent_ago` before the store read it.
@@ -48,6 +49,17 @@ TEST_F(ForwardStepsTest, AnUnknownForwardIsAskedAboutHeldOrSentAgainAsTheRouteDe
   EXPECT_EQ(Steps().Resuming(Resumed(kForwarded, Millis(100))), Resume::kWait)
       << "the earlier forward may still be executing";
   EXPECT_EQ(Steps().Unsettled(Resumed(kForwarded, Millis(100)).record), settled - Millis(100));
+  EXPECT_EQ(Steps().Resuming(Resumed(kForwarded, settled)), Resume::kAsk);
+}
+
+// An upstream that may execute a forward after it timed out (late_execution) is asked only after
+// that too: before, its "404, never ran" proves nothing.
+TEST_F(ForwardStepsTest, TheStatusURLIsAskedOnlyOnceALateExecutionCanNoLongerLand) {
+  route_.status_path = "/v1/status/{key}";
+  route_.late_execution = Millis(30'000);
+  const Millis settled = kTimeout + kMargin + Millis(30'000);
+  EXPECT_EQ(Steps().Resuming(Resumed(kForwarded, kTimeout + kMargin)), Resume::kWait);
+  EXPECT_EQ(Steps().Unsettled(Resumed(kForwarded, kTimeout + kMargin).record), Millis(30'000));
   EXPECT_EQ(Steps().Resuming(Resumed(kForwarded, settled)), Resume::kAsk);
 }
 

@@ -65,7 +65,7 @@ FilterPolicy GatewayPolicy(const GatewayRoute& route, const KeyPolicy& keys, int
   return p;
 }
 
-ProxyOperation::ProxyOperation(const GatewayRoute& route, http::ClientPool& upstream,
+ProxyOperation::ProxyOperation(const GatewayRoute& route, http::Upstream& upstream,
                                http::BlockingPool& pool, MonotonicClock& monotonic,
                                Metrics& metrics, Millis margin)
     : route_(route),
@@ -132,7 +132,7 @@ http::Async<Execution> ProxyOperation::Execute(Ticket& ticket, const http::Reque
   if (!ready) co_return Execution::Unknown(ready.error());
   // One key per operation, the same on every forward of it, fixed in its first claim (OnClaim).
   const SteadyTime sent = monotonic_.Now();
-  Result<http::Response> answer = Usable(co_await upstream_.Call(
+  Result<http::Response> answer = Usable(co_await upstream_.Exchange(
       steps_.Upstream(request, UpstreamKeyOf(ticket.record)), steps_.Options(advanced)));
   metrics_.ObserveUpstream(route_.name, monotonic_.SecondsSince(sent));
   co_return steps_.AfterForward(ticket, request.method, std::move(answer));
@@ -145,7 +145,7 @@ http::Async<std::optional<Execution>> ProxyOperation::AskStatus(const Ticket& ti
   options.connect_timeout = std::min(margin_, timeout);
   const SteadyTime sent = monotonic_.Now();
   Result<http::Response> answer =
-      Usable(co_await upstream_.Call(steps_.StatusQuestion(ticket.record), options));
+      Usable(co_await upstream_.Exchange(steps_.StatusQuestion(ticket.record), options));
   metrics_.ObserveUpstream(route_.name, monotonic_.SecondsSince(sent));
   co_return steps_.FromStatus(ticket, std::move(answer));
 }
@@ -170,8 +170,8 @@ Execution ProxyOperation::TakeOver(Ticket& ticket, Engine&) {
 
 http::Async<http::Response> ProxyOperation::ForwardWithoutKey(const http::Request& request) {
   const SteadyTime sent = monotonic_.Now();
-  Result<http::Response> answer =
-      Usable(co_await upstream_.Call(steps_.Upstream(request, ""), steps_.Options(std::nullopt)));
+  Result<http::Response> answer = Usable(
+      co_await upstream_.Exchange(steps_.Upstream(request, ""), steps_.Options(std::nullopt)));
   metrics_.ObserveUpstream(route_.name, monotonic_.SecondsSince(sent));
   if (answer) co_return steps_.Kept(*answer);
   co_return UpstreamFailure(route_.name, request.method, answer.error());

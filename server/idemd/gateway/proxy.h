@@ -30,7 +30,7 @@ inline constexpr Millis kTakeoverAskTimeout{2000};
 // awaits the upstream between them.
 class ProxyOperation final : public Operation {
  public:
-  ProxyOperation(const GatewayRoute& route, http::ClientPool& upstream, http::BlockingPool& pool,
+  ProxyOperation(const GatewayRoute& route, http::Upstream& upstream, http::BlockingPool& pool,
                  MonotonicClock& monotonic, Metrics& metrics, Millis margin);
 
   // On a route with JSON bodies (the fingerprint canonicalises them): 415 for another media
@@ -69,7 +69,7 @@ class ProxyOperation final : public Operation {
   http::Async<std::optional<Execution>> AskStatus(const Ticket& ticket, Millis timeout);
 
   const GatewayRoute& route_;
-  http::ClientPool& upstream_;
+  http::Upstream& upstream_;
   http::BlockingPool& pool_;
   MonotonicClock& monotonic_;
   Metrics& metrics_;

@@ -204,6 +204,12 @@ Result<GatewayRoute> ReadGatewayRoute(const toml::table& t, const std::string& o
       auto value = node.value<bool>();
       if (!node.is_boolean() || !value) return at("must be true or false");
       r.upstream_deduplicates = *value;
+    } else if (k == "late_execution_ms") {
+      auto value = node.value<int64_t>();
+      if (!node.is_integer() || !value || *value < 0 || *value > 3'600'000) {
+        return at("must be an integer 0..3600000");
+      }
+      r.late_execution = Millis(*value);
     } else if (k == "status_unknown_max_ms") {
       auto value = node.value<int64_t>();
       if (!node.is_integer() || !value || *value < 1 || *value > kMaxConfigDuration.count()) {
@@ -344,6 +350,7 @@ toml::table RouteTable(const GatewayRoute& r) {
       {"upstream_deduplicates", r.upstream_deduplicates},
       {"status_path", r.status_path},
       {"status_unknown_max_ms", Ms(r.status_unknown_max)},
+      {"late_execution_ms", Ms(r.late_execution)},
       {"status_auth_header", r.status_auth_header},
       {"status_auth_env", r.status_auth_env},  // the variable's name; its value is never printed
       {"lease_ms", Ms(r.lease)},

@@ -58,6 +58,11 @@ struct GatewayRoute {
   // How long after a forward settled the status URL may go on not telling; then the operation
   // is answered 502 upstream-outcome-unknown, finally, for an operator to settle.
   Millis status_unknown_max{3'600'000};
+  // How long after a forward's timeout the upstream may still execute it (a queue in front of
+  // its back end, a back end that goes on when its front end gave up). A forward has settled
+  // timeout + the lease margin + this after it left: only then is the status URL asked about it,
+  // and its "404, never ran" believed.
+  Millis late_execution{30'000};
   // A header sent with every question to the status URL ("" none), and the environment variable
   // its value was read from at load. The value is a credential: never printed or logged.
   std::string status_auth_header;
