@@ -104,6 +104,7 @@ http::Async<Result<idemd::ChargeResult>> SimProvider::CreateCharge(const std::st
                                                                    const std::string& currency,
                                                                    Millis send_within,
                                                                    const std::string&) {
+  Tick();  // what landed by now, however time moved since the last step
   const Request request{reference, amount, currency};
   // As the HTTP client: the request leaves within send_within or not at all.
   if (send_within <= Millis(0)) {
@@ -188,6 +189,7 @@ http::Async<Result<idemd::ChargeResult>> SimProvider::CreateCharge(const std::st
 
 http::Async<Result<std::optional<idemd::Charge>>> SimProvider::FindCharge(const std::string& ref,
                                                                           const std::string&) {
+  Tick();
   LookupFault fault = LookupFault::kAnswered;
   if (faults_) {
     static constexpr LookupFault kFaults[] = {LookupFault::kAnswered, LookupFault::kAnswered,
@@ -224,6 +226,7 @@ http::Async<Result<std::optional<idemd::Charge>>> SimProvider::FindCharge(const 
 http::Async<Result<idemd::ChargePage>> SimProvider::ListCharges(int64_t gte_ms, int64_t lt_ms,
                                                                 int limit,
                                                                 const std::string& starting_after) {
+  Tick();
   std::vector<SimCharge> all;
   for (const auto& [reference, made] : charges_) {
     for (const SimCharge& c : made) {

@@ -80,6 +80,7 @@ http::Async<void> SimUpstream::Wait(Millis d) {
 
 http::Async<Result<http::Response>> SimUpstream::Exchange(http::Request request,
                                                           http::CallOptions options) {
+  Tick();  // what landed by now, however time moved since the last step
   constexpr std::string_view kStatusPrefix = "/v1/orders/by-key/";
   if (request.method == "GET" && request.target.rfind(kStatusPrefix, 0) == 0) {
     co_return co_await Status(request.target.substr(kStatusPrefix.size()));

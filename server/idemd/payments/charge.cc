@@ -143,13 +143,13 @@ std::optional<Execution> ChargeSteps::BeforeSend(Ticket& ticket, const Payment& 
   // ends retryable at charge_sent, and the retry looks the charge up first, then sends it. What
   // is left of the margin bounds the send itself (Provider::CreateCharge's send_within).
   if (monotonic_.Now() - *advanced > cover.margin && !IDEM_REVERTED("margin")) {
-    // Nothing was sent by this attempt, and no earlier send is unsettled (a fresh claim has
-    // none; a resumed one looked its charge up after the window): the attempt is abandoned, so
-    // a retry sends at once and the takeover loop has nothing to settle.
-    return Abandoned(payment, http::Problem(http::ProblemKind::kUnavailable,
-                                            "the store answered too slowly to send the charge "
-                                            "safely; nothing was charged; retry with the same "
-                                            "key"));
+    // Nothing was sent by this attempt. Unless an earlier send may still land (a resumed one
+    // that looked its charge up within the window, the provider deduplicating by key), the
+    // attempt is abandoned, so a retry sends at once and the takeover loop has nothing to settle.
+    return NothingSent(ticket, payment,
+                       http::Problem(http::ProblemKind::kUnavailable,
+                                     "the store answered too slowly to send the charge safely; "
+                                     "nothing was charged; retry with the same key"));
   }
   if (auto fp = IDEM_FAILPOINT("after_charge_sent"); !fp) return Execution::Unknown(fp.error());
   return std::nullopt;
@@ -192,10 +192,11 @@ Execution ChargeSteps::AfterSend(const Ticket& ticket, Payment payment, Status f
     // Nothing was charged: the request never left, or the provider answered a 5xx it declares
     // so ([provider] nothing_charged_statuses). The attempt is over, and its order is released
     // at once for any key; a retry of this key takes it back if it is still free.
-    return Abandoned(payment, Problem(ProductProblem::kProviderUnavailable,
-                                      "the payment provider is unavailable; nothing was "
-                                      "charged; retry with the same key",
-                                      {.key_expires = expires}));
+    return NothingSent(ticket, payment,
+                       Problem(ProductProblem::kProviderUnavailable,
+                               "the payment provider is unavailable; nothing was charged; retry "
+                               "with the same key",
+                               {.key_expires = expires}));
   }
   return Execution::Unknown(Problem(ProductProblem::kProviderTimeout,
                                     "the payment provider did not answer in time; retry "
@@ -230,7 +231,9 @@ Execution ChargeSteps::TakeOverFound(const Ticket& ticket, const Payment& paymen
   // Within the settle window nothing found proves nothing, whatever state the record was in: it
   // stays PROCESSING at charge_sent, held until the send has settled, when the next pass looks
   // again.
-  if (auto left = Unsettled(ticket.record)) return Execution::Settling(*left);
+  // The takeover loop never sends: what it may do is release the order, which waits for the
+  // window even when the provider deduplicates by key (EarlierSendMayLand).
+  if (auto left = UntilSettled(ticket.record, rules_.settle)) return Execution::Settling(*left);
   if (ticket.resumed_from == RecordState::kFailedRetryable) {
     // A retryable failure whose lease, which covered the send, has ended: the send is settled
     // and the provider has no charge. The attempt is abandoned and the order released.
@@ -289,6 +292,19 @@ Execution ChargeSteps::Abandoned(const Payment& payment, http::Response response
                      {now, id}));
         return Ok();
       });
+}
+
+bool ChargeSteps::EarlierSendMayLand(const Ticket& ticket) const {
+  return ticket.resumed && ticket.record.recovery_point == kChargeSent &&
+         UntilSettled(ticket.record, rules_.settle).has_value();
+}
+
+Execution ChargeSteps::NothingSent(const Ticket& ticket, const Payment& payment,
+                                   http::Response response) const {
+  if (EarlierSendMayLand(ticket)) {
+    return Execution::Retryable(std::move(response), kChargeSent);
+  }
+  return Abandoned(payment, std::move(response));
 }
 
 Execution ChargeSteps::FromFoundCharge(const Ticket& ticket, Payment payment,

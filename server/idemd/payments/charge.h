@@ -116,6 +116,16 @@ class ChargeSteps {
   // provably never left or a declared 5xx, or after a lookup found nothing once the send was
   // settled.
   Execution Abandoned(const Payment& payment, http::Response response) const;
+  // Whether an earlier send of this payment's charge, whose outcome was unknown when this
+  // attempt was claimed, may still land: the ticket resumed at charge_sent, its send not settled
+  // by `settle` — whether or not the provider deduplicates by key, which protects a second send
+  // of this payment's reference, never a charge of another payment of the same order.
+  bool EarlierSendMayLand(const Ticket& ticket) const;
+  // An attempt that charged nothing itself: Abandoned, unless an earlier send may still land;
+  // then retryable at charge_sent with the payment still pending, so its order stays held and no
+  // other payment of the order is charged meanwhile.
+  Execution NothingSent(const Ticket& ticket, const Payment& payment,
+                        http::Response response) const;
   // What a charge that the provider found by the payment's reference settles: success only for
   // this payment's succeeded charge, the final 402 for its declined one, an unresolved outcome
   // for anything else.

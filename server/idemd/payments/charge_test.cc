@@ -67,8 +67,10 @@ TEST_F(ChargeStepsTest, AnUndeclared5xxAfterTheSendIsAnUnknownOutcomeNotAFailure
 
 TEST_F(ChargeStepsTest, OnlyAChargeThatNeverLeftAbandonsTheAttempt) {
   const ChargeSteps steps = Steps();
-  const Execution unsent = steps.AfterSend(Resumed(kChargeSent, Millis(0)), Pending(), Ok(),
-                                           MakeError(Errc::kUnavailable, "refused"));
+  Ticket fresh = Resumed(kChargeSent, Millis(0));  // a new key's claim, advanced past the send
+  fresh.resumed = false;
+  const Execution unsent =
+      steps.AfterSend(fresh, Pending(), Ok(), MakeError(Errc::kUnavailable, "refused"));
   EXPECT_FALSE(unsent.outcome_unknown);
   EXPECT_EQ(unsent.state, RecordState::kFailedRetryable);
   EXPECT_EQ(unsent.recovery_point, kAbandonedPoint);
@@ -77,6 +79,29 @@ TEST_F(ChargeStepsTest, OnlyAChargeThatNeverLeftAbandonsTheAttempt) {
                                               MakeError(Errc::kDeadlineExceeded, "timeout"));
   EXPECT_TRUE(timed_out.outcome_unknown);
   EXPECT_EQ(timed_out.response.status, 504);
+}
+
+// Found by the simulator (seed 9778): with a provider that deduplicates by key, a retry after an
+// unknown outcome sends again at once; that send never left, and the attempt was abandoned,
+// releasing the order, while the first send was still to land; another key's payment of the order
+// was charged too. The provider's deduplication covers this payment's reference only: the order
+// stays held until the earlier send has settled.
+TEST_F(ChargeStepsTest, AnOrderStaysHeldWhileAnEarlierSendMayLandWhateverTheProviderDeduplicates) {
+  for (const bool deduplicates : {false, true}) {
+    const ChargeSteps steps = Steps(deduplicates);
+    const Execution unsent = steps.AfterSend(Resumed(kChargeSent, Millis(1000)), Pending(), Ok(),
+                                             MakeError(Errc::kUnavailable, "refused"));
+    EXPECT_EQ(unsent.state, RecordState::kFailedRetryable) << deduplicates;
+    EXPECT_EQ(unsent.recovery_point, kChargeSent) << "looked up again by the next attempt";
+    EXPECT_FALSE(unsent.business) << "the payment keeps its order";
+    const Execution released = steps.AfterSend(Resumed(kChargeSent, kSettle), Pending(), Ok(),
+                                               MakeError(Errc::kUnavailable, "refused"));
+    EXPECT_EQ(released.recovery_point, kAbandonedPoint) << "settled: nothing can land any more";
+    const Execution held =
+        steps.TakeOverFound(Resumed(kChargeSent, Millis(1000), RecordState::kFailedRetryable),
+                            Pending(), std::optional<Charge>());
+    EXPECT_EQ(held.settling_for, Millis(2000)) << "the takeover loop never releases it earlier";
+  }
 }
 
 TEST_F(ChargeStepsTest, NothingFoundHoldsTheSendUntilItHasSettled) {
