@@ -148,13 +148,7 @@ struct Order {
 };
 
 // The charge a success answer names, or "" when it names none.
-std::string ChargeOf(const http::Response& r) {
-  boost::system::error_code ec;
-  const json::value doc = json::parse(r.body, ec);
-  if (ec || !doc.is_object()) return "";
-  const json::value* id = doc.as_object().if_contains("provider_charge_id");
-  return id != nullptr && id->is_string() ? std::string(id->as_string()) : std::string();
-}
+std::string ChargeOf(const http::Response& r) { return StringMember(r.body, "provider_charge_id"); }
 
 // Whether an answer ends the client's retries: a success, a decline, a conflict of the order; on
 // the gateway route a 2xx, or a final 502 (the answer too large to keep, an outcome held).
@@ -169,13 +163,7 @@ bool IsFinal(const Key& key, const http::Response& r) {
 }
 
 // The gateway operation a 2xx answer names ({"op": ...}), or "".
-std::string OpOf(const http::Response& r) {
-  boost::system::error_code ec;
-  const json::value doc = json::parse(r.body, ec);
-  if (ec || !doc.is_object()) return "";
-  const json::value* op = doc.as_object().if_contains("op");
-  return op != nullptr && op->is_string() ? std::string(op->as_string()) : std::string();
-}
+std::string OpOf(const http::Response& r) { return StringMember(r.body, "op"); }
 
 http::Async<void> Serve(idemd::IdempotencyFilter& filter, http::Request request,
                         Principal principal, std::shared_ptr<Call> call) {

@@ -95,10 +95,6 @@ idemd::Charge SimProvider::ToCharge(const SimCharge& c) const {
           c.refunded ? c.amount : std::string("0.00")};
 }
 
-http::Async<void> SimProvider::Wait(Millis d) {
-  if (!at_once_ && d > Millis(0)) co_await http::SleepFor(d);
-}
-
 http::Async<Result<idemd::ChargeResult>> SimProvider::CreateCharge(const std::string& reference,
                                                                    const std::string& amount,
                                                                    const std::string& currency,
@@ -132,56 +128,56 @@ http::Async<Result<idemd::ChargeResult>> SimProvider::CreateCharge(const std::st
   if (options_.honours_keys && fault != F::kNeverLeft) {
     if (Landing(reference)) {
       log_("provider: a charge for " + reference + " while its first still executes: 409");
-      co_await Wait(Below(options_.call_timeout));
+      co_await delays_.Wait(delays_.Below(options_.call_timeout));
       co_return idemd::ChargeResult::Unknown("409 conflict");
     }
     if (auto made = ChargesOf(reference); !made.empty()) {
       log_("provider: a repeated charge for " + reference +
            " answers its first: " + made.front().id);
-      co_await Wait(Below(options_.call_timeout));
+      co_await delays_.Wait(delays_.Below(options_.call_timeout));
       if (made.front().status == "declined") co_return idemd::ChargeResult::Declined();
       co_return idemd::ChargeResult::Charged(ToCharge(made.front()));
     }
   }
   log_("provider: a charge for " + reference + ": " + ChargeFaultName(fault));
   auto lands_later = [&] {
-    pending_.push_back({clock_.Now() + Below(options_.lands_within), request});
+    pending_.push_back({clock_.Now() + delays_.Below(options_.lands_within), request});
   };
   switch (fault) {
     case F::kCharged: {
       const SimCharge made = Make(request, "succeeded");
-      co_await Wait(Below(options_.call_timeout));
+      co_await delays_.Wait(delays_.Below(options_.call_timeout));
       co_return idemd::ChargeResult::Charged(ToCharge(made));
     }
     case F::kDeclined:
       Make(request, "declined");
-      co_await Wait(Below(options_.call_timeout));
+      co_await delays_.Wait(delays_.Below(options_.call_timeout));
       co_return idemd::ChargeResult::Declined();
     case F::kFailedNothing:
-      co_await Wait(Below(options_.call_timeout));
+      co_await delays_.Wait(delays_.Below(options_.call_timeout));
       co_return MakeError(Errc::kUnavailable, "503, nothing charged");
     case F::kFailedCharged:
       Make(request, "succeeded");
-      co_await Wait(Below(options_.call_timeout));
+      co_await delays_.Wait(delays_.Below(options_.call_timeout));
       co_return idemd::ChargeResult::Unknown("502");
     case F::kFailedChargesLater:
       lands_later();
-      co_await Wait(Below(options_.call_timeout));
+      co_await delays_.Wait(delays_.Below(options_.call_timeout));
       co_return idemd::ChargeResult::Unknown("502");
     case F::kLostAfterCharge:
       Make(request, "succeeded");
-      co_await Wait(Below(options_.call_timeout));
+      co_await delays_.Wait(delays_.Below(options_.call_timeout));
       co_return idemd::ChargeResult::Unknown("connection reset");
     case F::kTimeoutCharged:
       Make(request, "succeeded");
-      co_await Wait(options_.call_timeout);
+      co_await delays_.Wait(options_.call_timeout);
       co_return MakeError(Errc::kDeadlineExceeded, "no answer in time");
     case F::kTimeoutLandsLate:
       lands_later();
-      co_await Wait(options_.call_timeout);
+      co_await delays_.Wait(options_.call_timeout);
       co_return MakeError(Errc::kDeadlineExceeded, "no answer in time");
     case F::kNeverLeft:
-      co_await Wait(Below(send_within));
+      co_await delays_.Wait(delays_.Below(send_within));
       co_return MakeError(Errc::kUnavailable, "connection refused");
   }
   co_return MakeError(Errc::kInternal, "unreachable");
@@ -202,15 +198,15 @@ http::Async<Result<std::optional<idemd::Charge>>> SimProvider::FindCharge(const 
       break;
     case LookupFault::kFailed:
       log_("provider: a lookup of " + ref + ": 5xx");
-      co_await Wait(Below(options_.call_timeout));
+      co_await delays_.Wait(delays_.Below(options_.call_timeout));
       co_return MakeError(Errc::kUnavailable, "503");
     case LookupFault::kTimeout:
       log_("provider: a lookup of " + ref + ": no answer by the deadline");
-      co_await Wait(options_.call_timeout);
+      co_await delays_.Wait(options_.call_timeout);
       co_return MakeError(Errc::kDeadlineExceeded, "no answer in time");
     case LookupFault::kGarbage:
       log_("provider: a lookup of " + ref + ": 401 with an HTML page");
-      co_await Wait(Below(options_.call_timeout));
+      co_await delays_.Wait(delays_.Below(options_.call_timeout));
       co_return MakeError(Errc::kDataLoss, "401: not the documented shape");
   }
   // The answer is what the provider holds when the lookup arrives.
@@ -218,7 +214,7 @@ http::Async<Result<std::optional<idemd::Charge>>> SimProvider::FindCharge(const 
   log_("provider: a lookup of " + ref + " finds " +
        (made.empty() ? std::string("nothing") : made.front().id + " " + made.front().status) +
        (Landing(ref) ? " (a charge is still to land)" : ""));
-  co_await Wait(Below(options_.call_timeout));
+  co_await delays_.Wait(delays_.Below(options_.call_timeout));
   if (made.empty()) co_return std::optional<idemd::Charge>();
   co_return std::optional<idemd::Charge>(ToCharge(made.front()));
 }
@@ -247,7 +243,7 @@ http::Async<Result<idemd::ChargePage>> SimProvider::ListCharges(int64_t gte_ms, 
     page.data.push_back(ToCharge(*from));
   }
   page.has_more = from != all.end();
-  co_await Wait(Below(options_.call_timeout));
+  co_await delays_.Wait(delays_.Below(options_.call_timeout));
   co_return page;
 }
 
@@ -263,7 +259,7 @@ http::Async<Result<idemd::Refund>> SimProvider::RefundCharge(const std::string& 
       }
       c.refunded = true;
       log_("provider: " + charge + " refunded");
-      co_await Wait(Below(options_.call_timeout));
+      co_await delays_.Wait(delays_.Below(options_.call_timeout));
       co_return idemd::Refund{"re_" + key, charge, amount, "succeeded"};
     }
   }

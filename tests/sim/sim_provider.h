@@ -16,6 +16,7 @@
 
 #include "idem/clock.h"
 #include "server/idemd/payments/provider.h"
+#include "tests/sim/sim_common.h"
 
 namespace idem::sim {
 
@@ -62,7 +63,7 @@ class SimProvider final : public idemd::Provider {
   // Faults are drawn only while on (the schedule's fault phase); off, every call succeeds.
   void SetFaults(bool on) { faults_ = on; }
   // At once: calls answer without waiting (the takeover loop's calls, made from plain code).
-  void SetAtOnce(bool at_once) { at_once_ = at_once; }
+  void SetAtOnce(bool at_once) { delays_.SetAtOnce(at_once); }
   // Lands the charges due by now.
   void Tick();
   // Lands every charge still to land.
@@ -100,18 +101,13 @@ class SimProvider final : public idemd::Provider {
   // Makes the charge `request` asks for, with `status` (honouring keys: finds the one made).
   SimCharge Make(const Request& request, const std::string& status);
   idemd::Charge ToCharge(const SimCharge& c) const;
-  // Waits `d` in simulated time, unless answering at once.
-  http::Async<void> Wait(Millis d);
-  Millis Below(Millis limit) {
-    return Millis(static_cast<int64_t>(rng_() % static_cast<uint64_t>(limit.count())));
-  }
 
   Options options_;
   const Clock& clock_;
   std::mt19937_64& rng_;
   std::function<void(const std::string&)> log_;
   bool faults_ = true;
-  bool at_once_ = false;
+  SimDelays delays_{rng_};
   int next_id_ = 0;
   std::map<std::string, std::vector<SimCharge>> charges_;  // by reference
   std::vector<Pending> pending_;

@@ -10,14 +10,6 @@ namespace {
 
 namespace json = boost::json;
 
-std::string OpOf(const std::string& body) {
-  boost::system::error_code ec;
-  const json::value doc = json::parse(body, ec);
-  if (ec || !doc.is_object()) return "";
-  const json::value* op = doc.as_object().if_contains("op");
-  return op != nullptr && op->is_string() ? std::string(op->as_string()) : std::string();
-}
-
 }  // namespace
 
 SimUpstream::SimUpstream(Options options, const MonotonicClock& clock, std::mt19937_64& rng,
@@ -74,10 +66,6 @@ http::Response SimUpstream::Execute(const std::string& key, const std::string& o
   return answer;
 }
 
-http::Async<void> SimUpstream::Wait(Millis d) {
-  if (!at_once_ && d > Millis(0)) co_await http::SleepFor(d);
-}
-
 http::Async<Result<http::Response>> SimUpstream::Exchange(http::Request request,
                                                           http::CallOptions options) {
   Tick();  // what landed by now, however time moved since the last step
@@ -92,7 +80,7 @@ http::Async<Result<http::Response>> SimUpstream::Forward(http::Request request,
                                                          http::CallOptions options) {
   const std::string key(request.headers.Get(kUpstreamKeyHeader).value_or(""));
   // How the trace names an operation: its id and the first digits of its upstream key.
-  const std::string op = OpOf(request.body);
+  const std::string op = StringMember(request.body, "op");
   const std::string named = op + " (key " + key.substr(0, 8) + ")";
   // As the HTTP client: the request leaves by send_by or not at all.
   if (options.send_by && clock_.Now() > *options.send_by) {
@@ -111,34 +99,34 @@ http::Async<Result<http::Response>> SimUpstream::Forward(http::Request request,
       std::any_of(pending_.begin(), pending_.end(), [&](const Pending& p) { return p.key == key; });
   if (options_.honours_keys && landing && fault != F::kNeverLeft) {
     log_("upstream: a forward of " + named + " while its first still executes: 409");
-    co_await Wait(Below(options_.timeout));
+    co_await delays_.Wait(delays_.Below(options_.timeout));
     co_return http::Response{409, {}, "{\"error\":\"in progress\"}"};
   }
   switch (fault) {
     case F::kAnswered: {
       log_("upstream: executes " + named);
       http::Response answer = Execute(key, op);
-      co_await Wait(Below(options_.timeout));
+      co_await delays_.Wait(delays_.Below(options_.timeout));
       co_return answer;
     }
     case F::kBusy:
       log_("upstream: " + named + " answered 503, nothing done");
-      co_await Wait(Below(options_.timeout));
+      co_await delays_.Wait(delays_.Below(options_.timeout));
       co_return http::Response{503, {}, "{\"error\":\"busy\"}"};
     case F::kResetAfter:
       log_("upstream: executes " + named + ", then the connection resets");
       (void)Execute(key, op);
-      co_await Wait(Below(options_.timeout));
+      co_await delays_.Wait(delays_.Below(options_.timeout));
       co_return MakeError(Errc::kDataLoss, "connection reset by peer");
     case F::kTimeoutAfter:
       log_("upstream: executes " + named + ", no answer by the deadline");
       (void)Execute(key, op);
-      co_await Wait(options_.timeout);
+      co_await delays_.Wait(options_.timeout);
       co_return MakeError(Errc::kDeadlineExceeded, "no answer in time");
     case F::kTimeoutLandsLate:
       log_("upstream: " + named + ": no answer by the deadline, it executes later");
-      pending_.push_back({clock_.Now() + Below(options_.lands_within), key, op});
-      co_await Wait(options_.timeout);
+      pending_.push_back({clock_.Now() + delays_.Below(options_.lands_within), key, op});
+      co_await delays_.Wait(options_.timeout);
       co_return MakeError(Errc::kDeadlineExceeded, "no answer in time");
     case F::kNeverLeft:
       log_("upstream: a forward of " + named + " never left");
@@ -160,15 +148,15 @@ http::Async<Result<http::Response>> SimUpstream::Status(std::string key) {
       break;
     case F::kFailed:
       log_("upstream: its status URL answers 500");
-      co_await Wait(Below(options_.timeout));
+      co_await delays_.Wait(delays_.Below(options_.timeout));
       co_return http::Response{500, {}, "oops"};
     case F::kUnauthorized:
       log_("upstream: its status URL answers 401");
-      co_await Wait(Below(options_.timeout));
+      co_await delays_.Wait(delays_.Below(options_.timeout));
       co_return http::Response{401, {}, "<html>sign in</html>"};
     case F::kTimeout:
       log_("upstream: its status URL gives no answer by the deadline");
-      co_await Wait(options_.timeout);
+      co_await delays_.Wait(options_.timeout);
       co_return MakeError(Errc::kDeadlineExceeded, "no answer in time");
   }
   auto it = by_key_.find(key);
@@ -178,13 +166,13 @@ http::Async<Result<http::Response>> SimUpstream::Status(std::string key) {
                       [&](const Pending& p) { return p.key == key; })
               ? " (one is still to land)"
               : ""));
-    co_await Wait(Below(options_.timeout));
+    co_await delays_.Wait(delays_.Below(options_.timeout));
     co_return http::Response{404, {}, "{\"error\":\"not found\"}"};
   }
   log_("upstream: its status URL reports the answer it gave");
   http::Response report{200, it->second.headers, it->second.body};
   report.headers.Set("Original-Status", std::to_string(it->second.status));
-  co_await Wait(Below(options_.timeout));
+  co_await delays_.Wait(delays_.Below(options_.timeout));
   co_return report;
 }
 

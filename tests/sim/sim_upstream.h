@@ -16,6 +16,7 @@
 
 #include "http/client.h"
 #include "idem/clock.h"
+#include "tests/sim/sim_common.h"
 
 namespace idem::sim {
 
@@ -35,7 +36,7 @@ class SimUpstream final : public http::Upstream {
               std::function<void(const std::string&)> log);
 
   void SetFaults(bool on) { faults_ = on; }
-  void SetAtOnce(bool at_once) { at_once_ = at_once; }
+  void SetAtOnce(bool at_once) { delays_.SetAtOnce(at_once); }
   // Lands the executions due by now; LandAll lands every one still to land.
   void Tick();
   void LandAll();
@@ -59,17 +60,13 @@ class SimUpstream final : public http::Upstream {
   http::Response AnswerOf(const std::string& op, const std::string& order) const;
   http::Async<Result<http::Response>> Forward(http::Request request, http::CallOptions options);
   http::Async<Result<http::Response>> Status(std::string key);
-  http::Async<void> Wait(Millis d);
-  Millis Below(Millis limit) {
-    return Millis(static_cast<int64_t>(rng_() % static_cast<uint64_t>(limit.count())));
-  }
 
   Options options_;
   const MonotonicClock& clock_;
   std::mt19937_64& rng_;
   std::function<void(const std::string&)> log_;
   bool faults_ = true;
-  bool at_once_ = false;
+  SimDelays delays_{rng_};
   int next_order_ = 0;
   std::map<std::string, int> executions_;         // by operation
   std::map<std::string, http::Response> by_key_;  // the answer of each key's first execution
