@@ -182,9 +182,9 @@ EventLoop::EventLoop() : impl_(std::make_unique<Impl>()) {}
 
 EventLoop::~EventLoop() = default;
 
-void EventLoop::Spawn(Async<void> task, std::function<void(std::exception_ptr)> done) {
-  net::co_spawn(impl_->ioc, std::move(task), [done = std::move(done)](std::exception_ptr e) {
-    if (done) done(e);
+void EventLoop::Spawn(Async<void> task) {
+  net::co_spawn(impl_->ioc, std::move(task), [](std::exception_ptr e) {
+    if (e) std::rethrow_exception(e);
   });
 }
 

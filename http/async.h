@@ -85,8 +85,9 @@ class EventLoop {
   EventLoop(const EventLoop&) = delete;
   EventLoop& operator=(const EventLoop&) = delete;
 
-  // Starts `task` at the next step; `done` (if set) gets what it threw, or nullptr, when it ends.
-  void Spawn(Async<void> task, std::function<void(std::exception_ptr)> done = {});
+  // Starts `task` at the next step. What it throws comes out of the RunOne or RunReady that ran
+  // it.
+  void Spawn(Async<void> task);
   // Runs one handler that is ready (a coroutine that can go on, a timer that is due): whether
   // there was one.
   bool RunOne();

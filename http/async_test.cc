@@ -101,6 +101,18 @@ Async<void> HoldWhileSleeping(std::shared_ptr<int> held, bool& woke) {
   woke = woke && *held == 1;
 }
 
+Async<void> Throw() {
+  co_await SleepFor(milliseconds(0));
+  throw std::runtime_error("a bug in a spawned coroutine");
+}
+
+// Nothing a spawned coroutine throws is swallowed: the step that ran it throws it.
+TEST(EventLoopTest, WhatASpawnedCoroutineThrowsComesOutOfTheStep) {
+  EventLoop loop;
+  loop.Spawn(Throw());
+  EXPECT_THROW(loop.RunReady(), std::runtime_error);
+}
+
 // A loop destroyed with a coroutine waiting destroys it, as a process that dies: it never
 // resumes, and what it holds is released.
 TEST(EventLoopTest, DestroyingTheLoopDestroysWhatWaits) {

@@ -482,10 +482,14 @@ class Schedule {
       } else if (acting_ = "i" + std::to_string(i); !instances_[i]->loop->RunOne()) {
         running.erase(running.begin() + static_cast<std::ptrdiff_t>(pick));
       }
-      LogInjected();
-      Collect();
-      CheckEffects();
+      AfterStep();
     }
+    AfterStep();
+  }
+
+  // After each step: the store faults it met go into the trace, answers that arrived reach their
+  // clients, and the effects are checked.
+  void AfterStep() {
     LogInjected();
     Collect();
     CheckEffects();

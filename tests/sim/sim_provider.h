@@ -68,12 +68,8 @@ class SimProvider final : public idemd::Provider {
   void Tick();
   // Lands every charge still to land.
   void LandAll();
-  bool HonoursKeys() const { return options_.honours_keys; }
-  // Charges landed for `reference`, declined ones included, oldest first.
-  std::vector<SimCharge> ChargesOf(const std::string& reference) const;
+  // Every charge landed, by reference, declined ones included, oldest first.
   const std::map<std::string, std::vector<SimCharge>>& Charges() const { return charges_; }
-  // Whether a charge for `reference` has left and not landed yet.
-  bool Landing(const std::string& reference) const;
 
   http::Async<Result<idemd::ChargeResult>> CreateCharge(const std::string& reference,
                                                         const std::string& amount,
@@ -98,6 +94,10 @@ class SimProvider final : public idemd::Provider {
     Timestamp at;
     Request request;
   };
+  // Charges landed for `reference`, oldest first.
+  std::vector<SimCharge> ChargesOf(const std::string& reference) const;
+  // Whether a charge for `reference` has left and not landed yet.
+  bool Landing(const std::string& reference) const;
   // Makes the charge `request` asks for, with `status` (honouring keys: finds the one made).
   SimCharge Make(const Request& request, const std::string& status);
   idemd::Charge ToCharge(const SimCharge& c) const;

@@ -1,6 +1,7 @@
 // tests/sim/sim_upstream.cc — the simulator's gateway upstream.
 #include "tests/sim/sim_upstream.h"
 
+#include <algorithm>
 #include <boost/json.hpp>
 
 #include "http/async.h"
@@ -10,14 +11,19 @@ namespace {
 
 namespace json = boost::json;
 
+// Whether `op`'s answer is large: that of every operation whose number ends in 3, larger than the
+// simulator's route keeps (SimUpstream::Options::large_body).
+bool AnswersLarge(const std::string& op) { return !op.empty() && op.back() == '3'; }
+
 }  // namespace
 
 SimUpstream::SimUpstream(Options options, const MonotonicClock& clock, std::mt19937_64& rng,
                          std::function<void(const std::string&)> log)
     : options_(options), clock_(clock), rng_(rng), log_(std::move(log)) {}
 
-bool SimUpstream::AnswersLarge(const std::string& op) {
-  return !op.empty() && op.back() == '3';  // every op whose number ends in 3
+bool SimUpstream::Landing(const std::string& key) const {
+  return std::any_of(pending_.begin(), pending_.end(),
+                     [&](const Pending& p) { return p.key == key; });
 }
 
 void SimUpstream::Tick() {
@@ -95,9 +101,7 @@ http::Async<Result<http::Response>> SimUpstream::Forward(http::Request request,
         F::kResetAfter, F::kTimeoutAfter, F::kTimeoutLandsLate, F::kNeverLeft};
     fault = kFaults[rng_() % std::size(kFaults)];
   }
-  const bool landing =
-      std::any_of(pending_.begin(), pending_.end(), [&](const Pending& p) { return p.key == key; });
-  if (options_.honours_keys && landing && fault != F::kNeverLeft) {
+  if (options_.honours_keys && Landing(key) && fault != F::kNeverLeft) {
     log_("upstream: a forward of " + named + " while its first still executes: 409");
     co_await delays_.Wait(delays_.Below(options_.timeout));
     co_return http::Response{409, {}, "{\"error\":\"in progress\"}"};
@@ -162,10 +166,7 @@ http::Async<Result<http::Response>> SimUpstream::Status(std::string key) {
   auto it = by_key_.find(key);
   if (it == by_key_.end()) {
     log_(std::string("upstream: its status URL has no request under the key") +
-         (std::any_of(pending_.begin(), pending_.end(),
-                      [&](const Pending& p) { return p.key == key; })
-              ? " (one is still to land)"
-              : ""));
+         (Landing(key) ? " (one is still to land)" : ""));
     co_await delays_.Wait(delays_.Below(options_.timeout));
     co_return http::Response{404, {}, "{\"error\":\"not found\"}"};
   }

@@ -43,8 +43,6 @@ class SimUpstream final : public http::Upstream {
   // Executions of operation `op` so far.
   int ExecutionsOf(const std::string& op) const;
   const std::map<std::string, int>& Executions() const { return executions_; }
-  // Whether `op`'s answer is larger than a route that keeps `max` bytes keeps (decided by the op).
-  static bool AnswersLarge(const std::string& op);
 
   http::Async<Result<http::Response>> Exchange(http::Request request,
                                                http::CallOptions options) override;
@@ -55,6 +53,8 @@ class SimUpstream final : public http::Upstream {
     std::string key;
     std::string op;
   };
+  // Whether an execution under `key` has been asked for and not landed yet.
+  bool Landing(const std::string& key) const;
   // Executes `op` under `key` (honouring keys: at most once per key) and returns its answer.
   http::Response Execute(const std::string& key, const std::string& op);
   http::Response AnswerOf(const std::string& op, const std::string& order) const;

@@ -302,7 +302,13 @@ bool ChargeSteps::EarlierSendMayLand(const Ticket& ticket) const {
 Execution ChargeSteps::NothingSent(const Ticket& ticket, const Payment& payment,
                                    http::Response response) const {
   if (EarlierSendMayLand(ticket)) {
-    return Execution::Retryable(std::move(response), kChargeSent);
+    // Its caller must not read "nothing was charged": the earlier attempt may have charged.
+    http::Response held = Problem(ProductProblem::kProviderUnavailable,
+                                  "this attempt charged nothing, but an earlier attempt's charge "
+                                  "may still land; retry with the same key to learn its outcome",
+                                  {.key_expires = ticket.record.expires_at});
+    held.status = response.status;
+    return Execution::Retryable(std::move(held), kChargeSent);
   }
   return Abandoned(payment, std::move(response));
 }

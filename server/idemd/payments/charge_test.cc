@@ -94,6 +94,9 @@ TEST_F(ChargeStepsTest, AnOrderStaysHeldWhileAnEarlierSendMayLandWhateverTheProv
     EXPECT_EQ(unsent.state, RecordState::kFailedRetryable) << deduplicates;
     EXPECT_EQ(unsent.recovery_point, kChargeSent) << "looked up again by the next attempt";
     EXPECT_FALSE(unsent.business) << "the payment keeps its order";
+    EXPECT_EQ(unsent.response.status, 503);
+    EXPECT_EQ(unsent.response.body.find("nothing was charged"), std::string::npos)
+        << "the earlier attempt may have charged: " << unsent.response.body;
     const Execution released = steps.AfterSend(Resumed(kChargeSent, kSettle), Pending(), Ok(),
                                                MakeError(Errc::kUnavailable, "refused"));
     EXPECT_EQ(released.recovery_point, kAbandonedPoint) << "settled: nothing can land any more";
