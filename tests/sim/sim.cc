@@ -1,10 +1,12 @@
-// tests/sim/sim.cc — the deterministic simulator (docs/testing.md): idemd's payments route as it
-// ships — the idempotency filter, the payments operation and its charge steps, the engine, the
-// heartbeat and the takeover loop — on a real SQLite database, run by several instances in
-// simulated time, each on an event loop the simulator steps, against a simulated provider that
-// fails in every way its contract allows (sim_provider.h). Clients retry one payment each (some
-// orders under two keys, some keys sent twice at once); instances crash, pause and see their
-// wall clocks step; the store fails, stalls and loses commit answers (testing/faulty_store.h).
+// tests/sim/sim.cc — the deterministic simulator (docs/testing.md): idemd's payments route and a
+// gateway route as they ship — the idempotency filter, the payments operation and its charge
+// steps, the gateway's forward steps, the engine, the heartbeat, the takeover loop and the books
+// — on a real SQLite database, run by several instances in simulated time, each on an event loop
+// the simulator steps, against a simulated provider and upstream that fail in every way their
+// contracts allow (sim_provider.h, sim_upstream.h). Clients retry one payment each (some orders
+// under two keys, some keys sent twice at once); instances crash, pause, see their wall clocks
+// step and their clocks drift; the store fails, stalls and loses commit answers
+// (testing/faulty_store.h).
 // One seed fixes the whole schedule; invariants are checked after every step and at the end. A
 // failure prints `reproduce: idem_sim --seed=N` and the schedule's trace.
 //
@@ -13,6 +15,7 @@
 #include <algorithm>
 #include <atomic>
 #include <boost/json.hpp>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -45,6 +48,16 @@
 #include "tests/sim/sim_provider.h"
 #include "tests/sim/sim_upstream.h"
 
+// Every timer of this binary runs on simulated time, and the simulator's event loops look at
+// their timers on every poll (http::SetTimerClock). Asio's reactor re-arms its timerfd for that on
+// every poll, a system call that took a sixth of the simulator's time; without a timerfd it
+// checks its timers in the poll itself. So this binary has none.
+// NOLINTNEXTLINE(readability-identifier-naming): libc's name
+extern "C" int timerfd_create(int /*clockid*/, int /*flags*/) noexcept {
+  errno = ENOSYS;
+  return -1;
+}
+
 namespace idem::sim {
 namespace {
 
@@ -63,6 +76,16 @@ constexpr Millis kLandsWithin{2400};  // the longest a charge takes to land afte
 constexpr Millis kSettle{3000};
 static_assert(kSettle > kMargin + kLandsWithin);
 constexpr Millis kClientTimeout{4000};  // a client gives an attempt up after this
+constexpr Millis kListedWithin{3000};   // the longest the provider's listing takes to show a charge
+// The books ([reconciliation]): each run looks at an hour, more than a schedule lasts, so every
+// charge is walked again by every run (as the default day does with runs ten minutes apart); the
+// lag leaves alone what the listing may not show yet.
+constexpr Millis kBooksWindow{3'600'000};
+constexpr Millis kBooksLag{5000};
+static_assert(kBooksLag > kListedWithin);
+constexpr Millis kOrphanGrace{20'000};
+constexpr Millis kMaxSkew{10'000};        // how far an instance's wall clock steps from the world's
+constexpr int64_t kMaxDriftPpm = 20'000;  // how fast or slow an instance's clocks run, at most
 constexpr std::string_view kAmount = "10.00";
 // Short, so that keys expire within a schedule and begin new operations; longer than any request
 // stays in flight (a few pauses of an instance), so none reaches its record after it expired.
@@ -83,26 +106,70 @@ struct Options {
   int jobs = 1;  // schedules run on this many threads at once
 };
 
-// An instance's wall clock: the world's time plus this instance's skew, which jumps now and then.
-// The store's clock (the database server's) is the world's; decisions about a record must not
-// depend on an instance's.
+// How fast an instance's oscillator runs against the world's, in parts per million: both of its
+// clocks drift by it.
+template <class Duration>
+Duration Drifted(Duration elapsed, int64_t ppm) {
+  return elapsed + elapsed * ppm / 1'000'000;
+}
+
+// An instance's wall clock: the world's time plus this instance's skew, which steps now and then
+// (an NTP step, an operator) and drifts in between. The store's clock (the database server's) is
+// the world's; decisions about a record must not depend on an instance's.
 class InstanceClock final : public Clock {
  public:
-  explicit InstanceClock(const FakeClock& world) : world_(world) {}
-  Timestamp Now() const override { return world_.Now() + skew_; }
-  void Set(Millis skew) { skew_ = skew; }
-  Millis Skew() const { return skew_; }
+  InstanceClock(const FakeClock& world, int64_t drift_ppm)
+      : world_(world), drift_ppm_(drift_ppm), since_(world.Now()) {}
+  Timestamp Now() const override {
+    return since_ + skew_ + Drifted(world_.Now() - since_, drift_ppm_);
+  }
+  // Steps the clock to `skew` from the world's now.
+  void Set(Millis skew) {
+    skew_ = skew;
+    since_ = world_.Now();
+  }
+  Millis Skew() const { return std::chrono::duration_cast<Millis>(Now() - world_.Now()); }
 
  private:
   const FakeClock& world_;
+  const int64_t drift_ppm_;
+  Timestamp since_;
   Millis skew_{0};
+};
+
+// An instance's monotonic clock: the world's, running fast or slow by the instance's drift. Its
+// leases' deadlines and its timers are measured by it.
+class InstanceMonotonicClock final : public MonotonicClock {
+ public:
+  InstanceMonotonicClock(const FakeMonotonicClock& world, int64_t drift_ppm)
+      : world_(world), drift_ppm_(drift_ppm), base_(world.Now()) {}
+  SteadyTime Now() const override { return base_ + Drifted(world_.Now() - base_, drift_ppm_); }
+
+ private:
+  const FakeMonotonicClock& world_;
+  const int64_t drift_ppm_;
+  const SteadyTime base_;
+};
+
+// The monotonic clock of the instance whose code runs now (Schedule::Acting): a downstream
+// judges its caller's deadlines by it.
+class ActingMonotonicClock final : public MonotonicClock {
+ public:
+  explicit ActingMonotonicClock(const MonotonicClock& world) : clock_(&world) {}
+  void Set(const MonotonicClock* clock) { clock_ = clock; }
+  SteadyTime Now() const override { return clock_->Now(); }
+
+ private:
+  const MonotonicClock* clock_;
 };
 
 // One idemd process: what main.cc builds for the payments route, on an event loop of its own
 // that the simulator steps. A crash destroys it, loop first (every request it was serving dies
 // with it); a restart builds it again.
 struct Instance {
+  const int64_t drift_ppm;
   InstanceClock clock;
+  InstanceMonotonicClock monotonic;
   std::unique_ptr<http::BlockingPool> pool;
   std::unique_ptr<Engine> engine;
   std::unique_ptr<idemd::Metrics> metrics;
@@ -110,11 +177,13 @@ struct Instance {
   std::unique_ptr<idemd::IdempotencyFilter> filter;
   std::unique_ptr<idemd::ProxyOperation> proxy;  // the gateway route
   std::unique_ptr<idemd::IdempotencyFilter> gateway;
+  std::unique_ptr<idemd::Reconciliation> books;
   std::unique_ptr<http::EventLoop> loop;  // last: destroyed first
   SteadyTime paused_until{};
   int generation = 0;
 
-  explicit Instance(const FakeClock& world) : clock(world) {}
+  Instance(const FakeClock& world, const FakeMonotonicClock& world_monotonic, int64_t drift)
+      : drift_ppm(drift), clock(world, drift), monotonic(world_monotonic, drift) {}
 };
 
 // A client's request in flight; shared with the coroutine that serves it, which may outlive the
@@ -312,9 +381,13 @@ class Schedule {
     sealer_ = std::move(*Sealer::Create({{1, std::string(32, 's')}}, 1, random_));
     const bool honours_keys = rng_() % 2 == 0;
     provider_ = std::make_unique<SimProvider>(
-        SimProvider::Options{
-            .honours_keys = honours_keys, .call_timeout = kTimeout, .lands_within = kLandsWithin},
+        SimProvider::Options{.honours_keys = honours_keys,
+                             .call_timeout = kTimeout,
+                             .lands_within = kLandsWithin,
+                             .listed_within = kListedWithin},
         world_, rng_, [this](const std::string& line) { Log(acting_ + ": " + line); });
+    refund_orphans_ = rng_() % 2 == 0;
+    page_size_ = 1 + static_cast<int>(rng_() % 3);  // small pages: many cursors to resume from
     // As an operator configures idemd for this provider: [provider] deduplicates_by_key when it
     // does (then nothing settles), else settle_ms.
     dedup_ = honours_keys && rng_() % 2 == 0;
@@ -326,7 +399,8 @@ class Schedule {
                              .timeout = kTimeout,
                              .lands_within = kLandsWithin,
                              .large_body = 2 * kGatewayMaxStored},
-        monotonic_, rng_, [this](const std::string& line) { Log(acting_ + ": " + line); });
+        monotonic_, acting_monotonic_, rng_,
+        [this](const std::string& line) { Log(acting_ + ": " + line); });
     route_.name = "orders";
     route_.method = "POST";
     std::string no_match = idemd::ParseGatewayMatch("POST /v1/orders", route_);
@@ -344,46 +418,62 @@ class Schedule {
     route_.max_stored_bytes = kGatewayMaxStored;
     const int instances = 1 + static_cast<int>(rng_() % 3);
     std::string skews;
+    std::string drifts;
     for (int i = 0; i < instances; ++i) {
-      instances_.push_back(std::make_unique<Instance>(world_));
+      // Most oscillators keep time well; some are off by up to kMaxDriftPpm.
+      const int64_t drift =
+          rng_() % 2 == 0 ? 0
+                          : static_cast<int64_t>(rng_() % (2 * kMaxDriftPpm + 1)) - kMaxDriftPpm;
+      instances_.push_back(std::make_unique<Instance>(world_, monotonic_, drift));
       instances_.back()->clock.Set(RandomSkew());
-      Start(*instances_.back());
+      Start(*instances_.back(), i);
       skews += " " + std::to_string(instances_.back()->clock.Skew().count());
+      drifts += " " + std::to_string(drift);
     }
     Log("seed " + std::to_string(seed_) + ": provider " +
         (honours_keys ? "honours keys" : "ignores keys") +
         (dedup_ ? ", configured deduplicates_by_key" : "") + "; upstream " +
         (upstream_honours ? "honours" : "ignores") + " the forwarded key" +
         (route_.upstream_deduplicates ? ", declared upstream_deduplicates" : "") +
-        (route_.status_path.empty() ? ", no status URL" : ", a status URL") + "; store faults " +
-        std::to_string(store_faults) + "; " + std::to_string(instances) +
-        " instances, wall clock skews (ms)" + skews);
+        (route_.status_path.empty() ? ", no status URL" : ", a status URL") + "; the books " +
+        (refund_orphans_ ? "refund" : "report") + " orphans, pages of " +
+        std::to_string(page_size_) + "; store faults " + std::to_string(store_faults) + "; " +
+        std::to_string(instances) + " instances, wall clock skews (ms)" + skews + ", drifts (ppm)" +
+        drifts);
     return true;
   }
 
   // Builds an instance's payments route as idemd's main does.
-  void Start(Instance& in) {
+  void Start(Instance& in, int index) {
     in.pool = std::make_unique<http::BlockingPool>(http::BlockingPool::OnTheLoop{});
     in.engine = std::make_unique<Engine>(*faulty_, *fingerprinter_, *sealer_, in.clock);
     in.metrics = std::make_unique<idemd::Metrics>();
     in.payments = std::make_unique<idemd::Payments>(
-        *faulty_, *in.pool, *provider_, in.clock, monotonic_, namespace_,
+        *faulty_, *in.pool, *provider_, in.clock, in.monotonic, namespace_,
         std::vector<std::string>{"USD"}, idemd::ChargeCover{kTimeout, kMargin}, dedup_,
         settle_ ? kSettle : Millis(0));
     idemd::FilterPolicy policy = idemd::PaymentsPolicy(KeyPolicy{}, kLease, Millis(3'600'000),
                                                        1'000'000, 1'000'000, Millis(10'000));
     policy.max_new_keys_per_second = 0;
     policy.takeover_concurrency = 1;  // the simulator's one thread
-    in.filter = std::make_unique<idemd::IdempotencyFilter>(*in.engine, *in.pool, monotonic_,
+    in.filter = std::make_unique<idemd::IdempotencyFilter>(*in.engine, *in.pool, in.monotonic,
                                                            *in.metrics, policy, *in.payments);
-    in.proxy = std::make_unique<idemd::ProxyOperation>(route_, *upstream_, *in.pool, monotonic_,
+    in.proxy = std::make_unique<idemd::ProxyOperation>(route_, *upstream_, *in.pool, in.monotonic,
                                                        *in.metrics, kMargin);
     idemd::FilterPolicy gateway =
         idemd::GatewayPolicy(route_, KeyPolicy{}, 1'000'000, 1'000'000, Millis(10'000));
     gateway.max_new_keys_per_second = 0;
     gateway.takeover_concurrency = 1;
-    in.gateway = std::make_unique<idemd::IdempotencyFilter>(*in.engine, *in.pool, monotonic_,
+    in.gateway = std::make_unique<idemd::IdempotencyFilter>(*in.engine, *in.pool, in.monotonic,
                                                             *in.metrics, gateway, *in.proxy);
+    in.books = std::make_unique<idemd::Reconciliation>(
+        *faulty_, *provider_, in.clock, random_, in.metrics.get(),
+        idemd::ReconcileOptions{.refund_duplicates = true,
+                                .refund_orphans = refund_orphans_,
+                                .orphan_grace = kOrphanGrace,
+                                .lease = kLease,
+                                .page_size = page_size_,
+                                .instance = "i" + std::to_string(index)});
     in.loop = std::make_unique<http::EventLoop>();
     ++in.generation;
   }
@@ -392,6 +482,7 @@ class Schedule {
     Instance& in = *instances_[static_cast<std::size_t>(i)];
     Log("instance i" + std::to_string(i) + " crashes and restarts");
     in.loop.reset();  // every coroutine it ran dies here
+    in.books.reset();
     in.gateway.reset();
     in.proxy.reset();
     in.filter.reset();
@@ -399,7 +490,7 @@ class Schedule {
     in.metrics.reset();
     in.engine.reset();
     in.pool.reset();
-    Start(in);
+    Start(in, i);
   }
 
   void Advance(Millis d) {
@@ -459,6 +550,10 @@ class Schedule {
           std::to_string(instances_[i]->clock.Skew().count()) + " ms");
     } else if (what == 2) {
       TakeOver(static_cast<int>(rng_() % instances_.size()));
+    } else if (what == 3 && rng_() % 2 == 0) {
+      (void)Books(static_cast<int>(rng_() % instances_.size()));
+    } else if (faults && what == 4 && rng_() % 8 == 0) {
+      ChargeByHand();
     } else if (what <= 8) {
       Retry();
     }
@@ -479,7 +574,7 @@ class Schedule {
             monotonic_.Now() + kLease + Millis(static_cast<int64_t>(rng_() % 3000));
         Log("instance i" + std::to_string(i) + " pauses");
         running.erase(running.begin() + static_cast<std::ptrdiff_t>(pick));
-      } else if (acting_ = "i" + std::to_string(i); !instances_[i]->loop->RunOne()) {
+      } else if (Acting(i, "i"); !instances_[i]->loop->RunOne()) {
         running.erase(running.begin() + static_cast<std::ptrdiff_t>(pick));
       }
       AfterStep();
@@ -534,11 +629,47 @@ class Schedule {
     // at once.
     provider_->SetAtOnce(true);
     upstream_->SetAtOnce(true);
-    acting_ = "the takeover loop on i" + std::to_string(i);
+    Acting(static_cast<std::size_t>(i), "the takeover loop on i");
     const int resolved = in.filter->TakeOverOnce(10, {}) + in.gateway->TakeOverOnce(10, {});
     provider_->SetAtOnce(false);
     upstream_->SetAtOnce(false);
     if (resolved > 0) Log(acting_ + " resolves " + std::to_string(resolved));
+  }
+
+  // A run of the books on instance i, as its periodic job makes one; nullopt when the instance is
+  // paused.
+  std::optional<Result<idemd::RunSummary>> Books(int i, bool even_paused = false) {
+    Instance& in = *instances_[static_cast<std::size_t>(i)];
+    if (!even_paused && in.paused_until > monotonic_.Now()) return std::nullopt;
+    provider_->SetAtOnce(true);  // as the takeover loop's calls
+    Acting(static_cast<std::size_t>(i), "the books on i");
+    Result<idemd::RunSummary> ran = in.books->RunPeriodic(kBooksWindow, kBooksLag);
+    provider_->SetAtOnce(false);
+    if (!ran) {
+      Log(acting_ + " stop: " + ran.error().message);
+      return ran;
+    }
+    std::string line = acting_ + (ran->resumed ? " resume " : " run ") + ran->run_id + ": " +
+                       std::to_string(ran->charges) + " charges, " + std::to_string(ran->matched) +
+                       " matched, " + std::to_string(ran->pending) + " pending";
+    for (const auto& [finding_class, n] : ran->by_class) {
+      line += ", " + std::to_string(n) + " " + finding_class;
+    }
+    Log(line + ", " + std::to_string(ran->refunded) + " refunded");
+    return ran;
+  }
+
+  // Someone charges by hand on the provider's console: a reference shaped like an idemd payment
+  // id that no payment has (another deployment's, an old backup's), or one of another system.
+  void ChargeByHand() {
+    std::string reference = "manual-" + std::to_string(rng_() % 1000);
+    if (rng_() % 2 == 0) {
+      reference = "pay_";
+      for (int d = 0; d < 24; ++d) reference += "0123456789abcdef"[rng_() % 16];
+    }
+    acting_ = "the world";
+    provider_->ChargeByHand(reference, std::string(kAmount), "USD");
+    by_hand_.push_back(reference);
   }
 
   // Answers that arrived, calls whose instance died, calls whose client gave up.
@@ -628,12 +759,13 @@ class Schedule {
     return payment_orders_[payment] = idemd::Text((*rows)[0][0]);
   }
 
-  // Succeeded, unrefunded charges per merchant order.
-  std::map<std::string, std::vector<std::string>> ChargesByOrder() {
+  // Succeeded, unrefunded charges per merchant order; with `idemds_only`, less the provider's own
+  // duplicates (idemd's effects: the books' to refund).
+  std::map<std::string, std::vector<std::string>> ChargesByOrder(bool idemds_only) {
     std::map<std::string, std::vector<std::string>> by_order;
     for (const auto& [reference, made] : provider_->Charges()) {
       for (const SimCharge& c : made) {
-        if (c.status == "succeeded" && !c.refunded) {
+        if (c.status == "succeeded" && !c.refunded && !c.by_hand && !(idemds_only && c.doubled)) {
           by_order[OrderOfPayment(reference)].push_back(c.id);
         }
       }
@@ -641,20 +773,96 @@ class Schedule {
     return by_order;
   }
 
-  // At most one effect per order and per gateway operation.
+  // At most one effect per order and per gateway operation; the books refund only what they may.
   void CheckEffects() {
     CheckCharges();
+    CheckRefunds();
     for (const auto& [op, n] : upstream_->Executions()) {
       if (n > 1) Fail(op + " was executed " + std::to_string(n) + " times upstream");
     }
   }
 
   void CheckCharges() {
-    for (const auto& [order, charges] : ChargesByOrder()) {
+    for (const auto& [order, charges] : ChargesByOrder(/*idemds_only=*/true)) {
       if (charges.size() > 1) {
         std::string list;
         for (const std::string& c : charges) list += " " + c;
         Fail(order + " was charged " + std::to_string(charges.size()) + " times:" + list);
+      }
+    }
+  }
+
+  // A refunded charge is the provider's own duplicate, or an orphan the books may refund; never
+  // the charge a success answered with.
+  void CheckRefunds() {
+    for (const auto& [reference, made] : provider_->Charges()) {
+      for (const SimCharge& c : made) {
+        if (!c.refunded || c.doubled) continue;
+        if (c.by_hand && refund_orphans_ && idemd::IsPaymentId(reference)) continue;
+        Fail("the books refunded " + c.id + " of " + reference + ", which they must not: " +
+             (c.by_hand ? "an orphan they may only report" : "the payment's own charge"));
+      }
+    }
+  }
+
+  // The books, once the faults are over and every charge has landed: runs until one walks the
+  // whole schedule, then the money charged per order is the money paid (the provider's
+  // duplicates refunded), each charge made by hand is an orphan reported (refunded when
+  // configured and it is idemd's shape), and nothing is missing or mismatched.
+  void CheckBooks() {
+    // Past every lease, the grace of every orphan and the listing's delay, by the clock of the
+    // instance that runs them.
+    const Millis behind = std::max(Millis(0), -instances_[0]->clock.Skew());
+    Advance(kOrphanGrace + kBooksLag + kListedWithin + kLease + behind + kMaxSkew);
+    bool walked = false;
+    for (int attempt = 0; attempt < 4 && !walked && ok_; ++attempt) {
+      std::optional<Result<idemd::RunSummary>> ran = Books(0, /*even_paused=*/true);
+      walked = *ran && !(**ran).resumed;
+      if (!walked) Advance(kLease + Millis(1));  // a lease not given back runs out
+    }
+    if (!walked) {
+      Fail("the books did not finish a run once the faults were over");
+      return;
+    }
+    auto rows =
+        store_->Query("SELECT class, charge_id, payment_id, action FROM reconcile_findings");
+    if (!rows) {
+      Fail("reading the findings: " + rows.error().message);
+      return;
+    }
+    std::map<std::string, std::string> duplicates;  // charge -> action
+    std::map<std::string, std::string> orphans;
+    for (const SqlRow& r : *rows) {
+      const std::string finding_class = idemd::Text(r[0]);
+      const std::string charge = idemd::Text(r[1]);
+      const std::string action = idemd::Text(r[3]);
+      if (finding_class == "duplicate") {
+        duplicates[charge] = action;
+      } else if (finding_class == "orphan") {
+        orphans[charge] = action;
+      } else {
+        Fail("the books found " + finding_class + " " + charge + " of payment " +
+             idemd::Text(r[2]) + ": the payments and the provider disagree");
+      }
+    }
+    for (const auto& [reference, made] : provider_->Charges()) {
+      for (const SimCharge& c : made) {
+        if (c.doubled && duplicates[c.id] != "refunded") {
+          Fail("the provider's duplicate " + c.id + " of " + reference + " is '" +
+               duplicates[c.id] + "' in the books, not refunded");
+        }
+        if (!c.doubled && duplicates.count(c.id) > 0) {
+          Fail(c.id + " of " + reference +
+               " is a duplicate in the books, but it is the one charge");
+        }
+        if (!c.by_hand) continue;
+        const bool refundable = refund_orphans_ && idemd::IsPaymentId(reference);
+        const std::string want = refundable ? "refunded" : "reported";
+        if (orphans[c.id] != want || c.refunded != refundable) {
+          Fail(c.id + ", charged by hand for " + reference + ", is '" + orphans[c.id] +
+               "' in the books and " + (c.refunded ? "refunded" : "not refunded") + ", not " +
+               want);
+        }
       }
     }
   }
@@ -684,7 +892,8 @@ class Schedule {
     upstream_->LandAll();
     CheckEffects();
     for (const Key& key : done_) CheckOperation(key);
-    std::map<std::string, std::vector<std::string>> charged = ChargesByOrder();
+    CheckBooks();
+    std::map<std::string, std::vector<std::string>> charged = ChargesByOrder(/*idemds_only=*/false);
     for (const Key& key : keys_) {
       if (!key.final) {
         Fail(key.key + " never got a final answer: blocked");
@@ -732,8 +941,18 @@ class Schedule {
           " " + what);
     }
   }
-  // Up to ten seconds either way.
-  Millis RandomSkew() { return Millis(static_cast<int64_t>(rng_() % 20001) - 10000); }
+  // Instance i runs idemd's code now: its timers go by its monotonic clock, its words into the
+  // trace under `who` and its number.
+  void Acting(std::size_t i, const char* who) {
+    acting_ = who + std::to_string(i);
+    acting_monotonic_.Set(&instances_[i]->monotonic);
+    http::SetTimerClock(&instances_[i]->monotonic);
+  }
+
+  // Up to kMaxSkew either way.
+  Millis RandomSkew() {
+    return Millis(static_cast<int64_t>(rng_() % (2 * kMaxSkew.count() + 1)) - kMaxSkew.count());
+  }
 
   void Log(const std::string& line) {
     trace_.push_back("[" + std::to_string(ToUnixMillis(world_.Now()) - start_ms_) + " ms] " + line);
@@ -754,6 +973,7 @@ class Schedule {
   SeededRandom random_;
   FakeClock world_;
   FakeMonotonicClock monotonic_;
+  ActingMonotonicClock acting_monotonic_{monotonic_};
   const int64_t start_ms_ = ToUnixMillis(world_.Now());
   std::unique_ptr<Store> store_;
   std::string namespace_;
@@ -761,6 +981,9 @@ class Schedule {
   std::unique_ptr<Sealer> sealer_;
   std::unique_ptr<FaultyStore> faulty_;
   std::unique_ptr<SimProvider> provider_;
+  bool refund_orphans_ = false;       // [reconciliation] refund_orphans
+  int page_size_ = 100;               // the books' page of the listing
+  std::vector<std::string> by_hand_;  // references charged by hand at the provider
   std::unique_ptr<SimUpstream> upstream_;
   idemd::GatewayRoute route_;
   bool dedup_ = false;

@@ -27,6 +27,8 @@ const char* ChargeFaultName(ChargeFault fault) {
       return "no answer by the deadline, the charge lands later";
     case ChargeFault::kNeverLeft:
       return "never left";
+    case ChargeFault::kChargedTwice:
+      return "charged twice (the provider's own duplicate)";
   }
   return "?";
 }
@@ -41,6 +43,38 @@ const char* LookupFaultName(LookupFault fault) {
       return "no answer by the deadline";
     case LookupFault::kGarbage:
       return "401 with an HTML page";
+  }
+  return "?";
+}
+
+const char* ListFaultName(ListFault fault) {
+  switch (fault) {
+    case ListFault::kAnswered:
+      return "answered";
+    case ListFault::kRepeats:
+      return "a page that starts before its cursor";
+    case ListFault::kFailed:
+      return "5xx";
+    case ListFault::kTimeout:
+      return "no answer by the deadline";
+    case ListFault::kGarbage:
+      return "401 with an HTML page";
+  }
+  return "?";
+}
+
+const char* RefundFaultName(RefundFault fault) {
+  switch (fault) {
+    case RefundFault::kRefunded:
+      return "refunded";
+    case RefundFault::kFailedNothing:
+      return "5xx, nothing refunded";
+    case RefundFault::kFailedRefunded:
+      return "5xx after it refunded";
+    case RefundFault::kTimeoutRefunded:
+      return "refunded, no answer by the deadline";
+    case RefundFault::kTimeoutLandsLate:
+      return "no answer by the deadline, the refund lands later";
   }
   return "?";
 }
@@ -60,11 +94,32 @@ void SimProvider::Tick() {
       ++it;
     }
   }
+  for (auto it = pending_refunds_.begin(); it != pending_refunds_.end();) {
+    if (it->at <= now) {
+      SimCharge* charge = Find(it->refund.charge);
+      const bool made = charge != nullptr && Refund(*charge);
+      if (made) refunds_[it->key] = it->refund;
+      log_("provider: a late refund of " + it->refund.charge +
+           " lands: " + (made ? "refunded" : "refused, nothing is left to refund"));
+      it = pending_refunds_.erase(it);
+    } else {
+      ++it;
+    }
+  }
 }
 
 void SimProvider::LandAll() {
   for (Pending& p : pending_) p.at = clock_.Now();
+  for (PendingRefund& p : pending_refunds_) p.at = clock_.Now();
   Tick();
+}
+
+void SimProvider::ChargeByHand(const std::string& reference, const std::string& amount,
+                               const std::string& currency) {
+  SimCharge& made =
+      charges_[reference].emplace_back(MakeNew({reference, amount, currency}, "succeeded"));
+  made.by_hand = true;
+  log_("someone charges " + reference + " by hand at the provider: " + made.id);
 }
 
 std::vector<SimCharge> SimProvider::ChargesOf(const std::string& reference) const {
@@ -80,9 +135,35 @@ bool SimProvider::Landing(const std::string& reference) const {
 SimCharge SimProvider::Make(const Request& request, const std::string& status) {
   std::vector<SimCharge>& made = charges_[request.reference];
   if (options_.honours_keys && !made.empty()) return made.front();
-  made.push_back({"ch_" + std::to_string(++next_id_), request.reference, request.amount,
-                  request.currency, status, ToUnixMillis(clock_.Now()), false});
-  return made.back();
+  return made.emplace_back(MakeNew(request, status));
+}
+
+SimCharge SimProvider::MakeNew(const Request& request, const std::string& status) {
+  const int64_t now = ToUnixMillis(clock_.Now());
+  SimCharge c;
+  c.id = "ch_" + std::to_string(++next_id_);
+  c.reference = request.reference;
+  c.amount = request.amount;
+  c.currency = request.currency;
+  c.status = status;
+  c.created_at_ms = now;
+  c.listed_at_ms = now + delays_.Below(options_.listed_within).count();
+  return c;
+}
+
+SimCharge* SimProvider::Find(const std::string& charge) {
+  for (auto& [reference, made] : charges_) {
+    for (SimCharge& c : made) {
+      if (c.id == charge) return &c;
+    }
+  }
+  return nullptr;
+}
+
+bool SimProvider::Refund(SimCharge& charge) {
+  if (charge.refunded || charge.status != "succeeded") return false;
+  charge.refunded = true;
+  return true;
 }
 
 idemd::Charge SimProvider::ToCharge(const SimCharge& c) const {
@@ -120,7 +201,8 @@ http::Async<Result<idemd::ChargeResult>> SimProvider::CreateCharge(const std::st
                                     F::kLostAfterCharge,
                                     F::kTimeoutCharged,
                                     F::kTimeoutLandsLate,
-                                    F::kNeverLeft};
+                                    F::kNeverLeft,
+                                    F::kChargedTwice};
     fault = kFaults[rng_() % std::size(kFaults)];
   }
   // A provider that honours keys answers a repeat as it answered the first, and refuses one
@@ -179,6 +261,14 @@ http::Async<Result<idemd::ChargeResult>> SimProvider::CreateCharge(const std::st
     case F::kNeverLeft:
       co_await delays_.Wait(delays_.Below(send_within));
       co_return MakeError(Errc::kUnavailable, "connection refused");
+    case F::kChargedTwice: {
+      const SimCharge made = Make(request, "succeeded");
+      SimCharge& twice = charges_[reference].emplace_back(MakeNew(request, "succeeded"));
+      twice.doubled = true;
+      log_("provider: " + reference + " charged as " + made.id + " and again as " + twice.id);
+      co_await delays_.Wait(delays_.Below(options_.call_timeout));
+      co_return idemd::ChargeResult::Charged(ToCharge(made));
+    }
   }
   co_return MakeError(Errc::kInternal, "unreachable");
 }
@@ -223,10 +313,40 @@ http::Async<Result<idemd::ChargePage>> SimProvider::ListCharges(int64_t gte_ms, 
                                                                 int limit,
                                                                 const std::string& starting_after) {
   Tick();
+  ListFault fault = ListFault::kAnswered;
+  if (faults_) {
+    static constexpr ListFault kFaults[] = {
+        ListFault::kAnswered, ListFault::kAnswered, ListFault::kAnswered, ListFault::kRepeats,
+        ListFault::kFailed,   ListFault::kTimeout,  ListFault::kGarbage};
+    fault = kFaults[rng_() % std::size(kFaults)];
+  }
+  const std::string page_of = "a page of the listing" +
+                              (starting_after.empty() ? std::string() : " after " + starting_after);
+  switch (fault) {
+    case ListFault::kAnswered:
+    case ListFault::kRepeats:
+      break;
+    case ListFault::kFailed:
+      log_("provider: " + page_of + ": 5xx");
+      co_await delays_.Wait(delays_.Below(options_.call_timeout));
+      co_return MakeError(Errc::kUnavailable, "503");
+    case ListFault::kTimeout:
+      log_("provider: " + page_of + ": no answer by the deadline");
+      co_await delays_.Wait(options_.call_timeout);
+      co_return MakeError(Errc::kDeadlineExceeded, "no answer in time");
+    case ListFault::kGarbage:
+      log_("provider: " + page_of + ": 401 with an HTML page");
+      co_await delays_.Wait(delays_.Below(options_.call_timeout));
+      co_return MakeError(Errc::kDataLoss, "401: not the documented shape");
+  }
+  // What the index shows by now: a charge made a moment ago may not be there yet.
+  const int64_t now = ToUnixMillis(clock_.Now());
   std::vector<SimCharge> all;
   for (const auto& [reference, made] : charges_) {
     for (const SimCharge& c : made) {
-      if (c.created_at_ms >= gte_ms && c.created_at_ms < lt_ms) all.push_back(c);
+      if (c.created_at_ms >= gte_ms && c.created_at_ms < lt_ms && c.listed_at_ms <= now) {
+        all.push_back(c);
+      }
     }
   }
   std::sort(all.begin(), all.end(), [](const SimCharge& a, const SimCharge& b) {
@@ -237,6 +357,13 @@ http::Async<Result<idemd::ChargePage>> SimProvider::ListCharges(int64_t gte_ms, 
     from = std::find_if(all.begin(), all.end(),
                         [&](const SimCharge& c) { return c.id == starting_after; });
     if (from != all.end()) ++from;
+  }
+  if (fault == ListFault::kRepeats) {
+    const auto back = std::min<std::ptrdiff_t>(from - all.begin(), 1 + rng_() % 2);
+    from -= back;
+    if (back > 0) {
+      log_("provider: " + page_of + " starts " + std::to_string(back) + " charges before it");
+    }
   }
   idemd::ChargePage page;
   for (; from != all.end() && static_cast<int>(page.data.size()) < limit; ++from) {
@@ -251,19 +378,57 @@ http::Async<Result<idemd::Refund>> SimProvider::RefundCharge(const std::string& 
                                                              const std::string& charge,
                                                              const std::string& amount,
                                                              const std::string&) {
-  for (auto& [reference, made] : charges_) {
-    for (SimCharge& c : made) {
-      if (c.id != charge) continue;
-      if (c.refunded || c.status != "succeeded" || amount != c.amount) {
-        co_return MakeError(Errc::kInvalidArgument, "more than is left to refund");
-      }
-      c.refunded = true;
-      log_("provider: " + charge + " refunded");
+  Tick();
+  if (options_.honours_keys) {
+    if (auto it = refunds_.find(key); it != refunds_.end()) {
+      log_("provider: a repeated refund " + key + " answers its first");
       co_await delays_.Wait(delays_.Below(options_.call_timeout));
-      co_return idemd::Refund{"re_" + key, charge, amount, "succeeded"};
+      co_return it->second;
+    }
+    if (std::any_of(pending_refunds_.begin(), pending_refunds_.end(),
+                    [&](const PendingRefund& p) { return p.key == key; })) {
+      log_("provider: a refund " + key + " while its first still executes: 409");
+      co_await delays_.Wait(delays_.Below(options_.call_timeout));
+      co_return MakeError(Errc::kUnavailable, "409 conflict");
     }
   }
-  co_return MakeError(Errc::kNotFound, "no such charge");
+  SimCharge* c = Find(charge);
+  if (c == nullptr) co_return MakeError(Errc::kNotFound, "no such charge");
+  if (c->refunded || c->status != "succeeded" || amount != c->amount) {
+    log_("provider: a refund of " + charge + " refused: more than is left to refund");
+    co_await delays_.Wait(delays_.Below(options_.call_timeout));
+    co_return MakeError(Errc::kInvalidArgument, "more than is left to refund");
+  }
+  RefundFault fault = RefundFault::kRefunded;
+  if (faults_) {
+    static constexpr RefundFault kFaults[] = {
+        RefundFault::kRefunded,        RefundFault::kRefunded,
+        RefundFault::kFailedNothing,   RefundFault::kFailedRefunded,
+        RefundFault::kTimeoutRefunded, RefundFault::kTimeoutLandsLate};
+    fault = kFaults[rng_() % std::size(kFaults)];
+  }
+  log_("provider: a refund of " + charge + ": " + RefundFaultName(fault));
+  const idemd::Refund made{"re_" + std::to_string(++next_id_), charge, amount, "succeeded"};
+  if (fault == RefundFault::kTimeoutLandsLate) {
+    pending_refunds_.push_back({clock_.Now() + delays_.Below(options_.lands_within), key, made});
+  } else if (fault != RefundFault::kFailedNothing) {
+    Refund(*c);
+    refunds_[key] = made;
+  }
+  switch (fault) {
+    case RefundFault::kRefunded:
+      co_await delays_.Wait(delays_.Below(options_.call_timeout));
+      co_return made;
+    case RefundFault::kFailedNothing:
+    case RefundFault::kFailedRefunded:
+      co_await delays_.Wait(delays_.Below(options_.call_timeout));
+      co_return MakeError(Errc::kUnavailable, "502");
+    case RefundFault::kTimeoutRefunded:
+    case RefundFault::kTimeoutLandsLate:
+      co_await delays_.Wait(options_.call_timeout);
+      co_return MakeError(Errc::kDeadlineExceeded, "no answer in time");
+  }
+  co_return MakeError(Errc::kInternal, "unreachable");
 }
 
 }  // namespace idem::sim

@@ -17,9 +17,9 @@ bool AnswersLarge(const std::string& op) { return !op.empty() && op.back() == '3
 
 }  // namespace
 
-SimUpstream::SimUpstream(Options options, const MonotonicClock& clock, std::mt19937_64& rng,
-                         std::function<void(const std::string&)> log)
-    : options_(options), clock_(clock), rng_(rng), log_(std::move(log)) {}
+SimUpstream::SimUpstream(Options options, const MonotonicClock& clock, const MonotonicClock& caller,
+                         std::mt19937_64& rng, std::function<void(const std::string&)> log)
+    : options_(options), clock_(clock), caller_(caller), rng_(rng), log_(std::move(log)) {}
 
 bool SimUpstream::Landing(const std::string& key) const {
   return std::any_of(pending_.begin(), pending_.end(),
@@ -89,7 +89,7 @@ http::Async<Result<http::Response>> SimUpstream::Forward(http::Request request,
   const std::string op = StringMember(request.body, "op");
   const std::string named = op + " (key " + key.substr(0, 8) + ")";
   // As the HTTP client: the request leaves by send_by or not at all.
-  if (options.send_by && clock_.Now() > *options.send_by) {
+  if (options.send_by && caller_.Now() > *options.send_by) {
     log_("upstream: a forward of " + named + " is not sent: its time to leave has passed");
     co_return MakeError(Errc::kUnavailable, "the request did not leave in time");
   }

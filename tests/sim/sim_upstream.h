@@ -32,8 +32,10 @@ class SimUpstream final : public http::Upstream {
     Millis lands_within{2400};      // the longest an execution takes to land after the request left
     std::size_t large_body = 4096;  // the size of the answers of operations whose answer is large
   };
-  SimUpstream(Options options, const MonotonicClock& clock, std::mt19937_64& rng,
-              std::function<void(const std::string&)> log);
+  // `clock`: the world's time, by which executions land; `caller`: the clock of the instance
+  // that calls, by which its deadlines (CallOptions::send_by) are set.
+  SimUpstream(Options options, const MonotonicClock& clock, const MonotonicClock& caller,
+              std::mt19937_64& rng, std::function<void(const std::string&)> log);
 
   void SetFaults(bool on) { faults_ = on; }
   void SetAtOnce(bool at_once) { delays_.SetAtOnce(at_once); }
@@ -63,6 +65,7 @@ class SimUpstream final : public http::Upstream {
 
   Options options_;
   const MonotonicClock& clock_;
+  const MonotonicClock& caller_;
   std::mt19937_64& rng_;
   std::function<void(const std::string&)> log_;
   bool faults_ = true;
