@@ -35,6 +35,7 @@
 #include "idem/engine.h"
 #include "idem/failpoint.h"
 #include "idem/mutex.h"
+#include "idem/store/replay_cache.h"
 #include "idem/store/sqlite.h"
 #include "server/idemd/filter/filter.h"
 #include "server/idemd/gateway/proxy.h"
@@ -45,6 +46,7 @@
 #include "server/idemd/routes.h"
 #include "testing/fakes.h"
 #include "testing/faulty_store.h"
+#include "tests/sim/sim_markers.h"
 #include "tests/sim/sim_provider.h"
 #include "tests/sim/sim_upstream.h"
 
@@ -171,6 +173,8 @@ struct Instance {
   InstanceClock clock;
   InstanceMonotonicClock monotonic;
   std::unique_ptr<http::BlockingPool> pool;
+  // The store as this instance sees it: through its own replay cache, when it has one.
+  std::unique_ptr<Store> store;
   std::unique_ptr<Engine> engine;
   std::unique_ptr<idemd::Metrics> metrics;
   std::unique_ptr<idemd::Payments> payments;
@@ -314,6 +318,7 @@ class Schedule {
     faulty_->SetPlan(FaultPlan());
     provider_->SetFaults(false);
     upstream_->SetFaults(false);
+    if (markers_) markers_->SetFaults(false);
     Log("faults stop");
     // Faults stop; time passes; clients keep retrying and the takeover loop runs until every key
     // has its final answer. A key still unanswered after that is blocked forever.
@@ -322,7 +327,16 @@ class Schedule {
     // under the key they used before, which the upstream must execute as the new one it is.
     if (ok_ && std::any_of(keys_.begin(), keys_.end(), [](const Key& k) { return k.gateway; })) {
       Settle(/*drain=*/true);  // no earlier request reaches a record after it expired
-      Advance(kGatewayRetention + kLease);
+      // Just past the last record's expiry: a replay kept anywhere longer than its record lives
+      // would answer the new operation with the old one's answer.
+      Timestamp last = world_.Now();
+      for (const Key& key : keys_) {
+        if (!key.gateway) continue;
+        auto r = store_->Read(key.scope);
+        if (r && *r) last = std::max(last, (*r)->expires_at);
+      }
+      Advance(std::chrono::duration_cast<Millis>(last - world_.Now()) +
+              Millis(static_cast<int64_t>(1 + rng_() % 200)));
       for (std::size_t k = 0; k < keys_.size(); ++k) {
         Key& key = keys_[k];
         if (!key.gateway || !Expired(key) || rng_() % 2 == 0) continue;
@@ -388,6 +402,13 @@ class Schedule {
         world_, rng_, [this](const std::string& line) { Log(acting_ + ": " + line); });
     refund_orphans_ = rng_() % 2 == 0;
     page_size_ = 1 + static_cast<int>(rng_() % 3);  // small pages: many cursors to resume from
+    // With Redis (in-flight markers) or without; a replay cache in each instance or none.
+    if (rng_() % 2 == 0) {
+      markers_ = std::make_unique<SimMarkers>(
+          monotonic_, rng_, [this](Millis d) { monotonic_.Advance(d); },
+          [this](const std::string& line) { Log(acting_ + ": " + line); });
+    }
+    cache_entries_ = rng_() % 2 == 0 ? 0 : 1 + rng_() % 4;
     // As an operator configures idemd for this provider: [provider] deduplicates_by_key when it
     // does (then nothing settles), else settle_ms.
     dedup_ = honours_keys && rng_() % 2 == 0;
@@ -437,19 +458,31 @@ class Schedule {
         (route_.upstream_deduplicates ? ", declared upstream_deduplicates" : "") +
         (route_.status_path.empty() ? ", no status URL" : ", a status URL") + "; the books " +
         (refund_orphans_ ? "refund" : "report") + " orphans, pages of " +
-        std::to_string(page_size_) + "; store faults " + std::to_string(store_faults) + "; " +
-        std::to_string(instances) + " instances, wall clock skews (ms)" + skews + ", drifts (ppm)" +
-        drifts);
+        std::to_string(page_size_) + "; " + (markers_ ? "in-flight markers" : "no markers") + ", " +
+        (cache_entries_ > 0 ? "replay caches of " + std::to_string(cache_entries_)
+                            : "no replay cache") +
+        "; store faults " + std::to_string(store_faults) + "; " + std::to_string(instances) +
+        " instances, wall clock skews (ms)" + skews + ", drifts (ppm)" + drifts);
     return true;
   }
 
   // Builds an instance's payments route as idemd's main does.
   void Start(Instance& in, int index) {
     in.pool = std::make_unique<http::BlockingPool>(http::BlockingPool::OnTheLoop{});
-    in.engine = std::make_unique<Engine>(*faulty_, *fingerprinter_, *sealer_, in.clock);
+    in.store = std::make_unique<StoreWrapper>(static_cast<Store&>(*faulty_));
+    if (cache_entries_ > 0) {
+      // Its replay cache: tiny, so entries are evicted (lost) all the time; its entries' lives
+      // measured on the instance's own monotonic clock, as in idemd.
+      in.store = WrapWithReplayCache(
+          std::move(in.store),
+          {.max_entries = cache_entries_, .max_bytes = 1u << 20, .monotonic = &in.monotonic},
+          in.clock);
+    }
+    in.engine =
+        std::make_unique<Engine>(*in.store, *fingerprinter_, *sealer_, in.clock, markers_.get());
     in.metrics = std::make_unique<idemd::Metrics>();
     in.payments = std::make_unique<idemd::Payments>(
-        *faulty_, *in.pool, *provider_, in.clock, in.monotonic, namespace_,
+        *in.store, *in.pool, *provider_, in.clock, in.monotonic, namespace_,
         std::vector<std::string>{"USD"}, idemd::ChargeCover{kTimeout, kMargin}, dedup_,
         settle_ ? kSettle : Millis(0));
     idemd::FilterPolicy policy = idemd::PaymentsPolicy(KeyPolicy{}, kLease, Millis(3'600'000),
@@ -467,7 +500,7 @@ class Schedule {
     in.gateway = std::make_unique<idemd::IdempotencyFilter>(*in.engine, *in.pool, in.monotonic,
                                                             *in.metrics, gateway, *in.proxy);
     in.books = std::make_unique<idemd::Reconciliation>(
-        *faulty_, *provider_, in.clock, random_, in.metrics.get(),
+        *in.store, *provider_, in.clock, random_, in.metrics.get(),
         idemd::ReconcileOptions{.refund_duplicates = true,
                                 .refund_orphans = refund_orphans_,
                                 .orphan_grace = kOrphanGrace,
@@ -489,6 +522,7 @@ class Schedule {
     in.payments.reset();
     in.metrics.reset();
     in.engine.reset();
+    in.store.reset();
     in.pool.reset();
     Start(in, i);
   }
@@ -554,6 +588,9 @@ class Schedule {
       (void)Books(static_cast<int>(rng_() % instances_.size()));
     } else if (faults && what == 4 && rng_() % 8 == 0) {
       ChargeByHand();
+    } else if (faults && what == 5 && markers_ && rng_() % 16 == 0) {
+      acting_ = "the world";
+      markers_->Vanish();
     } else if (what <= 8) {
       Retry();
     }
@@ -985,6 +1022,8 @@ class Schedule {
   int page_size_ = 100;               // the books' page of the listing
   std::vector<std::string> by_hand_;  // references charged by hand at the provider
   std::unique_ptr<SimUpstream> upstream_;
+  std::unique_ptr<SimMarkers> markers_;  // null: idemd runs without Redis
+  std::size_t cache_entries_ = 0;        // each instance's replay cache; 0: none
   idemd::GatewayRoute route_;
   bool dedup_ = false;
   std::vector<std::unique_ptr<Instance>> instances_;

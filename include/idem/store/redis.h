@@ -7,12 +7,12 @@
 // record is used only while its expires_at is in the future by the store's clock: until then the
 // database record cannot change (finished records are immutable until they expire). An entry
 // lives for what the store said the record had left when it was read (Record::expires_at -
-// Record::observed_at), counted from before the read (a fill that comes late only shortens it) —
-// its TTL in Redis, measured by Redis, and its deadline in the LRU, measured by the monotonic
-// clock — so no instance's wall clock, however skewed, keeps one alive past its expiry; the
-// instance's `clock` can only shorten an entry's use (a clock running ahead costs database
-// reads, never a wrong answer). An entry answers only for its own scope
-// (one holding another scope's record is a miss). Every Redis error or timeout falls back to the
+// Record::observed_at, less 2 % for a clock that runs slow), counted from before the read (a fill
+// that comes late only shortens it) — its TTL in Redis, measured by Redis, and its deadline in the
+// LRU, measured by the monotonic clock — so no instance's wall clock, however skewed, keeps one
+// alive past its expiry; the instance's `clock` can only shorten an entry's use (a clock running
+// ahead costs database reads, never a wrong answer). An entry answers only for its own scope (one
+// holding another scope's record is a miss). Every Redis error or timeout falls back to the
 // database. The in-flight marker is a hint only: it may make a duplicate wait and retry,
 // never give it a final answer. Transactions, claims and everything else pass straight through.
 #pragma once

@@ -4,7 +4,8 @@
 //
 // The database decides, as with the Redis cache (redis.h), by the same rule: only finished
 // records (SUCCEEDED, FAILED_FINAL) are kept, each for what the store said it had left when it
-// was read (expires_at - observed_at, counted from before the read, on the monotonic clock), and
+// was read (expires_at - observed_at, less 2 % for a monotonic clock that runs slow, counted from
+// before the read, on the monotonic clock), and
 // none is used once the local clock says it has expired. A finished record cannot change before
 // its expiry, so a cached answer is the database's answer. Everything else passes through.
 #pragma once

@@ -23,13 +23,22 @@ inline bool Usable(const Record& r, Timestamp local) {
          r.expires_at > r.observed_at && r.expires_at > local;
 }
 
-// What the store said a record had left when it was read.
+// How much slower than the world a process's monotonic clock may run while its caches still
+// never answer for a record past its expiry: an entry is kept for what the record had left less
+// this share of it. 2 %, forty times what NTP lets a clock slew (500 ppm); the simulator drifts
+// instances' clocks this far (docs/testing.md). A record with a day left is kept 23.5 hours.
+inline constexpr int64_t kSlowClockPpm = 20'000;
+
+// How long a cache may keep a record: what the store said it had left when it was read, less
+// the kSlowClockPpm share of that.
 inline Millis Left(const Record& r) {
-  return std::chrono::duration_cast<Millis>(r.expires_at - r.observed_at);
+  const auto left = std::chrono::duration_cast<Millis>(r.expires_at - r.observed_at);
+  return left - left * kSlowClockPpm / 1'000'000;
 }
 
 // Entries live until a deadline on the monotonic clock, set from the store's own reckoning of
-// how long the record has left (expires_at - observed_at): no wall clock decides. Bounded by
+// how long the record has left (expires_at - observed_at, less Left's share): no wall clock
+// decides. Bounded by
 // entries and by bytes (a record's strings and a fixed overhead); the least recently used go
 // first. A record larger than the byte bound is not kept. Thread-safe.
 class Lru {
