@@ -52,7 +52,7 @@ bool FailpointsArmed();
 // double execution each one prevents. IDEM_REVERTED(name) is true while the fix is taken back
 // (RevertFixes); builds without failpoints compile it to false. Nothing but a test arms one: no
 // environment variable, flag or configuration reaches them.
-inline constexpr std::array<std::string_view, 5> kRevertibleFixes = {
+inline constexpr std::array<std::string_view, 6> kRevertibleFixes = {
     // A charge leaves only within the lease margin after its covered advance (ChargeSteps::
     // BeforeSend and SendWithin); taken back, it leaves however late the store answered.
     "margin",
@@ -68,6 +68,9 @@ inline constexpr std::array<std::string_view, 5> kRevertibleFixes = {
     // Each operation forwards a key of its own (UpstreamKeyOf); taken back, every operation of a
     // client key forwards the scope's, also after the record expired and a new one began.
     "upstream_key",
+    // A gateway upstream's 5xx that is neither final nor declared "nothing done" is an unknown
+    // outcome (ForwardSteps::MayHaveActed); taken back, it is retryable, forwarded again.
+    "gateway_5xx",
 };
 
 // Takes back the fixes a comma-separated list names ("" restores every fix). Errors:

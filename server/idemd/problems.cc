@@ -37,6 +37,8 @@ http::ProblemSpec Spec(ProductProblem kind) {
       return {502, "urn:idem:problem:upstream-unavailable", "Bad Gateway", kRetry1s, kExpires};
     case K::kUpstreamTimeout:
       return {504, "urn:idem:problem:upstream-timeout", "Gateway Timeout", kNoRetry, kExpires};
+    case K::kUpstreamFailed:
+      return {502, "urn:idem:problem:upstream-failed", "Bad Gateway", kNoRetry, kExpires};
     case K::kUpstreamOutcomeUnknown:
       return {502, "urn:idem:problem:upstream-outcome-unknown", "Bad Gateway", kNoRetry, kExpires};
   }

@@ -23,6 +23,9 @@ enum class ProductProblem : uint8_t {
   // Gateway routes.
   kUpstreamUnavailable,  // the upstream could not be reached and nothing was sent; retry
   kUpstreamTimeout,      // the upstream did not answer; retry with the same key to learn more
+  // The upstream answered a 5xx that does not prove it did nothing (not in the route's
+  // nothing_done_statuses): it may have acted; retry with the same key to learn more.
+  kUpstreamFailed,
   // Final: whether a forward executed stays unknown (the route's status URL could not tell for
   // status_unknown_max_ms, or the route has none and no upstream_deduplicates); nothing is
   // forwarded again, and an operator settles the record.

@@ -46,6 +46,7 @@ TEST(ProductProblems, KeepThePublishedStatusTypeAndTitleOfEveryKind) {
       {K::kOrderConflict, {409, "urn:idem:problem:order-conflict", "Conflict", 0}},
       {K::kUpstreamUnavailable, {502, "urn:idem:problem:upstream-unavailable", "Bad Gateway", 1}},
       {K::kUpstreamTimeout, {504, "urn:idem:problem:upstream-timeout", "Gateway Timeout", 0}},
+      {K::kUpstreamFailed, {502, "urn:idem:problem:upstream-failed", "Bad Gateway", 0}},
       {K::kUpstreamOutcomeUnknown,
        {502, "urn:idem:problem:upstream-outcome-unknown", "Bad Gateway", 0}},
   };

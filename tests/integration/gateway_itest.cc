@@ -61,7 +61,7 @@ class GatewayTest : public IdemdTest {
         "\"\nforward_key_header = \"Idempotency-Key\"\nstatus_path = \"/status/{key}\"\n"
         // upstream-sim's delayed requests execute up to 500 ms after they timed out here.
         "final_statuses = [\"2xx\", 422]\nlease_ms = 2000\ntimeout_ms = 500\n"
-        "late_execution_ms = 500\n"
+        "late_execution_ms = 500\nnothing_done_statuses = [503]\n"
         "[[routes]]\nname = \"forms.create\"\nmatch = \"POST /v1/forms\"\n"
         "upstream = \"" +
         upstream +
@@ -70,7 +70,8 @@ class GatewayTest : public IdemdTest {
         "[[routes]]\nname = \"payouts.create\"\nmatch = \"POST /v1/payouts\"\n"
         "upstream = \"" +
         upstream +
-        "\"\nforward_key_header = \"Idempotency-Key\"\nlease_ms = 2000\ntimeout_ms = 500\n";
+        "\"\nforward_key_header = \"Idempotency-Key\"\nlease_ms = 2000\ntimeout_ms = 500\n"
+        "nothing_done_statuses = [503]\n";
     return o;
   }
 
@@ -384,12 +385,33 @@ TEST_F(GatewayTest, WithoutAStatusUrlOrDeduplicationAnUnknownOutcomeIsHeld) {
   EXPECT_NE(Get("/metrics")
                 .body.find("idem_gateway_unknown_outcomes_total{route=\"payouts.create\"} 1\n"),
             std::string::npos);
-  // A forward the upstream answered is known: a retryable answer is forwarded again.
+  // A forward the upstream answered with a status it declares as "nothing done" is known: it is
+  // forwarded again.
   EXPECT_EQ(
       Call("POST", "/v1/payouts", "payout-key-0002", "{}", {{"X-Upstream-Status", "503"}}).status,
       503);
   EXPECT_EQ(Call("POST", "/v1/payouts", "payout-key-0002", "{}").status, 201);
   EXPECT_EQ(Total(), 3);
+}
+
+// A failure answer is not proof of no work: upstream-sim executes the payout and answers 500.
+// 500 is not in the route's nothing_done_statuses, so the outcome is unknown, as after a timeout:
+// on this route (no status URL, no deduplication) it is held, never forwarded again. Before, the
+// 500 was retryable and the retry paid the payout a second time.
+TEST_F(GatewayTest, AFiveHundredThatMayHaveActedIsNeverForwardedAgainOnItsOwn) {
+  auto failed = Call("POST", "/v1/payouts", "payout-key-0500", R"({"to":"F"})",
+                     {{"X-Upstream-Status", "500"}});
+  EXPECT_EQ(failed.status, 502) << failed.body;
+  EXPECT_NE(failed.body.find("urn:idem:problem:upstream-failed"), std::string::npos) << failed.body;
+  EXPECT_NE(failed.body.find("answered 500"), std::string::npos) << failed.body;
+  EXPECT_EQ(Total(), 1);
+  for (int retry = 0; retry < 2; ++retry) {
+    auto held = Call("POST", "/v1/payouts", "payout-key-0500", R"({"to":"F"})");
+    EXPECT_EQ(held.status, 502) << held.body;
+    EXPECT_NE(held.body.find("urn:idem:problem:upstream-outcome-unknown"), std::string::npos)
+        << held.body;
+  }
+  EXPECT_EQ(Total(), 1) << "executed once, however often the client retried";
 }
 
 // A held outcome waits for an operator: idemctl lists it and settles it, executed (every copy then
@@ -537,7 +559,7 @@ TEST_F(GatewayTest, AStatusUrlReportsTheOutcomeInA2xxAndNothingElseCounts) {
   auto told = Call("POST", "/v1/transfers", "transfer-key-5", R"({"to":"P"})");
   EXPECT_EQ(told.status, 503) << "the outcome the status URL reports: " << told.body;
   EXPECT_EQ(ParseObject(told.body).at("execution").as_int64(), 1) << told.body;
-  // 503 is retryable on this route: the next retry forwards again, at once.
+  // 503 is declared "nothing done" on this route: the next retry forwards again, at once.
   auto again = Call("POST", "/v1/transfers", "transfer-key-5", R"({"to":"P"})");
   ASSERT_EQ(again.status, 201) << again.body;
   EXPECT_EQ(ParseObject(again.body).at("execution").as_int64(), 2);
@@ -651,9 +673,9 @@ TEST_F(GatewayTest, ARouteOfBytesTakesAnyMediaTypeAndCountsTheBodyAsItCame) {
 }
 
 TEST_F(GatewayTest, RetryableAndFinalStatusesFollowTheRoute) {
-  // 503 is not listed: retryable, so the retry executes again.
-  auto failed = Call("POST", "/v1/orders", "order-key-0005", "{}", {{"X-Upstream-Status", "503"}});
-  EXPECT_EQ(failed.status, 503);
+  // 429 is not listed: retryable, so the retry executes again.
+  auto failed = Call("POST", "/v1/orders", "order-key-0005", "{}", {{"X-Upstream-Status", "429"}});
+  EXPECT_EQ(failed.status, 429);
   auto again = Call("POST", "/v1/orders", "order-key-0005", "{}");
   EXPECT_EQ(again.status, 201);
   // 404 is listed: final, replayed.

@@ -1,17 +1,18 @@
 // tests/sim/sim.cc — the deterministic simulator (docs/testing.md): idemd's payments route and a
 // gateway route as they ship — the idempotency filter, the payments operation and its charge
 // steps, the gateway's forward steps, the engine, the heartbeat, the takeover loop and the books
-// — on a real SQLite database, run by several instances in simulated time, each on an event loop
-// the simulator steps, against a simulated provider and upstream that fail in every way their
-// contracts allow (sim_provider.h, sim_upstream.h). Clients retry one payment each (some orders
-// under two keys, some keys sent twice at once); instances crash, pause, see their wall clocks
-// step and their clocks drift; the store fails, stalls and loses commit answers
-// (testing/faulty_store.h).
-// One seed fixes the whole schedule; invariants are checked after every step and at the end. A
-// failure prints `reproduce: idem_sim --seed=N` and the schedule's trace.
+// — on a real SQLite database (or, gateway only, the in-memory reference store), run by several
+// instances in simulated time, each on an event loop the simulator steps, against a simulated
+// provider and upstream that fail in every way their contracts allow (sim_provider.h,
+// sim_upstream.h). Clients retry one payment each (some orders under two keys, some keys sent
+// twice at once, some asking to wait or to be answered 202); instances crash, pause, see their
+// wall clocks step and their clocks drift; the store fails, stalls and loses commit answers
+// (testing/faulty_store.h); the in-flight markers fail and vanish (sim_markers.h). One seed fixes
+// the whole schedule; invariants are checked after every step and at the end. A failure prints
+// `reproduce: idem_sim --seed=N` and the schedule's trace.
 //
 //   idem_sim --seed=N [--schedules=K] [--seconds=S] [--without=FIX,...] [--expect-failure]
-//            [--verbose]
+//            [--twice] [--jobs=N] [--store=sqlite|memory] [--verbose]
 #include <algorithm>
 #include <atomic>
 #include <boost/json.hpp>
@@ -46,6 +47,7 @@
 #include "server/idemd/routes.h"
 #include "testing/fakes.h"
 #include "testing/faulty_store.h"
+#include "testing/memory_store.h"
 #include "tests/sim/sim_markers.h"
 #include "tests/sim/sim_provider.h"
 #include "tests/sim/sim_upstream.h"
@@ -105,7 +107,8 @@ struct Options {
   bool expect_failure = false;
   // Runs each schedule twice and requires the same trace: the schedule is a function of its seed.
   bool twice = false;
-  int jobs = 1;  // schedules run on this many threads at once
+  int jobs = 1;         // schedules run on this many threads at once
+  bool memory = false;  // on the in-memory reference store (gateway operations only)
 };
 
 // How fast an instance's oscillator runs against the world's, in parts per million: both of its
@@ -224,38 +227,68 @@ struct Order {
 std::string ChargeOf(const http::Response& r) { return StringMember(r.body, "provider_charge_id"); }
 
 // Whether an answer ends the client's retries: a success, a decline, a conflict of the order; on
-// the gateway route a 2xx, or a final 502 (the answer too large to keep, an outcome held).
+// the gateway route a 2xx but a 202 (respond-async: it runs on), or a final 502 (the answer too
+// large to keep, an outcome held).
 bool IsFinal(const Key& key, const http::Response& r) {
   if (key.gateway) {
-    return (r.status >= 200 && r.status < 300) ||
-           (r.status == 502 && (r.body.find("answer-too-large") != std::string::npos ||
-                                r.body.find("upstream-outcome-unknown") != std::string::npos));
+    const std::string type = StringMember(r.body, "type");
+    return (r.status >= 200 && r.status < 300 && r.status != 202) ||
+           (r.status == 502 && (type == "urn:idem:problem:answer-too-large" ||
+                                type == "urn:idem:problem:upstream-outcome-unknown"));
   }
   return r.status == 200 || r.status == 201 || r.status == 402 ||
          (r.status == 409 && r.body.find("order-conflict") != std::string::npos);
 }
 
+// A request's Prefer header, by a draw in 0..7: mostly none; wait 1-3 s; respond-async.
+std::string PreferOf(uint64_t draw) {
+  if (draw >= 5) return "";
+  if (draw == 4) return "respond-async";
+  return "wait=" + std::to_string(1 + draw % 3);
+}
+
 // The gateway operation a 2xx answer names ({"op": ...}), or "".
 std::string OpOf(const http::Response& r) { return StringMember(r.body, "op"); }
 
-http::Async<void> Serve(idemd::IdempotencyFilter& filter, http::Request request,
-                        Principal principal, std::shared_ptr<Call> call) {
+// What idemd's server does with a request (http/server.cc's Run): calls the filter, and while it
+// parks the request (Prefer: wait) waits for the park's deadline or a poll, doubling from 50 ms
+// to 1 s, by the instance's clock, then calls it again; work answered 202 already
+// (Prefer: respond-async) goes on on the instance's loop.
+http::Async<void> Serve(idemd::IdempotencyFilter& filter, http::EventLoop& loop,
+                        const MonotonicClock& monotonic, http::Request request, Principal principal,
+                        std::shared_ptr<Call> call) {
   http::RequestContext context;
-  http::Response answer = co_await filter.Handle(request, principal, context);
-  call->answer = std::move(answer);
+  context.spawn = [&loop](std::function<http::Async<void>()> task) { loop.Spawn(task()); };
+  context.notify = [](const std::string&) {};  // a parked request finds it by polling
+  context.reserve_park = [] { return true; };
+  Millis poll{50};
+  for (;;) {
+    http::Response answer = co_await filter.Handle(request, principal, context);
+    if (!context.park) {
+      call->answer = std::move(answer);
+      co_return;
+    }
+    const SteadyTime wake = std::min(context.park->deadline, monotonic.Now() + poll);
+    context.park.reset();
+    ++context.attempt;
+    poll = std::min(poll * 2, Millis(1000));
+    co_await http::SleepFor(std::chrono::ceil<Millis>(wake - monotonic.Now()));
+  }
 }
 
 class Schedule {
  public:
   // `settle` and `late_execution`: whether idemd is configured for a provider and an upstream
   // that may still execute a request after it timed out ([provider] settle_ms, a route's
-  // late_execution_ms), as an operator configures it for these.
-  Schedule(uint64_t seed, const std::string& dir, bool settle, bool late_execution,
+  // late_execution_ms), as an operator configures it for these. `memory`: on the in-memory
+  // reference store, which runs no SQL: gateway operations only, no payments, no books.
+  Schedule(uint64_t seed, const std::string& dir, bool settle, bool late_execution, bool memory,
            std::string reproduce)
       : reproduce_(std::move(reproduce)),
         dir_(dir),
         settle_(settle),
         late_execution_(late_execution),
+        memory_(memory),
         seed_(seed),
         rng_(seed),
         random_(seed ^ 0x9e3779b97f4a7c15ULL) {}
@@ -283,7 +316,7 @@ class Schedule {
     http::SetTimerClock(&monotonic_);
     http::SetLogSink(&log_sink_);
     if (!Open()) return false;
-    const int orders = 1 + static_cast<int>(rng_() % 4);
+    const int orders = memory_ ? 0 : 1 + static_cast<int>(rng_() % 4);
     for (int o = 0; o < orders; ++o) {
       orders_.push_back({"order-" + std::to_string(o), {}});
       const int keys = rng_() % 4 == 0 ? 2 : 1;  // a second client pays the same order
@@ -298,7 +331,8 @@ class Schedule {
       }
     }
     // Gateway operations: none to three, each under a key of its own.
-    const int operations = static_cast<int>(rng_() % 4);
+    const int operations =
+        memory_ ? 1 + static_cast<int>(rng_() % 3) : static_cast<int>(rng_() % 4);
     next_op_ = static_cast<int>(rng_() % 10);
     for (int g = 0; g < operations; ++g) {
       Key key;
@@ -354,34 +388,11 @@ class Schedule {
 
  private:
   bool Open() {
-    SqliteStoreOptions options;
-    // Each schedule of a thread empties the tables of the one before: cheaper than a new file
-    // and its migrations, and nothing of the earlier schedule is left to read.
-    options.path = dir_ + "/sim.db";
-    const bool reused = std::filesystem::exists(options.path);
-    options.pool_size = 1;
-    options.synchronous_full = false;
-    options.max_group = 1;
-    options.apps = idemd::IdemdMigrations();
-    auto store = OpenSqliteStore(options, world_, random_);
-    if (!store) return Fail("store: " + store.error().message);
-    store_ = std::move(*store);
-    if (reused) {
-      auto txn = store_->Begin();
-      if (!txn) return Fail("store: " + txn.error().message);
-      for (const char* table : {"idem_records", "idem_retained", "payments", "payments_namespace",
-                                "reconcile_runs", "reconcile_findings", "reconcile_events"}) {
-        if (auto emptied = (*txn)->Exec(std::string("DELETE FROM ") + table, {}); !emptied) {
-          return Fail(std::string("store: emptying ") + table + ": " + emptied.error().message);
-        }
-      }
-      if (auto committed = (*txn)->Commit(); !committed) {
-        return Fail("store: " + committed.error().message);
-      }
+    if (memory_) {
+      store_ = testing::MakeMemoryStore(world_, random_);
+    } else if (!OpenSqlite()) {
+      return false;
     }
-    auto space = idemd::PaymentsNamespace(*store_, random_);
-    if (!space) return Fail("payments namespace: " + space.error().message);
-    namespace_ = *space;
     // Store faults by the seed: calls that fail, commits that land but report failure, and
     // delays that move time on in the middle of a call (a slow commit).
     const double store_faults = rng_() % 3 == 0 ? 0.0 : 0.01 * static_cast<double>(1 + rng_() % 5);
@@ -430,6 +441,7 @@ class Schedule {
     route_.store_headers = {"content-type", "location"};
     route_.forward_key_header = std::string(kUpstreamKeyHeader);
     route_.upstream_deduplicates = upstream_honours && rng_() % 2 == 0;
+    route_.nothing_done_statuses = {503};  // its 503 never passed the request on; its 500 may have
     if (rng_() % 2 == 0) route_.status_path = std::string(kStatusPath);
     route_.status_unknown_max = Millis(60'000);
     route_.late_execution = late_execution_ ? kLandsWithin : Millis(0);
@@ -456,13 +468,48 @@ class Schedule {
         (dedup_ ? ", configured deduplicates_by_key" : "") + "; upstream " +
         (upstream_honours ? "honours" : "ignores") + " the forwarded key" +
         (route_.upstream_deduplicates ? ", declared upstream_deduplicates" : "") +
-        (route_.status_path.empty() ? ", no status URL" : ", a status URL") + "; the books " +
-        (refund_orphans_ ? "refund" : "report") + " orphans, pages of " +
-        std::to_string(page_size_) + "; " + (markers_ ? "in-flight markers" : "no markers") + ", " +
+        (route_.status_path.empty() ? ", no status URL" : ", a status URL") +
+        (memory_ ? std::string("; the in-memory store")
+                 : "; SQLite; the books " + std::string(refund_orphans_ ? "refund" : "report") +
+                       " orphans, pages of " + std::to_string(page_size_)) +
+        "; " + (markers_ ? "in-flight markers" : "no markers") + ", " +
         (cache_entries_ > 0 ? "replay caches of " + std::to_string(cache_entries_)
                             : "no replay cache") +
         "; store faults " + std::to_string(store_faults) + "; " + std::to_string(instances) +
         " instances, wall clock skews (ms)" + skews + ", drifts (ppm)" + drifts);
+    return true;
+  }
+
+  // The SQLite database of this thread, emptied, with the payments' namespace.
+  bool OpenSqlite() {
+    SqliteStoreOptions options;
+    // Each schedule of a thread empties the tables of the one before: cheaper than a new file
+    // and its migrations, and nothing of the earlier schedule is left to read.
+    options.path = dir_ + "/sim.db";
+    const bool reused = std::filesystem::exists(options.path);
+    options.pool_size = 1;
+    options.synchronous_full = false;
+    options.max_group = 1;
+    options.apps = idemd::IdemdMigrations();
+    auto store = OpenSqliteStore(options, world_, random_);
+    if (!store) return Fail("store: " + store.error().message);
+    store_ = std::move(*store);
+    if (reused) {
+      auto txn = store_->Begin();
+      if (!txn) return Fail("store: " + txn.error().message);
+      for (const char* table : {"idem_records", "idem_retained", "payments", "payments_namespace",
+                                "reconcile_runs", "reconcile_findings", "reconcile_events"}) {
+        if (auto emptied = (*txn)->Exec(std::string("DELETE FROM ") + table, {}); !emptied) {
+          return Fail(std::string("store: emptying ") + table + ": " + emptied.error().message);
+        }
+      }
+      if (auto committed = (*txn)->Commit(); !committed) {
+        return Fail("store: " + committed.error().message);
+      }
+    }
+    auto space = idemd::PaymentsNamespace(*store_, random_);
+    if (!space) return Fail("payments namespace: " + space.error().message);
+    namespace_ = *space;
     return true;
   }
 
@@ -499,14 +546,15 @@ class Schedule {
     gateway.takeover_concurrency = 1;
     in.gateway = std::make_unique<idemd::IdempotencyFilter>(*in.engine, *in.pool, in.monotonic,
                                                             *in.metrics, gateway, *in.proxy);
-    in.books = std::make_unique<idemd::Reconciliation>(
-        *in.store, *provider_, in.clock, random_, in.metrics.get(),
-        idemd::ReconcileOptions{.refund_duplicates = true,
-                                .refund_orphans = refund_orphans_,
-                                .orphan_grace = kOrphanGrace,
-                                .lease = kLease,
-                                .page_size = page_size_,
-                                .instance = "i" + std::to_string(index)});
+    if (!memory_)
+      in.books = std::make_unique<idemd::Reconciliation>(
+          *in.store, *provider_, in.clock, random_, in.metrics.get(),
+          idemd::ReconcileOptions{.refund_duplicates = true,
+                                  .refund_orphans = refund_orphans_,
+                                  .orphan_grace = kOrphanGrace,
+                                  .lease = kLease,
+                                  .page_size = page_size_,
+                                  .instance = "i" + std::to_string(index)});
     in.loop = std::make_unique<http::EventLoop>();
     ++in.generation;
   }
@@ -552,6 +600,9 @@ class Schedule {
     request.method = "POST";
     request.headers.Set("Idempotency-Key", key.key);
     request.headers.Set("Content-Type", "application/json");
+    // Some clients would rather wait for a running duplicate, or be told where to look.
+    const std::string prefer = PreferOf(rng_() % 8);
+    if (!prefer.empty()) request.headers.Set("Prefer", prefer);
     if (key.gateway) {
       request.target = "/v1/orders";
       request.body = "{\"op\":\"" + key.op + "\"}";
@@ -562,9 +613,10 @@ class Schedule {
                      "\",\"amount\":\"" + std::string(kAmount) + "\",\"currency\":\"USD\"}";
     }
     Log("request " + std::to_string(call->id) + " for " + key.key +
-        (key.gateway ? " (" + key.op + ")" : "") + " to i" + std::to_string(i));
-    in.loop->Spawn(Serve(key.gateway ? *in.gateway : *in.filter, std::move(request),
-                         Principal{"acme", "alice"}, call));
+        (key.gateway ? " (" + key.op + ")" : "") + (prefer.empty() ? "" : ", Prefer: " + prefer) +
+        " to i" + std::to_string(i));
+    in.loop->Spawn(Serve(key.gateway ? *in.gateway : *in.filter, *in.loop, in.monotonic,
+                         std::move(request), Principal{"acme", "alice"}, call));
     ++key.in_flight;
     calls_.push_back(std::move(call));
   }
@@ -584,9 +636,10 @@ class Schedule {
           std::to_string(instances_[i]->clock.Skew().count()) + " ms");
     } else if (what == 2) {
       TakeOver(static_cast<int>(rng_() % instances_.size()));
-    } else if (what == 3 && rng_() % 2 == 0) {
+    } else if (faults && what == 3 && rng_() % 2 == 0) {
+      // The books among the faults; once they are over, CheckBooks runs them to the end.
       (void)Books(static_cast<int>(rng_() % instances_.size()));
-    } else if (faults && what == 4 && rng_() % 8 == 0) {
+    } else if (faults && what == 4 && !memory_ && rng_() % 8 == 0) {
       ChargeByHand();
     } else if (faults && what == 5 && markers_ && rng_() % 16 == 0) {
       acting_ = "the world";
@@ -677,7 +730,7 @@ class Schedule {
   // paused.
   std::optional<Result<idemd::RunSummary>> Books(int i, bool even_paused = false) {
     Instance& in = *instances_[static_cast<std::size_t>(i)];
-    if (!even_paused && in.paused_until > monotonic_.Now()) return std::nullopt;
+    if (!in.books || (!even_paused && in.paused_until > monotonic_.Now())) return std::nullopt;
     provider_->SetAtOnce(true);  // as the takeover loop's calls
     Acting(static_cast<std::size_t>(i), "the books on i");
     Result<idemd::RunSummary> ran = in.books->RunPeriodic(kBooksWindow, kBooksLag);
@@ -750,7 +803,7 @@ class Schedule {
       Fail(key.key + " answered " + std::to_string(answer.status) + ": " + answer.body);
       return;
     }
-    if (key.gateway && answer.status >= 200 && answer.status < 300 && OpOf(answer) != key.op) {
+    if (key.gateway && IsFinal(key, answer) && answer.status < 300 && OpOf(answer) != key.op) {
       Fail(key.key + " answered " + std::to_string(answer.status) + " for " + key.op +
            " with another operation's answer: " + OpOf(answer));
       return;
@@ -847,6 +900,7 @@ class Schedule {
   // duplicates refunded), each charge made by hand is an orphan reported (refunded when
   // configured and it is idemd's shape), and nothing is missing or mismatched.
   void CheckBooks() {
+    if (memory_) return;  // no payments, no books
     // Past every lease, the grace of every orphan and the listing's delay, by the clock of the
     // instance that runs them.
     const Millis behind = std::max(Millis(0), -instances_[0]->clock.Skew());
@@ -915,7 +969,7 @@ class Schedule {
     const int n = upstream_->ExecutionsOf(key.op);
     const http::Response& final = *key.final;
     const bool ran = (final.status >= 200 && final.status < 300) ||
-                     final.body.find("answer-too-large") != std::string::npos;
+                     StringMember(final.body, "type") == "urn:idem:problem:answer-too-large";
     if (ran && n != 1) {
       Fail(key.key + "'s " + key.op + " answered " + std::to_string(final.status) + ", and the " +
            "upstream executed it " + std::to_string(n) + " times");
@@ -1005,6 +1059,7 @@ class Schedule {
   std::string dir_;
   bool settle_;
   bool late_execution_;
+  bool memory_;
   uint64_t seed_;
   std::mt19937_64 rng_;
   SeededRandom random_;
@@ -1079,12 +1134,16 @@ int Main(int argc, char** argv) {
       o.twice = true;
     } else if (const char* jobs = value("--jobs=")) {
       o.jobs = std::max(1, std::atoi(jobs));
+    } else if (arg == "--store=memory" || arg == "--store=sqlite") {
+      o.memory = arg == "--store=memory";
     } else {
-      std::fprintf(stderr,
-                   "usage: idem_sim [--seed=N | --random] [--schedules=K] [--seconds=S] "
-                   "[--without=FIX,...] [--expect-failure] [--twice] [--jobs=N] [--verbose]\n"
-                   "  FIX: settle, late_execution, margin, unknown_5xx, too_large, "
-                   "status_vocabulary, upstream_key\n");
+      std::fprintf(
+          stderr,
+          "usage: idem_sim [--seed=N | --random] [--schedules=K] [--seconds=S] "
+          "[--without=FIX,...] [--expect-failure] [--twice] [--jobs=N] [--store=sqlite|memory] "
+          "[--verbose]\n"
+          "  FIX: settle, late_execution, margin, unknown_5xx, too_large, "
+          "status_vocabulary, upstream_key, gateway_5xx\n");
       return 2;
     }
   }
@@ -1111,6 +1170,7 @@ int Main(int argc, char** argv) {
   }
   std::string reproduce = "idem_sim";
   if (!o.without.empty()) reproduce += " --without=" + o.without;
+  if (o.memory) reproduce += " --store=memory";
   // Each schedule writes a fresh database: in memory-backed /dev/shm when there is one (and no
   // TMPDIR says otherwise), it costs half as much.
   if (std::getenv("TMPDIR") == nullptr && std::filesystem::is_directory("/dev/shm")) {
@@ -1140,11 +1200,11 @@ int Main(int argc, char** argv) {
       const int64_t run = next++;
       if (o.seconds > 0 ? elapsed() >= o.seconds : run >= o.schedules) break;
       const uint64_t seed = o.seed + static_cast<uint64_t>(run);
-      Schedule schedule(seed, db_dir, settle, late_execution, reproduce);
+      Schedule schedule(seed, db_dir, settle, late_execution, o.memory, reproduce);
       std::optional<std::string> report;
       if (!schedule.Run(o.verbose)) report = schedule.Report();
       if (o.twice) {
-        Schedule again(seed, db_dir, settle, late_execution, reproduce);
+        Schedule again(seed, db_dir, settle, late_execution, o.memory, reproduce);
         (void)again.Run(/*verbose=*/false);
         if (again.Trace() != schedule.Trace()) {
           report = "seed " + std::to_string(seed) +

@@ -93,12 +93,22 @@ http::Async<Result<http::Response>> SimUpstream::Forward(http::Request request,
     log_("upstream: a forward of " + named + " is not sent: its time to leave has passed");
     co_return MakeError(Errc::kUnavailable, "the request did not leave in time");
   }
-  enum class F { kAnswered, kBusy, kResetAfter, kTimeoutAfter, kTimeoutLandsLate, kNeverLeft };
+  enum class F {
+    kAnswered,
+    kBusy,
+    kFailedNothing,
+    kFailedAfter,
+    kResetAfter,
+    kTimeoutAfter,
+    kTimeoutLandsLate,
+    kNeverLeft
+  };
   F fault = F::kAnswered;
   if (faults_) {
-    static constexpr F kFaults[] = {
-        F::kAnswered,   F::kAnswered,     F::kAnswered,         F::kBusy,
-        F::kResetAfter, F::kTimeoutAfter, F::kTimeoutLandsLate, F::kNeverLeft};
+    static constexpr F kFaults[] = {F::kAnswered,   F::kAnswered,      F::kAnswered,
+                                    F::kBusy,       F::kFailedNothing, F::kFailedAfter,
+                                    F::kResetAfter, F::kTimeoutAfter,  F::kTimeoutLandsLate,
+                                    F::kNeverLeft};
     fault = kFaults[rng_() % std::size(kFaults)];
   }
   if (options_.honours_keys && Landing(key) && fault != F::kNeverLeft) {
@@ -117,6 +127,15 @@ http::Async<Result<http::Response>> SimUpstream::Forward(http::Request request,
       log_("upstream: " + named + " answered 503, nothing done");
       co_await delays_.Wait(delays_.Below(options_.timeout));
       co_return http::Response{503, {}, "{\"error\":\"busy\"}"};
+    case F::kFailedNothing:
+      log_("upstream: " + named + " answered 500, nothing done");
+      co_await delays_.Wait(delays_.Below(options_.timeout));
+      co_return http::Response{500, {}, "{\"error\":\"oops\"}"};
+    case F::kFailedAfter:
+      log_("upstream: executes " + named + ", then answers 500");
+      (void)Execute(key, op);
+      co_await delays_.Wait(delays_.Below(options_.timeout));
+      co_return http::Response{500, {}, "{\"error\":\"oops\"}"};
     case F::kResetAfter:
       log_("upstream: executes " + named + ", then the connection resets");
       (void)Execute(key, op);

@@ -1,6 +1,7 @@
 // tests/sim/sim_upstream.h — the simulator's gateway upstream: an orders service behind a gateway
 // route, as an http::Upstream in simulated time, failing in every way docs/gateway.md allows: a
-// 503 that did nothing; a timeout or a reset connection after it executed; an execution that
+// 503 that did nothing (declared: nothing_done_statuses); a 500 that did nothing, or that came
+// after it executed; a timeout or a reset connection after it executed; an execution that
 // lands after the caller gave up; an answer larger than the route keeps; a request that never
 // left. It executes POST /v1/orders ({"op": id}) and answers its status URL
 // (GET /v1/orders/by-key/{key}) with 404 before an execution has landed, or with a 5xx, a 401 or

@@ -405,6 +405,7 @@ match = "PUT /v1/orders/{id}/capture"
 upstream = "https://orders.internal:8443/"
 retention_ms = 90000
 retention_hours = 2
+nothing_done_statuses = [503, "502"]
 )")),
                       {});
   ASSERT_TRUE(c.has_value()) << c.error().message;
@@ -434,6 +435,8 @@ retention_hours = 2
       << "bodies are JSON unless the route says otherwise";
   EXPECT_EQ(capture.upstream, "https://orders.internal:8443");
   EXPECT_EQ(capture.retention, Millis(90000)) << "retention_ms wins over retention_hours";
+  EXPECT_EQ(capture.nothing_done_statuses, (std::vector<int>{503, 502}));
+  EXPECT_TRUE(r.nothing_done_statuses.empty()) << "no 5xx proves nothing was done unless declared";
   EXPECT_EQ(capture.line, 19);
 
   EXPECT_EQ(MatchGatewayRoute(c->gateway.routes, "POST", "/v1/orders"), &c->gateway.routes[0]);
@@ -462,6 +465,19 @@ TEST_F(ConfigTest, BadGatewayRoutesAreStartUpErrorsWithTheirLine) {
       {"[[routes]]\nname = \"a\"\nmatch = \"POST /a\"\nupstream = \"http://h:1\"\n"
        "final_statuses = [\"3xx\"]\n",
        "final_statuses: \"3xx\" is neither"},
+      {"[[routes]]\nname = \"a\"\nmatch = \"POST /a\"\nupstream = \"http://h:1\"\n"
+       "nothing_done_statuses = [404]\n",
+       ":8: [[routes]] a: nothing_done_statuses: only 5xx statuses can prove that the upstream did "
+       "nothing"},
+      {"[[routes]]\nname = \"a\"\nmatch = \"POST /a\"\nupstream = \"http://h:1\"\n"
+       "nothing_done_statuses = [503, \"503\"]\n",
+       "nothing_done_statuses: 503 is listed twice"},
+      {"[[routes]]\nname = \"a\"\nmatch = \"POST /a\"\nupstream = \"http://h:1\"\n"
+       "nothing_done_statuses = 503\n",
+       "nothing_done_statuses: must be an array of 5xx codes"},
+      {"[[routes]]\nname = \"a\"\nmatch = \"POST /a\"\nupstream = \"http://h:1\"\n"
+       "final_statuses = [\"2xx\", 503]\nnothing_done_statuses = [503]\n",
+       "503 is in final_statuses and in nothing_done_statuses"},
       {orders +
            "[[routes]]\nname = \"b\"\nmatch = \"POST /{v}/orders\"\nupstream = \"http://h:1\"\n",
        ":18: [[routes]] b: POST /{v}/orders overlaps orders.create (POST /v1/orders, line 4)"},

@@ -189,25 +189,12 @@ Status ReadRetentionHours(const ConfigKey& key, const toml::node& node, const st
 // string (the form an IDEMD_PROVIDER_NOTHING_CHARGED_STATUSES list takes), each at most once.
 Status ReadNothingChargedStatuses(const ConfigKey& key, const toml::node& node,
                                   const std::string& where, Config& config) {
-  const toml::array* array = node.as_array();
-  if (array == nullptr) return Bad(where, key, "must be an array of 5xx codes");
-  std::vector<int>& out = config.provider.nothing_charged_statuses;
-  out.clear();
-  for (const toml::node& n : *array) {
-    std::optional<int64_t> code = StatusCodeOf(n);
-    if (!n.is_integer() && !n.is_string()) code.reset();
-    if (!code || *code < 500 || *code > 599) {
-      return MakeError(Errc::kInvalidArgument,
-                       where + ": " + key.Name() +
-                           ": only 5xx statuses can prove that nothing was charged (a 2xx is a "
-                           "charge, a 402 a decline)");
-    }
-    if (std::find(out.begin(), out.end(), *code) != out.end()) {
-      return MakeError(Errc::kInvalidArgument, where + ": " + key.Name() + ": " +
-                                                   std::to_string(*code) + " is listed twice");
-    }
-    out.push_back(static_cast<int>(*code));
+  auto codes = FiveHundredsOf(node, "nothing was charged (a 2xx is a charge, a 402 a decline)");
+  if (!codes) {
+    return MakeError(Errc::kInvalidArgument,
+                     where + ": " + key.Name() + ": " + codes.error().message);
   }
+  config.provider.nothing_charged_statuses = std::move(*codes);
   return Ok();
 }
 

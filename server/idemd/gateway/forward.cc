@@ -129,12 +129,22 @@ Execution ForwardSteps::AfterForward(const Ticket& ticket, std::string_view meth
                                      Result<http::Response> answer) const {
   // Answered, or not sent: the outcome is known, and a retry of a retryable one forwards again
   // without asking.
+  const Timestamp expires = ticket.record.expires_at;
+  if (answer && MayHaveActed(answer->status)) {
+    // A failure answer is not proof of no work: a 500 may come from an upstream that acted and
+    // then failed. Unknown, as after a timeout.
+    http::Log(http::LogLevel::kWarn, "upstream failed; it may have acted",
+              {{"route", route_.name}, {"method", method}, {"status", answer->status}});
+    return UnknownAfterSend(ProductProblem::kUpstreamFailed,
+                            "the upstream answered " + std::to_string(answer->status) +
+                                ", which does not prove it did nothing",
+                            expires);
+  }
   if (answer) {
     Execution e = Execution::Answer(Kept(*answer));
     e.recovery_point = std::string(kSettled);
     return e;
   }
-  const Timestamp expires = ticket.record.expires_at;
   // The transport's message names the upstream's address: for the log, not for the client.
   LogUpstreamFailure(route_.name, method, answer.error());
   if (answer.error().code == Errc::kUnavailable) {
@@ -146,18 +156,31 @@ Execution ForwardSteps::AfterForward(const Ticket& ticket, std::string_view meth
                 {.key_expires = expires}),
         kSettled);
   }
-  // Sent, and no usable answer: the upstream may have acted. The record stays PROCESSING at
-  // `forwarded`; a retry asks the status URL, or forwards again with the same upstream key, and
-  // the upstream's own deduplication decides, or, on a route that has neither, gets the held
-  // unknown outcome (HeldUnknown).
+  return UnknownAfterSend(ProductProblem::kUpstreamTimeout,
+                          "the upstream gave no usable answer in time", expires);
+}
+
+bool ForwardSteps::MayHaveActed(int status) const {
+  if (status < 500 || status > 599 || IDEM_REVERTED("gateway_5xx")) return false;
+  const auto listed = [status](const std::vector<int>& statuses) {
+    return std::find(statuses.begin(), statuses.end(), status) != statuses.end();
+  };
+  return !listed(route_.final_statuses) && !listed(route_.nothing_done_statuses);
+}
+
+// Sent, and what came back proves nothing: the record stays PROCESSING at `forwarded`; a retry
+// asks the status URL, or forwards again with the same upstream key and the upstream's own
+// deduplication decides, or, on a route that has neither, gets the held unknown outcome
+// (HeldUnknown).
+Execution ForwardSteps::UnknownAfterSend(ProductProblem kind, const std::string& what,
+                                         Timestamp expires) const {
   const bool again = !route_.status_path.empty() || route_.upstream_deduplicates;
   return Execution::Unknown(Problem(
-      ProductProblem::kUpstreamTimeout,
-      again ? "the upstream gave no usable answer in time; it may have acted. Retry with the same "
-              "key: the upstream is asked, or the request is forwarded again with the same "
-              "upstream key"
-            : "the upstream gave no usable answer in time; it may have acted. It is not forwarded "
-              "again: a retry with the same key is answered 502 upstream-outcome-unknown",
+      kind,
+      what + (again ? "; it may have acted. Retry with the same key: the upstream is asked, or "
+                      "the request is forwarded again with the same upstream key"
+                    : "; it may have acted. It is not forwarded again: a retry with the same key "
+                      "is answered 502 upstream-outcome-unknown"),
       {.key_expires = expires}));
 }
 
@@ -219,6 +242,25 @@ std::optional<Execution> ForwardSteps::FromStatus(const Ticket& ticket,
         "the upstream's status URL could not tell whether an earlier forward of this request "
         "executed; nothing was forwarded again. Retry later",
         {.key_expires = record.expires_at}));
+  }
+  // It ran, and answered a failure that does not prove it did nothing: it must not run again,
+  // and nobody can tell what it did. Held for an operator, as an outcome the status URL never
+  // tells.
+  if (MayHaveActed(*original)) {
+    http::Log(http::LogLevel::kError, "gateway outcome unknown; the upstream reports a failure",
+              {{"route", route_.name},
+               {"tenant", record.tenant},
+               {"user", record.user},
+               {"scope", ToHex(record.scope)},
+               {"upstream_key", UpstreamKeyOf(record)},
+               {"status", *original}});
+    metrics_.CountUnknownOutcome(route_.name);
+    return Execution::Held(
+        Problem(ProductProblem::kUpstreamOutcomeUnknown,
+                "the upstream's status URL reports that this request executed and answered " +
+                    std::to_string(*original) +
+                    ", which does not prove it did nothing; it is not forwarded again",
+                {.key_expires = record.expires_at}));
   }
   // It ran, and this is what it answered: the outcome, classified as the route classifies the
   // upstream's answers.

@@ -13,6 +13,7 @@
 #include "server/idemd/filter/filter.h"
 #include "server/idemd/gateway/routes.h"
 #include "server/idemd/metrics.h"
+#include "server/idemd/problems.h"
 
 namespace idem::idemd {
 
@@ -78,7 +79,8 @@ class ForwardSteps {
   http::Response Kept(const http::Response& answer) const;
   // What the forward's answer settles: the upstream's answer, kept as the route says; an
   // unreachable upstream (nothing sent) a retryable 502; a timeout or a lost connection after the
-  // send an unknown outcome (504, the record stays PROCESSING at `forwarded`).
+  // send an unknown outcome (504, the record stays PROCESSING at `forwarded`), and so is an
+  // answer that may come from an upstream that acted (MayHaveActed: 502 upstream-failed).
   Execution AfterForward(const Ticket& ticket, std::string_view method,
                          Result<http::Response> answer) const;
 
@@ -87,7 +89,8 @@ class ForwardSteps {
   http::Request StatusQuestion(const Record& record) const;
   // What the status URL's answer settles: nullopt when the upstream has no such request (404:
   // forward it); else what to finish with: on a 2xx, the answer it reports as the outcome (its
-  // status from kOriginalStatusHeader), classified as the route classifies answers; otherwise
+  // status from kOriginalStatusHeader), classified as the route classifies answers — but one
+  // that MayHaveActed is the final 502 upstream-outcome-unknown, held for an operator; otherwise
   // (any other status, a malformed header, no answer) an unknown outcome (502
   // upstream-unavailable, the record stays PROCESSING), or, once it has not told for the route's
   // status_unknown_max since the forward settled, the final 502 upstream-outcome-unknown, logged
@@ -105,6 +108,12 @@ class ForwardSteps {
   Execution Unanswered(const Ticket& ticket) const;
 
  private:
+  // Whether the upstream may have acted although it answered `status`: a 5xx the route neither
+  // replays (final_statuses) nor declares as "nothing done" (nothing_done_statuses).
+  bool MayHaveActed(int status) const;
+  // The unknown outcome of a forward that left: `what` happened, and the upstream may have acted.
+  Execution UnknownAfterSend(ProductProblem kind, const std::string& what, Timestamp expires) const;
+
   const GatewayRoute& route_;
   Metrics& metrics_;
   Millis margin_;

@@ -91,12 +91,17 @@ TEST_F(ForwardStepsTest, TheStatusURLsVocabularyDecides) {
 }
 
 TEST_F(ForwardStepsTest, AForwardsAnswerIsKnownOnlyWhenItCameOrNeverLeft) {
+  route_.nothing_done_statuses = {503};
   const ForwardSteps steps = Steps();
   const Ticket ticket = Resumed(kForwarded, Millis(0));
-  const Execution answered = steps.AfterForward(ticket, "POST", http::Response{500, {}, "x"});
+  const Execution answered = steps.AfterForward(ticket, "POST", http::Response{409, {}, "x"});
   EXPECT_FALSE(answered.outcome_unknown);
-  EXPECT_EQ(answered.response.status, 500);
+  EXPECT_EQ(answered.response.status, 409);
   EXPECT_EQ(answered.recovery_point, kSettled);
+  const Execution declared = steps.AfterForward(ticket, "POST", http::Response{503, {}, "busy"});
+  EXPECT_FALSE(declared.outcome_unknown) << "503 is declared: the upstream did nothing";
+  EXPECT_EQ(declared.response.status, 503);
+  EXPECT_EQ(declared.recovery_point, kSettled);
   const Execution unsent =
       steps.AfterForward(ticket, "POST", MakeError(Errc::kUnavailable, "refused"));
   EXPECT_EQ(unsent.state, RecordState::kFailedRetryable);
@@ -105,6 +110,45 @@ TEST_F(ForwardStepsTest, AForwardsAnswerIsKnownOnlyWhenItCameOrNeverLeft) {
       steps.AfterForward(ticket, "POST", MakeError(Errc::kDeadlineExceeded, "timeout"));
   EXPECT_TRUE(lost.outcome_unknown) << "sent, no answer: the upstream may have acted";
   EXPECT_TRUE(lost.recovery_point.empty()) << "stays at forwarded";
+}
+
+// A failure answer is not proof of no work: a 5xx the route neither replays nor declares as
+// "nothing done" is an unknown outcome, as a timeout is — the record stays at `forwarded`, and
+// the retry asks the status URL, relies on the upstream's deduplication, or is held; never
+// forwarded again on its own. Before, a 500 was retryable and the retry forwarded again: an
+// upstream that had acted and then failed executed twice.
+TEST_F(ForwardStepsTest, AFiveHundredThatMayHaveActedIsAnUnknownOutcome) {
+  route_.nothing_done_statuses = {503};
+  route_.final_statuses = {501};
+  const Ticket ticket = Resumed(kForwarded, Millis(0));
+  for (int status : {500, 502, 504, 599}) {
+    const Execution failed =
+        Steps().AfterForward(ticket, "POST", http::Response{status, {}, "oops"});
+    EXPECT_TRUE(failed.outcome_unknown) << status;
+    EXPECT_TRUE(failed.recovery_point.empty()) << status << ": stays at forwarded";
+    EXPECT_EQ(failed.response.status, 502) << status;
+    EXPECT_NE(failed.response.body.find("upstream-failed"), std::string::npos)
+        << failed.response.body;
+    EXPECT_NE(failed.response.body.find("answered " + std::to_string(status)), std::string::npos)
+        << failed.response.body;
+  }
+  const Execution final = Steps().AfterForward(ticket, "POST", http::Response{501, {}, "no"});
+  EXPECT_FALSE(final.outcome_unknown) << "a final status is the answer, replayed";
+  EXPECT_EQ(final.response.status, 501);
+  // Its status URL says it ran and answered 500: it must not run again, and nobody can tell what
+  // it did: held for an operator.
+  route_.status_path = "/v1/status/{key}";
+  http::Response reported{200, {}, "oops"};
+  reported.headers.Set(kOriginalStatusHeader, "500");
+  const std::optional<Execution> told = Steps().FromStatus(ticket, reported);
+  ASSERT_TRUE(told.has_value());
+  EXPECT_TRUE(told->held);
+  EXPECT_NE(told->response.body.find("upstream-outcome-unknown"), std::string::npos);
+  reported.headers.Set(kOriginalStatusHeader, "503");
+  const std::optional<Execution> declared = Steps().FromStatus(ticket, reported);
+  ASSERT_TRUE(declared.has_value());
+  EXPECT_FALSE(declared->held);
+  EXPECT_EQ(declared->response.status, 503) << "declared: classified as the route says";
 }
 
 }  // namespace

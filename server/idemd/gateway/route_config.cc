@@ -151,6 +151,10 @@ Result<GatewayRoute> ReadGatewayRoute(const toml::table& t, const std::string& o
       }
     } else if (k == "final_statuses") {
       if (Status s = RouteStatuses(node, r); !s) return at(s.error().message);
+    } else if (k == "nothing_done_statuses") {
+      auto codes = FiveHundredsOf(node, "the upstream did nothing");
+      if (!codes) return at(codes.error().message);
+      r.nothing_done_statuses = std::move(*codes);
     } else if (k == "store_headers") {
       auto headers = RouteStrings(node, true);
       if (!headers) return at(headers.error().message);
@@ -254,6 +258,13 @@ Result<GatewayRoute> ReadGatewayRoute(const toml::table& t, const std::string& o
                ") must be longer than timeout_ms (" + std::to_string(r.timeout.count()) + ")");
   }
   if (r.retention <= r.lease) return bad("retention (retention_ms) must be longer than lease_ms");
+  for (int s : r.nothing_done_statuses) {
+    if (std::find(r.final_statuses.begin(), r.final_statuses.end(), s) != r.final_statuses.end()) {
+      return bad(std::to_string(s) +
+                 " is in final_statuses and in nothing_done_statuses: a final "
+                 "answer is replayed, never forwarded again");
+    }
+  }
   if (!r.json_body && (!r.fingerprint_ignore.empty() || !r.fingerprint_decimals.empty())) {
     return bad("fingerprint.ignore and fingerprint.decimals need body = \"json\"");
   }
@@ -289,6 +300,27 @@ std::optional<int64_t> StatusCodeOf(const toml::node& node) {
     return std::stoi(*text);
   }
   return node.value<int64_t>();
+}
+
+Result<std::vector<int>> FiveHundredsOf(const toml::node& node, std::string_view proves) {
+  const toml::array* array = node.as_array();
+  if (array == nullptr || array->size() > 100) {
+    return MakeError(Errc::kInvalidArgument, "must be an array of 5xx codes");
+  }
+  std::vector<int> out;
+  for (const toml::node& n : *array) {
+    std::optional<int64_t> code = StatusCodeOf(n);
+    if (!n.is_integer() && !n.is_string()) code.reset();
+    if (!code || *code < 500 || *code > 599) {
+      return MakeError(Errc::kInvalidArgument,
+                       "only 5xx statuses can prove that " + std::string(proves));
+    }
+    if (std::find(out.begin(), out.end(), *code) != out.end()) {
+      return MakeError(Errc::kInvalidArgument, std::to_string(*code) + " is listed twice");
+    }
+    out.push_back(static_cast<int>(*code));
+  }
+  return out;
 }
 
 Result<std::string> ParseUpstream(const std::string& text) {
@@ -336,6 +368,8 @@ toml::table RouteTable(const GatewayRoute& r) {
   toml::array statuses;
   if (r.success_final) statuses.push_back("2xx");
   for (int s : r.final_statuses) statuses.push_back(int64_t{s});
+  toml::array nothing_done;
+  for (int s : r.nothing_done_statuses) nothing_done.push_back(int64_t{s});
   return toml::table{
       {"name", r.name},
       {"match", r.method + " " + r.pattern},
@@ -345,6 +379,7 @@ toml::table RouteTable(const GatewayRoute& r) {
       {"fingerprint", toml::table{{"ignore", Strings(r.fingerprint_ignore)},
                                   {"decimals", Strings(r.fingerprint_decimals)}}},
       {"final_statuses", statuses},
+      {"nothing_done_statuses", nothing_done},
       {"store_headers", Strings(r.store_headers)},
       {"forward_key_header", r.forward_key_header},
       {"upstream_deduplicates", r.upstream_deduplicates},

@@ -27,6 +27,11 @@ Result<std::string> ParseUpstream(const std::string& text);
 // IDEMD_ list takes). nullopt for anything else.
 std::optional<int64_t> StatusCodeOf(const toml::node& node);
 
+// A list of 5xx statuses that prove `proves` (e.g. "nothing was charged (a 2xx is a charge)"):
+// an array of codes 500..599 as StatusCodeOf reads them, each at most once. Errors
+// (kInvalidArgument, the message without where it was read): not such an array.
+Result<std::vector<int>> FiveHundredsOf(const toml::node& node, std::string_view proves);
+
 // The [[routes]] entries of `file` (none: no routes), in the file's order. `origin` is the
 // file's path, for the errors.
 Status ReadGatewayRoutes(const toml::table& file, const std::string& origin,

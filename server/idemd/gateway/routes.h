@@ -43,8 +43,12 @@ struct GatewayRoute {
   std::vector<std::string> fingerprint_decimals;  // exact decimals: 10.50 equals "10.5"
   bool success_final = true;                      // "2xx" listed in final_statuses
   std::vector<int> final_statuses;                // replayed; every other status is retryable
-  std::vector<std::string> store_headers;         // response headers kept and replayed
-  std::string forward_key_header;                 // "" sends none
+  // The upstream's declared semantics: 5xx statuses that prove it did nothing (e.g. 503 from a
+  // front that never passed the request on). Any other 5xx that is not final may come from an
+  // upstream that acted: its outcome is unknown, as after a timeout (docs/gateway.md).
+  std::vector<int> nothing_done_statuses;
+  std::vector<std::string> store_headers;  // response headers kept and replayed
+  std::string forward_key_header;          // "" sends none
   // The upstream's declared semantics: a repeated request with the same forward_key_header value
   // executes at most once. Only then is a request whose forward's outcome is unknown forwarded
   // again on a route without a status_path; otherwise that outcome is held (final 502).
