@@ -359,7 +359,8 @@ class Schedule {
     Settle();
     // Past the gateway route's retention its keys are free: some clients begin a new operation
     // under the key they used before, which the upstream must execute as the new one it is.
-    if (ok_ && std::any_of(keys_.begin(), keys_.end(), [](const Key& k) { return k.gateway; })) {
+    if (ok_ && AllFinal() &&
+        std::any_of(keys_.begin(), keys_.end(), [](const Key& k) { return k.gateway; })) {
       Settle(/*drain=*/true);  // no earlier request reaches a record after it expired
       // Just past the last record's expiry: a replay kept anywhere longer than its record lives
       // would answer the new operation with the old one's answer.
@@ -416,7 +417,7 @@ class Schedule {
     // With Redis (in-flight markers) or without; a replay cache in each instance or none.
     if (rng_() % 2 == 0) {
       markers_ = std::make_unique<SimMarkers>(
-          monotonic_, rng_, [this](Millis d) { monotonic_.Advance(d); },
+          monotonic_, rng_, [this](Millis d) { Advance(d); },
           [this](const std::string& line) { Log(acting_ + ": " + line); });
     }
     cache_entries_ = rng_() % 2 == 0 ? 0 : 1 + rng_() % 4;

@@ -60,7 +60,8 @@ http::Response SimUpstream::AnswerOf(const std::string& op, const std::string& o
   return r;
 }
 
-http::Response SimUpstream::Execute(const std::string& key, const std::string& op) {
+http::Response SimUpstream::Execute(const std::string& key, const std::string& op,
+                                    const std::optional<http::Response>& kept) {
   auto known = by_key_.find(key);
   if (options_.honours_keys && known != by_key_.end()) {
     log_("upstream: the key was executed before: its first answer again");
@@ -68,7 +69,7 @@ http::Response SimUpstream::Execute(const std::string& key, const std::string& o
   }
   ++executions_[op];
   http::Response answer = AnswerOf(op, "ord_" + std::to_string(++next_order_));
-  if (known == by_key_.end()) by_key_.emplace(key, answer);
+  if (known == by_key_.end()) by_key_.emplace(key, kept ? *kept : answer);
   return answer;
 }
 
@@ -131,11 +132,17 @@ http::Async<Result<http::Response>> SimUpstream::Forward(http::Request request,
       log_("upstream: " + named + " answered 500, nothing done");
       co_await delays_.Wait(delays_.Below(options_.timeout));
       co_return http::Response{500, {}, "{\"error\":\"oops\"}"};
-    case F::kFailedAfter:
-      log_("upstream: executes " + named + ", then answers 500");
-      (void)Execute(key, op);
+    case F::kFailedAfter: {
+      // Some upstreams keep the 500 as the key's answer (a repeat gets it again, the status URL
+      // reports it); others keep what the work made.
+      const http::Response failed{500, {}, "{\"error\":\"oops\"}"};
+      const bool keeps_failure = rng_() % 2 == 0;
+      log_("upstream: executes " + named + ", then answers 500" +
+           (keeps_failure ? " (and keeps the 500 as its answer)" : ""));
+      (void)Execute(key, op, keeps_failure ? std::optional<http::Response>(failed) : std::nullopt);
       co_await delays_.Wait(delays_.Below(options_.timeout));
-      co_return http::Response{500, {}, "{\"error\":\"oops\"}"};
+      co_return failed;
+    }
     case F::kResetAfter:
       log_("upstream: executes " + named + ", then the connection resets");
       (void)Execute(key, op);

@@ -11,6 +11,7 @@
 
 #include <functional>
 #include <map>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -59,7 +60,10 @@ class SimUpstream final : public http::Upstream {
   // Whether an execution under `key` has been asked for and not landed yet.
   bool Landing(const std::string& key) const;
   // Executes `op` under `key` (honouring keys: at most once per key) and returns its answer.
-  http::Response Execute(const std::string& key, const std::string& op);
+  // `kept`, when given, is the answer it keeps for the key instead (a repeat gets it again, and
+  // the status URL reports it): a 500 it gave after the work, say.
+  http::Response Execute(const std::string& key, const std::string& op,
+                         const std::optional<http::Response>& kept = std::nullopt);
   http::Response AnswerOf(const std::string& op, const std::string& order) const;
   http::Async<Result<http::Response>> Forward(http::Request request, http::CallOptions options);
   http::Async<Result<http::Response>> Status(std::string key);

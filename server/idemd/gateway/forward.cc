@@ -22,7 +22,7 @@ std::optional<int> OriginalStatus(const http::Response& answer) {
     return std::nullopt;
   }
   const int status = std::stoi(std::string(*header));
-  if (status < 200) return std::nullopt;
+  if (status < 200 || status > 599) return std::nullopt;
   return status;
 }
 
@@ -135,10 +135,29 @@ Execution ForwardSteps::AfterForward(const Ticket& ticket, std::string_view meth
     // then failed. Unknown, as after a timeout.
     http::Log(http::LogLevel::kWarn, "upstream failed; it may have acted",
               {{"route", route_.name}, {"method", method}, {"status", answer->status}});
+    const std::string answered = "the upstream answered " + std::to_string(answer->status);
+    // The same answer to a repeat of a forward whose outcome was unknown, from an upstream that
+    // deduplicates by the key and has no status URL to ask: it answers every repeat so (as an
+    // upstream that keeps its answers, 500s included, does), so forwarding again never ends.
+    // The outcome stays unknown, for an operator, as HeldUnknown's.
+    if (ticket.resumed && ticket.record.recovery_point == kForwarded &&
+        route_.upstream_deduplicates && route_.status_path.empty()) {
+      http::Log(http::LogLevel::kError, "gateway outcome unknown; the upstream failed again",
+                {{"route", route_.name},
+                 {"tenant", ticket.record.tenant},
+                 {"user", ticket.record.user},
+                 {"scope", ToHex(ticket.record.scope)},
+                 {"upstream_key", UpstreamKeyOf(ticket.record)},
+                 {"status", answer->status}});
+      metrics_.CountUnknownOutcome(route_.name);
+      return Execution::Held(
+          Problem(ProductProblem::kUpstreamOutcomeUnknown,
+                  answered + " again to a repeat of a forward whose outcome was unknown, which "
+                             "does not prove it did nothing; it is not forwarded again",
+                  {.key_expires = expires}));
+    }
     return UnknownAfterSend(ProductProblem::kUpstreamFailed,
-                            "the upstream answered " + std::to_string(answer->status) +
-                                ", which does not prove it did nothing",
-                            expires);
+                            answered + ", which does not prove it did nothing", expires);
   }
   if (answer) {
     Execution e = Execution::Answer(Kept(*answer));

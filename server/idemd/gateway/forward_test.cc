@@ -151,5 +151,26 @@ TEST_F(ForwardStepsTest, AFiveHundredThatMayHaveActedIsAnUnknownOutcome) {
   EXPECT_EQ(declared->response.status, 503) << "declared: classified as the route says";
 }
 
+// On a deduplicating route without a status URL, the forward after an unknown outcome is a repeat
+// with the same key; an upstream that keeps its answers (500s included) gives it the same 500,
+// and every later repeat too. The second such 500 holds the outcome for an operator rather than
+// forwarding forever; a first forward's 500 stays an unknown outcome.
+TEST_F(ForwardStepsTest, ARepeatThatFailsAgainOnADeduplicatingRouteIsHeld) {
+  route_.upstream_deduplicates = true;
+  const Execution first =
+      Steps().AfterForward(Resumed("", Millis(0)), "POST", http::Response{500, {}, "oops"});
+  EXPECT_TRUE(first.outcome_unknown);
+  EXPECT_FALSE(first.held);
+  const Execution again =
+      Steps().AfterForward(Resumed(kForwarded, Millis(0)), "POST", http::Response{500, {}, "oops"});
+  EXPECT_TRUE(again.held);
+  EXPECT_EQ(again.response.status, 502);
+  EXPECT_NE(again.response.body.find("upstream-outcome-unknown"), std::string::npos);
+  const Execution answered =
+      Steps().AfterForward(Resumed(kForwarded, Millis(0)), "POST", http::Response{201, {}, "{}"});
+  EXPECT_FALSE(answered.held) << "a repeat that succeeds is the answer";
+  EXPECT_EQ(answered.response.status, 201);
+}
+
 }  // namespace
 }  // namespace idem::idemd

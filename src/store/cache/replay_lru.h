@@ -30,10 +30,12 @@ inline bool Usable(const Record& r, Timestamp local) {
 inline constexpr int64_t kSlowClockPpm = 20'000;
 
 // How long a cache may keep a record: what the store said it had left when it was read, less
-// the kSlowClockPpm share of that.
+// the kSlowClockPpm share of that, rounded up (so a clock exactly that slow ends it no later than
+// the record expires).
 inline Millis Left(const Record& r) {
   const auto left = std::chrono::duration_cast<Millis>(r.expires_at - r.observed_at);
-  return left - left * kSlowClockPpm / 1'000'000;
+  if (left <= Millis(0)) return left;
+  return left - Millis((left.count() * kSlowClockPpm + 999'999) / 1'000'000);
 }
 
 // Entries live until a deadline on the monotonic clock, set from the store's own reckoning of

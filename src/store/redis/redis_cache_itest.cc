@@ -228,7 +228,8 @@ TEST_F(RedisCacheTest, ACachedRecordIsNeverUsedPastItsExpiry) {
 
 // A cached record comes back with the store's time moved on by the time it spent in the cache
 // (Record::observed_at), the time the engine judges its expiry by: whatever an instance's wall
-// clock says, a cache hit is live exactly as long as the store said it had left.
+// clock says, a cache hit is live no longer than the store said it had left (2 % less:
+// cache::kSlowClockPpm).
 TEST_F(RedisCacheTest, ACacheHitCarriesTheStoresTimeMovedOn) {
   REQUIRE_SERVICE("IDEM_TEST_REDIS_URL");
   const std::string prefix = Fresh("idem:test:");
