@@ -142,19 +142,11 @@ Execution ForwardSteps::AfterForward(const Ticket& ticket, std::string_view meth
     // The outcome stays unknown, for an operator, as HeldUnknown's.
     if (ticket.resumed && ticket.record.recovery_point == kForwarded &&
         route_.upstream_deduplicates && route_.status_path.empty()) {
-      http::Log(http::LogLevel::kError, "gateway outcome unknown; the upstream failed again",
-                {{"route", route_.name},
-                 {"tenant", ticket.record.tenant},
-                 {"user", ticket.record.user},
-                 {"scope", ToHex(ticket.record.scope)},
-                 {"upstream_key", UpstreamKeyOf(ticket.record)},
-                 {"status", answer->status}});
-      metrics_.CountUnknownOutcome(route_.name);
-      return Execution::Held(
-          Problem(ProductProblem::kUpstreamOutcomeUnknown,
-                  answered + " again to a repeat of a forward whose outcome was unknown, which "
-                             "does not prove it did nothing; it is not forwarded again",
-                  {.key_expires = expires}));
+      return HoldUnknown(ticket.record, "gateway outcome unknown; the upstream failed again",
+                         {{"status", answer->status}},
+                         answered +
+                             " again to a repeat of a forward whose outcome was unknown, which "
+                             "does not prove it did nothing; it is not forwarded again");
     }
     return UnknownAfterSend(ProductProblem::kUpstreamFailed,
                             answered + ", which does not prove it did nothing", expires);
@@ -237,20 +229,11 @@ std::optional<Execution> ForwardSteps::FromStatus(const Ticket& ticket,
             record, route_.timeout + margin_ + route_.late_execution + route_.status_unknown_max)) {
       // Asked for long enough: the outcome stays unknown, and it is final. Nothing is forwarded
       // again; the operator finds the record by this line and the metric, and settles it.
-      http::Log(http::LogLevel::kError, "gateway outcome unknown; no longer asking",
-                {{"route", route_.name},
-                 {"tenant", record.tenant},
-                 {"user", record.user},
-                 {"scope", ToHex(record.scope)},
-                 {"upstream_key", UpstreamKeyOf(record)},
-                 {"status_unknown_max_ms", route_.status_unknown_max.count()},
-                 {"why", why}});
-      metrics_.CountUnknownOutcome(route_.name);
-      return Execution::Held(Problem(
-          ProductProblem::kUpstreamOutcomeUnknown,
+      return HoldUnknown(
+          record, "gateway outcome unknown; no longer asking",
+          {{"status_unknown_max_ms", route_.status_unknown_max.count()}, {"why", why}},
           "the upstream's status URL could not tell whether this request executed, and idemd no "
-          "longer asks; it is not forwarded again",
-          {.key_expires = record.expires_at}));
+          "longer asks; it is not forwarded again");
     }
     // About the question, not the request: the record stays as it is, and a later retry (or the
     // takeover loop) asks again.
@@ -266,20 +249,12 @@ std::optional<Execution> ForwardSteps::FromStatus(const Ticket& ticket,
   // and nobody can tell what it did. Held for an operator, as an outcome the status URL never
   // tells.
   if (MayHaveActed(*original)) {
-    http::Log(http::LogLevel::kError, "gateway outcome unknown; the upstream reports a failure",
-              {{"route", route_.name},
-               {"tenant", record.tenant},
-               {"user", record.user},
-               {"scope", ToHex(record.scope)},
-               {"upstream_key", UpstreamKeyOf(record)},
-               {"status", *original}});
-    metrics_.CountUnknownOutcome(route_.name);
-    return Execution::Held(
-        Problem(ProductProblem::kUpstreamOutcomeUnknown,
-                "the upstream's status URL reports that this request executed and answered " +
-                    std::to_string(*original) +
-                    ", which does not prove it did nothing; it is not forwarded again",
-                {.key_expires = record.expires_at}));
+    return HoldUnknown(record, "gateway outcome unknown; the upstream reports a failure",
+                       {{"status", *original}},
+                       "the upstream's status URL reports that this request executed and "
+                       "answered " +
+                           std::to_string(*original) +
+                           ", which does not prove it did nothing; it is not forwarded again");
   }
   // It ran, and this is what it answered: the outcome, classified as the route classifies the
   // upstream's answers.
@@ -290,19 +265,26 @@ std::optional<Execution> ForwardSteps::FromStatus(const Ticket& ticket,
 }
 
 Execution ForwardSteps::HeldUnknown(const Record& record) const {
-  http::Log(http::LogLevel::kError, "gateway outcome unknown; not forwarded again",
-            {{"route", route_.name},
-             {"tenant", record.tenant},
-             {"user", record.user},
-             {"scope", ToHex(record.scope)},
-             {"upstream_key", UpstreamKeyOf(record)},
-             {"why", "no status_path, and upstream_deduplicates is false"}});
+  return HoldUnknown(record, "gateway outcome unknown; not forwarded again",
+                     {{"why", "no status_path, and upstream_deduplicates is false"}},
+                     "an earlier forward of this request may have executed, and this route can "
+                     "neither ask the upstream nor rely on it to deduplicate: it is not forwarded "
+                     "again");
+}
+
+Execution ForwardSteps::HoldUnknown(const Record& record, std::string_view why,
+                                    const boost::json::object& fields,
+                                    const std::string& detail) const {
+  boost::json::object line{{"route", route_.name},
+                           {"tenant", record.tenant},
+                           {"user", record.user},
+                           {"scope", ToHex(record.scope)},
+                           {"upstream_key", UpstreamKeyOf(record)}};
+  for (const auto& field : fields) line.insert_or_assign(field.key(), field.value());
+  http::Log(http::LogLevel::kError, why, line);
   metrics_.CountUnknownOutcome(route_.name);
-  return Execution::Held(Problem(ProductProblem::kUpstreamOutcomeUnknown,
-                                 "an earlier forward of this request may have executed, "
-                                 "and this route can neither ask the upstream nor rely on "
-                                 "it to deduplicate: it is not forwarded again",
-                                 {.key_expires = record.expires_at}));
+  return Execution::Held(
+      Problem(ProductProblem::kUpstreamOutcomeUnknown, detail, {.key_expires = record.expires_at}));
 }
 
 Execution ForwardSteps::Unanswered(const Ticket& ticket) const {

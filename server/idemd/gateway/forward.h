@@ -3,6 +3,7 @@
 // (ProxyOperation::Execute, TakeOver). Synchronous, like the charge's (payments/charge.h).
 #pragma once
 
+#include <boost/json.hpp>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -111,6 +112,12 @@ class ForwardSteps {
   // Whether the upstream may have acted although it answered `status`: a 5xx the route neither
   // replays (final_statuses) nor declares as "nothing done" (nothing_done_statuses).
   bool MayHaveActed(int status) const;
+  // Holds the unknown outcome of `record` for an operator: logs `why` at error level with the
+  // record's route, principal, scope and upstream key, then `fields`; counts it
+  // (idem_gateway_unknown_outcomes_total); answers the final 502 upstream-outcome-unknown with
+  // `detail`.
+  Execution HoldUnknown(const Record& record, std::string_view why,
+                        const boost::json::object& fields, const std::string& detail) const;
   // The unknown outcome of a forward that left: `what` happened, and the upstream may have acted.
   Execution UnknownAfterSend(ProductProblem kind, const std::string& what, Timestamp expires) const;
 
