@@ -17,7 +17,7 @@ namespace idem {
 // Every failpoint, in protocol order. IDEM_FAILPOINT refuses (at compile time) a name not listed
 // here, and ArmFailpoints (so IDEM_FAILPOINTS) refuses one at run time: a typo is an error, never
 // a point that silently does nothing.
-inline constexpr std::array<std::string_view, 10> kFailpoints = {
+inline constexpr std::array<std::string_view, 11> kFailpoints = {
     // This request's in-flight marker is in Redis, its claim not yet made (Engine::Start, only
     // with markers): two stores written one after the other, so a marker can outlive its request.
     "cache_after_marker",
@@ -34,6 +34,9 @@ inline constexpr std::array<std::string_view, 10> kFailpoints = {
     // each batch is its own statement, so a round is not atomic.
     "sweep_between_batches",
     "reconcile_after_refund",  // a refund of the books left, not yet recorded (Reconciliation)
+    // A queue message's record is finished, the broker not yet told (idemd's consumers): the
+    // broker delivers it again, and the copy must be answered from the record.
+    "consumer_before_ack",
 };
 
 // Arms points from a spec: comma-separated name=action, action one of crash (the process exits

@@ -17,6 +17,7 @@
 #include "idem/store/replay_cache.h"
 #include "server/idemd/config/config.h"
 #include "server/idemd/config/store_url.h"
+#include "server/idemd/consumers/consumers.h"
 #include "server/idemd/filter/filter.h"
 #include "server/idemd/filter/timed.h"
 #include "server/idemd/gateway/gateway.h"
@@ -256,11 +257,17 @@ int Run(int argc, char** argv) {
   if (!gateway) return Fail(gateway.error().message);
   Service service(config->principals, **store, store_pool, metrics, filter, payments,
                   std::move(*gateway), &read_pool);
+  // The queue consumers (docs/consumers.md): each message a request of its route, through a
+  // filter of its own in front of its target's proxy. Started once idemd listens.
+  auto consumers =
+      Consumers::Make(config->consumers, gateway_deps, config->gateway, InstanceName());
+  if (!consumers) return Fail(consumers.error().message);
   JsonAccessLog log(&metrics);
   // The routes whose records this instance resolves: any other route's PROCESSING records are
   // reported (TakeCensus).
-  const auto served = [&service](std::string_view route) {
-    return route == kPaymentsCreateRoute || service.CurrentGateway()->Serves(route);
+  const auto served = [&service, &consumers](std::string_view route) {
+    return route == kPaymentsCreateRoute || service.CurrentGateway()->Serves(route) ||
+           (*consumers)->Serves(route);
   };
   // The records gauges hold values from the start, and a removed route's records are reported.
   TakeCensus(**store, metrics, SystemClock(), served);
@@ -298,11 +305,13 @@ int Run(int argc, char** argv) {
       const std::function<void(const std::string&)> notify = [&](const std::string& key) {
         (*server)->Notify(key);
       };
-      RunConcurrently(2, 2, [&](std::size_t i) {
+      RunConcurrently(3, 3, [&](std::size_t i) {
         if (i == 0) {
           filter.TakeOverOnce(100, notify);
-        } else {
+        } else if (i == 1) {
           service.CurrentGateway()->TakeOverOnce(100, notify);
+        } else {
+          (*consumers)->TakeOverOnce(100);
         }
       });
     });
@@ -331,10 +340,16 @@ int Run(int argc, char** argv) {
                   "reconciliation", line);
       });
     }
+    if (Status started = (*consumers)->Start(); !started) {
+      (*server)->Drain();
+      return Fail(started.error().message);
+    }
     int sig = 0;
     while ((sig = http::WaitForSignal()) == SIGHUP)
       Reload(config_path, overrides, gateway_deps, service, **store);
     http::Log(http::LogLevel::kInfo, "draining", {{"signal", sig}});
+    // No message is taken from now on; those in hand reach an answer or are left to the broker.
+    (*consumers)->Stop();
     (*server)->Drain();
   }
   http::Log(http::LogLevel::kInfo, "stopped");

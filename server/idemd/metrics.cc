@@ -191,6 +191,41 @@ void Metrics::CountUnknownOutcome(const std::string& route) {
   ++unknown_outcomes_[route];
 }
 
+namespace {
+// The buckets of idem_consumer_deliveries (then +Inf).
+constexpr std::array<int64_t, 5> kDeliveryBounds = {1, 2, 3, 5, 10};
+constexpr std::array<std::string_view, 5> kConsumerOutcomes = {"duplicate", "executed", "held",
+                                                               "quarantined", "retried"};
+}  // namespace
+
+void Metrics::DeclareConsumer(const std::string& consumer) {
+  MutexLock lock(mu_);
+  for (std::string_view outcome : kConsumerOutcomes) {
+    consumer_messages_.try_emplace({consumer, std::string(outcome)}, 0);
+  }
+  consumer_deliveries_.try_emplace(consumer);
+  consumer_takeovers_.try_emplace(consumer, 0);
+}
+
+void Metrics::CountConsumerMessage(const std::string& consumer, std::string_view outcome) {
+  MutexLock lock(mu_);
+  ++consumer_messages_[{consumer, std::string(outcome)}];
+}
+
+void Metrics::ObserveConsumerDeliveries(const std::string& consumer, int64_t deliveries) {
+  MutexLock lock(mu_);
+  Deliveries& d = consumer_deliveries_[consumer];
+  std::size_t i = 0;
+  while (i < kDeliveryBounds.size() && deliveries > kDeliveryBounds[i]) ++i;
+  ++d.buckets[i];
+  d.sum += static_cast<uint64_t>(std::max<int64_t>(deliveries, 0));
+}
+
+void Metrics::CountConsumerTakeover(const std::string& consumer) {
+  MutexLock lock(mu_);
+  ++consumer_takeovers_[consumer];
+}
+
 void Metrics::CountTakeoverResult(const std::string& result) {
   MutexLock lock(mu_);
   ++reconciled_[result];
@@ -285,6 +320,37 @@ std::string Metrics::Render() const {
          "finally, and left for an operator.");
   for (const auto& [route, n] : unknown_outcomes_) {
     Sample(out, "idem_gateway_unknown_outcomes_total", Label("route", route), n);
+  }
+
+  Header(out, "idem_consumer_messages_total", "counter",
+         "Queue consumers' messages by consumer and outcome: executed, duplicate (answered from "
+         "its record, nothing ran), held (outcome unknown, for an operator), quarantined (moved "
+         "to the dead-letter stream), retried (left to the broker's redelivery).");
+  for (const auto& [labels, n] : consumer_messages_) {
+    Sample(out, "idem_consumer_messages_total",
+           Label("consumer", labels.first) + "," + Label("outcome", labels.second), n);
+  }
+  Header(out, "idem_consumer_deliveries", "histogram",
+         "How often a message had been delivered when its consumer acknowledged or quarantined "
+         "it (1: the first delivery).");
+  for (const auto& [consumer, d] : consumer_deliveries_) {
+    const std::string name = Label("consumer", consumer);
+    uint64_t cumulative = 0;
+    for (std::size_t i = 0; i < kDeliveryBounds.size(); ++i) {
+      cumulative += d.buckets[i];
+      Sample(out, "idem_consumer_deliveries_bucket",
+             name + "," + Label("le", std::to_string(kDeliveryBounds[i])), cumulative);
+    }
+    cumulative += d.buckets.back();
+    Sample(out, "idem_consumer_deliveries_bucket", name + "," + Label("le", "+Inf"), cumulative);
+    Sample(out, "idem_consumer_deliveries_sum", name, d.sum);
+    Sample(out, "idem_consumer_deliveries_count", name, cumulative);
+  }
+  Header(out, "idem_consumer_takeovers_total", "counter",
+         "Messages a consumer took over from another that left them unanswered for "
+         "redeliver_after_ms.");
+  for (const auto& [consumer, n] : consumer_takeovers_) {
+    Sample(out, "idem_consumer_takeovers_total", Label("consumer", consumer), n);
   }
 
   Header(out, "idem_records", "gauge",

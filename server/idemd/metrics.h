@@ -106,6 +106,19 @@ class Metrics {
   void DeclareUnknownOutcomes(const std::string& route);
   void CountUnknownOutcome(const std::string& route);
 
+  // A queue consumer's messages (docs/consumers.md): idem_consumer_messages_total{consumer,
+  // outcome} — executed, duplicate (answered from the record: nothing ran), held (its outcome
+  // unknown, kept for an operator), quarantined (moved to the dead-letter stream), retried (left
+  // to the broker's redelivery) — and idem_consumer_deliveries{consumer}, a histogram of how
+  // often a message had been delivered when it was acknowledged or quarantined.
+  // DeclareConsumer renders the consumer's series from now on.
+  void DeclareConsumer(const std::string& consumer);
+  void CountConsumerMessage(const std::string& consumer, std::string_view outcome);
+  void ObserveConsumerDeliveries(const std::string& consumer, int64_t deliveries);
+  // idem_consumer_takeovers_total{consumer}: messages taken over from a consumer that left them
+  // unanswered for redeliver_after_ms (it died, or its broker connection did).
+  void CountConsumerTakeover(const std::string& consumer);
+
   void CountTakeover() { ++takeovers_; }
   // A completion refused because the record's fence moved on (another executor took over).
   void CountFenced() { ++fenced_; }
@@ -171,6 +184,15 @@ class Metrics {
   std::map<std::pair<std::string, int>, Histogram> http_ IDEM_GUARDED_BY(mu_);  // by route, code
   std::map<std::string, Histogram> upstream_ IDEM_GUARDED_BY(mu_);              // by route
   std::map<std::string, uint64_t> unknown_outcomes_ IDEM_GUARDED_BY(mu_);       // by route
+  // By consumer and outcome; by consumer, the deliveries' buckets (kDeliveryBounds, then +Inf)
+  // and their sum; takeovers by consumer.
+  std::map<std::pair<std::string, std::string>, uint64_t> consumer_messages_ IDEM_GUARDED_BY(mu_);
+  struct Deliveries {
+    std::array<uint64_t, 6> buckets{};
+    uint64_t sum = 0;
+  };
+  std::map<std::string, Deliveries> consumer_deliveries_ IDEM_GUARDED_BY(mu_);
+  std::map<std::string, uint64_t> consumer_takeovers_ IDEM_GUARDED_BY(mu_);
   RecordCensus census_ IDEM_GUARDED_BY(mu_);
   std::map<std::string, int64_t> unserved_ IDEM_GUARDED_BY(mu_);
   Timestamp census_taken_ IDEM_GUARDED_BY(mu_) = {};

@@ -19,6 +19,7 @@
 
 #include "http/log.h"
 #include "server/idemd/config/keys.h"
+#include "server/idemd/consumers/consumer_config.h"
 #include "server/idemd/gateway/route_config.h"
 
 namespace idem::idemd {
@@ -116,6 +117,8 @@ Millis LongestTimeout(const Config& config) {
                              config.gateway.unmatched_timeout});
   for (const GatewayRoute& route : config.gateway.routes)
     longest = std::max(longest, route.timeout);
+  for (const ConsumerRoute& consumer : config.consumers)
+    longest = std::max(longest, consumer.target.timeout);
   return longest;
 }
 
@@ -145,7 +148,7 @@ Status CheckKnownKeys(const toml::table& t, const std::string& origin) {
   };
   for (const auto& [key, node] : t) {
     const std::string section(key.str());
-    if (section == "routes") continue;
+    if (section == "routes" || section == "consumers") continue;  // their readers check them
     const auto first = known.lower_bound(section + ".");
     if (first == known.end() || first->first.rfind(section + ".", 0) != 0) {
       return unknown(section, node);
@@ -305,6 +308,25 @@ Status CheckBetweenKeys(const Config& c, const std::string& o) {
                           "): a request is forwarded only under a lease that covers the exchange");
     }
   }
+  for (const ConsumerRoute& consumer : c.consumers) {
+    const GatewayRoute& r = consumer.target;
+    if (r.lease <= r.timeout + idempotency.lease_margin) {
+      return Bad(o + ":" + std::to_string(consumer.line),
+                 "[[consumers]] " + consumer.name + ": target.lease_ms (" +
+                     std::to_string(r.lease.count()) + ") must be longer than target.timeout_ms (" +
+                     std::to_string(r.timeout.count()) + ") + idempotency.lease_margin_ms (" +
+                     std::to_string(idempotency.lease_margin.count()) +
+                     "): a message is forwarded only under a lease that covers the exchange");
+    }
+    if (consumer.concurrency > idempotency.max_processing) {
+      return Bad(o + ":" + std::to_string(consumer.line),
+                 "[[consumers]] " + consumer.name + ": concurrency (" +
+                     std::to_string(consumer.concurrency) +
+                     ") is more than idempotency.max_processing (" +
+                     std::to_string(idempotency.max_processing) +
+                     "): the consumer's own records would refuse each other");
+    }
+  }
   if (!c.store.listen_url.empty()) {
     auto postgres = [](const std::string& url) {
       return url.rfind("postgresql://", 0) == 0 || url.rfind("postgres://", 0) == 0;
@@ -359,6 +381,7 @@ Result<Config> LoadConfig(const std::string& path, const std::vector<std::string
   IDEM_RETURN_IF_ERROR(ReadConfigKeys(t, o, from_env, c));
   IDEM_RETURN_IF_ERROR(ReadPrincipals(t, o, c.principals));
   IDEM_RETURN_IF_ERROR(ReadGatewayRoutes(t, o, c.gateway.routes));
+  IDEM_RETURN_IF_ERROR(ReadConsumers(t, o, c.consumers));
   IDEM_RETURN_IF_ERROR(ApplyFlags(overrides, c));
   if (c.store.url.empty()) c.store.url = kDefaultStoreUrl;
   IDEM_RETURN_IF_ERROR(CheckBetweenKeys(c, o));

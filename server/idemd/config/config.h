@@ -14,6 +14,7 @@
 #include "idem/result.h"
 #include "idem/secret.h"
 #include "idem/store/postgres.h"
+#include "server/idemd/consumers/consumer_route.h"
 #include "server/idemd/gateway/routes.h"
 
 namespace idem::idemd {
@@ -150,6 +151,8 @@ struct Config {
   std::vector<PrincipalEntry> principals;
   // The gateway ([gateway] and [[routes]], docs/gateway.md).
   GatewayConfig gateway;
+  // The queue consumers ([[consumers]], docs/consumers.md).
+  std::vector<ConsumerRoute> consumers;
 };
 
 // The longest wait a latency histogram may see under `config`: the provider's timeout, each

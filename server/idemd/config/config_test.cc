@@ -795,6 +795,18 @@ TEST_F(ConfigTest, EveryListedKeyIsReadAndChecked) {
         toml = "[[routes]]\n" +
                std::regex_replace(route, std::regex(rest + " = [^\n]*"), rest + " = { probe = 1 }");
       }
+    } else if (section == "consumers") {
+      // The consumer's own keys in its table, target.* in [consumers.target].
+      const bool in_target = rest.rfind("target.", 0) == 0;
+      const std::string name = in_target ? rest.substr(7) : rest;
+      std::string own = "name = \"c\"\nurl = \"redis://127.0.0.1:1\"\nstream = \"s\"\n";
+      std::string target = "request = \"POST /v1/c\"\nupstream = \"http://127.0.0.1:1\"\n";
+      std::string& table = in_target ? target : own;
+      const std::regex set("(^|\n)" + name + " = [^\n]*");
+      table = std::regex_search(table, set)
+                  ? std::regex_replace(table, set, "$1" + name + " = { probe = 1 }")
+                  : table + name + " = { probe = 1 }\n";
+      toml = "[[consumers]]\n" + own + "[consumers.target]\n" + target;
     } else if (section == "principals") {
       toml = "[[principals]]\napi_key_sha256 = \"" + std::string(64, 'a') +
              "\"\ntenant = \"t\"\nuser = \"u\"\n";
@@ -804,7 +816,10 @@ TEST_F(ConfigTest, EveryListedKeyIsReadAndChecked) {
     }
     auto c = LoadConfig(Write("c.toml", section == "secrets" ? toml : Minimal(toml)), {});
     ASSERT_FALSE(c.has_value()) << key << " = { probe = 1 } was accepted";
-    const std::string named = section == "principals" ? "principals" : rest;
+    const std::string named = section == "principals" ? "principals"
+                              : section == "consumers" && rest.rfind("target.", 0) == 0
+                                  ? rest.substr(7)
+                                  : rest;
     EXPECT_NE(c.error().message.find(named), std::string::npos) << key << ": " << c.error().message;
   }
 }
@@ -858,6 +873,18 @@ retention_hours = 12
 name = "orders.cancel"
 match = "DELETE /v1/orders/{id}"
 upstream = "http://127.0.0.1:3000"
+[[consumers]]
+name = "orders"
+url = "redis://idem:s3cret@127.0.0.1:6379/1"
+stream = "orders"
+key = "json:/order/id"
+header_fields = ["x-trace"]
+max_attempts = 4
+[consumers.target]
+request = "POST /v1/orders"
+upstream = "http://127.0.0.1:3000"
+forward_key_header = "X-Key"
+retention_hours = 48
 )"));
   auto first = LoadConfig(path, {});
   ASSERT_TRUE(first.has_value()) << first.error().message;
@@ -879,7 +906,7 @@ upstream = "http://127.0.0.1:3000"
   for (const auto& [key, kind] : ConfigKeys()) {
     const std::string last = key.substr(key.rfind('.') + 1);
     if (key == "idempotency.retention_hours" || key == "routes.retention_hours" ||
-        key.rfind("server.", 0) == 0) {
+        key == "consumers.target.retention_hours" || key.rfind("server.", 0) == 0) {
       continue;  // aliases: printed as retention_ms
     }
     EXPECT_NE(printed.find(last + " = "), std::string::npos) << key << " is not printed";

@@ -9,6 +9,7 @@
 
 #include "server/idemd/config/config.h"
 #include "server/idemd/config/keys.h"
+#include "server/idemd/consumers/consumer_config.h"
 #include "server/idemd/gateway/route_config.h"
 
 namespace idem::idemd {
@@ -28,6 +29,9 @@ toml::table EffectiveTable(const Config& c) {
   for (const GatewayRoute& r : c.gateway.routes) routes.push_back(RouteTable(r));
   if (!principals.empty()) out.insert("principals", std::move(principals));
   if (!routes.empty()) out.insert("routes", std::move(routes));
+  toml::array consumers;
+  for (const ConsumerRoute& consumer : c.consumers) consumers.push_back(ConsumerTable(consumer));
+  if (!consumers.empty()) out.insert("consumers", std::move(consumers));
   return out;
 }
 
@@ -93,6 +97,8 @@ const std::map<std::string, Kind>& ConfigKeys() {
                  out);
     AddEntryKeys(RouteTable(GatewayRoute{}), "routes.", out);
     out["routes.retention_hours"] = Kind::kInteger;
+    AddEntryKeys(ConsumerTable(ConsumerRoute{}), "consumers.", out);
+    out["consumers.target.retention_hours"] = Kind::kInteger;
     return out;
   }();
   return keys;

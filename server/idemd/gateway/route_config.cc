@@ -84,11 +84,26 @@ bool ShadowsIdemd(const GatewayRoute& route) {
   return false;
 }
 
-Result<GatewayRoute> ReadGatewayRoute(const toml::table& t, const std::string& origin) {
+// A [[routes]] entry, or with `consumer` set, the [consumers.target] of that consumer: its name
+// is the consumer's, `request` replaces match (one fixed path), and name and key are not read.
+Result<GatewayRoute> ReadGatewayRoute(const toml::table& t, const std::string& origin,
+                                      const std::string* consumer = nullptr) {
   GatewayRoute r;
   r.line = t.source().begin.line;
-  if (auto name = t["name"].value<std::string>()) r.name = *name;
-  auto bad = [&](const std::string& what) { return BadRoute(origin, r.line, r.name, what); };
+  if (consumer != nullptr) {
+    r.name = *consumer;
+  } else if (auto name = t["name"].value<std::string>()) {
+    r.name = *name;
+  }
+  const std::string section =
+      consumer != nullptr ? "[[consumers]] " + *consumer + " target" : "[[routes]]";
+  auto bad_at = [&](int64_t line, const std::string& what) {
+    return MakeError(Errc::kInvalidArgument,
+                     origin + ":" + std::to_string(line) + ": " + section +
+                         (consumer == nullptr && !r.name.empty() ? " " + r.name : "") + ": " +
+                         what);
+  };
+  auto bad = [&](const std::string& what) { return bad_at(r.line, what); };
   const bool name_ok = !r.name.empty() && r.name.size() <= kMaxRouteNameLength &&
                        std::all_of(r.name.begin(), r.name.end(), [](char ch) {
                          return (ch >= 'a' && ch <= 'z') || (ch >= '0' && ch <= '9') || ch == '.' ||
@@ -98,7 +113,7 @@ Result<GatewayRoute> ReadGatewayRoute(const toml::table& t, const std::string& o
     return bad("name must be 1.." + std::to_string(kMaxRouteNameLength) +
                " characters of a-z 0-9 . _ -");
   }
-  if (r.name == "unmatched" || r.name == "unknown") {
+  if (consumer == nullptr && (r.name == "unmatched" || r.name == "unknown")) {
     return bad("name '" + r.name +
                "' is taken: metrics and logs use it for requests no route "
                "matches");
@@ -107,13 +122,21 @@ Result<GatewayRoute> ReadGatewayRoute(const toml::table& t, const std::string& o
   for (const auto& [key, node] : t) {
     const std::string k(key.str());
     auto at = [&, line = node.source().begin.line](const std::string& what) {
-      return BadRoute(origin, line, r.name, k + ": " + what);
+      return bad_at(line, k + ": " + what);
     };
+    if (consumer != nullptr && (k == "name" || k == "match" || k == "key")) {
+      return at(k == "match" ? "unknown key (a consumer's target names its request = \"METHOD "
+                               "/path\")"
+                             : "unknown key (the consumer's own key names it)");
+    }
     if (k == "name") continue;
-    if (k == "match") {
+    if (k == (consumer != nullptr ? "request" : "match")) {
       auto text = node.value<std::string>();
       if (!text) return at("must be a string");
       if (std::string error = ParseGatewayMatch(*text, r); !error.empty()) return at(error);
+      const bool fixed = std::all_of(r.segments.begin(), r.segments.end(),
+                                     [](const auto& segment) { return segment.has_value(); });
+      if (consumer != nullptr && !fixed) return at("must name one path, without {name} segments");
     } else if (k == "upstream") {
       auto text = node.value<std::string>();
       if (!text) return at("must be a string");
@@ -143,10 +166,9 @@ Result<GatewayRoute> ReadGatewayRoute(const toml::table& t, const std::string& o
           r.fingerprint_decimals = std::move(*field);
         } else {
           const std::string sub = "fingerprint." + std::string(fk.str());
-          return BadRoute(origin, fn.source().begin.line, r.name,
-                          fk.str() == "ignore" || fk.str() == "decimals"
-                              ? sub + ": " + field.error().message
-                              : "unknown key " + sub);
+          return bad_at(fn.source().begin.line, fk.str() == "ignore" || fk.str() == "decimals"
+                                                    ? sub + ": " + field.error().message
+                                                    : "unknown key " + sub);
         }
       }
     } else if (k == "final_statuses") {
@@ -250,9 +272,14 @@ Result<GatewayRoute> ReadGatewayRoute(const toml::table& t, const std::string& o
     }
   }
   if (retention_ms) r.retention = *retention_ms;
-  if (r.method.empty()) return bad("needs match = \"METHOD /path\"");
+  if (r.method.empty()) {
+    return bad(consumer != nullptr ? "needs request = \"METHOD /path\""
+                                   : "needs match = \"METHOD /path\"");
+  }
   if (r.upstream.empty()) return bad("needs upstream = \"http://host:port\"");
-  if (ShadowsIdemd(r)) return bad("match " + r.pattern + " would shadow idemd's own paths");
+  if (consumer == nullptr && ShadowsIdemd(r)) {
+    return bad("match " + r.pattern + " would shadow idemd's own paths");
+  }
   if (r.lease <= r.timeout) {
     return bad("lease_ms (" + std::to_string(r.lease.count()) +
                ") must be longer than timeout_ms (" + std::to_string(r.timeout.count()) + ")");
@@ -362,6 +389,20 @@ Status ReadGatewayRoutes(const toml::table& t, const std::string& origin,
     out.push_back(std::move(route));
   }
   return Ok();
+}
+
+Result<GatewayRoute> ReadConsumerTarget(const toml::table& t, const std::string& origin,
+                                        const std::string& consumer) {
+  return ReadGatewayRoute(t, origin, &consumer);
+}
+
+toml::table TargetTable(const GatewayRoute& route) {
+  toml::table out = RouteTable(route);
+  out.erase("name");
+  out.erase("key");
+  out.erase("match");
+  out.insert("request", route.method + " " + route.pattern);
+  return out;
 }
 
 toml::table RouteTable(const GatewayRoute& r) {

@@ -40,4 +40,13 @@ Status ReadGatewayRoutes(const toml::table& file, const std::string& origin,
 // `route` as the [[routes]] entry ReadGatewayRoutes reads back to it, every key included.
 toml::table RouteTable(const GatewayRoute& route);
 
+// The target of the consumer named `consumer` (its [consumers.target] table `t`): the keys of a
+// [[routes]] entry but name, key and match, and request = "METHOD /path" (one path, no {name}
+// segment) in place of match. The route's name is the consumer's; its key is always required
+// (the message's). Errors: kInvalidArgument, "ORIGIN:LINE: [[consumers]] NAME target: what".
+Result<GatewayRoute> ReadConsumerTarget(const toml::table& t, const std::string& origin,
+                                        const std::string& consumer);
+// `route` as the [consumers.target] table ReadConsumerTarget reads back to it.
+toml::table TargetTable(const GatewayRoute& route);
+
 }  // namespace idem::idemd

@@ -19,7 +19,9 @@ std::string ReplyText(const redisReply* r) {
   return "an unexpected reply";
 }
 
-Result<std::unique_ptr<RedisConn>> Connect(const Endpoint& e, Millis timeout) {
+}  // namespace
+
+Result<std::unique_ptr<RedisConn>> ConnectRedis(const Endpoint& e, Millis timeout) {
   timeval tv{static_cast<time_t>(timeout.count() / 1000),
              static_cast<suseconds_t>((timeout.count() % 1000) * 1000)};
   redisContext* c = redisConnectWithTimeout(e.host.c_str(), e.port, tv);
@@ -47,8 +49,6 @@ Result<std::unique_ptr<RedisConn>> Connect(const Endpoint& e, Millis timeout) {
   }
   return conn;
 }
-
-}  // namespace
 
 Reply RedisConn::Send(const std::vector<std::string_view>& args) {
   std::vector<const char*> argv;
@@ -120,7 +120,7 @@ RedisClient::RedisClient(const RedisCacheOptions& options, Endpoint endpoint)
       pool_(
           "redis", {},
           [endpoint = std::move(endpoint), timeout = options.timeout]() {
-            return Connect(endpoint, timeout);
+            return ConnectRedis(endpoint, timeout);
           },
           options.pool_size) {}
 

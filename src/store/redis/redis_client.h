@@ -58,6 +58,10 @@ struct Endpoint {
 // Errors: kInvalidArgument naming what is wrong; rediss:// is refused (hiredis here has no TLS).
 Result<Endpoint> ParseRedisUrl(const std::string& url);
 
+// A connection to `endpoint`, logged in and its database selected, every command bounded by
+// `timeout` (also the connect). Errors: kUnavailable naming what failed.
+Result<std::unique_ptr<RedisConn>> ConnectRedis(const Endpoint& endpoint, Millis timeout);
+
 // Thread-safe. Shared (std::shared_ptr) by every user, so a failure seen by one — the cache or
 // the markers — rests Redis for all of them, and every fallback is counted once, in one place.
 class RedisClient {

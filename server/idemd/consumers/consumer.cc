@@ -1,0 +1,288 @@
+// server/idemd/consumers/consumer.cc — a message's way through the filter, and what the broker
+// is told of it.
+#include "server/idemd/consumers/consumer.h"
+
+#include <algorithm>
+#include <boost/json.hpp>
+#include <charconv>
+
+#include "http/async.h"
+#include "http/log.h"
+#include "http/problem.h"
+#include "idem/failpoint.h"
+
+namespace idem::idemd {
+namespace {
+
+// How long a thread rests after its broker failed, at most (doubling from 100 ms).
+constexpr Millis kLongestBrokerRest{5000};
+// The longest a thread waits before it asks about a running duplicate again.
+constexpr Millis kLongestWait{5000};
+
+bool IsProblem(const http::Response& answer, http::ProblemKind kind) {
+  if (answer.status != http::Spec(kind).status) return false;
+  const std::optional<std::string_view> type = answer.headers.Get("content-type");
+  if (!type || type->find("problem+json") == std::string_view::npos) return false;
+  boost::system::error_code ec;
+  const boost::json::value body = boost::json::parse(answer.body, ec);
+  const boost::json::object* object = ec ? nullptr : body.if_object();
+  const boost::json::value* found = object != nullptr ? object->if_contains("type") : nullptr;
+  return found != nullptr && found->is_string() && found->as_string() == http::Spec(kind).type;
+}
+
+Millis RetryAfter(const http::Response& answer) {
+  int64_t seconds = 1;
+  if (const auto text = answer.headers.Get("retry-after")) {
+    int64_t parsed = 0;
+    const auto [end, error] = std::from_chars(text->data(), text->data() + text->size(), parsed);
+    if (error == std::errc() && end == text->data() + text->size() && parsed >= 0) seconds = parsed;
+  }
+  return std::clamp(Millis(seconds * 1000), Millis(100), kLongestWait);
+}
+
+}  // namespace
+
+Principal ConsumerPrincipal(const ConsumerRoute& consumer) {
+  return Principal{.tenant = "mq", .user = consumer.group};
+}
+
+Result<http::Request> MessageRequest(const ConsumerRoute& consumer, const Delivery& delivery) {
+  const std::optional<std::string_view> body = delivery.Field(consumer.body_field);
+  if (!body) {
+    return MakeError(Errc::kInvalidArgument,
+                     "the message has no field '" + consumer.body_field + "' (body_field)");
+  }
+  std::string key;
+  switch (consumer.key_source) {
+    case KeySource::kField: {
+      const std::optional<std::string_view> field = delivery.Field(consumer.key_name);
+      if (!field || field->empty()) {
+        return MakeError(Errc::kInvalidArgument,
+                         "the message has no field '" + consumer.key_name + "' (its key)");
+      }
+      key = *field;
+      break;
+    }
+    case KeySource::kJson: {
+      boost::system::error_code ec;
+      const boost::json::value json = boost::json::parse(*body, ec);
+      const boost::json::value* member = ec ? nullptr : json.find_pointer(consumer.key_name, ec);
+      if (member == nullptr || ec) {
+        return MakeError(Errc::kInvalidArgument, "the message's body has no JSON member " +
+                                                     consumer.key_name + " (its key)");
+      }
+      if (member->is_string()) {
+        key = member->as_string();
+      } else if (member->is_int64() || member->is_uint64()) {
+        key = boost::json::serialize(*member);
+      } else {
+        return MakeError(Errc::kInvalidArgument, "the JSON member " + consumer.key_name +
+                                                     " (its key) is neither a string nor an "
+                                                     "integer");
+      }
+      break;
+    }
+    case KeySource::kBrokerId:
+      key = delivery.id;
+      break;
+  }
+  http::Request request;
+  request.method = consumer.target.method;
+  request.target = consumer.target.pattern;
+  for (const std::string& name : consumer.header_fields) {
+    if (const std::optional<std::string_view> value = delivery.Field(name)) {
+      // A field value goes on a header line as it is: no line breaks or other controls in it.
+      const bool clean =
+          value->size() <= 1024 && std::none_of(value->begin(), value->end(), [](char ch) {
+            const auto byte = static_cast<unsigned char>(ch);
+            return (byte < 0x20 && byte != '\t') || byte == 0x7f;
+          });
+      if (!clean) {
+        return MakeError(Errc::kInvalidArgument,
+                         "the message's field '" + name +
+                             "' (header_fields) is over 1024 bytes or holds control characters");
+      }
+      request.headers.Set(name, std::string(*value));
+    }
+  }
+  request.headers.Set("Idempotency-Key", key);
+  request.headers.Set("Content-Type",
+                      consumer.target.json_body ? "application/json" : "application/octet-stream");
+  request.body = std::string(*body);
+  return request;
+}
+
+Judgement Judge(const http::Response& answer, const Result<std::optional<FoundRecord>>& found) {
+  // First: a record finished by another payload answers this one 422, and must not acknowledge it.
+  if (IsProblem(answer, http::ProblemKind::kIdempotencyKeyReused)) {
+    return Judgement::Quarantine("payload-mismatch",
+                                 "its key was used for a message with another payload, which the "
+                                 "record holds: not executed");
+  }
+  if (found && found->has_value() && !(*found)->expired &&
+      ((*found)->record.state == RecordState::kSucceeded ||
+       (*found)->record.state == RecordState::kFailedFinal)) {
+    const Record& record = (*found)->record;
+    const bool held =
+        record.state == RecordState::kFailedFinal && record.recovery_point == kOutcomeUnknownPoint;
+    const bool replayed = answer.headers.Get("idempotent-replayed") == "true";
+    return Judgement::Ack(held ? "held" : replayed ? "duplicate" : "executed");
+  }
+  for (http::ProblemKind kind :
+       {http::ProblemKind::kInvalidRequest, http::ProblemKind::kMalformedJson,
+        http::ProblemKind::kValidationFailed, http::ProblemKind::kUnsupportedMediaType,
+        http::ProblemKind::kPayloadTooLarge}) {
+    if (IsProblem(answer, kind)) {
+      boost::system::error_code ec;
+      const boost::json::value body = boost::json::parse(answer.body, ec);
+      const boost::json::value* detail =
+          !ec && body.is_object() ? body.as_object().if_contains("detail") : nullptr;
+      return Judgement::Quarantine("invalid",
+                                   detail != nullptr && detail->is_string()
+                                       ? std::string(detail->as_string())
+                                       : "the message cannot become a request of the target");
+    }
+  }
+  for (http::ProblemKind kind :
+       {http::ProblemKind::kRequestInProgress, http::ProblemKind::kQuotaExceeded,
+        http::ProblemKind::kUnavailable, http::ProblemKind::kOverloaded}) {
+    if (IsProblem(answer, kind)) return Judgement::Wait(RetryAfter(answer));
+  }
+  if (!found) return Judgement::Wait(Millis(1000));  // the store is down
+  return Judgement::Retry();
+}
+
+Consumer::Consumer(const ConsumerRoute& route, IdempotencyFilter& filter, Engine& engine,
+                   Metrics& metrics, MonotonicClock& monotonic, OpenSource open)
+    : route_(route),
+      filter_(filter),
+      engine_(engine),
+      metrics_(metrics),
+      monotonic_(monotonic),
+      open_(std::move(open)),
+      principal_(ConsumerPrincipal(route)) {
+  metrics_.DeclareConsumer(route_.name);
+}
+
+Consumer::~Consumer() { Stop(); }
+
+Status Consumer::Start() {
+  for (int i = 0; i < route_.concurrency; ++i) {
+    IDEM_ASSIGN_OR_RETURN(std::unique_ptr<MessageSource> source, open_(i));
+    sources_.push_back(std::move(source));
+  }
+  for (const auto& source : sources_) {
+    threads_.emplace_back([this, s = source.get()] { Run(*s); });
+  }
+  return Ok();
+}
+
+void Consumer::Stop() {
+  {
+    MutexLock lock(mu_);
+    stopping_ = true;
+  }
+  stopped_.NotifyAll();
+  for (std::thread& t : threads_) t.join();
+  threads_.clear();
+}
+
+bool Consumer::Pause(Millis duration) {
+  MutexLock lock(mu_);
+  return !stopped_.WaitFor(mu_, duration, [this] { return stopping_.load(); });
+}
+
+void Consumer::Run(MessageSource& source) {
+  Millis rest{100};
+  bool failing = false;
+  while (!stopping_) {
+    auto delivery = source.Receive(Millis(1000));
+    if (!delivery) {
+      if (!failing) {
+        http::Log(http::LogLevel::kWarn, "consumer paused: its broker fails",
+                  {{"consumer", route_.name}, {"error", delivery.error().message}});
+      }
+      failing = true;
+      if (!Pause(rest)) break;
+      rest = std::min(rest * 2, kLongestBrokerRest);
+      continue;
+    }
+    if (failing) http::Log(http::LogLevel::kInfo, "consumer resumed", {{"consumer", route_.name}});
+    failing = false;
+    rest = Millis(100);
+    if (*delivery) Process(source, **delivery);
+  }
+}
+
+void Consumer::Process(MessageSource& source, const Delivery& delivery) {
+  if (delivery.taken_over) metrics_.CountConsumerTakeover(route_.name);
+  if (delivery.deliveries > route_.max_attempts) {
+    Finish(source, delivery,
+           Judgement::Quarantine("attempts", "delivered " + std::to_string(delivery.deliveries) +
+                                                 " times without a final answer (max_attempts " +
+                                                 std::to_string(route_.max_attempts) + ")"));
+    return;
+  }
+  auto request = MessageRequest(route_, delivery);
+  if (!request) {
+    Finish(source, delivery, Judgement::Quarantine("invalid", request.error().message));
+    return;
+  }
+  const std::string key(request->headers.Get("idempotency-key").value_or(""));
+  SteadyTime kept = monotonic_.Now();
+  while (true) {
+    http::RequestContext context;  // no server: a running duplicate is answered 409, never parked
+    const http::Response answer = http::RunSync(filter_.Handle(*request, principal_, context));
+    const auto found = engine_.Lookup(principal_, filter_.policy().route, key);
+    const Judgement judgement = Judge(answer, found);
+    if (judgement.verdict != Judgement::Verdict::kWait) {
+      Finish(source, delivery, judgement);
+      return;
+    }
+    // Running elsewhere, settling, or the store is down: this delivery stays this consumer's.
+    if (!Pause(judgement.wait)) return;  // stopping: the broker delivers it again
+    if (monotonic_.Now() - kept >= route_.redeliver_after / 3) {
+      if (source.Keep(delivery)) kept = monotonic_.Now();
+    }
+  }
+}
+
+void Consumer::Finish(MessageSource& source, const Delivery& delivery, const Judgement& judgement) {
+  using Verdict = Judgement::Verdict;
+  // The message's key is not logged (nor is any key): its broker id names it.
+  boost::json::object fields{
+      {"consumer", route_.name}, {"id", delivery.id}, {"deliveries", delivery.deliveries}};
+  if (judgement.verdict == Verdict::kRetry) {
+    metrics_.CountConsumerMessage(route_.name, "retried");
+    http::Log(http::LogLevel::kInfo, "consumer message left for redelivery", fields);
+    return;
+  }
+  Status told = Ok();
+  if (judgement.verdict == Verdict::kAck) {
+    told = IDEM_FAILPOINT("consumer_before_ack");
+    if (told) told = source.Ack(delivery);
+  } else {
+    told = source.Quarantine(delivery, judgement.reason, judgement.detail);
+  }
+  if (!told) {
+    // Delivered again later, and answered from the record (or quarantined again) then.
+    fields["error"] = told.error().message;
+    http::Log(http::LogLevel::kWarn, "consumer could not tell its broker", fields);
+    return;
+  }
+  const std::string& outcome = judgement.outcome;
+  metrics_.CountConsumerMessage(route_.name, outcome);
+  metrics_.ObserveConsumerDeliveries(route_.name, delivery.deliveries);
+  if (judgement.verdict == Verdict::kQuarantine) {
+    fields["reason"] = judgement.reason;
+    fields["detail"] = judgement.detail;
+    fields["dead_letter"] = route_.dead_letter;
+    http::Log(http::LogLevel::kWarn, "consumer message quarantined", fields);
+  } else if (outcome == "held") {
+    http::Log(http::LogLevel::kError, "consumer message held: its outcome is unknown", fields);
+  } else if (outcome == "duplicate") {
+    http::Log(http::LogLevel::kInfo, "consumer duplicate acknowledged", fields);
+  }
+}
+
+}  // namespace idem::idemd

@@ -1,0 +1,63 @@
+// server/idemd/consumers/consumer_route.h — a queue consumer ([[consumers]] in idemd.toml,
+// docs/consumers.md): where its messages come from, which key each one is recognised by, and the
+// request each one becomes. Read and checked by LoadConfig (consumer_config.h).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "idem/clock.h"
+#include "server/idemd/gateway/routes.h"
+
+namespace idem::idemd {
+
+// Bounds of a consumer's settings.
+inline constexpr std::size_t kMaxConsumers = 64;
+inline constexpr int kMaxConsumerConcurrency = 64;
+inline constexpr int kMaxConsumerAttempts = 1000;
+inline constexpr std::size_t kMaxStreamNameLength = 255;
+
+// Where a message's key comes from.
+enum class KeySource : uint8_t {
+  kField,     // a field of the message (a stream entry's field, an AMQP header)
+  kJson,      // a member of the JSON body, by JSON pointer (RFC 6901): "/order/id"
+  kBrokerId,  // the broker's id of the message (a stream entry's id): only where nothing else is
+};
+
+struct ConsumerRoute {
+  std::string name;  // [a-z0-9._-], unique: metrics, logs, and the records' route id
+  // The broker: "redis" (a Redis stream read through a consumer group).
+  std::string source = "redis";
+  std::string url;  // redis://[[user]:password@]host[:port][/database]
+  std::string stream;
+  std::string group = "idem";
+  // The stream entry's field that holds the message's body (the payload the target receives).
+  std::string body_field = "body";
+  // Fields of the message sent as headers of the same name (lower case) with its request: a
+  // trace id, a tenant's header the upstream reads. Not part of the fingerprint.
+  std::vector<std::string> header_fields;
+  KeySource key_source = KeySource::kField;
+  std::string key_name = "key";  // the field's name, or the JSON pointer
+  // The stream quarantined messages go to, with why ("" : stream + ".dead").
+  std::string dead_letter;
+  // Deliveries of one message, at most: a message delivered this often without a final answer
+  // (retryable failures, or a consumer that died each time it ran it) is quarantined.
+  int max_attempts = 5;
+  // How long a delivered message may go unanswered (not acknowledged, not kept by its consumer)
+  // before another consumer takes it over: longer than target.lease.
+  Millis redeliver_after{60000};
+  int concurrency = 4;  // messages in hand at once, per idemd process
+  // The request each message becomes, and where it goes: a gateway route's settings, with the
+  // consumer's name and one fixed path (route_config.h, ReadConsumerTarget).
+  GatewayRoute target;
+  int64_t line = 0;  // where its [[consumers]] table begins in the file
+
+  // The records' route id: "mq." + name.
+  std::string RouteId() const { return "mq." + name; }
+  // How long after its first delivery a message can still be delivered again by the broker's
+  // own retries: max_attempts redeliveries, each after redeliver_after at most a lease late.
+  Millis RedeliveryHorizon() const { return max_attempts * (redeliver_after + target.lease); }
+};
+
+}  // namespace idem::idemd

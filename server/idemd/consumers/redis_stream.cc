@@ -1,0 +1,202 @@
+// server/idemd/consumers/redis_stream.cc — a consumer group's reads, acknowledgements and
+// dead letters on one Redis connection.
+#include "server/idemd/consumers/redis_stream.h"
+
+#include "http/log.h"
+#include "src/store/redis/redis_client.h"
+
+namespace idem::idemd {
+namespace {
+
+using redis_internal::Reply;
+
+// Every command's deadline, the connect's included: longer than the longest BLOCK it waits.
+constexpr Millis kCommandTimeout{5000};
+// The longest a Receive blocks in XREADGROUP.
+constexpr Millis kLongestBlock{2000};
+
+std::string Text(const redisReply* r) {
+  return r != nullptr && (r->type == REDIS_REPLY_STRING || r->type == REDIS_REPLY_STATUS)
+             ? std::string(r->str, r->len)
+             : std::string();
+}
+
+// A stream entry, [id, [field, value, ...]], as a delivery; nullopt for anything else (an entry
+// deleted while pending reads [id, nil] on some versions).
+std::optional<Delivery> EntryOf(const redisReply* entry) {
+  if (entry == nullptr || entry->type != REDIS_REPLY_ARRAY || entry->elements != 2) {
+    return std::optional<Delivery>();
+  }
+  const redisReply* fields = entry->element[1];
+  if (fields == nullptr || fields->type != REDIS_REPLY_ARRAY || fields->elements % 2 != 0) {
+    return std::optional<Delivery>();
+  }
+  Delivery d;
+  d.id = Text(entry->element[0]);
+  for (std::size_t i = 0; i + 1 < fields->elements; i += 2) {
+    d.fields.emplace_back(Text(fields->element[i]), Text(fields->element[i + 1]));
+  }
+  return d;
+}
+
+class RedisStream final : public MessageSource {
+ public:
+  RedisStream(const ConsumerRoute& consumer, redis_internal::Endpoint endpoint, std::string me,
+              MonotonicClock& monotonic)
+      : consumer_(consumer),
+        endpoint_(std::move(endpoint)),
+        me_(std::move(me)),
+        monotonic_(monotonic),
+        min_idle_(std::to_string(consumer.redeliver_after.count())) {}
+
+  Result<std::optional<Delivery>> Receive(Millis wait) override {
+    if (monotonic_.Now() >= next_scan_) {
+      IDEM_ASSIGN_OR_RETURN(std::optional<Delivery> left, TakeOverOne());
+      if (left) return left;
+    }
+    const std::string block = std::to_string(std::min(wait, kLongestBlock).count());
+    IDEM_ASSIGN_OR_RETURN(
+        Reply reply, Command({"XREADGROUP", "GROUP", consumer_.group, me_, "COUNT", "1", "BLOCK",
+                              block, "STREAMS", consumer_.stream, ">"}));
+    // nil: nothing came; else [[stream, [entry]]].
+    if (reply->type != REDIS_REPLY_ARRAY || reply->elements == 0) return std::optional<Delivery>();
+    const redisReply* stream = reply->element[0];
+    if (stream->type != REDIS_REPLY_ARRAY || stream->elements != 2 ||
+        stream->element[1]->type != REDIS_REPLY_ARRAY || stream->element[1]->elements == 0) {
+      return std::optional<Delivery>();
+    }
+    std::optional<Delivery> d = EntryOf(stream->element[1]->element[0]);
+    if (d) d->received = monotonic_.Now();
+    return d;
+  }
+
+  Status Ack(const Delivery& delivery) override {
+    IDEM_ASSIGN_OR_RETURN(Reply reply,
+                          Command({"XACK", consumer_.stream, consumer_.group, delivery.id}));
+    return Ok();
+  }
+
+  Status Keep(const Delivery& delivery) override {
+    // JUSTID: the idle time starts again, and the delivery count stays as it is.
+    IDEM_ASSIGN_OR_RETURN(Reply reply, Command({"XCLAIM", consumer_.stream, consumer_.group, me_,
+                                                "0", delivery.id, "JUSTID"}));
+    return Ok();
+  }
+
+  Status Quarantine(const Delivery& delivery, std::string_view reason,
+                    std::string_view detail) override {
+    std::vector<std::string_view> add = {
+        "XADD",          consumer_.dead_letter, "*",           "idem_source_id", delivery.id,
+        "idem_consumer", consumer_.name,        "idem_reason", reason,           "idem_detail",
+        detail};
+    const std::string deliveries = std::to_string(delivery.deliveries);
+    add.insert(add.end(), {"idem_deliveries", deliveries});
+    for (const auto& [field, value] : delivery.fields) add.insert(add.end(), {field, value});
+    // Both or neither: a consumer that dies between them leaves the message pending, and the
+    // next one quarantines it again (the dead letter names its source id).
+    // A failure inside the MULTI drops the connection, which discards what was queued.
+    auto queue = [&](const std::vector<std::string_view>& args) -> Result<Reply> {
+      auto reply = Command(args);
+      if (!reply) conn_.reset();
+      return reply;
+    };
+    IDEM_ASSIGN_OR_RETURN(Reply multi, queue({"MULTI"}));
+    IDEM_ASSIGN_OR_RETURN(Reply queued_add, queue(add));
+    IDEM_ASSIGN_OR_RETURN(Reply queued_ack,
+                          queue({"XACK", consumer_.stream, consumer_.group, delivery.id}));
+    IDEM_ASSIGN_OR_RETURN(Reply done, queue({"EXEC"}));
+    if (done->type != REDIS_REPLY_ARRAY || done->elements != 2 ||
+        done->element[0]->type == REDIS_REPLY_ERROR) {
+      return MakeError(Errc::kUnavailable, "redis: the dead letter of " + delivery.id +
+                                               " was not written: " + Text(done->element[0]));
+    }
+    return Ok();
+  }
+
+ private:
+  // The next entry left unanswered past redeliver_after, claimed (XAUTOCLAIM counts the
+  // delivery), with its delivery count; the scan goes on from where the last one stopped and,
+  // once it has gone round, rests for a quarter of redeliver_after.
+  Result<std::optional<Delivery>> TakeOverOne() {
+    IDEM_ASSIGN_OR_RETURN(Reply reply, Command({"XAUTOCLAIM", consumer_.stream, consumer_.group,
+                                                me_, min_idle_, cursor_, "COUNT", "1"}));
+    if (reply->type != REDIS_REPLY_ARRAY || reply->elements < 2) {
+      return MakeError(Errc::kUnavailable, "redis: XAUTOCLAIM answered an unexpected reply");
+    }
+    cursor_ = Text(reply->element[0]);
+    if (cursor_ == "0-0" || cursor_.empty()) {
+      cursor_ = "0-0";
+      next_scan_ = monotonic_.Now() + consumer_.redeliver_after / 4;
+    }
+    if (reply->elements >= 3 && reply->element[2]->type == REDIS_REPLY_ARRAY &&
+        reply->element[2]->elements > 0) {
+      // Trimmed from the stream while pending: the broker has lost them, not us; say so.
+      http::Log(http::LogLevel::kError, "consumer message trimmed before it was answered",
+                {{"consumer", consumer_.name},
+                 {"stream", consumer_.stream},
+                 {"id", Text(reply->element[2]->element[0])}});
+    }
+    const redisReply* entries = reply->element[1];
+    if (entries->type != REDIS_REPLY_ARRAY || entries->elements == 0)
+      return std::optional<Delivery>();
+    std::optional<Delivery> d = EntryOf(entries->element[0]);
+    if (!d) return std::optional<Delivery>();
+    d->taken_over = true;
+    d->received = monotonic_.Now();
+    IDEM_ASSIGN_OR_RETURN(
+        Reply pending, Command({"XPENDING", consumer_.stream, consumer_.group, d->id, d->id, "1"}));
+    if (pending->type == REDIS_REPLY_ARRAY && pending->elements == 1 &&
+        pending->element[0]->type == REDIS_REPLY_ARRAY && pending->element[0]->elements == 4 &&
+        pending->element[0]->element[3]->type == REDIS_REPLY_INTEGER) {
+      d->deliveries = pending->element[0]->element[3]->integer;
+    } else {
+      return std::optional<Delivery>();  // acknowledged meanwhile by the consumer it was taken from
+    }
+    return d;
+  }
+
+  // One command on the connection, connecting (and creating the stream and the group) first
+  // when there is none. A failure drops a broken connection; an error reply is kUnavailable.
+  Result<Reply> Command(const std::vector<std::string_view>& args) {
+    if (conn_ == nullptr || conn_->Broken()) {
+      conn_.reset();
+      IDEM_ASSIGN_OR_RETURN(conn_, redis_internal::ConnectRedis(endpoint_, kCommandTimeout));
+      Reply created =
+          conn_->Command({"XGROUP", "CREATE", consumer_.stream, consumer_.group, "0", "MKSTREAM"});
+      if (!created && conn_->LastError().rfind("BUSYGROUP", 0) != 0) {
+        const std::string why = conn_->LastError();
+        conn_.reset();
+        return MakeError(Errc::kUnavailable, "redis: XGROUP CREATE " + consumer_.stream + " " +
+                                                 consumer_.group + ": " + why);
+      }
+    }
+    Reply reply = conn_->Command(args);
+    if (reply == nullptr) {
+      const std::string why = conn_->LastError();
+      if (conn_->Broken() || why.rfind("NOGROUP", 0) == 0) conn_.reset();  // made again
+      return MakeError(Errc::kUnavailable, "redis " + std::string(args[0]) + ": " + why);
+    }
+    return reply;
+  }
+
+  const ConsumerRoute& consumer_;
+  const redis_internal::Endpoint endpoint_;
+  const std::string me_;
+  MonotonicClock& monotonic_;
+  const std::string min_idle_;
+  std::unique_ptr<redis_internal::RedisConn> conn_;
+  std::string cursor_ = "0-0";
+  SteadyTime next_scan_{};
+};
+
+}  // namespace
+
+Result<std::unique_ptr<MessageSource>> OpenRedisStream(const ConsumerRoute& consumer,
+                                                       std::string me, MonotonicClock& monotonic) {
+  IDEM_ASSIGN_OR_RETURN(redis_internal::Endpoint endpoint,
+                        redis_internal::ParseRedisUrl(consumer.url));
+  return std::unique_ptr<MessageSource>(
+      std::make_unique<RedisStream>(consumer, std::move(endpoint), std::move(me), monotonic));
+}
+
+}  // namespace idem::idemd
