@@ -48,7 +48,8 @@ RedisReply RedisCommand(const std::vector<std::string>& args, uint16_t port) {
   RedisReply reply(static_cast<redisReply*>(
       redisCommandArgv(c.get(), static_cast<int>(args.size()), argv.data(), lens.data())));
   if (reply == nullptr || reply->type == REDIS_REPLY_ERROR) {
-    ADD_FAILURE() << "redis: " << args[0] << " failed";
+    ADD_FAILURE() << "redis: " << args[0] << " failed: "
+                  << (reply ? std::string(reply->str, reply->len) : std::string(c->errstr));
     return nullptr;
   }
   return reply;

@@ -16,6 +16,8 @@ namespace {
 
 // How long a thread rests after its broker failed, at most (doubling from 100 ms).
 constexpr Millis kLongestBrokerRest{5000};
+constexpr std::string_view kMismatchDetail =
+    "its key was used for a message with another payload, which the record holds: not executed";
 // The longest a thread waits before it asks about a running duplicate again.
 constexpr Millis kLongestWait{5000};
 
@@ -115,9 +117,7 @@ Result<http::Request> MessageRequest(const ConsumerRoute& consumer, const Delive
 Judgement Judge(const http::Response& answer, const Result<std::optional<FoundRecord>>& found) {
   // First: a record finished by another payload answers this one 422, and must not acknowledge it.
   if (IsProblem(answer, http::ProblemKind::kIdempotencyKeyReused)) {
-    return Judgement::Quarantine("payload-mismatch",
-                                 "its key was used for a message with another payload, which the "
-                                 "record holds: not executed");
+    return Judgement::Quarantine("payload-mismatch", std::string(kMismatchDetail));
   }
   if (found && found->has_value() && !(*found)->expired &&
       ((*found)->record.state == RecordState::kSucceeded ||
@@ -216,16 +216,29 @@ void Consumer::Run(MessageSource& source) {
 
 void Consumer::Process(MessageSource& source, const Delivery& delivery) {
   if (delivery.taken_over) metrics_.CountConsumerTakeover(route_.name);
-  if (delivery.deliveries > route_.max_attempts) {
-    Finish(source, delivery,
-           Judgement::Quarantine("attempts", "delivered " + std::to_string(delivery.deliveries) +
-                                                 " times without a final answer (max_attempts " +
-                                                 std::to_string(route_.max_attempts) + ")"));
-    return;
-  }
   auto request = MessageRequest(route_, delivery);
   if (!request) {
     Finish(source, delivery, Judgement::Quarantine("invalid", request.error().message));
+    return;
+  }
+  if (delivery.deliveries > route_.max_attempts) {
+    // Not run again. Its record may hold its answer nonetheless (an acknowledgement that was
+    // lost, a consumer killed after the commit each time): then it is a duplicate like any
+    // other; a record of another payload quarantines it as such.
+    const auto recorded = filter_.Recorded(*request, principal_);
+    if (recorded && recorded->has_value() && (*recorded)->kind == Decision::Kind::kReplay) {
+      Finish(source, delivery, Judgement::Ack("duplicate"));
+    } else if (!recorded && recorded.error().code == Errc::kFingerprintMismatch) {
+      Finish(source, delivery,
+             Judgement::Quarantine("payload-mismatch", std::string(kMismatchDetail)));
+    } else if (!recorded && recorded.error().code == Errc::kUnavailable) {
+      Finish(source, delivery, Judgement::Retry());  // the store is down: asked again later
+    } else {
+      Finish(source, delivery,
+             Judgement::Quarantine("attempts", "delivered " + std::to_string(delivery.deliveries) +
+                                                   " times without a final answer (max_attempts " +
+                                                   std::to_string(route_.max_attempts) + ")"));
+    }
     return;
   }
   const std::string key(request->headers.Get("idempotency-key").value_or(""));
@@ -255,6 +268,12 @@ void Consumer::Finish(MessageSource& source, const Delivery& delivery, const Jud
   if (judgement.verdict == Verdict::kRetry) {
     metrics_.CountConsumerMessage(route_.name, "retried");
     http::Log(http::LogLevel::kInfo, "consumer message left for redelivery", fields);
+    // A broker that never takes a delivery over gets it back after the back-off (or at once when
+    // stopping), so that a retryable failure is not tried again at once.
+    if (!source.TakesOverIdle()) {
+      (void)Pause(route_.redeliver_after);
+      (void)source.Release(delivery);
+    }
     return;
   }
   Status told = Ok();

@@ -65,22 +65,31 @@ Result<ConsumerRoute> ReadConsumer(const toml::table& t, const std::string& orig
     if (k == "name" || k == "target") continue;
     if (k == "source") {
       auto text = node.value<std::string>();
-      if (!text || *text != "redis") return at("must be \"redis\" (a Redis stream)");
+      if (!text || (*text != "redis" && *text != "rabbitmq")) {
+        return at("must be \"redis\" (a Redis stream) or \"rabbitmq\" (a RabbitMQ queue)");
+      }
       c.source = *text;
     } else if (k == "url") {
       auto text = node.value<std::string>();
-      if (!text || text->rfind("redis://", 0) != 0 || text->size() > 1024) {
-        return at("must be redis://[[user]:password@]host[:port][/database]");
+      if (!text || (text->rfind("redis://", 0) != 0 && text->rfind("amqp://", 0) != 0) ||
+          text->size() > 1024) {
+        return at(
+            "must be redis://[[user]:password@]host[:port][/database] or "
+            "amqp://user:password@host[:port]/vhost");
       }
       c.url = *text;
-    } else if (k == "stream" || k == "group" || k == "body_field" || k == "dead_letter") {
+    } else if (k == "stream" || k == "queue" || k == "group" || k == "body_field" ||
+               k == "dead_letter") {
       auto text = node.value<std::string>();
-      if (!text || text->empty() || text->size() > kMaxStreamNameLength ||
+      // "" names no stream (a RabbitMQ source's, as printed) or no queue (a Redis source's).
+      const bool unset = text && text->empty() && (k == "stream" || k == "queue");
+      if (!text || (text->empty() && !unset) || text->size() > kMaxStreamNameLength ||
           !NameChars(*text, true)) {
         return at("must be 1.." + std::to_string(kMaxStreamNameLength) +
                   " characters of A-Z a-z 0-9 . _ - :");
       }
       (k == "stream"       ? c.stream
+       : k == "queue"      ? c.queue
        : k == "group"      ? c.group
        : k == "body_field" ? c.body_field
                            : c.dead_letter) = *text;
@@ -141,10 +150,23 @@ Result<ConsumerRoute> ReadConsumer(const toml::table& t, const std::string& orig
       return at("unknown key");
     }
   }
-  if (c.url.empty()) return bad("needs url = \"redis://host:port\"");
-  if (c.stream.empty()) return bad("needs stream = \"NAME\"");
-  if (!dead_letter_set) c.dead_letter = c.stream + ".dead";
-  if (c.dead_letter == c.stream) return bad("dead_letter must be another stream than stream");
+  const std::string scheme = c.IsRabbitMq() ? "amqp://" : "redis://";
+  if (c.url.rfind(scheme, 0) != 0) {
+    return bad(c.IsRabbitMq() ? "needs url = \"amqp://user:password@host:port/vhost\""
+                              : "needs url = \"redis://host:port\"");
+  }
+  if (c.IsRabbitMq() ? !c.stream.empty() : !c.queue.empty()) {
+    return bad(c.IsRabbitMq() ? "stream is a Redis source's; a RabbitMQ source names its queue"
+                              : "queue is a RabbitMQ source's; a Redis source names its stream");
+  }
+  if (c.Source().empty()) {
+    return bad(c.IsRabbitMq() ? "needs queue = \"NAME\"" : "needs stream = \"NAME\"");
+  }
+  if (!dead_letter_set) c.dead_letter = c.Source() + ".dead";
+  if (c.dead_letter == c.Source()) {
+    return bad("dead_letter must be another " + std::string(c.IsRabbitMq() ? "queue" : "stream") +
+               " than the consumer's");
+  }
   if (c.key_source == KeySource::kField && c.key_name == c.body_field) {
     return bad("key names the body_field: the key must be a field of its own");
   }
@@ -205,6 +227,7 @@ toml::table ConsumerTable(const ConsumerRoute& c) {
       {"source", c.source},
       {"url", RedactedUrl(c.url)},
       {"stream", c.stream},
+      {"queue", c.queue},
       {"group", c.group},
       {"body_field", c.body_field},
       {"header_fields", Strings(c.header_fields)},

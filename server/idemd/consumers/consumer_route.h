@@ -27,19 +27,24 @@ enum class KeySource : uint8_t {
 
 struct ConsumerRoute {
   std::string name;  // [a-z0-9._-], unique: metrics, logs, and the records' route id
-  // The broker: "redis" (a Redis stream read through a consumer group).
+  // The broker: "redis" (a Redis stream read through a consumer group) or "rabbitmq" (a queue,
+  // declared a quorum queue when it does not exist).
   std::string source = "redis";
-  std::string url;  // redis://[[user]:password@]host[:port][/database]
-  std::string stream;
+  // redis://[[user]:password@]host[:port][/database], or amqp://user:password@host[:port]/vhost
+  std::string url;
+  std::string stream;  // redis
+  std::string queue;   // rabbitmq
   std::string group = "idem";
-  // The stream entry's field that holds the message's body (the payload the target receives).
+  // The stream entry's field that holds the message's body (the payload the target receives);
+  // a RabbitMQ message's body is its body, offered to the key rule under this name.
   std::string body_field = "body";
   // Fields of the message sent as headers of the same name (lower case) with its request: a
   // trace id, a tenant's header the upstream reads. Not part of the fingerprint.
   std::vector<std::string> header_fields;
   KeySource key_source = KeySource::kField;
   std::string key_name = "key";  // the field's name, or the JSON pointer
-  // The stream quarantined messages go to, with why ("" : stream + ".dead").
+  // The stream or queue quarantined messages go to, with why (default: stream or queue +
+  // ".dead").
   std::string dead_letter;
   // Deliveries of one message, at most: a message delivered this often without a final answer
   // (retryable failures, or a consumer that died each time it ran it) is quarantined.
@@ -53,6 +58,9 @@ struct ConsumerRoute {
   GatewayRoute target;
   int64_t line = 0;  // where its [[consumers]] table begins in the file
 
+  bool IsRabbitMq() const { return source == "rabbitmq"; }
+  // The stream or the queue.
+  const std::string& Source() const { return IsRabbitMq() ? queue : stream; }
   // The records' route id: "mq." + name.
   std::string RouteId() const { return "mq." + name; }
   // How long after its first delivery a message can still be delivered again by the broker's

@@ -1,6 +1,7 @@
 // server/idemd/consumers/consumers.cc — the consumers built from their config.
 #include "server/idemd/consumers/consumers.h"
 
+#include "server/idemd/consumers/rabbitmq.h"
 #include "server/idemd/consumers/redis_stream.h"
 
 namespace idem::idemd {
@@ -38,7 +39,9 @@ Result<std::unique_ptr<Consumers>> Consumers::Make(const std::vector<ConsumerRou
         std::make_unique<IdempotencyFilter>(deps.engine, deps.pool, deps.monotonic, deps.metrics,
                                             std::move(policy), *one.proxy, &deps.reads);
     Consumer::OpenSource open = [&route, instance, &monotonic = deps.monotonic](int i) {
-      return OpenRedisStream(route, instance + "/" + std::to_string(i), monotonic);
+      return route.IsRabbitMq()
+                 ? OpenRabbitQueue(route, monotonic)
+                 : OpenRedisStream(route, instance + "/" + std::to_string(i), monotonic);
     };
     if (auto probe = open(0); !probe) return fail(probe.error());
     one.consumer = std::make_unique<Consumer>(route, *one.filter, deps.engine, deps.metrics,

@@ -83,6 +83,9 @@ class RedisStream final : public MessageSource {
     return Ok();
   }
 
+  bool TakesOverIdle() const override { return true; }
+  Status Release(const Delivery& /*delivery*/) override { return Ok(); }
+
   Status Quarantine(const Delivery& delivery, std::string_view reason,
                     std::string_view detail) override {
     std::vector<std::string_view> add = {

@@ -17,7 +17,11 @@ namespace idem::idemd {
 
 // One delivery of a message.
 struct Delivery {
-  std::string id;  // the broker's id of the message (a stream entry's id)
+  // The broker's id of the message: a stream entry's id, a RabbitMQ message's message-id
+  // property ("" when it has none).
+  std::string id;
+  // The broker's handle of this delivery (a RabbitMQ delivery tag); 0 where the id serves.
+  uint64_t tag = 0;
   // The message's fields (a stream entry's field-value pairs, the body's among them), in order.
   std::vector<std::pair<std::string, std::string>> fields;
   // How often the broker has delivered the message, this delivery included.
@@ -53,6 +57,13 @@ class MessageSource {
   // store that is down): the broker does not hand it to another consumer meanwhile, and does
   // not count a delivery.
   virtual Status Keep(const Delivery& delivery) = 0;
+  // Whether a delivery left unanswered goes to another consumer by itself once it has been idle
+  // for the consumer's redeliver_after (a Redis stream's XAUTOCLAIM). Otherwise (RabbitMQ) a
+  // delivery stays this consumer's until it is answered, Released or its connection closes.
+  virtual bool TakesOverIdle() const = 0;
+  // Gives the delivery back to the broker for a later delivery, which counts (a retryable
+  // failure); nothing where TakesOverIdle.
+  virtual Status Release(const Delivery& delivery) = 0;
   // Moves the message to the dead-letter stream with `reason` (a word) and `detail` (a sentence)
   // and acknowledges it, both or neither.
   virtual Status Quarantine(const Delivery& delivery, std::string_view reason,

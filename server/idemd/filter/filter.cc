@@ -327,6 +327,25 @@ http::Response IdempotencyFilter::InProgress(const Running& running, bool respon
   return response;
 }
 
+Request IdempotencyFilter::EngineRequest(const http::Request& request,
+                                         const Principal& principal) const {
+  Request out;
+  out.principal = principal;
+  out.key_header = request.headers.Get("idempotency-key");
+  out.method = request.method;
+  // As sent: the engine fingerprints only its media type (MediaTypeOf).
+  out.content_type = request.headers.Get("content-type").value_or(std::string_view());
+  out.api_version = policy_.api_version;
+  out.body = request.body;
+  if (policy_.fingerprint_target) out.target = request.target;
+  return out;
+}
+
+Result<std::optional<Decision>> IdempotencyFilter::Recorded(const http::Request& request,
+                                                            const Principal& principal) {
+  return engine_.ReplayFromStore(policy_.route, EngineRequest(request, principal));
+}
+
 http::Async<http::Response> IdempotencyFilter::Decide(const http::Request& request,
                                                       const Principal& principal,
                                                       http::RequestContext& context) {
@@ -340,20 +359,12 @@ http::Async<http::Response> IdempotencyFilter::Decide(const http::Request& reque
     count(O::kInvalid);
     co_return std::move(*refusal);
   }
-  Request engine_request;
-  engine_request.principal = principal;
-  engine_request.key_header = request.headers.Get("idempotency-key");
   if (request.headers.Count("idempotency-key") > 1) {
     count(O::kInvalid);
     co_return http::Problem(http::ProblemKind::kInvalidRequest,
                             "send exactly one Idempotency-Key header");
   }
-  engine_request.method = request.method;
-  // As sent: the engine fingerprints only its media type (MediaTypeOf).
-  engine_request.content_type = request.headers.Get("content-type").value_or(std::string_view());
-  engine_request.api_version = policy_.api_version;
-  engine_request.body = request.body;
-  if (policy_.fingerprint_target) engine_request.target = request.target;
+  const Request engine_request = EngineRequest(request, principal);
   const Preferences prefer = ParsePrefer(request.headers);
 
   Timestamp mismatch_expires{};  // set by the engine with kFingerprintMismatch

@@ -168,9 +168,20 @@ class IdempotencyFilter {
   // when the store refused to list, take over or settle a record.
   int TakeOverOnce(int limit, const std::function<void(const std::string&)>& notify);
 
+  // What the record of `request` answers without executing anything (a snapshot read,
+  // blocking): a replay of its finished record, kInProgress under a live lease, nullopt when
+  // there is none or a claim would decide; kFingerprintMismatch when its key holds another
+  // request (Engine::ReplayFromStore). For a caller that must not run the operation again (a
+  // queue consumer's message delivered too often).
+  Result<std::optional<Decision>> Recorded(const http::Request& request,
+                                           const Principal& principal);
+
   const FilterPolicy& policy() const { return policy_; }
 
  private:
+  // The engine's view of `request`: its key header, method, media type, body and, when the
+  // route fingerprints it, its target; the filter's api version. Borrows from `request`.
+  Request EngineRequest(const http::Request& request, const Principal& principal) const;
   // `location`: the operation's URL, for answers that tell a client to come back. When nothing
   // was sent because an earlier send is still settling, sets *settling (if given) to how long
   // it has left; the record is held that long.
