@@ -43,6 +43,15 @@ std::string Label(std::string_view name, std::string_view value) {
   return std::string(name) + "=\"" + std::string(value) + "\"";
 }
 
+// One sample of `name` per entry of `counts`, labelled `first` and `second` by its key.
+void SampleByTwo(std::string& out, std::string_view name, std::string_view first,
+                 std::string_view second,
+                 const std::map<std::pair<std::string, std::string>, uint64_t>& counts) {
+  for (const auto& [labels, n] : counts) {
+    Sample(out, name, Label(first, labels.first) + "," + Label(second, labels.second), n);
+  }
+}
+
 // The text of a /proc file, or "" when it cannot be read.
 std::string ReadProc(const char* path) {
   std::ifstream in(path);
@@ -287,10 +296,7 @@ std::string Metrics::Render() const {
          Label("version", options_.version) + "," + Label("store", options_.store), 1);
 
   Header(out, "idem_requests_total", "counter", "Requests by route and outcome.");
-  for (const auto& [labels, n] : requests_) {
-    Sample(out, "idem_requests_total",
-           Label("route", labels.first) + "," + Label("outcome", labels.second), n);
-  }
+  SampleByTwo(out, "idem_requests_total", "route", "outcome", requests_);
   Header(out, "idem_http_request_duration_seconds", "histogram",
          "Time from a request's first byte read to its answer's last byte written, by route and "
          "status code (a parked request's wait included).");
@@ -326,10 +332,7 @@ std::string Metrics::Render() const {
          "Queue consumers' messages by consumer and outcome: executed, duplicate (answered from "
          "its record, nothing ran), held (outcome unknown, for an operator), quarantined (moved "
          "to the dead-letter stream), retried (left to the broker's redelivery).");
-  for (const auto& [labels, n] : consumer_messages_) {
-    Sample(out, "idem_consumer_messages_total",
-           Label("consumer", labels.first) + "," + Label("outcome", labels.second), n);
-  }
+  SampleByTwo(out, "idem_consumer_messages_total", "consumer", "outcome", consumer_messages_);
   Header(out, "idem_consumer_deliveries", "histogram",
          "How often a message had been delivered when its consumer acknowledged or quarantined "
          "it (1: the first delivery).");

@@ -42,15 +42,7 @@ Result<ConsumerRoute> ReadConsumer(const toml::table& t, const std::string& orig
   c.line = t.source().begin.line;
   if (auto name = t["name"].value<std::string>()) c.name = *name;
   auto bad = [&](const std::string& what) { return BadConsumer(origin, c.line, c.name, what); };
-  const bool name_ok = !c.name.empty() && c.name.size() <= kMaxRouteNameLength &&
-                       std::all_of(c.name.begin(), c.name.end(), [](char ch) {
-                         return (ch >= 'a' && ch <= 'z') || (ch >= '0' && ch <= '9') || ch == '.' ||
-                                ch == '_' || ch == '-';
-                       });
-  if (!name_ok) {
-    return bad("name must be 1.." + std::to_string(kMaxRouteNameLength) +
-               " characters of a-z 0-9 . _ -");
-  }
+  if (std::string problem = RouteNameProblem(c.name); !problem.empty()) return bad(problem);
   const toml::table* target = t["target"].as_table();
   if (target == nullptr) {
     return bad("needs a [consumers.target] table: the request each message becomes");

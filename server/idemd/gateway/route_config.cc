@@ -104,15 +104,7 @@ Result<GatewayRoute> ReadGatewayRoute(const toml::table& t, const std::string& o
                          what);
   };
   auto bad = [&](const std::string& what) { return bad_at(r.line, what); };
-  const bool name_ok = !r.name.empty() && r.name.size() <= kMaxRouteNameLength &&
-                       std::all_of(r.name.begin(), r.name.end(), [](char ch) {
-                         return (ch >= 'a' && ch <= 'z') || (ch >= '0' && ch <= '9') || ch == '.' ||
-                                ch == '_' || ch == '-';
-                       });
-  if (!name_ok) {
-    return bad("name must be 1.." + std::to_string(kMaxRouteNameLength) +
-               " characters of a-z 0-9 . _ -");
-  }
+  if (std::string problem = RouteNameProblem(r.name); !problem.empty()) return bad(problem);
   if (consumer == nullptr && (r.name == "unmatched" || r.name == "unknown")) {
     return bad("name '" + r.name +
                "' is taken: metrics and logs use it for requests no route "
@@ -311,6 +303,17 @@ Result<GatewayRoute> ReadGatewayRoute(const toml::table& t, const std::string& o
 }
 
 }  // namespace
+
+std::string RouteNameProblem(const std::string& name) {
+  const bool ok = !name.empty() && name.size() <= kMaxRouteNameLength &&
+                  std::all_of(name.begin(), name.end(), [](char ch) {
+                    return (ch >= 'a' && ch <= 'z') || (ch >= '0' && ch <= '9') || ch == '.' ||
+                           ch == '_' || ch == '-';
+                  });
+  return ok ? ""
+            : "name must be 1.." + std::to_string(kMaxRouteNameLength) +
+                  " characters of a-z 0-9 . _ -";
+}
 
 Error BadRoute(const std::string& origin, int64_t line, const std::string& name,
                const std::string& what) {

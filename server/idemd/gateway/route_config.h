@@ -16,6 +16,10 @@
 
 namespace idem::idemd {
 
+// Why `name` cannot name a route or a consumer (metrics, logs, records' route ids): "" when it
+// can, 1..kMaxRouteNameLength characters of a-z 0-9 . _ -.
+std::string RouteNameProblem(const std::string& name);
+
 // "ORIGIN:LINE: [[routes]] NAME: what", kInvalidArgument.
 Error BadRoute(const std::string& origin, int64_t line, const std::string& name,
                const std::string& what);
