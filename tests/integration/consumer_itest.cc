@@ -117,6 +117,9 @@ class RedisBroker final : public TestBroker {
     }
     return pending < 0 || lag < 0 ? -1 : pending + lag;
   }
+  // One command on this broker.
+  RedisReply Command(const std::vector<std::string>& args) { return RedisCommand(args, port_); }
+
   std::map<std::string, DeadLetter> DeadLetters() override {
     std::map<std::string, DeadLetter> out;
     RedisReply range = RedisCommand({"XRANGE", "orders.dead", "-", "+"}, port_);
@@ -271,6 +274,12 @@ class RabbitBroker final : public TestBroker {
     EXPECT_TRUE(confirmed) << "rabbitmq did not confirm " << id << ": " << why;
     return id;
   }
+  // Deletes `queue` (with what it holds); whether the broker did.
+  bool DeleteQueue(const std::string& queue) {
+    if (!Open()) return false;
+    return amqp_queue_delete(conn_, 1, amqp_cstring_bytes(queue.c_str()), 0, 0) != nullptr;
+  }
+
   // The messages ready in the queue (a passive declare); the unacknowledged ones count only
   // once their consumers have gone.
   int64_t Unanswered() override {
@@ -603,6 +612,58 @@ void ConsumerProofTest::Proof(std::unique_ptr<TestBroker> broker, std::size_t pr
       "consumer proof (%zu processes): %zu messages of %d keys (%d poison), %d killed, "
       "%d copies of another payload quarantined\n",
       processes, messages.size(), kKeys + kPoison, kPoison, kills, mismatched);
+}
+
+// A dead letter that cannot be written leaves its message pending, never acknowledged: the
+// move and the acknowledgement are both or neither. Here the dead-letter key holds a string, so
+// XADD fails when it runs.
+TEST_F(ConsumerProofTest, ARedisDeadLetterThatCannotBeWrittenLeavesItsMessagePending) {
+  store_url_ = "sqlite://" + dir_.File("consumers.db");
+  auto broker = std::make_unique<RedisBroker>(dir_);
+  RedisBroker& redis = *broker;
+  broker_ = std::move(broker);
+  ASSERT_NO_FATAL_FAILURE(broker_->Start());
+  consumers_.resize(1);
+  ASSERT_NO_FATAL_FAILURE(StartConsumer(0));
+  ASSERT_NE(redis.Command({"SET", "orders.dead", "not a stream"}), nullptr);
+  const std::string id = broker_->Publish(R"({"amount":1})", {});  // no key: quarantined
+  std::this_thread::sleep_for(seconds(2));
+  EXPECT_EQ(broker_->Unanswered(), 1) << "the message was acknowledged without its dead letter";
+  // Once the key can take it, the next delivery (after redeliver_after_ms) moves it.
+  ASSERT_NE(redis.Command({"DEL", "orders.dead"}), nullptr);
+  std::map<std::string, DeadLetter> dead;
+  for (int i = 0; i < 40 && dead.empty(); ++i) {
+    std::this_thread::sleep_for(milliseconds(250));
+    dead = broker_->DeadLetters();
+  }
+  ASSERT_EQ(dead.count(id), 1u);
+  EXPECT_EQ(dead[id].reason, "invalid");
+  EXPECT_EQ(broker_->Unanswered(), 0);
+}
+
+// A dead-letter queue deleted after the consumer declared it: the dead letter comes back
+// (mandatory), the message is not acknowledged, and once the consumer has declared the queue
+// again the message is moved there. Without `mandatory` the broker dropped the dead letter and
+// the message was acknowledged: gone.
+TEST_F(ConsumerProofTest, ARabbitDeadLetterWithNoQueueIsNotLost) {
+  store_url_ = "sqlite://" + dir_.File("consumers.db");
+  auto broker = std::make_unique<RabbitBroker>(dir_);
+  RabbitBroker& rabbit = *broker;
+  broker_ = std::move(broker);
+  ASSERT_NO_FATAL_FAILURE(broker_->Start());
+  if (IsSkipped()) return;
+  consumers_.resize(1);
+  ASSERT_NO_FATAL_FAILURE(StartConsumer(0));
+  ASSERT_EQ(broker_->Publish(R"({"order":"first"})", {}).empty(), false);  // the queues exist
+  ASSERT_TRUE(rabbit.DeleteQueue("orders.dead"));
+  const std::string id = broker_->Publish(R"({"amount":1})", {});  // no key: quarantined
+  std::map<std::string, DeadLetter> dead;
+  for (int i = 0; i < 80 && !dead.contains(id); ++i) {
+    std::this_thread::sleep_for(milliseconds(250));
+    dead = broker_->DeadLetters();
+  }
+  ASSERT_EQ(dead.count(id), 1u) << "the quarantined message was lost";
+  EXPECT_EQ(dead[id].reason, "invalid");
 }
 
 TEST_F(ConsumerProofTest, OneRedisConsumerOnSqliteKilledAndItsBrokerRestartedExecutesEachKeyOnce) {

@@ -213,22 +213,41 @@ class RabbitQueue final : public MessageSource {
       props._flags |= AMQP_BASIC_MESSAGE_ID_FLAG;
       props.message_id = Bytes(delivery.id);
     }
+    // Mandatory: a dead-letter queue that is gone (deleted since it was declared) returns the
+    // message rather than dropping it, and the original is not acknowledged.
     if (amqp_basic_publish(conn_, kPublish, amqp_empty_bytes, Bytes(consumer_.dead_letter),
-                           /*mandatory=*/0, /*immediate=*/0, &props,
+                           /*mandatory=*/1, /*immediate=*/0, &props,
                            Bytes(body)) != AMQP_STATUS_OK) {
       Drop();
       return MakeError(Errc::kUnavailable, "rabbitmq: the dead letter was not published");
     }
     // The broker's confirm before the original goes: a consumer that dies in between leaves the
     // message unacknowledged, and the next delivery quarantines it again (the dead letter names
-    // its source id).
-    timeval timeout = Timeval(kCallTimeout);
-    amqp_frame_t frame{};
-    const int waited = amqp_simple_wait_frame_noblock(conn_, &frame, &timeout);
-    if (waited != AMQP_STATUS_OK || frame.frame_type != AMQP_FRAME_METHOD ||
-        frame.channel != kPublish || frame.payload.method.id != AMQP_BASIC_ACK_METHOD) {
-      Drop();
-      return MakeError(Errc::kUnavailable, "rabbitmq: the dead letter was not confirmed");
+    // its source id). A returned message comes first (basic.return and its content), then the
+    // confirm.
+    bool returned = false;
+    while (true) {
+      timeval timeout = Timeval(kCallTimeout);
+      amqp_frame_t frame{};
+      const int waited = amqp_simple_wait_frame_noblock(conn_, &frame, &timeout);
+      const bool method = waited == AMQP_STATUS_OK && frame.frame_type == AMQP_FRAME_METHOD &&
+                          frame.channel == kPublish;
+      if (method && frame.payload.method.id == AMQP_BASIC_RETURN_METHOD) {
+        amqp_message_t content{};
+        if (amqp_read_message(conn_, kPublish, &content, 0).reply_type != AMQP_RESPONSE_NORMAL) {
+          Drop();
+          return MakeError(Errc::kUnavailable, "rabbitmq: a returned dead letter was cut off");
+        }
+        amqp_destroy_message(&content);
+        returned = true;
+        continue;
+      }
+      if (method && frame.payload.method.id == AMQP_BASIC_ACK_METHOD && !returned) break;
+      Drop();  // the message goes back to the queue, and is quarantined again later
+      return MakeError(Errc::kUnavailable,
+                       returned ? "rabbitmq: the dead-letter queue " + consumer_.dead_letter +
+                                      " does not exist (the dead letter came back)"
+                                : "rabbitmq: the dead letter was not confirmed");
     }
     return Ack(delivery);
   }

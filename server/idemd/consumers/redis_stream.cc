@@ -88,30 +88,37 @@ class RedisStream final : public MessageSource {
 
   Status Quarantine(const Delivery& delivery, std::string_view reason,
                     std::string_view detail) override {
-    std::vector<std::string_view> add = {
-        "XADD",          consumer_.dead_letter, "*",           "idem_source_id", delivery.id,
-        "idem_consumer", consumer_.name,        "idem_reason", reason,           "idem_detail",
-        detail};
+    // XADD, and only when it succeeded XACK, in one script: Redis runs it whole, and a script
+    // stops at its first failing call (a MULTI would acknowledge the message even when its XADD
+    // failed, e.g. on a dead-letter key that is no stream). A consumer that dies before it leaves
+    // the message pending, and the next one quarantines it again (the dead letter names its
+    // source id).
+    constexpr std::string_view kMove =
+        "redis.call('XADD', KEYS[2], '*', unpack(ARGV, 3)) "
+        "return redis.call('XACK', KEYS[1], ARGV[1], ARGV[2])";
     const std::string deliveries = std::to_string(delivery.deliveries);
-    add.insert(add.end(), {"idem_deliveries", deliveries});
-    for (const auto& [field, value] : delivery.fields) add.insert(add.end(), {field, value});
-    // Both or neither: a consumer that dies between them leaves the message pending, and the
-    // next one quarantines it again (the dead letter names its source id).
-    // A failure inside the MULTI drops the connection, which discards what was queued.
-    auto queue = [&](const std::vector<std::string_view>& args) -> Result<Reply> {
-      auto reply = Command(args);
-      if (!reply) conn_.reset();
-      return reply;
-    };
-    IDEM_ASSIGN_OR_RETURN(Reply multi, queue({"MULTI"}));
-    IDEM_ASSIGN_OR_RETURN(Reply queued_add, queue(add));
-    IDEM_ASSIGN_OR_RETURN(Reply queued_ack,
-                          queue({"XACK", consumer_.stream, consumer_.group, delivery.id}));
-    IDEM_ASSIGN_OR_RETURN(Reply done, queue({"EXEC"}));
-    if (done->type != REDIS_REPLY_ARRAY || done->elements != 2 ||
-        done->element[0]->type == REDIS_REPLY_ERROR) {
+    std::vector<std::string_view> args = {"EVAL",
+                                          kMove,
+                                          "2",
+                                          consumer_.stream,
+                                          consumer_.dead_letter,
+                                          consumer_.group,
+                                          delivery.id,
+                                          "idem_source_id",
+                                          delivery.id,
+                                          "idem_consumer",
+                                          consumer_.name,
+                                          "idem_reason",
+                                          reason,
+                                          "idem_detail",
+                                          detail,
+                                          "idem_deliveries",
+                                          deliveries};
+    for (const auto& [field, value] : delivery.fields) args.insert(args.end(), {field, value});
+    auto moved = Command(args);
+    if (!moved) {
       return MakeError(Errc::kUnavailable, "redis: the dead letter of " + delivery.id +
-                                               " was not written: " + Text(done->element[0]));
+                                               " was not written: " + moved.error().message);
     }
     return Ok();
   }

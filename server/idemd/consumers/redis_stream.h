@@ -1,7 +1,7 @@
 // server/idemd/consumers/redis_stream.h — a Redis stream read through a consumer group, as a
 // MessageSource: XREADGROUP for new entries, XAUTOCLAIM for entries another consumer left
 // unanswered (their delivery count from XPENDING), XACK, XCLAIM JUSTID to keep one, and the
-// dead-letter stream written in one MULTI with the XACK.
+// dead-letter stream written in one script with the XACK.
 #pragma once
 
 #include <memory>
