@@ -259,8 +259,9 @@ int Run(int argc, char** argv) {
                   std::move(*gateway), &read_pool);
   // The queue consumers (docs/consumers.md): each message a request of its route, through a
   // filter of its own in front of its target's proxy. Started once idemd listens.
-  auto consumers =
-      Consumers::Make(config->consumers, gateway_deps, config->gateway, InstanceName());
+  auto consumers = Consumers::Make(config->consumers, gateway_deps, config->gateway,
+                                   PaymentsTarget{.operation = payments, .policy = filter.policy()},
+                                   InstanceName());
   if (!consumers) return Fail(consumers.error().message);
   JsonAccessLog log(&metrics);
   // The routes whose records this instance resolves: any other route's PROCESSING records are
@@ -271,6 +272,7 @@ int Run(int argc, char** argv) {
   };
   // The records gauges hold values from the start, and a removed route's records are reported.
   TakeCensus(**store, metrics, SystemClock(), served);
+  (*consumers)->SampleLag();
   auto server = http::Server::Start(config->server, service, &log);
   if (!server) return Fail(server.error().message);
   metrics.WatchServer([&running = **server] {
@@ -298,7 +300,10 @@ int Run(int argc, char** argv) {
     // the takeover loop's, never the sweeper's.
     Loop sweeper(config->idempotency.sweep_interval,
                  [&] { (void)SweepExpired(**store, filter.policy().route.sent_points); });
-    Loop census(kCensusInterval, [&] { TakeCensus(**store, metrics, SystemClock(), served); });
+    Loop census(kCensusInterval, [&] {
+      TakeCensus(**store, metrics, SystemClock(), served);
+      (*consumers)->SampleLag();
+    });
     Loop reconciler(config->idempotency.takeover_interval, [&] {
       // Payments and the gateway's routes side by side: a stalled provider delays no route's
       // records, and a stalled upstream no payment's (docs/idemd.md, "Ambiguous failures").

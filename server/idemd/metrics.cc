@@ -235,6 +235,20 @@ void Metrics::CountConsumerTakeover(const std::string& consumer) {
   ++consumer_takeovers_[consumer];
 }
 
+void Metrics::SetConsumerLag(const std::string& consumer, std::optional<int64_t> lag) {
+  MutexLock lock(mu_);
+  if (lag) {
+    consumer_lag_[consumer] = *lag;
+  } else {
+    consumer_lag_.erase(consumer);
+  }
+}
+
+void Metrics::WatchConsumers(std::function<std::vector<ConsumerLoad>()> read) {
+  MutexLock lock(mu_);
+  consumer_load_ = std::move(read);
+}
+
 void Metrics::CountTakeoverResult(const std::string& result) {
   MutexLock lock(mu_);
   ++reconciled_[result];
@@ -354,6 +368,31 @@ std::string Metrics::Render() const {
          "redeliver_after_ms.");
   for (const auto& [consumer, n] : consumer_takeovers_) {
     Sample(out, "idem_consumer_takeovers_total", Label("consumer", consumer), n);
+  }
+
+  Header(out, "idem_consumer_lag", "gauge",
+         "Messages the broker holds for a consumer that no consumer of its group has been given "
+         "yet (a stream's lag, a queue's ready messages), at the last census; absent while the "
+         "broker cannot tell.");
+  for (const auto& [consumer, n] : consumer_lag_) {
+    Sample(out, "idem_consumer_lag", Label("consumer", consumer), std::to_string(n));
+  }
+  const std::vector<ConsumerLoad> loads =
+      consumer_load_ ? consumer_load_() : std::vector<ConsumerLoad>{};
+  Header(out, "idem_consumer_in_flight", "gauge",
+         "Messages this process's consumers have in hand now, acknowledged or given back by none "
+         "yet.");
+  for (const ConsumerLoad& consumer : loads) {
+    Sample(out, "idem_consumer_in_flight", Label("consumer", consumer.consumer),
+           std::to_string(consumer.in_flight));
+  }
+  Header(out, "idem_consumer_oldest_in_flight_seconds", "gauge",
+         "How long the oldest message this process's consumer has in hand has been in hand (0: "
+         "none): a message waiting on a running duplicate, a store that is down, or a stuck "
+         "upstream shows here first.");
+  for (const ConsumerLoad& consumer : loads) {
+    Sample(out, "idem_consumer_oldest_in_flight_seconds", Label("consumer", consumer.consumer),
+           Number(consumer.oldest_seconds));
   }
 
   Header(out, "idem_records", "gauge",

@@ -118,6 +118,19 @@ class Metrics {
   // idem_consumer_takeovers_total{consumer}: messages taken over from a consumer that left them
   // unanswered for redeliver_after_ms (it died, or its broker connection did).
   void CountConsumerTakeover(const std::string& consumer);
+  // idem_consumer_lag{consumer}: the messages the broker holds for the consumer that no consumer
+  // of its group has been given yet, at the last census; nullopt while the broker cannot tell
+  // (the series is left out).
+  void SetConsumerLag(const std::string& consumer, std::optional<int64_t> lag);
+  // Where idem_consumer_in_flight{consumer} (messages this process has in hand) and
+  // idem_consumer_oldest_in_flight_seconds{consumer} (how long the oldest of them has been in
+  // hand; 0 for none) are read at each scrape.
+  struct ConsumerLoad {
+    std::string consumer;
+    int in_flight = 0;
+    double oldest_seconds = 0;
+  };
+  void WatchConsumers(std::function<std::vector<ConsumerLoad>()> read);
 
   void CountTakeover() { ++takeovers_; }
   // A completion refused because the record's fence moved on (another executor took over).
@@ -193,6 +206,8 @@ class Metrics {
   };
   std::map<std::string, Deliveries> consumer_deliveries_ IDEM_GUARDED_BY(mu_);
   std::map<std::string, uint64_t> consumer_takeovers_ IDEM_GUARDED_BY(mu_);
+  std::map<std::string, int64_t> consumer_lag_ IDEM_GUARDED_BY(mu_);
+  std::function<std::vector<ConsumerLoad>()> consumer_load_ IDEM_GUARDED_BY(mu_);
   RecordCensus census_ IDEM_GUARDED_BY(mu_);
   std::map<std::string, int64_t> unserved_ IDEM_GUARDED_BY(mu_);
   Timestamp census_taken_ IDEM_GUARDED_BY(mu_) = {};

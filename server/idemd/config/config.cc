@@ -309,8 +309,10 @@ Status CheckBetweenKeys(const Config& c, const std::string& o) {
     }
   }
   for (const ConsumerRoute& consumer : c.consumers) {
+    IDEM_RETURN_IF_ERROR(CheckConsumerTiming(consumer, o));
     const GatewayRoute& r = consumer.target;
-    if (r.lease <= r.timeout + idempotency.lease_margin) {
+    // A payments target's lease is idempotency.lease_ms, checked against the provider's timeout.
+    if (!consumer.IsPayments() && r.lease <= r.timeout + idempotency.lease_margin) {
       return Bad(o + ":" + std::to_string(consumer.line),
                  "[[consumers]] " + consumer.name + ": target.lease_ms (" +
                      std::to_string(r.lease.count()) + ") must be longer than target.timeout_ms (" +
@@ -384,6 +386,14 @@ Result<Config> LoadConfig(const std::string& path, const std::vector<std::string
   IDEM_RETURN_IF_ERROR(ReadConsumers(t, o, c.consumers));
   IDEM_RETURN_IF_ERROR(ApplyFlags(overrides, c));
   if (c.store.url.empty()) c.store.url = kDefaultStoreUrl;
+  for (ConsumerRoute& consumer : c.consumers) {
+    if (!consumer.IsPayments()) continue;
+    // Each message a payment: under the payments route's lease and retention, its call the
+    // provider's.
+    consumer.target.lease = c.idempotency.lease;
+    consumer.target.retention = c.idempotency.retention;
+    consumer.target.timeout = c.provider.timeout;
+  }
   IDEM_RETURN_IF_ERROR(CheckBetweenKeys(c, o));
   if (c.server.io_threads == 0) c.server.io_threads = IoThreadsPerCpu();
 

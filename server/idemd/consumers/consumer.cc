@@ -3,6 +3,7 @@
 #include "server/idemd/consumers/consumer.h"
 
 #include <algorithm>
+#include <array>
 #include <boost/json.hpp>
 #include <charconv>
 
@@ -18,6 +19,10 @@ namespace {
 constexpr Millis kLongestBrokerRest{5000};
 constexpr std::string_view kMismatchDetail =
     "its key was used for a message with another payload, which the record holds: not executed";
+// idemd's answers that nothing ran for this request: it runs elsewhere, or could not start.
+constexpr std::array<http::ProblemKind, 4> kNotRunHere = {
+    http::ProblemKind::kRequestInProgress, http::ProblemKind::kQuotaExceeded,
+    http::ProblemKind::kUnavailable, http::ProblemKind::kOverloaded};
 // The longest a thread waits before it asks about a running duplicate again.
 constexpr Millis kLongestWait{5000};
 
@@ -30,6 +35,39 @@ bool IsProblem(const http::Response& answer, http::ProblemKind kind) {
   const boost::json::object* object = ec ? nullptr : body.if_object();
   const boost::json::value* found = object != nullptr ? object->if_contains("type") : nullptr;
   return found != nullptr && found->is_string() && found->as_string() == http::Spec(kind).type;
+}
+
+// What an answer of problem+json says went wrong: its detail, then each field error's field and
+// message ("the request body failed validation: currency: required: one of USD, EUR").
+std::string ProblemDetail(const std::string& answer) {
+  boost::system::error_code ec;
+  const boost::json::value body = boost::json::parse(answer, ec);
+  const boost::json::object* object = ec ? nullptr : body.if_object();
+  const boost::json::value* detail = object != nullptr ? object->if_contains("detail") : nullptr;
+  if (detail == nullptr || !detail->is_string()) {
+    return "the message cannot become a request of the target";
+  }
+  std::string out(detail->as_string());
+  const boost::json::value* errors = object->if_contains("errors");
+  if (errors != nullptr && errors->is_array()) {
+    const char* separator = ": ";
+    for (const boost::json::value& error : errors->as_array()) {
+      const boost::json::object* e = error.if_object();
+      const boost::json::value* field = e != nullptr ? e->if_contains("field") : nullptr;
+      const boost::json::value* message = e != nullptr ? e->if_contains("message") : nullptr;
+      if (field == nullptr || !field->is_string() || message == nullptr || !message->is_string()) {
+        continue;
+      }
+      out += separator + std::string(field->as_string()) + ": " + std::string(message->as_string());
+      separator = "; ";
+      if (out.size() > 1024) break;  // a dead letter's reason, not its payload
+    }
+  }
+  return out;
+}
+
+int64_t Nanos(SteadyTime t) {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch()).count();
 }
 
 Millis RetryAfter(const http::Response& answer) {
@@ -45,7 +83,8 @@ Millis RetryAfter(const http::Response& answer) {
 }  // namespace
 
 Principal ConsumerPrincipal(const ConsumerRoute& consumer) {
-  return Principal{.tenant = "mq", .user = consumer.group};
+  return Principal{.tenant = consumer.IsPayments() ? consumer.payments_tenant : "mq",
+                   .user = consumer.group};
 }
 
 Result<http::Request> MessageRequest(const ConsumerRoute& consumer, const Delivery& delivery) {
@@ -125,27 +164,24 @@ Judgement Judge(const http::Response& answer, const Result<std::optional<FoundRe
     const Record& record = (*found)->record;
     const bool held =
         record.state == RecordState::kFailedFinal && record.recovery_point == kOutcomeUnknownPoint;
-    const bool replayed = answer.headers.Get("idempotent-replayed") == "true";
-    return Judgement::Ack(held ? "held" : replayed ? "duplicate" : "executed");
+    // Executed here only when this answer is the execution's own: a replay, or an answer of
+    // idemd's that nothing ran here (a duplicate that found it running, which has finished
+    // since), is a duplicate.
+    const bool ran_here =
+        answer.headers.Get("idempotent-replayed") != "true" &&
+        std::none_of(kNotRunHere.begin(), kNotRunHere.end(),
+                     [&](http::ProblemKind kind) { return IsProblem(answer, kind); });
+    return Judgement::Ack(held ? "held" : ran_here ? "executed" : "duplicate");
   }
   for (http::ProblemKind kind :
        {http::ProblemKind::kInvalidRequest, http::ProblemKind::kMalformedJson,
         http::ProblemKind::kValidationFailed, http::ProblemKind::kUnsupportedMediaType,
         http::ProblemKind::kPayloadTooLarge}) {
     if (IsProblem(answer, kind)) {
-      boost::system::error_code ec;
-      const boost::json::value body = boost::json::parse(answer.body, ec);
-      const boost::json::value* detail =
-          !ec && body.is_object() ? body.as_object().if_contains("detail") : nullptr;
-      return Judgement::Quarantine("invalid",
-                                   detail != nullptr && detail->is_string()
-                                       ? std::string(detail->as_string())
-                                       : "the message cannot become a request of the target");
+      return Judgement::Quarantine("invalid", ProblemDetail(answer.body));
     }
   }
-  for (http::ProblemKind kind :
-       {http::ProblemKind::kRequestInProgress, http::ProblemKind::kQuotaExceeded,
-        http::ProblemKind::kUnavailable, http::ProblemKind::kOverloaded}) {
+  for (http::ProblemKind kind : kNotRunHere) {
     if (IsProblem(answer, kind)) return Judgement::Wait(RetryAfter(answer));
   }
   if (!found) return Judgement::Wait(Millis(1000));  // the store is down
@@ -171,8 +207,10 @@ Status Consumer::Start() {
     IDEM_ASSIGN_OR_RETURN(std::unique_ptr<MessageSource> source, open_(i));
     sources_.push_back(std::move(source));
   }
-  for (const auto& source : sources_) {
-    threads_.emplace_back([this, s = source.get()] { Run(*s); });
+  in_hand_since_ = std::make_unique<std::atomic<int64_t>[]>(sources_.size());
+  for (std::size_t i = 0; i < sources_.size(); ++i) {
+    in_hand_since_[i] = 0;
+    threads_.emplace_back([this, s = sources_[i].get(), i] { Run(*s, i); });
   }
   return Ok();
 }
@@ -192,7 +230,19 @@ bool Consumer::Pause(Millis duration) {
   return !stopped_.WaitFor(mu_, duration, [this] { return stopping_.load(); });
 }
 
-void Consumer::Run(MessageSource& source) {
+Metrics::ConsumerLoad Consumer::Load() const {
+  Metrics::ConsumerLoad load{.consumer = route_.name};
+  const int64_t now = Nanos(monotonic_.Now());
+  for (std::size_t i = 0; in_hand_since_ != nullptr && i < sources_.size(); ++i) {
+    const int64_t since = in_hand_since_[i].load();
+    if (since == 0) continue;
+    ++load.in_flight;
+    load.oldest_seconds = std::max(load.oldest_seconds, static_cast<double>(now - since) / 1e9);
+  }
+  return load;
+}
+
+void Consumer::Run(MessageSource& source, std::size_t thread) {
   Millis rest{100};
   bool failing = false;
   while (!stopping_) {
@@ -210,7 +260,11 @@ void Consumer::Run(MessageSource& source) {
     if (failing) http::Log(http::LogLevel::kInfo, "consumer resumed", {{"consumer", route_.name}});
     failing = false;
     rest = Millis(100);
-    if (*delivery) Process(source, **delivery);
+    if (*delivery) {
+      in_hand_since_[thread] = std::max<int64_t>(1, Nanos(monotonic_.Now()));
+      Process(source, **delivery);
+      in_hand_since_[thread] = 0;
+    }
   }
 }
 
@@ -221,27 +275,13 @@ void Consumer::Process(MessageSource& source, const Delivery& delivery) {
     Finish(source, delivery, Judgement::Quarantine("invalid", request.error().message));
     return;
   }
-  if (delivery.deliveries > route_.max_attempts) {
-    // Not run again. Its record may hold its answer nonetheless (an acknowledgement that was
-    // lost, a consumer killed after the commit each time): then it is a duplicate like any
-    // other; a record of another payload quarantines it as such.
-    const auto recorded = filter_.Recorded(*request, principal_);
-    if (recorded && recorded->has_value() && (*recorded)->kind == Decision::Kind::kReplay) {
-      Finish(source, delivery, Judgement::Ack("duplicate"));
-    } else if (!recorded && recorded.error().code == Errc::kFingerprintMismatch) {
-      Finish(source, delivery,
-             Judgement::Quarantine("payload-mismatch", std::string(kMismatchDetail)));
-    } else if (!recorded && recorded.error().code == Errc::kUnavailable) {
-      Finish(source, delivery, Judgement::Retry());  // the store is down: asked again later
-    } else {
-      Finish(source, delivery,
-             Judgement::Quarantine("attempts", "delivered " + std::to_string(delivery.deliveries) +
-                                                   " times without a final answer (max_attempts " +
-                                                   std::to_string(route_.max_attempts) + ")"));
-    }
-    return;
-  }
   const std::string key(request->headers.Get("idempotency-key").value_or(""));
+  if (delivery.deliveries > route_.max_attempts) {
+    if (std::optional<Judgement> judged = TooOften(*request, key, delivery)) {
+      Finish(source, delivery, *judged);
+      return;
+    }
+  }
   SteadyTime kept = monotonic_.Now();
   while (true) {
     http::RequestContext context;  // no server: a running duplicate is answered 409, never parked
@@ -258,6 +298,39 @@ void Consumer::Process(MessageSource& source, const Delivery& delivery) {
       if (source.Keep(delivery)) kept = monotonic_.Now();
     }
   }
+}
+
+std::optional<Judgement> Consumer::TooOften(const http::Request& request, const std::string& key,
+                                            const Delivery& delivery) {
+  // Its record may hold its answer nonetheless (an acknowledgement that was lost, a consumer
+  // killed after the commit each time): then it is a duplicate like any other; a record of
+  // another payload quarantines it as such.
+  const auto recorded = filter_.Recorded(request, principal_);
+  if (recorded && recorded->has_value() && (*recorded)->kind == Decision::Kind::kReplay) {
+    return Judgement::Ack("duplicate");
+  }
+  if (!recorded && recorded.error().code == Errc::kFingerprintMismatch) {
+    return Judgement::Quarantine("payload-mismatch", std::string(kMismatchDetail));
+  }
+  if (!recorded && recorded.error().code == Errc::kUnavailable) {
+    return Judgement::Retry();  // the store is down: asked again later
+  }
+  // The attempts are the executions started (each claim and takeover moves the record's fence
+  // on), not the deliveries: a delivery that waited on a running or settling execution of this
+  // message, and was given back when its consumer died, started none. A message that never
+  // reached its claim (it kills the consumer before, or the store refused every time) is
+  // counted by its deliveries.
+  const auto found = engine_.Lookup(principal_, filter_.policy().route, key);
+  if (!found) return Judgement::Retry();
+  if (found->has_value() && !(*found)->expired &&
+      (*found)->record.lease.fence < route_.max_attempts) {
+    return std::nullopt;  // run as any delivery
+  }
+  const int64_t started = found->has_value() ? (*found)->record.lease.fence : 0;
+  return Judgement::Quarantine(
+      "attempts", "delivered " + std::to_string(delivery.deliveries) + " times, " +
+                      std::to_string(started) + " executions started, without a final answer " +
+                      "(max_attempts " + std::to_string(route_.max_attempts) + ")");
 }
 
 void Consumer::Finish(MessageSource& source, const Delivery& delivery, const Judgement& judgement) {

@@ -2,7 +2,7 @@
 // request of the consumer's route, through the idempotency filter and its target's proxy, and
 // the broker told only what the record holds. A redelivered message finds its record and is
 // acknowledged without running anything; a message whose key came with another payload, or that
-// cannot become a request, or that was delivered max_attempts times without a final answer, is
+// cannot become a request, or that had max_attempts attempts without a final answer, is
 // quarantined; nothing is acknowledged before its record is finished.
 #pragma once
 
@@ -24,8 +24,9 @@
 
 namespace idem::idemd {
 
-// The principal of a consumer's records: tenant "mq", user the consumer's group. The route id
-// ("mq." + name) and the key complete the scope: (consumer group, message key).
+// The principal of a consumer's records: tenant "mq" (a payments target's: its payments_tenant,
+// whose payments they are), user the consumer's group. The route id ("mq." + name) and the key
+// complete the scope: (consumer group, message key).
 Principal ConsumerPrincipal(const ConsumerRoute& consumer);
 
 // The request `delivery` becomes on `consumer`'s target: its method and path, the message's key
@@ -82,10 +83,19 @@ class Consumer {
   // One delivery, start to end, on the calling thread (a thread's loop; tests).
   void Process(MessageSource& source, const Delivery& delivery);
 
+  // The messages its threads have in hand now, and how long the oldest has been.
+  Metrics::ConsumerLoad Load() const;
+
  private:
-  void Run(MessageSource& source);
+  // Thread `thread`'s loop.
+  void Run(MessageSource& source, std::size_t thread);
   // Sleeps `duration`, or less when Stop is called; whether it is still running.
   bool Pause(Millis duration);
+  // What to do with `delivery`, of `request` under `key`, delivered more than max_attempts times:
+  // answered from its record, quarantined, or (nullopt) run as any delivery while its record
+  // shows fewer than max_attempts executions started.
+  std::optional<Judgement> TooOften(const http::Request& request, const std::string& key,
+                                    const Delivery& delivery);
   // Tells the broker what `judgement` says of `delivery`, then counts and logs it.
   void Finish(MessageSource& source, const Delivery& delivery, const Judgement& judgement);
 
@@ -100,6 +110,9 @@ class Consumer {
   CondVar stopped_;
   std::atomic<bool> stopping_{false};
   std::vector<std::unique_ptr<MessageSource>> sources_;
+  // By thread: since when (monotonic nanoseconds) it has its message in hand; 0 when it has
+  // none.
+  std::unique_ptr<std::atomic<int64_t>[]> in_hand_since_;
   std::vector<std::thread> threads_;
 };
 

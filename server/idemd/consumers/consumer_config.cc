@@ -6,6 +6,7 @@
 #include <optional>
 
 #include "http/message.h"
+#include "idem/limits.h"
 #include "server/idemd/config/config.h"
 #include "server/idemd/gateway/route_config.h"
 
@@ -43,18 +44,43 @@ Result<ConsumerRoute> ReadConsumer(const toml::table& t, const std::string& orig
   if (auto name = t["name"].value<std::string>()) c.name = *name;
   auto bad = [&](const std::string& what) { return BadConsumer(origin, c.line, c.name, what); };
   if (std::string problem = RouteNameProblem(c.name); !problem.empty()) return bad(problem);
-  const toml::table* target = t["target"].as_table();
-  if (target == nullptr) {
-    return bad("needs a [consumers.target] table: the request each message becomes");
+  if (const toml::node* tenant = t.get("payments_tenant")) {
+    auto text = tenant->value<std::string>();
+    // "" is no tenant: the target is [consumers.target] (as --check-config prints it).
+    if (!text || text->size() > limits::kPrincipalMaxLength || !NameChars(*text, false)) {
+      return BadConsumer(origin, tenant->source().begin.line, c.name,
+                         "payments_tenant: must be 0.." +
+                             std::to_string(limits::kPrincipalMaxLength) +
+                             " characters of A-Z a-z 0-9 . _ -");
+    }
+    c.payments_tenant = *text;
   }
-  IDEM_ASSIGN_OR_RETURN(c.target, ReadConsumerTarget(*target, origin, c.name));
+  const toml::table* target = t["target"].as_table();
+  if (c.IsPayments()) {
+    if (t.contains("target")) {
+      return bad(
+          "payments_tenant makes idemd's payments operation the target: it takes no "
+          "[consumers.target]");
+    }
+    // The payments route's request, under its lease and retention (LoadConfig sets them).
+    c.target.name = c.name;
+    c.target.method = "POST";
+    c.target.pattern = "/v1/payments";
+    c.target.json_body = true;
+  } else if (target == nullptr) {
+    return bad(
+        "needs a [consumers.target] table (the request each message becomes), or "
+        "payments_tenant (each message a payment of that tenant)");
+  } else {
+    IDEM_ASSIGN_OR_RETURN(c.target, ReadConsumerTarget(*target, origin, c.name));
+  }
   bool dead_letter_set = false;
   for (const auto& [key, node] : t) {
     const std::string k(key.str());
     auto at = [&, line = node.source().begin.line](const std::string& what) {
       return BadConsumer(origin, line, c.name, k + ": " + what);
     };
-    if (k == "name" || k == "target") continue;
+    if (k == "name" || k == "target" || k == "payments_tenant") continue;
     if (k == "source") {
       auto text = node.value<std::string>();
       if (!text || (*text != "redis" && *text != "rabbitmq")) {
@@ -162,19 +188,6 @@ Result<ConsumerRoute> ReadConsumer(const toml::table& t, const std::string& orig
   if (c.key_source == KeySource::kField && c.key_name == c.body_field) {
     return bad("key names the body_field: the key must be a field of its own");
   }
-  if (c.redeliver_after <= c.target.lease) {
-    return bad("redeliver_after_ms (" + std::to_string(c.redeliver_after.count()) +
-               ") must be longer than target.lease_ms (" + std::to_string(c.target.lease.count()) +
-               "): a message is never taken from a consumer whose lease still runs");
-  }
-  if (c.target.retention < c.RedeliveryHorizon()) {
-    return bad("target.retention_ms (" + std::to_string(c.target.retention.count()) +
-               ") is shorter than the redelivery horizon, max_attempts x (redeliver_after_ms + "
-               "target.lease_ms) = " +
-               std::to_string(c.RedeliveryHorizon().count()) +
-               " ms: a message delivered again after its record expired would execute again. "
-               "Raise target.retention_ms, or lower max_attempts or redeliver_after_ms");
-  }
   return c;
 }
 
@@ -185,6 +198,27 @@ toml::array Strings(const std::vector<std::string>& values) {
 }
 
 }  // namespace
+
+Status CheckConsumerTiming(const ConsumerRoute& c, const std::string& origin) {
+  auto bad = [&](const std::string& what) { return BadConsumer(origin, c.line, c.name, what); };
+  // A payments target runs under the payments' lease and retention.
+  const std::string lease = c.IsPayments() ? "idempotency.lease_ms" : "target.lease_ms";
+  const std::string retention = c.IsPayments() ? "idempotency.retention_ms" : "target.retention_ms";
+  if (c.redeliver_after <= c.target.lease) {
+    return bad("redeliver_after_ms (" + std::to_string(c.redeliver_after.count()) +
+               ") must be longer than " + lease + " (" + std::to_string(c.target.lease.count()) +
+               "): a message is never taken from a consumer whose lease still runs");
+  }
+  if (c.target.retention < c.RedeliveryHorizon()) {
+    return bad(retention + " (" + std::to_string(c.target.retention.count()) +
+               ") is shorter than the redelivery horizon, max_attempts x (redeliver_after_ms + " +
+               lease + ") = " + std::to_string(c.RedeliveryHorizon().count()) +
+               " ms: a message delivered again after its record expired would execute again. "
+               "Raise " +
+               retention + ", or lower max_attempts or redeliver_after_ms");
+  }
+  return Ok();
+}
 
 Status ReadConsumers(const toml::table& t, const std::string& origin,
                      std::vector<ConsumerRoute>& out) {
@@ -214,7 +248,7 @@ Status ReadConsumers(const toml::table& t, const std::string& origin,
 }
 
 toml::table ConsumerTable(const ConsumerRoute& c) {
-  return toml::table{
+  toml::table out{
       {"name", c.name},
       {"source", c.source},
       {"url", RedactedUrl(c.url)},
@@ -228,8 +262,12 @@ toml::table ConsumerTable(const ConsumerRoute& c) {
       {"max_attempts", int64_t{c.max_attempts}},
       {"redeliver_after_ms", int64_t{c.redeliver_after.count()}},
       {"concurrency", int64_t{c.concurrency}},
+      {"payments_tenant", c.payments_tenant},
       {"target", TargetTable(c.target)},
   };
+  // A payments target has no table of its own: payments_tenant names it.
+  if (c.IsPayments()) out.erase("target");
+  return out;
 }
 
 }  // namespace idem::idemd

@@ -46,19 +46,28 @@ struct ConsumerRoute {
   // The stream or queue quarantined messages go to, with why (default: stream or queue +
   // ".dead").
   std::string dead_letter;
-  // Deliveries of one message, at most: a message delivered this often without a final answer
-  // (retryable failures, or a consumer that died each time it ran it) is quarantined.
+  // Attempts of one message, at most: a message whose record has had this many executions
+  // started without a final answer (retryable failures, or a consumer that died each time it
+  // ran it), or that was delivered more often than this without reaching its claim, is
+  // quarantined (Consumer::TooOften).
   int max_attempts = 5;
   // How long a delivered message may go unanswered (not acknowledged, not kept by its consumer)
   // before another consumer takes it over: longer than target.lease.
   Millis redeliver_after{60000};
   int concurrency = 4;  // messages in hand at once, per idemd process
+  // The tenant whose payments the messages are, when the target is idemd's own payments
+  // operation (each message a POST /v1/payments of this tenant: a queue of payment commands);
+  // "" when it is an HTTP upstream ([consumers.target]).
+  std::string payments_tenant;
   // The request each message becomes, and where it goes: a gateway route's settings, with the
-  // consumer's name and one fixed path (route_config.h, ReadConsumerTarget).
+  // consumer's name and one fixed path (route_config.h, ReadConsumerTarget). For a payments
+  // target, POST /v1/payments with a JSON body, and the payments' lease, retention and provider
+  // timeout ([idempotency], [provider]), set by LoadConfig.
   GatewayRoute target;
   int64_t line = 0;  // where its [[consumers]] table begins in the file
 
   bool IsRabbitMq() const { return source == "rabbitmq"; }
+  bool IsPayments() const { return !payments_tenant.empty(); }
   // The stream or the queue.
   const std::string& Source() const { return IsRabbitMq() ? queue : stream; }
   // The records' route id: "mq." + name.

@@ -100,6 +100,71 @@ TEST_F(ConsumerConfigTest, RetentionMustCoverTheRedeliveryHorizon) {
   ExpectError(Base(), "lease_ms = 11000\n", "target.lease_ms (11000) must be longer than");
 }
 
+// payments_tenant makes each message a payment of that tenant: POST /v1/payments under the
+// payments' lease and retention, which must cover the redelivery horizon in their turn.
+TEST_F(ConsumerConfigTest, APaymentsConsumerRunsUnderThePaymentsSettings) {
+  const std::string path = dir_.File("pay.toml");
+  auto write = [&](const std::string& own, const std::string& rest) {
+    std::ofstream(path) << "[secrets]\nfile = \"" << dir_.File("secrets.toml")
+                        << "\"\ngenerate_if_missing = true\n"
+                        << rest << "[[consumers]]\nname = \"charges\"\n"
+                        << Base() << "key = \"json:/merchant_order_no\"\n"
+                        << own;
+    return LoadConfig(path, {});
+  };
+  auto c = write("payments_tenant = \"acme\"\n",
+                 "[idempotency]\nlease_ms = 20000\nretention_hours = 48\n");
+  ASSERT_TRUE(c.has_value()) << c.error().message;
+  const ConsumerRoute& r = c->consumers.at(0);
+  EXPECT_TRUE(r.IsPayments());
+  EXPECT_EQ(r.target.method, "POST");
+  EXPECT_EQ(r.target.pattern, "/v1/payments");
+  EXPECT_TRUE(r.target.json_body);
+  EXPECT_EQ(r.target.lease, Millis(20000));
+  EXPECT_EQ(r.target.retention, std::chrono::hours(48));
+  EXPECT_EQ(r.target.timeout, c->provider.timeout);
+  EXPECT_EQ(ConsumerPrincipal(r).tenant, "acme");
+  EXPECT_EQ(ConsumerPrincipal(r).user, "idem");
+  // What --check-config prints loads back to the same consumer.
+  std::ofstream(dir_.File("printed.toml")) << EffectiveConfigToml(*c);
+  auto again = LoadConfig(dir_.File("printed.toml"), {});
+  ASSERT_TRUE(again.has_value()) << again.error().message;
+  EXPECT_EQ(again->consumers.at(0).payments_tenant, "acme");
+  EXPECT_EQ(EffectiveConfigToml(*again), EffectiveConfigToml(*c));
+
+  auto both = write(
+      "payments_tenant = \"acme\"\n[consumers.target]\nrequest = \"POST /v1/o\"\n"
+      "upstream = \"http://h:1\"\n",
+      "");
+  ASSERT_FALSE(both.has_value());
+  EXPECT_NE(both.error().message.find("it takes no [consumers.target]"), std::string::npos)
+      << both.error().message;
+  auto neither = write("", "");
+  ASSERT_FALSE(neither.has_value());
+  EXPECT_NE(neither.error().message.find("or payments_tenant"), std::string::npos)
+      << neither.error().message;
+  auto bad = write("payments_tenant = \"a b\"\n", "");
+  ASSERT_FALSE(bad.has_value());
+  EXPECT_NE(bad.error().message.find("payments_tenant: must be"), std::string::npos)
+      << bad.error().message;
+  // 5 x (60 s + 30 s) = 450 s of redeliveries against 300 s of payments retention.
+  auto short_lived =
+      write("payments_tenant = \"acme\"\n", "[idempotency]\nretention_ms = 300000\n");
+  ASSERT_FALSE(short_lived.has_value());
+  EXPECT_NE(short_lived.error().message.find(
+                "idempotency.retention_ms (300000) is shorter than the redelivery horizon, "
+                "max_attempts x (redeliver_after_ms + idempotency.lease_ms) = 450000 ms"),
+            std::string::npos)
+      << short_lived.error().message;
+  auto leased = write("payments_tenant = \"acme\"\nredeliver_after_ms = 20000\n",
+                      "[idempotency]\nlease_ms = 20000\n");
+  ASSERT_FALSE(leased.has_value());
+  EXPECT_NE(leased.error().message.find(
+                "redeliver_after_ms (20000) must be longer than idempotency.lease_ms (20000)"),
+            std::string::npos)
+      << leased.error().message;
+}
+
 TEST_F(ConsumerConfigTest, TwoConsumersMayNotShareAName) {
   const std::string path = dir_.File("two.toml");
   std::ofstream(path) << "[secrets]\nfile = \"" << dir_.File("secrets.toml")
@@ -189,6 +254,12 @@ TEST(Judge, AFinishedRecordIsAcknowledgedAndSaysHowItFinished) {
   http::Response replayed = created;
   replayed.headers.Set("Idempotent-Replayed", "true");
   EXPECT_EQ(Judge(replayed, Found(RecordState::kSucceeded)).outcome, "duplicate");
+  // A duplicate that found it running, and read the record after it had finished.
+  const http::Response running =
+      http::Problem(http::ProblemKind::kRequestInProgress, "running",
+                    {.retry_after_seconds = 1, .key_expires = Timestamp(Millis(1))});
+  EXPECT_EQ(Judge(running, Found(RecordState::kSucceeded)).verdict, Verdict::kAck);
+  EXPECT_EQ(Judge(running, Found(RecordState::kSucceeded)).outcome, "duplicate");
   http::Response declined{402, {}, "{}"};
   EXPECT_EQ(Judge(declined, Found(RecordState::kFailedFinal)).outcome, "executed");
   EXPECT_EQ(
@@ -211,6 +282,14 @@ TEST(Judge, NothingUnfinishedIsAcknowledged) {
             Verdict::kQuarantine);
   EXPECT_EQ(Judge(http::Problem(http::ProblemKind::kUnsupportedMediaType, "json"), none).verdict,
             Verdict::kQuarantine);
+  // The dead letter says which fields a validation refused (a payment command's currency).
+  const Judgement refused = Judge(
+      http::Problem(http::ProblemKind::kValidationFailed, "the request body failed validation",
+                    {.errors = {{"currency", "required: one of USD"}, {"amount", "required"}}}),
+      none);
+  EXPECT_EQ(refused.reason, "invalid");
+  EXPECT_EQ(refused.detail,
+            "the request body failed validation: currency: required: one of USD; amount: required");
   const Judgement running =
       Judge(http::Problem(http::ProblemKind::kRequestInProgress, "running",
                           {.retry_after_seconds = 2, .key_expires = Timestamp(Millis(1))}),

@@ -110,8 +110,12 @@ Result<Endpoint> ParseAmqpUrl(const std::string& url) {
 
 class RabbitQueue final : public MessageSource {
  public:
-  RabbitQueue(const ConsumerRoute& consumer, Endpoint endpoint, MonotonicClock& monotonic)
-      : consumer_(consumer), endpoint_(std::move(endpoint)), monotonic_(monotonic) {}
+  RabbitQueue(const ConsumerRoute& consumer, Endpoint endpoint, MonotonicClock& monotonic,
+              bool consume)
+      : consumer_(consumer),
+        endpoint_(std::move(endpoint)),
+        monotonic_(monotonic),
+        consume_(consume) {}
   ~RabbitQueue() override { Drop(); }
 
   Result<std::optional<Delivery>> Receive(Millis wait) override {
@@ -252,8 +256,22 @@ class RabbitQueue final : public MessageSource {
     return Ack(delivery);
   }
 
+  // The queue's ready messages, by a passive declare.
+  Result<int64_t> Backlog() override {
+    IDEM_RETURN_IF_ERROR(Connected());
+    const amqp_queue_declare_ok_t* declared = amqp_queue_declare(
+        conn_, kConsume, Bytes(consumer_.queue), /*passive=*/1, 0, 0, 0, amqp_empty_table);
+    if (declared == nullptr) {
+      const std::string why = ReplyError(amqp_get_rpc_reply(conn_), "rabbitmq queue.declare");
+      Drop();
+      return MakeError(Errc::kUnavailable, why);
+    }
+    return int64_t{declared->message_count};
+  }
+
  private:
-  // Connects, declares the queues and starts consuming, unless connected already.
+  // Connects, declares the queues and starts consuming (unless it is only asked for its
+  // backlog), unless connected already.
   Status Connected() {
     if (conn_ != nullptr) return Ok();
     conn_ = amqp_new_connection();
@@ -280,6 +298,7 @@ class RabbitQueue final : public MessageSource {
     IDEM_RETURN_IF_ERROR(OpenChannel(kConsume));
     IDEM_RETURN_IF_ERROR(Declare(consumer_.dead_letter, false));
     IDEM_RETURN_IF_ERROR(Declare(consumer_.queue, true));
+    if (!consume_) return Ok();
     amqp_basic_qos(conn_, kConsume, 0, /*prefetch_count=*/1, 0);
     if (std::string why = ReplyError(amqp_get_rpc_reply(conn_), "rabbitmq basic.qos");
         !why.empty()) {
@@ -345,7 +364,9 @@ class RabbitQueue final : public MessageSource {
       amqp_table_entry_t limit{};
       limit.key = amqp_cstring_bytes("x-delivery-limit");
       limit.value.kind = AMQP_FIELD_KIND_I64;
-      limit.value.value.i64 = consumer_.max_attempts + 2;
+      // Deliveries that only waited on a running execution are no attempts (Consumer::TooOften):
+      // the broker steps in only well past what the consumer counts.
+      limit.value.value.i64 = 2 * int64_t{consumer_.max_attempts} + 2;
       args.push_back(limit);
       add_text("x-dead-letter-exchange", empty);
       add_text("x-dead-letter-routing-key", consumer_.dead_letter);
@@ -371,16 +392,17 @@ class RabbitQueue final : public MessageSource {
   const ConsumerRoute& consumer_;
   const Endpoint endpoint_;
   MonotonicClock& monotonic_;
+  const bool consume_;  // false: a source only asked for its Backlog, given no message
   amqp_connection_state_t conn_ = nullptr;
 };
 
 }  // namespace
 
 Result<std::unique_ptr<MessageSource>> OpenRabbitQueue(const ConsumerRoute& consumer,
-                                                       MonotonicClock& monotonic) {
+                                                       MonotonicClock& monotonic, bool consume) {
   IDEM_ASSIGN_OR_RETURN(Endpoint endpoint, ParseAmqpUrl(consumer.url));
   return std::unique_ptr<MessageSource>(
-      std::make_unique<RabbitQueue>(consumer, std::move(endpoint), monotonic));
+      std::make_unique<RabbitQueue>(consumer, std::move(endpoint), monotonic, consume));
 }
 
 }  // namespace idem::idemd

@@ -15,10 +15,12 @@
 namespace idem::idemd {
 
 // A source for `consumer`. Connects lazily, and again after a failure; declares the queue (a
-// durable quorum queue with a delivery limit of max_attempts + 2 that dead-letters to the
+// durable quorum queue with a delivery limit of 2 x max_attempts + 2 that dead-letters to the
 // dead-letter queue) and the dead-letter queue when they do not exist. Errors: kInvalidArgument
-// for a URL that is not amqp://user:password@host[:port]/vhost.
+// for a URL that is not amqp://user:password@host[:port]/vhost. With `consume` false it takes no
+// message: a source asked only for its Backlog.
 Result<std::unique_ptr<MessageSource>> OpenRabbitQueue(const ConsumerRoute& consumer,
-                                                       MonotonicClock& monotonic);
+                                                       MonotonicClock& monotonic,
+                                                       bool consume = true);
 
 }  // namespace idem::idemd

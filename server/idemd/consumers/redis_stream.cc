@@ -165,6 +165,35 @@ class RedisStream final : public MessageSource {
     return d;
   }
 
+  // XINFO GROUPS' lag of the group (Redis 7; it is nil while Redis cannot tell, after an entry
+  // was deleted from the middle of the stream).
+  Result<int64_t> Backlog() override {
+    IDEM_ASSIGN_OR_RETURN(Reply groups, Command({"XINFO", "GROUPS", consumer_.stream}));
+    if (groups->type == REDIS_REPLY_ARRAY) {
+      for (std::size_t g = 0; g < groups->elements; ++g) {
+        const redisReply* group = groups->element[g];
+        if (group->type != REDIS_REPLY_ARRAY) continue;
+        std::optional<int64_t> lag;
+        bool ours = false;
+        for (std::size_t i = 0; i + 1 < group->elements; i += 2) {
+          const redisReply* name = group->element[i];
+          const redisReply* value = group->element[i + 1];
+          if (name->type != REDIS_REPLY_STRING && name->type != REDIS_REPLY_STATUS) continue;
+          const std::string_view field(name->str, name->len);
+          if (field == "name" && value->type == REDIS_REPLY_STRING) {
+            ours = std::string_view(value->str, value->len) == consumer_.group;
+          } else if (field == "lag" && value->type == REDIS_REPLY_INTEGER) {
+            lag = value->integer;
+          }
+        }
+        if (ours && lag) return *lag;
+        if (ours) break;
+      }
+    }
+    return MakeError(Errc::kUnavailable, "redis: XINFO GROUPS tells no lag of group " +
+                                             consumer_.group + " (Redis 7 or later tells it)");
+  }
+
   // One command on the connection, connecting (and creating the stream and the group) first
   // when there is none. A failure drops a broken connection; an error reply is kUnavailable.
   Result<Reply> Command(const std::vector<std::string_view>& args) {

@@ -68,6 +68,9 @@ class MessageSource {
   // and acknowledges it, both or neither.
   virtual Status Quarantine(const Delivery& delivery, std::string_view reason,
                             std::string_view detail) = 0;
+  // The messages the broker holds for the consumer that no consumer has been given yet (a
+  // stream's entries past the group's last delivered one; a queue's ready messages): its lag.
+  virtual Result<int64_t> Backlog() = 0;
 };
 
 }  // namespace idem::idemd
