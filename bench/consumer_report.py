@@ -13,6 +13,7 @@ import json
 import os
 import sys
 
+sys.dont_write_bytecode = True  # no __pycache__ in the tree
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from perf_report import command_output, machine, num  # noqa: E402
 
@@ -118,7 +119,7 @@ def main():
         outcomes = ", ".join(f"{k} {num(v)}" for k, v in sorted(row["outcomes"].items())) or "—"
         r = ratio(row["idemd"], row["ceiling"])
         md.append(f"| {BROKERS[row['broker']]} | {STORES[row['store']]} | {num(row['ceiling'])} | "
-                  f"{num(row['idemd'])} | {num(r, 2) if r is not None else '—'} | {outcomes} | "
+                  f"{num(row['idemd'])} | {num(r, 3) if r is not None else '—'} | {outcomes} | "
                   f"{once}{'' if row['ok'] else ' (a step failed: see the raw output)'} |")
     md.append("")
     md.append("The ceiling is the broker drained by idemd's own broker code with nothing else to "
