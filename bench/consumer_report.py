@@ -154,10 +154,8 @@ def main():
         "`idem_consumer_messages_total` (counted after each acknowledgement) reaches the total; "
         "it then checks the broker holds nothing unacknowledged (the group's lag and pending are "
         "0; the queue has nothing ready) and that idemd answered every message as `executed` or "
-        "`duplicate`, none held, quarantined or retried. idemd's start is not timed. (idemd "
-        "counts as `executed` a duplicate whose original finished while it was answered "
-        "\"in progress\", before its record was looked up: its `executed` may exceed the keys; "
-        "what the upstream executed decides.)\n"
+        "`duplicate`, one `executed` per key, none held, quarantined or retried. idemd's start "
+        "is not timed.\n"
         "3. **The check** (`idem-mq-bench check`): upstream-sim's `/admin/executions` and, for "
         "each operation it executed, `/status/KEY` for the business key in the body it got: "
         "every key executed exactly once, and nothing else.\n")
