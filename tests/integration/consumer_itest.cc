@@ -69,7 +69,13 @@ class TestBroker {
   virtual std::string SourceToml() const = 0;
   // Publishes `body` with `headers`; returns the id a dead letter names it by.
   virtual std::string Publish(const std::string& body,
-                              const std::vector<std::pair<std::string, std::string>>& headers) = 0;
+                              const std::vector<std::pair<std::string, std::string>>& headers) {
+    return PublishTo("orders", body, headers);
+  }
+  // The same to another stream or queue (a dead letter made by hand).
+  virtual std::string PublishTo(
+      const std::string& queue, const std::string& body,
+      const std::vector<std::pair<std::string, std::string>>& headers) = 0;
   // Messages neither acknowledged nor quarantined that the broker can tell of (-1: it cannot
   // tell). With every consumer stopped, every such message.
   virtual int64_t Unanswered() = 0;
@@ -109,9 +115,9 @@ class RedisBroker final : public TestBroker {
     return "source = \"redis\"\nurl = \"redis://127.0.0.1:" + std::to_string(port_) +
            "\"\nstream = \"orders\"\n";
   }
-  std::string Publish(const std::string& body,
-                      const std::vector<std::pair<std::string, std::string>>& headers) override {
-    std::vector<std::string> xadd = {"XADD", "orders", "*", "body", body};
+  std::string PublishTo(const std::string& queue, const std::string& body,
+                        const std::vector<std::pair<std::string, std::string>>& headers) override {
+    std::vector<std::string> xadd = {"XADD", queue, "*", "body", body};
     for (const auto& [name, value] : headers) xadd.insert(xadd.end(), {name, value});
     RedisReply id = RedisCommand(xadd, port_);
     EXPECT_TRUE(id && id->type == REDIS_REPLY_STRING);
@@ -234,8 +240,8 @@ class RabbitBroker final : public TestBroker {
     return "source = \"rabbitmq\"\nurl = \"amqp://guest:guest@127.0.0.1:" + std::to_string(port_) +
            "/%2f\"\nqueue = \"orders\"\n";
   }
-  std::string Publish(const std::string& body,
-                      const std::vector<std::pair<std::string, std::string>>& headers) override {
+  std::string PublishTo(const std::string& queue, const std::string& body,
+                        const std::vector<std::pair<std::string, std::string>>& headers) override {
     if (!Open()) return "";
     // A message published before its queue exists is dropped as unroutable, and confirmed: the
     // first waits until the consumers have declared it.
@@ -271,8 +277,8 @@ class RabbitBroker final : public TestBroker {
         Close();
         if (!Open()) return "";
       }
-      if (amqp_basic_publish(conn_, 1, amqp_empty_bytes, amqp_cstring_bytes("orders"), 0, 0, &props,
-                             amqp_cstring_bytes(body.c_str())) != AMQP_STATUS_OK) {
+      if (amqp_basic_publish(conn_, 1, amqp_empty_bytes, amqp_cstring_bytes(queue.c_str()), 0, 0,
+                             &props, amqp_cstring_bytes(body.c_str())) != AMQP_STATUS_OK) {
         why = "basic.publish failed";
         continue;
       }
@@ -463,6 +469,7 @@ class ConsumerProofTest : public IdemdTest {
 
   void Proof(std::unique_ptr<TestBroker> broker, std::size_t processes,
              Target target = Target::kUpstream);
+  void DeadLettersRedriven(std::unique_ptr<TestBroker> broker);
   // Each business key's executions (how often the upstream ran it, or the provider charged its
   // order) and the body of the message that executed.
   void Executed(std::map<std::string, int64_t>& runs,
@@ -815,6 +822,117 @@ TEST_F(ConsumerProofTest, TheMetricsShowTheLagAndTheOldestMessageInHand) {
   EXPECT_EQ(broker_->Unanswered(), 0);
   EXPECT_EQ(Metric("idem_consumer_in_flight"), 0.0);
   EXPECT_EQ(Metric("idem_consumer_oldest_in_flight_seconds"), 0.0);
+}
+
+// An operator lists a consumer's dead letters and moves them back with idemctl: a message
+// quarantined while its upstream failed executes once moved back; a copy of another payload is
+// quarantined again; nothing is lost on the way.
+void ConsumerProofTest::DeadLettersRedriven(std::unique_ptr<TestBroker> broker) {
+  store_url_ = "sqlite://" + dir_.File("consumers.db");
+  broker_ = std::move(broker);
+  ASSERT_NO_FATAL_FAILURE(broker_->Start());
+  consumers_.resize(1);
+  ASSERT_NO_FATAL_FAILURE(StartConsumer(0));
+  const std::string config = dir_.File("consumer-0.toml");
+  const auto executions_of = [&](const std::string& order) -> int64_t {
+    auto executions = http::Call(upstream_url_, {"GET", "/admin/executions", {}, ""});
+    if (!executions) return -1;
+    int64_t n = 0;
+    const boost::json::object counts = ParseObject(executions->body);
+    for (const auto& [upstream_key, count] : counts.at("keys").as_object()) {
+      auto status =
+          http::Call(upstream_url_, {"GET", "/status/" + std::string(upstream_key), {}, ""});
+      if (status && status->body.find(order) != std::string::npos) n += count.as_int64();
+    }
+    return n;
+  };
+  const auto dead_letters = [&]() {
+    auto [code, out] = RunIdemctl(
+        {"dead-letter", "list", "--config", config, "--consumer", "orders", "-o", "json"});
+    EXPECT_EQ(code, 0) << out;
+    boost::system::error_code ec;
+    boost::json::value v = boost::json::parse(out, ec);
+    return !ec && v.is_array() ? v.as_array() : boost::json::array{};
+  };
+  const auto settle = [&](std::size_t dead) {
+    for (int i = 0; i < 80 && !(broker_->Unanswered() == 0 && dead_letters().size() == dead); ++i) {
+      std::this_thread::sleep_for(milliseconds(250));
+    }
+  };
+  ASSERT_FALSE(broker_->Publish(R"({"order":"k1","amount":1})", {}).empty());
+  settle(0);
+  ASSERT_FALSE(broker_->Publish(R"({"order":"k1","amount":2})", {}).empty());  // quarantined
+  // As the consumer quarantines a message whose upstream failed max_attempts times.
+  ASSERT_FALSE(broker_
+                   ->PublishTo("orders.dead", R"({"order":"k2","amount":1})",
+                               {{"idem_source_id", "m-old"},
+                                {"idem_consumer", "orders"},
+                                {"idem_reason", "attempts"},
+                                {"idem_detail", "the upstream failed"},
+                                {"idem_deliveries", "7"},
+                                {"x-trace", "t-1"}})
+                   .empty());
+  settle(2);
+  boost::json::array dead = dead_letters();
+  ASSERT_EQ(dead.size(), 2u) << boost::json::serialize(dead);
+  std::string mismatch_id, attempts_id;
+  for (const boost::json::value& d : dead) {
+    const boost::json::object& letter = d.as_object();
+    const std::string reason(letter.at("reason").as_string());
+    if (reason == "payload-mismatch") {
+      mismatch_id = letter.at("id").as_string();
+      EXPECT_EQ(letter.at("fields").at("body").as_string(), R"({"order":"k1","amount":2})");
+    } else {
+      EXPECT_EQ(reason, "attempts");
+      attempts_id = letter.at("id").as_string();
+      EXPECT_EQ(letter.at("deliveries").as_int64(), 7);
+      EXPECT_EQ(letter.at("fields").at("x-trace").as_string(), "t-1");
+      EXPECT_EQ(letter.at("fields").as_object().count("idem_reason"), 0u);
+    }
+  }
+  ASSERT_FALSE(attempts_id.empty());
+  ASSERT_FALSE(mismatch_id.empty());
+  EXPECT_EQ(executions_of("k2"), 0);
+
+  // Moved back, the upstream now answering: it executes, once.
+  auto [moved, said] = RunIdemctl(
+      {"dead-letter", "redrive", "--config", config, "--consumer", "orders", "--id", attempts_id});
+  EXPECT_EQ(moved, 0) << said;
+  EXPECT_NE(said.find("1 dead letter of orders moved back"), std::string::npos) << said;
+  settle(1);
+  EXPECT_EQ(executions_of("k2"), 1);
+  dead = dead_letters();
+  ASSERT_EQ(dead.size(), 1u) << boost::json::serialize(dead);
+  EXPECT_EQ(dead[0].at("reason").as_string(), "payload-mismatch");
+
+  // The copy of another payload, moved back, is quarantined again; k1 ran once.
+  auto [again, again_said] =
+      RunIdemctl({"dead-letter", "redrive", "--config", config, "--consumer", "orders", "--all"});
+  EXPECT_EQ(again, 0) << again_said;
+  std::this_thread::sleep_for(seconds(1));
+  settle(1);
+  dead = dead_letters();
+  ASSERT_EQ(dead.size(), 1u) << boost::json::serialize(dead);
+  EXPECT_EQ(dead[0].at("reason").as_string(), "payload-mismatch");
+  EXPECT_EQ(dead[0].at("fields").at("body").as_string(), R"({"order":"k1","amount":2})");
+  EXPECT_EQ(executions_of("k1"), 1);
+  EXPECT_EQ(broker_->Unanswered(), 0);
+
+  // A dead letter that is not there: said, exit status 1; an unknown consumer too.
+  auto [missing, missing_said] = RunIdemctl(
+      {"dead-letter", "redrive", "--config", config, "--consumer", "orders", "--id", "no-such-id"});
+  EXPECT_EQ(missing, 1) << missing_said;
+  auto [unknown, unknown_said] =
+      RunIdemctl({"dead-letter", "list", "--config", config, "--consumer", "nope"});
+  EXPECT_EQ(unknown, 1) << unknown_said;
+}
+
+TEST_F(ConsumerProofTest, RedisDeadLettersAreListedAndRedrivenWithIdemctl) {
+  DeadLettersRedriven(std::make_unique<RedisBroker>(dir_));
+}
+
+TEST_F(ConsumerProofTest, RabbitDeadLettersAreListedAndRedrivenWithIdemctl) {
+  DeadLettersRedriven(std::make_unique<RabbitBroker>(dir_));
 }
 
 // A dead-letter queue deleted after the consumer declared it: the dead letter comes back

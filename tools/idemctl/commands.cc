@@ -13,6 +13,7 @@
 #include <iterator>
 #include <limits>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -20,6 +21,8 @@
 #include "idem/engine.h"
 #include "server/idemd/config/config.h"
 #include "server/idemd/config/store_url.h"
+#include "server/idemd/consumers/rabbitmq.h"
+#include "server/idemd/consumers/redis_stream.h"
 #include "server/idemd/payments/books.h"
 #include "server/idemd/payments/table.h"
 
@@ -440,6 +443,89 @@ int ReconcileReport(const ReportOptions& options) {
     PrintJson(out);
   } else {
     PrintFindings(*findings);
+  }
+  return kExitDone;
+}
+
+namespace {
+
+// The dead-letter box of `options.consumer` in the config, with the consumer it belongs to.
+struct Box {
+  idemd::Config config;
+  std::unique_ptr<idemd::DeadLetterBox> box;
+};
+Result<Box> OpenDeadLetters(const DeadLetterOptions& options) {
+  Box b;
+  IDEM_ASSIGN_OR_RETURN(b.config, idemd::LoadConfig(options.config, {}));
+  const idemd::ConsumerRoute* consumer = nullptr;
+  std::string names;
+  for (const idemd::ConsumerRoute& c : b.config.consumers) {
+    if (c.name == options.consumer) consumer = &c;
+    names += (names.empty() ? "" : ", ") + c.name;
+  }
+  if (consumer == nullptr) {
+    return MakeError(Errc::kNotFound,
+                     options.config + " has no consumer " + options.consumer +
+                         (names.empty() ? " (it has none)" : " (it has " + names + ")"));
+  }
+  IDEM_ASSIGN_OR_RETURN(b.box, consumer->IsRabbitMq() ? idemd::OpenRabbitDeadLetters(*consumer)
+                                                      : idemd::OpenRedisDeadLetters(*consumer));
+  return b;
+}
+
+}  // namespace
+
+int DeadLetterList(const DeadLetterOptions& options) {
+  auto opened = OpenDeadLetters(options);
+  if (!opened) return Fail(opened.error().message);
+  auto dead = opened->box->List(options.limit);
+  if (!dead) return Fail(dead.error().message);
+  if (options.output == Output::kJson) {
+    json::array letters;
+    for (const idemd::DeadLetter& d : *dead) {
+      json::object fields;
+      for (const auto& [name, value] : d.fields) fields[name] = value;
+      letters.push_back(json::object{{"id", d.id},
+                                     {"source_id", d.source_id},
+                                     {"reason", d.reason},
+                                     {"detail", d.detail},
+                                     {"deliveries", d.deliveries},
+                                     {"fields", std::move(fields)}});
+    }
+    PrintJson(letters);
+    return kExitDone;
+  }
+  for (const idemd::DeadLetter& d : *dead) {
+    std::cout << (d.id.empty() ? "-" : d.id) << "  " << d.reason << "  from "
+              << (d.source_id.empty() ? "-" : d.source_id) << "  after " << d.deliveries
+              << " deliveries" << (d.detail.empty() ? "" : ": " + d.detail) << "\n";
+  }
+  std::cout << dead->size() << " dead letter" << (dead->size() == 1 ? "" : "s") << " of "
+            << options.consumer
+            << (static_cast<int>(dead->size()) == options.limit
+                    ? " (the first " + std::to_string(options.limit) + ")"
+                    : "")
+            << "\n";
+  return kExitDone;
+}
+
+int DeadLetterRedrive(const DeadLetterOptions& options) {
+  auto opened = OpenDeadLetters(options);
+  if (!opened) return Fail(opened.error().message);
+  const std::set<std::string> ids(options.ids.begin(), options.ids.end());
+  auto moved = opened->box->Redrive(ids, options.limit);
+  if (!moved) return Fail(moved.error().message);
+  if (options.output == Output::kJson) {
+    PrintJson(json::object{{"moved", *moved}});
+  } else {
+    std::cout << *moved << " dead letter" << (*moved == 1 ? "" : "s") << " of " << options.consumer
+              << " moved back\n";
+  }
+  // Named dead letters that were not found among the first `limit`: said, and a failure.
+  if (!ids.empty() && *moved < static_cast<int64_t>(ids.size())) {
+    return Fail(std::to_string(ids.size() - static_cast<std::size_t>(*moved)) +
+                " of the named dead letters were not found among the first " +
+                std::to_string(options.limit));
   }
   return kExitDone;
 }

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 namespace idem::ctl {
 
@@ -113,6 +114,15 @@ struct ReportOptions {
   Output output = Output::kText;
 };
 
+struct DeadLetterOptions {
+  std::string config;
+  std::string consumer;          // a [[consumers]] name
+  int limit = 100;               // the first this many dead letters, oldest first
+  std::vector<std::string> ids;  // redrive: these (as listed); none with `all`
+  bool all = false;              // redrive: every one among the first `limit`
+  Output output = Output::kText;
+};
+
 struct ApiKeyAddOptions {
   std::string config;
   std::string tenant;
@@ -147,6 +157,14 @@ int Reconcile(const ReconcileOptions& options);
 // The reconciliation findings since `since_ms`, newest first.
 int ReconcileReport(const ReportOptions& options);
 // A fresh secrets file (TOML) for IDEM_SECRETS.
+// dead-letter list: a consumer's dead letters, oldest first (nothing is moved).
+int DeadLetterList(const DeadLetterOptions& options);
+// dead-letter redrive: the chosen dead letters moved back to the consumer's stream or queue, each
+// both or neither; prints how many. The message's key decides what happens then: a finished
+// record answers it (acknowledged as a duplicate), a record of another payload quarantines it
+// again, else it executes.
+int DeadLetterRedrive(const DeadLetterOptions& options);
+
 int GenSecret();
 // A new API key: its SHA-256 appended to the config as a principal, the key printed once.
 int ApiKeyAdd(const ApiKeyAddOptions& options);

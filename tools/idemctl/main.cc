@@ -289,6 +289,33 @@ int main(int argc, char** argv) {
       "what does not match and refunds duplicates (docs/reconciliation.md). A dry run writes and\n"
       "refunds nothing. Exit status 5 when a payment is missing or mismatched.");
 
+  DeadLetterOptions dead;
+  CLI::App* dead_cmd = app.add_subcommand("dead-letter", "A queue consumer's quarantined messages");
+  dead_cmd->group(kStore);
+  dead_cmd->require_subcommand(1);
+  CLI::App* dead_list = dead_cmd->add_subcommand(
+      "list", "Print a consumer's dead letters, oldest first (nothing moves)");
+  CLI::App* dead_redrive = dead_cmd->add_subcommand(
+      "redrive", "Move dead letters back to the consumer's stream or queue, to be consumed again");
+  for (CLI::App* sub : {dead_list, dead_redrive}) {
+    AddConfigOption(sub, &dead.config, "the idemd config that has the consumer")->required();
+    sub->add_option("--consumer", dead.consumer, "the consumer's name ([[consumers]] name)")
+        ->required();
+    sub->add_option("--limit", dead.limit, "the first this many dead letters, oldest first")
+        ->check(CLI::Range(1, 100000))
+        ->capture_default_str();
+    AddOutputOption(sub, &dead.output);
+  }
+  CLI::Option* dead_ids =
+      dead_redrive->add_option("--id", dead.ids, "a dead letter to move back, by its listed id");
+  CLI::Option* dead_all =
+      dead_redrive->add_flag("--all", dead.all, "every dead letter among the first --limit");
+  dead_ids->excludes(dead_all);
+  dead_redrive->footer(
+      "A message moved back is consumed like any other: its record decides. Fix what made it\n"
+      "fail first (an upstream's answers, a producer's payload); a message of another payload\n"
+      "than its key's record is quarantined again, and one whose record finished is acknowledged.");
+
   CLI::App* gen_secret_cmd =
       app.add_subcommand("gen-secret", "Print a fresh secrets file (TOML) for IDEM_SECRETS");
   gen_secret_cmd->group(kSetUp);
@@ -321,6 +348,9 @@ int main(int argc, char** argv) {
       if (reconcile_config->count() == 0) throw CLI::RequiredError("--config");
       if (reconcile_since->count() == 0) throw CLI::RequiredError("--since");
       if (reconcile_until->count() > 0) reconcile.until_ms = until_ms;
+    }
+    if (dead_redrive->parsed() && dead_ids->count() == 0 && !dead.all) {
+      throw CLI::ValidationError("dead-letter redrive", "name dead letters by --id, or say --all");
     }
     // One of two, and a record named one of two ways.
     if (record_settle->parsed()) {
@@ -367,6 +397,8 @@ int main(int argc, char** argv) {
   if (sweep_cmd->parsed()) return Sweep(sweep);
   if (report_cmd->parsed()) return ReconcileReport(report);
   if (reconcile_cmd->parsed()) return Reconcile(reconcile);
+  if (dead_list->parsed()) return DeadLetterList(dead);
+  if (dead_redrive->parsed()) return DeadLetterRedrive(dead);
   if (gen_secret_cmd->parsed()) return GenSecret();
   if (apikey_add->parsed()) return ApiKeyAdd(apikey);
   IDEM_CHECK(false && "a command without a dispatch");

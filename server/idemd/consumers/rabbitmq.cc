@@ -6,6 +6,8 @@
 #include <amqp_tcp_socket.h>
 
 #include <cstring>
+#include <functional>
+#include <set>
 
 namespace idem::idemd {
 namespace {
@@ -200,60 +202,47 @@ class RabbitQueue final : public MessageSource {
         headers.emplace_back(name, value);
       }
     }
-    std::vector<amqp_table_entry_t> entries;
-    for (const auto& [name, value] : headers) {
-      amqp_table_entry_t entry{};
-      entry.key = Bytes(name);
-      entry.value.kind = AMQP_FIELD_KIND_UTF8;
-      entry.value.value.bytes = Bytes(value);
-      entries.push_back(entry);
-    }
-    amqp_basic_properties_t props{};
-    props._flags = AMQP_BASIC_HEADERS_FLAG | AMQP_BASIC_DELIVERY_MODE_FLAG;
-    props.delivery_mode = 2;  // persistent
-    props.headers.num_entries = static_cast<int>(entries.size());
-    props.headers.entries = entries.data();
-    if (!delivery.id.empty()) {
-      props._flags |= AMQP_BASIC_MESSAGE_ID_FLAG;
-      props.message_id = Bytes(delivery.id);
-    }
-    // Mandatory: a dead-letter queue that is gone (deleted since it was declared) returns the
-    // message rather than dropping it, and the original is not acknowledged.
-    if (amqp_basic_publish(conn_, kPublish, amqp_empty_bytes, Bytes(consumer_.dead_letter),
-                           /*mandatory=*/1, /*immediate=*/0, &props,
-                           Bytes(body)) != AMQP_STATUS_OK) {
-      Drop();
-      return MakeError(Errc::kUnavailable, "rabbitmq: the dead letter was not published");
-    }
     // The broker's confirm before the original goes: a consumer that dies in between leaves the
     // message unacknowledged, and the next delivery quarantines it again (the dead letter names
-    // its source id). A returned message comes first (basic.return and its content), then the
-    // confirm.
-    bool returned = false;
-    while (true) {
-      timeval timeout = Timeval(kCallTimeout);
-      amqp_frame_t frame{};
-      const int waited = amqp_simple_wait_frame_noblock(conn_, &frame, &timeout);
-      const bool method = waited == AMQP_STATUS_OK && frame.frame_type == AMQP_FRAME_METHOD &&
-                          frame.channel == kPublish;
-      if (method && frame.payload.method.id == AMQP_BASIC_RETURN_METHOD) {
-        amqp_message_t content{};
-        if (amqp_read_message(conn_, kPublish, &content, 0).reply_type != AMQP_RESPONSE_NORMAL) {
-          Drop();
-          return MakeError(Errc::kUnavailable, "rabbitmq: a returned dead letter was cut off");
-        }
-        amqp_destroy_message(&content);
-        returned = true;
-        continue;
-      }
-      if (method && frame.payload.method.id == AMQP_BASIC_ACK_METHOD && !returned) break;
-      Drop();  // the message goes back to the queue, and is quarantined again later
-      return MakeError(Errc::kUnavailable,
-                       returned ? "rabbitmq: the dead-letter queue " + consumer_.dead_letter +
-                                      " does not exist (the dead letter came back)"
-                                : "rabbitmq: the dead letter was not confirmed");
-    }
+    // its source id).
+    IDEM_RETURN_IF_ERROR(PublishConfirmed(consumer_.dead_letter, headers, delivery.id, body));
     return Ack(delivery);
+  }
+
+  // The dead letters, read with basic.get and given back unacknowledged (the connection closes).
+  Result<std::vector<DeadLetter>> ListDead(int limit) {
+    std::vector<DeadLetter> out;
+    auto each = [&](DeadLetter dead, uint64_t /*tag*/, const std::string& /*body*/) {
+      out.push_back(std::move(dead));
+      return Ok();
+    };
+    IDEM_RETURN_IF_ERROR(EachDead(limit, each));
+    return out;
+  }
+
+  // Each chosen dead letter published to the consumer's queue under confirms, then acknowledged;
+  // the others given back when the connection closes.
+  Result<int64_t> RedriveDead(const std::set<std::string>& ids, int limit) {
+    int64_t moved = 0;
+    auto each = [&](const DeadLetter& dead, uint64_t tag, const std::string& body) -> Status {
+      if (!ids.empty() && !ids.contains(dead.id)) return Ok();
+      std::vector<std::pair<std::string, std::string>> headers;
+      for (const auto& [name, value] : dead.fields) {
+        if (name != consumer_.body_field) headers.emplace_back(name, value);
+      }
+      IDEM_RETURN_IF_ERROR(PublishConfirmed(consumer_.queue, headers, dead.source_id, body));
+      if (amqp_basic_ack(conn_, kConsume, tag, 0) != AMQP_STATUS_OK) {
+        Drop();
+        return MakeError(Errc::kUnavailable, "rabbitmq basic.ack of a dead letter failed");
+      }
+      ++moved;
+      return Ok();
+    };
+    if (Status done = EachDead(limit, each); !done) {
+      return MakeError(Errc::kUnavailable, done.error().message + " (" + std::to_string(moved) +
+                                               " were moved back before)");
+    }
+    return moved;
   }
 
   // The queue's ready messages, by a passive declare.
@@ -270,6 +259,120 @@ class RabbitQueue final : public MessageSource {
   }
 
  private:
+  // Publishes `body` with `headers` (and message-id `id` when not empty), persistent and
+  // mandatory, to `queue` and waits for the broker's confirm. A queue that is gone returns the
+  // message (basic.return) rather than dropping it: an error. Any failure drops the connection.
+  Status PublishConfirmed(const std::string& queue,
+                          const std::vector<std::pair<std::string, std::string>>& headers,
+                          const std::string& id, const std::string& body) {
+    IDEM_RETURN_IF_ERROR(Connected());
+    std::vector<amqp_table_entry_t> entries;
+    for (const auto& [name, value] : headers) {
+      amqp_table_entry_t entry{};
+      entry.key = Bytes(name);
+      entry.value.kind = AMQP_FIELD_KIND_UTF8;
+      entry.value.value.bytes = Bytes(value);
+      entries.push_back(entry);
+    }
+    amqp_basic_properties_t props{};
+    props._flags = AMQP_BASIC_HEADERS_FLAG | AMQP_BASIC_DELIVERY_MODE_FLAG;
+    props.delivery_mode = 2;  // persistent
+    props.headers.num_entries = static_cast<int>(entries.size());
+    props.headers.entries = entries.data();
+    if (!id.empty()) {
+      props._flags |= AMQP_BASIC_MESSAGE_ID_FLAG;
+      props.message_id = Bytes(id);
+    }
+    if (amqp_basic_publish(conn_, kPublish, amqp_empty_bytes, Bytes(queue), /*mandatory=*/1,
+                           /*immediate=*/0, &props, Bytes(body)) != AMQP_STATUS_OK) {
+      Drop();
+      return MakeError(Errc::kUnavailable,
+                       "rabbitmq: the message to " + queue + " was not published");
+    }
+    // A returned message comes first (basic.return and its content), then the confirm.
+    bool returned = false;
+    while (true) {
+      timeval timeout = Timeval(kCallTimeout);
+      amqp_frame_t frame{};
+      const int waited = amqp_simple_wait_frame_noblock(conn_, &frame, &timeout);
+      const bool method = waited == AMQP_STATUS_OK && frame.frame_type == AMQP_FRAME_METHOD &&
+                          frame.channel == kPublish;
+      if (method && frame.payload.method.id == AMQP_BASIC_RETURN_METHOD) {
+        amqp_message_t content{};
+        if (amqp_read_message(conn_, kPublish, &content, 0).reply_type != AMQP_RESPONSE_NORMAL) {
+          Drop();
+          return MakeError(Errc::kUnavailable, "rabbitmq: a returned message was cut off");
+        }
+        amqp_destroy_message(&content);
+        returned = true;
+        continue;
+      }
+      if (method && frame.payload.method.id == AMQP_BASIC_ACK_METHOD && !returned) return Ok();
+      Drop();
+      return MakeError(
+          Errc::kUnavailable,
+          returned ? "rabbitmq: the queue " + queue + " does not exist (the message came back)"
+                   : "rabbitmq: the message to " + queue + " was not confirmed");
+    }
+  }
+
+  // Takes up to `limit` dead letters with basic.get, unacknowledged, and hands each to `each`
+  // with its delivery tag and body; then closes the connection, which gives back what `each`
+  // did not acknowledge.
+  Status EachDead(int limit,
+                  const std::function<Status(DeadLetter, uint64_t, const std::string&)>& each) {
+    IDEM_RETURN_IF_ERROR(Connected());
+    Status status = Ok();
+    for (int n = 0; n < limit && status; ++n) {
+      const amqp_rpc_reply_t got =
+          amqp_basic_get(conn_, kConsume, Bytes(consumer_.dead_letter), /*no_ack=*/0);
+      if (std::string why = ReplyError(got, "rabbitmq basic.get"); !why.empty()) {
+        Drop();
+        return MakeError(Errc::kUnavailable, why);
+      }
+      if (got.reply.id != AMQP_BASIC_GET_OK_METHOD) break;  // basic.get-empty: no more
+      const uint64_t tag = static_cast<const amqp_basic_get_ok_t*>(got.reply.decoded)->delivery_tag;
+      amqp_message_t message{};
+      if (amqp_read_message(conn_, kConsume, &message, 0).reply_type != AMQP_RESPONSE_NORMAL) {
+        Drop();
+        return MakeError(Errc::kUnavailable, "rabbitmq: a dead letter was cut off");
+      }
+      DeadLetter dead;
+      const amqp_basic_properties_t& p = message.properties;
+      if ((p._flags & AMQP_BASIC_MESSAGE_ID_FLAG) != 0)
+        dead.id = dead.source_id = Text(p.message_id);
+      if ((p._flags & AMQP_BASIC_HEADERS_FLAG) != 0) {
+        for (int i = 0; i < p.headers.num_entries; ++i) {
+          const std::string name = Text(p.headers.entries[i].key);
+          std::optional<std::string> value = FieldText(p.headers.entries[i].value);
+          if (!value) continue;  // x-death's table, and any other kind
+          if (name == "idem_source_id") {
+            dead.source_id = *value;
+          } else if (name == "idem_reason" || name == "x-first-death-reason") {
+            if (dead.reason.empty() || name == "idem_reason") dead.reason = *value;
+          } else if (name == "idem_detail") {
+            dead.detail = *value;
+          } else if (name == "idem_deliveries") {
+            dead.deliveries = std::atoll(value->c_str());
+          } else if (name.rfind("idem_", 0) != 0 && name.rfind("x-first-death-", 0) != 0 &&
+                     name.rfind("x-last-death-", 0) != 0 && name != "x-delivery-count") {
+            dead.fields.emplace_back(name, std::move(*value));
+          }
+        }
+      }
+      std::string body = Text(message.body);
+      dead.fields.emplace_back(consumer_.body_field, body);
+      amqp_destroy_message(&message);
+      status = each(std::move(dead), tag, body);
+    }
+    if (conn_ != nullptr) {
+      // Closed in order: the acknowledgements sent count; what was not acknowledged goes back.
+      amqp_connection_close(conn_, AMQP_REPLY_SUCCESS);
+      Drop();
+    }
+    return status;
+  }
+
   // Connects, declares the queues and starts consuming (unless it is only asked for its
   // backlog), unless connected already.
   Status Connected() {
@@ -298,17 +401,18 @@ class RabbitQueue final : public MessageSource {
     IDEM_RETURN_IF_ERROR(OpenChannel(kConsume));
     IDEM_RETURN_IF_ERROR(Declare(consumer_.dead_letter, false));
     IDEM_RETURN_IF_ERROR(Declare(consumer_.queue, true));
-    if (!consume_) return Ok();
-    amqp_basic_qos(conn_, kConsume, 0, /*prefetch_count=*/1, 0);
-    if (std::string why = ReplyError(amqp_get_rpc_reply(conn_), "rabbitmq basic.qos");
-        !why.empty()) {
-      return fail(why);
-    }
-    amqp_basic_consume(conn_, kConsume, Bytes(consumer_.queue), amqp_empty_bytes, 0,
-                       /*no_ack=*/0, 0, amqp_empty_table);
-    if (std::string why = ReplyError(amqp_get_rpc_reply(conn_), "rabbitmq basic.consume");
-        !why.empty()) {
-      return fail(why);
+    if (consume_) {
+      amqp_basic_qos(conn_, kConsume, 0, /*prefetch_count=*/1, 0);
+      if (std::string why = ReplyError(amqp_get_rpc_reply(conn_), "rabbitmq basic.qos");
+          !why.empty()) {
+        return fail(why);
+      }
+      amqp_basic_consume(conn_, kConsume, Bytes(consumer_.queue), amqp_empty_bytes, 0,
+                         /*no_ack=*/0, 0, amqp_empty_table);
+      if (std::string why = ReplyError(amqp_get_rpc_reply(conn_), "rabbitmq basic.consume");
+          !why.empty()) {
+        return fail(why);
+      }
     }
     IDEM_RETURN_IF_ERROR(OpenChannel(kPublish));
     amqp_confirm_select(conn_, kPublish);
@@ -396,7 +500,27 @@ class RabbitQueue final : public MessageSource {
   amqp_connection_state_t conn_ = nullptr;
 };
 
+// An operator's view of the dead-letter queue, on a connection that takes no message.
+class RabbitDeadLetters final : public DeadLetterBox {
+ public:
+  explicit RabbitDeadLetters(const ConsumerRoute& consumer, Endpoint endpoint)
+      : queue_(consumer, std::move(endpoint), SystemMonotonicClock(), /*consume=*/false) {}
+  Result<std::vector<DeadLetter>> List(int limit) override { return queue_.ListDead(limit); }
+  Result<int64_t> Redrive(const std::set<std::string>& ids, int limit) override {
+    return queue_.RedriveDead(ids, limit);
+  }
+
+ private:
+  RabbitQueue queue_;
+};
+
 }  // namespace
+
+Result<std::unique_ptr<DeadLetterBox>> OpenRabbitDeadLetters(const ConsumerRoute& consumer) {
+  IDEM_ASSIGN_OR_RETURN(Endpoint endpoint, ParseAmqpUrl(consumer.url));
+  return std::unique_ptr<DeadLetterBox>(
+      std::make_unique<RabbitDeadLetters>(consumer, std::move(endpoint)));
+}
 
 Result<std::unique_ptr<MessageSource>> OpenRabbitQueue(const ConsumerRoute& consumer,
                                                        MonotonicClock& monotonic, bool consume) {

@@ -23,4 +23,8 @@ Result<std::unique_ptr<MessageSource>> OpenRabbitQueue(const ConsumerRoute& cons
                                                        MonotonicClock& monotonic,
                                                        bool consume = true);
 
+// `consumer`'s dead-letter queue (basic.get; what is not moved is given back). Errors: as
+// OpenRabbitQueue's.
+Result<std::unique_ptr<DeadLetterBox>> OpenRabbitDeadLetters(const ConsumerRoute& consumer);
+
 }  // namespace idem::idemd

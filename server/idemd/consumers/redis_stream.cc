@@ -39,7 +39,7 @@ std::optional<Delivery> EntryOf(const redisReply* entry) {
   return d;
 }
 
-class RedisStream final : public MessageSource {
+class RedisStream final : public MessageSource, public DeadLetterBox {
  public:
   RedisStream(const ConsumerRoute& consumer, redis_internal::Endpoint endpoint, std::string me,
               MonotonicClock& monotonic)
@@ -121,6 +121,65 @@ class RedisStream final : public MessageSource {
                                                " was not written: " + moved.error().message);
     }
     return Ok();
+  }
+
+  Result<std::vector<DeadLetter>> List(int limit) override {
+    IDEM_ASSIGN_OR_RETURN(Reply range, Command({"XRANGE", consumer_.dead_letter, "-", "+", "COUNT",
+                                                std::to_string(limit)}));
+    std::vector<DeadLetter> out;
+    for (std::size_t e = 0; range->type == REDIS_REPLY_ARRAY && e < range->elements; ++e) {
+      std::optional<Delivery> entry = EntryOf(range->element[e]);
+      if (!entry) continue;
+      DeadLetter dead;
+      dead.id = entry->id;
+      for (auto& [field, value] : entry->fields) {
+        if (field == "idem_source_id") {
+          dead.source_id = value;
+        } else if (field == "idem_reason") {
+          dead.reason = value;
+        } else if (field == "idem_detail") {
+          dead.detail = value;
+        } else if (field == "idem_deliveries") {
+          dead.deliveries = std::atoll(value.c_str());
+        } else if (field.rfind("idem_", 0) != 0) {
+          dead.fields.emplace_back(std::move(field), std::move(value));
+        }
+      }
+      out.push_back(std::move(dead));
+    }
+    return out;
+  }
+
+  Result<int64_t> Redrive(const std::set<std::string>& ids, int limit) override {
+    // One script a dead letter: the entry read, its own fields (not quarantine's idem_*) added to
+    // the consumer's stream, and only then the entry deleted. Redis runs it whole and stops at a
+    // failing call, so a dead letter is never deleted before its message is back.
+    constexpr std::string_view kBack =
+        "local e = redis.call('XRANGE', KEYS[1], ARGV[1], ARGV[1]) "
+        "if #e == 0 then return 0 end "
+        "local own = {} "
+        "for i = 1, #e[1][2], 2 do "
+        "  if string.sub(e[1][2][i], 1, 5) ~= 'idem_' then "
+        "    own[#own + 1] = e[1][2][i] own[#own + 1] = e[1][2][i + 1] "
+        "  end "
+        "end "
+        "if #own == 0 then return redis.error_reply('the dead letter has no fields of its own') "
+        "end "
+        "redis.call('XADD', KEYS[2], '*', unpack(own)) "
+        "return redis.call('XDEL', KEYS[1], ARGV[1])";
+    IDEM_ASSIGN_OR_RETURN(std::vector<DeadLetter> dead, List(limit));
+    int64_t moved = 0;
+    for (const DeadLetter& letter : dead) {
+      if (!ids.empty() && !ids.contains(letter.id)) continue;
+      auto back = Command({"EVAL", kBack, "2", consumer_.dead_letter, consumer_.stream, letter.id});
+      if (!back) {
+        return MakeError(Errc::kUnavailable, "redis: " + letter.id + " was not moved back (" +
+                                                 std::to_string(moved) +
+                                                 " were): " + back.error().message);
+      }
+      if ((*back)->type == REDIS_REPLY_INTEGER && (*back)->integer == 1) ++moved;
+    }
+    return moved;
   }
 
  private:
@@ -236,6 +295,13 @@ Result<std::unique_ptr<MessageSource>> OpenRedisStream(const ConsumerRoute& cons
                         redis_internal::ParseRedisUrl(consumer.url));
   return std::unique_ptr<MessageSource>(
       std::make_unique<RedisStream>(consumer, std::move(endpoint), std::move(me), monotonic));
+}
+
+Result<std::unique_ptr<DeadLetterBox>> OpenRedisDeadLetters(const ConsumerRoute& consumer) {
+  IDEM_ASSIGN_OR_RETURN(redis_internal::Endpoint endpoint,
+                        redis_internal::ParseRedisUrl(consumer.url));
+  return std::unique_ptr<DeadLetterBox>(std::make_unique<RedisStream>(
+      consumer, std::move(endpoint), "idemctl", SystemMonotonicClock()));
 }
 
 }  // namespace idem::idemd

@@ -19,4 +19,7 @@ namespace idem::idemd {
 Result<std::unique_ptr<MessageSource>> OpenRedisStream(const ConsumerRoute& consumer,
                                                        std::string me, MonotonicClock& monotonic);
 
+// `consumer`'s dead-letter stream. Errors: as OpenRedisStream's.
+Result<std::unique_ptr<DeadLetterBox>> OpenRedisDeadLetters(const ConsumerRoute& consumer);
+
 }  // namespace idem::idemd

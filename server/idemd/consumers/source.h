@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <set>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -71,6 +72,35 @@ class MessageSource {
   // The messages the broker holds for the consumer that no consumer has been given yet (a
   // stream's entries past the group's last delivered one; a queue's ready messages): its lag.
   virtual Result<int64_t> Backlog() = 0;
+};
+
+// A quarantined message as its dead-letter stream or queue holds it.
+struct DeadLetter {
+  // What Redrive names it by: the dead-letter stream entry's id; a RabbitMQ dead letter's
+  // message-id (the message's own, "" when it has none).
+  std::string id;
+  std::string source_id;  // the message's id in the consumer's stream or queue
+  // payload-mismatch, invalid, attempts; delivery_limit (dead-lettered by the queue itself)
+  std::string reason;
+  std::string detail;
+  int64_t deliveries = 0;
+  // The message's own fields (a stream entry's, a RabbitMQ message's headers), its body under
+  // the consumer's body_field among them.
+  std::vector<std::pair<std::string, std::string>> fields;
+};
+
+// An operator's view of one consumer's dead letters (idemctl dead-letter). Not thread-safe.
+// Errors: kUnavailable when the broker cannot be reached or refuses.
+class DeadLetterBox {
+ public:
+  virtual ~DeadLetterBox() = default;
+  // The first `limit` dead letters, oldest first. Nothing is moved.
+  virtual Result<std::vector<DeadLetter>> List(int limit) = 0;
+  // Moves the dead letters named by `ids` (every one when empty) among the first `limit` back to
+  // the consumer's stream or queue as the messages they were, without what quarantine added;
+  // each both or neither (a dead letter is deleted only once its message is back; a failure in
+  // between leaves it in both, which the message's key makes harmless). Returns how many moved.
+  virtual Result<int64_t> Redrive(const std::set<std::string>& ids, int limit) = 0;
 };
 
 }  // namespace idem::idemd
