@@ -470,6 +470,19 @@ class ConsumerProofTest : public IdemdTest {
   void Proof(std::unique_ptr<TestBroker> broker, std::size_t processes,
              Target target = Target::kUpstream);
   void DeadLettersRedriven(std::unique_ptr<TestBroker> broker);
+  // A Redis of this test's with one consumer on SQLite consuming it; nullptr, the test failed,
+  // when either would not start.
+  RedisBroker* OneRedisConsumer() {
+    store_url_ = "sqlite://" + dir_.File("consumers.db");
+    auto broker = std::make_unique<RedisBroker>(dir_);
+    RedisBroker* redis = broker.get();
+    broker_ = std::move(broker);
+    broker_->Start();
+    if (HasFatalFailure()) return nullptr;
+    consumers_.resize(1);
+    StartConsumer(0);
+    return HasFatalFailure() ? nullptr : redis;
+  }
   // Each business key's executions (how often the upstream ran it, or the provider charged its
   // order) and the body of the message that executed.
   void Executed(std::map<std::string, int64_t>& runs,
@@ -727,19 +740,14 @@ void ConsumerProofTest::Executed(std::map<std::string, int64_t>& runs,
 // move and the acknowledgement are both or neither. Here the dead-letter key holds a string, so
 // XADD fails when it runs.
 TEST_F(ConsumerProofTest, ARedisDeadLetterThatCannotBeWrittenLeavesItsMessagePending) {
-  store_url_ = "sqlite://" + dir_.File("consumers.db");
-  auto broker = std::make_unique<RedisBroker>(dir_);
-  RedisBroker& redis = *broker;
-  broker_ = std::move(broker);
-  ASSERT_NO_FATAL_FAILURE(broker_->Start());
-  consumers_.resize(1);
-  ASSERT_NO_FATAL_FAILURE(StartConsumer(0));
-  ASSERT_NE(redis.Command({"SET", "orders.dead", "not a stream"}), nullptr);
+  RedisBroker* redis = OneRedisConsumer();
+  if (redis == nullptr) return;
+  ASSERT_NE(redis->Command({"SET", "orders.dead", "not a stream"}), nullptr);
   const std::string id = broker_->Publish(R"({"amount":1})", {});  // no key: quarantined
   std::this_thread::sleep_for(seconds(2));
   EXPECT_EQ(broker_->Unanswered(), 1) << "the message was acknowledged without its dead letter";
   // Once the key can take it, the next delivery (after redeliver_after_ms) moves it.
-  ASSERT_NE(redis.Command({"DEL", "orders.dead"}), nullptr);
+  ASSERT_NE(redis->Command({"DEL", "orders.dead"}), nullptr);
   std::map<std::string, DeadLetter> dead;
   for (int i = 0; i < 40 && dead.empty(); ++i) {
     std::this_thread::sleep_for(milliseconds(250));
@@ -757,13 +765,8 @@ TEST_F(ConsumerProofTest, ARedisDeadLetterThatCannotBeWrittenLeavesItsMessagePen
 // payments proof on RabbitMQ, where kills returned a message waiting out its charge's settle
 // window nine times).
 TEST_F(ConsumerProofTest, AMessageRedeliveredPastMaxAttemptsWhileItsOneExecutionWasOutRunsOnce) {
-  store_url_ = "sqlite://" + dir_.File("consumers.db");
-  auto broker = std::make_unique<RedisBroker>(dir_);
-  RedisBroker& redis = *broker;
-  broker_ = std::move(broker);
-  ASSERT_NO_FATAL_FAILURE(broker_->Start());
-  consumers_.resize(1);
-  ASSERT_NO_FATAL_FAILURE(StartConsumer(0));
+  RedisBroker* redis = OneRedisConsumer();
+  if (redis == nullptr) return;
   // The upstream executes it at once and answers 1.5 s later; the consumer dies meanwhile.
   const std::string id =
       broker_->Publish(R"({"order":"slow-1","amount":1})", {{"x-upstream-delay-ms", "1500"}});
@@ -776,8 +779,8 @@ TEST_F(ConsumerProofTest, AMessageRedeliveredPastMaxAttemptsWhileItsOneExecution
   consumers_[0]->Signal(SIGKILL);
   consumers_[0]->Wait(seconds(5));
   // Its deliveries as if its consumers had died ten times more while it waited.
-  ASSERT_NE(redis.Command({"XCLAIM", "orders", "idem", "test", "0", id, "RETRYCOUNT",
-                           std::to_string(kMaxAttempts + 10)}),
+  ASSERT_NE(redis->Command({"XCLAIM", "orders", "idem", "test", "0", id, "RETRYCOUNT",
+                            std::to_string(kMaxAttempts + 10)}),
             nullptr);
   // Its takeover loop idle, so that the message's next delivery meets the record unfinished.
   ASSERT_NO_FATAL_FAILURE(StartConsumer(0, "", 600000));
