@@ -7,6 +7,7 @@
 
 #include <functional>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -136,6 +137,15 @@ struct FoundRecord {
 // attempt already fixed the operation's ids.
 using TxnHook = std::function<Status(StoreTxn& txn, const Record& record)>;
 
+// The operation of requests[index] in Engine::ExecuteInTxn: runs inside the transaction that has
+// just claimed its record (`ticket`: the claim; resumed after a takeover of an expired lease or a
+// retry) and returns the answer to keep. Its business writes go through `txn`, and commit only
+// with the record's finish. Returning an error rolls the whole transaction back; so does throwing,
+// which the engine reports as kInternal. It must have no effect outside `txn`: an operation that
+// calls out uses Start, AdvanceBeforeCall and Finish instead.
+using TxnOperation =
+    std::function<Result<StoredResponse>(std::size_t index, StoreTxn& txn, const Ticket& ticket)>;
+
 // Runs the protocol. Borrows everything it is given; all of it must outlive the engine.
 // Thread-safe: one engine serves all requests.
 class Engine {
@@ -177,6 +187,31 @@ class Engine {
   Result<std::optional<Decision>> ReplayFromMemory(const RoutePolicy& policy,
                                                    const Request& request,
                                                    Timestamp* mismatch_expires = nullptr);
+
+  // Steps 1–7 for operations whose every effect is a write to the store's own database (a queue
+  // consumer's handler; libidem's Inbox, include/idem/inbox.h): each request is decided as Start
+  // decides it (snapshot read first; a mismatch, a replay, in progress), and each that wins its
+  // claim runs `operation` and is finished in ONE transaction with the claims of all the others,
+  // one commit for all of them. The claim, the business writes and the finish commit together or
+  // not at all: after a crash or an error before the commit nothing is left — no record, no
+  // business row — and the next attempt executes afresh. A record claimed here is never seen
+  // PROCESSING by anyone else. A finished answer is SUCCEEDED for a 2xx status, FAILED_FINAL
+  // otherwise, at the point "done", sealed for its scope. Requests are claimed in the order of
+  // their scope hashes (two such transactions over the same keys lock them in one order); of two
+  // requests with one key, the first given executes and the second meets its record in this
+  // transaction: a replay of it, or a mismatch. The quota is counted last, once per principal.
+  // No in-flight markers are placed. Returns, in the order of `requests`, each one's decision:
+  // kExecute (executed and finished by this call; `response` is the answer kept, `ticket` the
+  // claim, whose lease the finish ended), kReplay, kInProgress, or its own error (kInvalidArgument
+  // or kTooLarge for its key or body; kFingerprintMismatch; kDataLoss) — given only once the
+  // transaction committed. Errors of the whole call, after which nothing was committed: the
+  // first error an operation returned; kTooLarge (an answer over policy.max_response_bytes);
+  // kInvalidArgument (an answer's status outside 200..599); kResourceExhausted (quota);
+  // kUnavailable (store); and from the commit kDeadlineExceeded, the outcome unknown (look the
+  // records up, or run the requests again: they are then replays).
+  Result<std::vector<Result<Decision>>> ExecuteInTxn(const RoutePolicy& policy,
+                                                     std::span<const Request> requests,
+                                                     const TxnOperation& operation);
 
   // Step 10's read side, outside any transaction (a snapshot read): the record of `key` on
   // `policy.route` for `principal`, and its stored answer opened and decoded. `key` is parsed as
@@ -271,6 +306,11 @@ class Engine {
   Status CheckQuota(const RoutePolicy& policy, StoreTxn& txn, const Principal& who);
   // Extends the ticket's lease to now + ttl in its own transaction.
   Status RenewFor(Ticket& ticket, Millis ttl);
+  // The answer for a request whose claim found `record` deciding it (ClaimIn): `refused` when
+  // set, else the replay of finished `record` or kInProgress. Only once the transaction that read
+  // it has committed.
+  Result<Decision> Unclaimed(const RoutePolicy& policy, const ScopeHash& scope, Decision decision,
+                             Record record, std::optional<Error> refused) const;
   Result<Decision> ClaimInTxn(const RoutePolicy& policy, const Request& request,
                               const ClaimSpec& spec, const CanonicalRequest& canonical,
                               Decision decision, const TxnHook& on_claim,

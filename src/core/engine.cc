@@ -105,20 +105,136 @@ Decision InProgress(const RoutePolicy& policy, Decision decision, Record record)
   return decision;
 }
 
+// What Start and ExecuteInTxn make of a request before any store is asked: the parsed key, the
+// scope's hash and the canonical request under the route's current rules.
+struct Prepared {
+  std::string key;
+  ScopeHash hash{};
+  CanonicalRequest canonical;
+};
+
+Result<Prepared> Prepare(const RoutePolicy& policy, const Request& request) {
+  if (!request.key_header) {
+    return MakeError(Errc::kInvalidArgument, "the Idempotency-Key header is required");
+  }
+  Prepared prepared;
+  IDEM_ASSIGN_OR_RETURN(prepared.key, ParseIdempotencyKey(*request.key_header, policy.key_policy));
+  const Scope scope{request.principal.tenant, request.principal.user, policy.route, prepared.key};
+  IDEM_ASSIGN_OR_RETURN(prepared.hash, scope.Hash());
+  IDEM_ASSIGN_OR_RETURN(prepared.canonical,
+                        MakeCanonicalRequest(FactsOf(policy, request), policy.rules));
+  return prepared;
+}
+
+ClaimSpec SpecOf(const RoutePolicy& policy, const Request& request, const Prepared& prepared,
+                 const Fingerprinter& fingerprinter) {
+  return ClaimSpec{prepared.hash,
+                   request.principal.tenant,
+                   request.principal.user,
+                   policy.route,
+                   fingerprinter.Sign(prepared.canonical),
+                   policy.lease,
+                   policy.retention};
+}
+
+// What the claim of step 5 found inside a transaction (ClaimIn): the record claimed for this
+// request, or the record that decides it without a claim.
+struct TxnClaim {
+  // This request holds record.lease; resumed and resumed_from say from what.
+  bool claimed = false;
+  Record record;
+  bool resumed = false;
+  RecordState resumed_from = RecordState::kProcessing;
+  // Not claimed: the error the request gets from what the transaction read (a mismatch, or a
+  // record that failed to verify). Otherwise `record` is finished (a replay) or runs under a
+  // live lease (in progress).
+  std::optional<Error> refused;
+};
+
+// Step 5 inside `txn`: claims the request's record, or finds the record that decides it. Nothing
+// found here is an answer until `txn` has committed: a store that commits transactions in groups
+// (SQLite) shows a transaction the writes of the group's earlier members, and commits them with
+// its own Commit, or fails it. Errors: the store's (the transaction must then be dropped).
+Result<TxnClaim> ClaimIn(StoreTxn& txn, const RoutePolicy& policy, const Request& request,
+                         const ClaimSpec& spec, const CanonicalRequest& canonical,
+                         const Fingerprinter& fingerprinter, Timestamp* mismatch_expires) {
+  TxnClaim found;
+  // A record read here can be gone by the reclaim: a sweeper on another connection deleted it
+  // as expired (PostgreSQL orders nothing between the two statements). Nothing is left to resume
+  // then, so the claim is made again, and a retry that races the sweeper executes or meets the
+  // request that claimed first — it never answers "not found".
+  for (int attempt = 1;; ++attempt) {
+    IDEM_ASSIGN_OR_RETURN(ClaimResult claim, txn.Claim(spec));
+    found.record = std::move(claim.record);
+    if (claim.claimed) {
+      found.claimed = true;
+      return found;
+    }
+    // By the store's clock, as the reclaim's own conditions are.
+    const Timestamp now = found.record.observed_at;
+    // Past retention a finished operation is forgotten and this is a new one. (An unresolved
+    // PROCESSING record is never forgotten; it is decided below like a live one.)
+    const bool forgotten =
+        found.record.expires_at <= now && found.record.state != RecordState::kProcessing;
+    if (!forgotten) {
+      if (Status verified = VerifyRecord(policy, request, canonical, fingerprinter, found.record,
+                                         mismatch_expires);
+          !verified) {
+        found.refused = std::move(verified).error();
+        return found;
+      }
+      if (IsReplayable(found.record.state)) return found;
+      if (found.record.state == RecordState::kProcessing && found.record.lease.until >= now) {
+        return found;
+      }
+    }
+    // A new operation on a forgotten record; or a retry after a retryable failure, or a takeover
+    // of an expired lease.
+    const RecordState seen_state = found.record.state;
+    Result<Record> reclaimed = txn.Reclaim(spec, found.record.lease.fence);
+    if (reclaimed) {
+      found.claimed = true;
+      found.resumed_from = forgotten ? RecordState::kProcessing : seen_state;
+      found.record = std::move(*reclaimed);
+      found.resumed = !forgotten;
+      return found;
+    }
+    if (reclaimed.error().code != Errc::kNotFound || attempt == kClaimAttempts) {
+      return std::move(reclaimed).error();
+    }
+  }
+}
+
+// The ticket of a claim ClaimIn made.
+Ticket TicketOf(const RoutePolicy& policy, const ClaimSpec& spec, const TxnClaim& claim) {
+  return Ticket{spec.scope,     claim.record.lease,        claim.record,
+                claim.resumed,  claim.resumed_from,        std::nullopt,
+                spec.lease_ttl, policy.max_response_bytes, policy.retention};
+}
+
+// Runs an operation of ExecuteInTxn inside its transaction; one that throws is reported as
+// kInternal, as RunHook reports a hook that throws.
+Result<StoredResponse> RunOperation(const TxnOperation& operation, std::size_t index, StoreTxn& txn,
+                                    const Ticket& ticket) {
+  try {
+    return operation(index, txn, ticket);
+  } catch (const std::exception& e) {
+    return MakeError(Errc::kInternal, std::string("operation threw: ") + e.what());
+  } catch (...) {
+    return MakeError(Errc::kInternal, "operation threw");
+  }
+}
+
 }  // namespace
 
 Result<Decision> Engine::Start(const RoutePolicy& policy, const Request& request,
                                const TxnHook& on_claim, Timestamp* mismatch_expires,
                                bool read_first) {
-  if (!request.key_header) {
-    return MakeError(Errc::kInvalidArgument, "the Idempotency-Key header is required");
-  }
+  IDEM_ASSIGN_OR_RETURN(Prepared prepared, Prepare(policy, request));
+  const ScopeHash& hash = prepared.hash;
+  const CanonicalRequest& canonical = prepared.canonical;
   Decision decision;
-  IDEM_ASSIGN_OR_RETURN(decision.key, ParseIdempotencyKey(*request.key_header, policy.key_policy));
-  const Scope scope{request.principal.tenant, request.principal.user, policy.route, decision.key};
-  IDEM_ASSIGN_OR_RETURN(ScopeHash hash, scope.Hash());
-  IDEM_ASSIGN_OR_RETURN(CanonicalRequest canonical,
-                        MakeCanonicalRequest(FactsOf(policy, request), policy.rules));
+  decision.key = prepared.key;
 
   // A finished record, or one a live lease holds, is answered from a snapshot read, without
   // taking the write lock (DecidedByRead).
@@ -130,13 +246,7 @@ Result<Decision> Engine::Start(const RoutePolicy& policy, const Request& request
     }
   }
 
-  ClaimSpec spec{hash,
-                 request.principal.tenant,
-                 request.principal.user,
-                 policy.route,
-                 fingerprinter_.Sign(canonical),
-                 policy.lease,
-                 policy.retention};
+  const ClaimSpec spec = SpecOf(policy, request, prepared, fingerprinter_);
 
   // In-flight markers may turn an obvious concurrent duplicate away before the database: same
   // fingerprint, live marker → a retryable "in progress". Anything else goes to the database.
@@ -234,61 +344,20 @@ Result<Decision> Engine::ClaimInTxn(const RoutePolicy& policy, const Request& re
                                     Decision decision, const TxnHook& on_claim,
                                     Timestamp* mismatch_expires) {
   IDEM_ASSIGN_OR_RETURN(std::unique_ptr<StoreTxn> txn, store_.Begin());
-  Record record;
-  bool resumed = false;
-  RecordState resumed_from = RecordState::kProcessing;
-  // A record read here can be gone by the reclaim: a sweeper on another connection deleted it
-  // as expired (PostgreSQL orders nothing between the two statements). Nothing is left to resume
-  // then, so the claim is made again, and a retry that races the sweeper executes or meets the
-  // request that claimed first — it never answers "not found".
-  for (int attempt = 1;; ++attempt) {
-    IDEM_ASSIGN_OR_RETURN(ClaimResult claim, txn->Claim(spec));
-    record = std::move(claim.record);
-    if (claim.claimed) break;
-    // By the store's clock, as the reclaim's own conditions are.
-    const Timestamp now = record.observed_at;
-    // Past retention a finished operation is forgotten and this is a new one. (An unresolved
-    // PROCESSING record is never forgotten; it is decided below like a live one.)
-    const bool forgotten = record.expires_at <= now && record.state != RecordState::kProcessing;
-    if (!forgotten) {
-      // An answer taken from what this transaction read is given only once that is durable: a
-      // store that commits transactions in groups (SQLite) shows a transaction the writes of the
-      // group's earlier members, and commits them with its own Commit, or fails it.
-      if (Status verified =
-              VerifyRecord(policy, request, canonical, fingerprinter_, record, mismatch_expires);
-          !verified) {
-        IDEM_RETURN_IF_ERROR(txn->Commit());
-        return std::move(verified).error();
-      }
-      if (IsReplayable(record.state)) {
-        IDEM_RETURN_IF_ERROR(txn->Commit());
-        decision.record = std::move(record);
-        return Replay(spec.scope, std::move(decision));
-      }
-      if (record.state == RecordState::kProcessing && record.lease.until >= now) {
-        IDEM_RETURN_IF_ERROR(txn->Commit());
-        return InProgress(policy, std::move(decision), std::move(record));
-      }
-    }
-    // A new operation on a forgotten record; or a retry after a retryable failure, or a takeover
-    // of an expired lease.
-    const RecordState seen_state = record.state;
-    Result<Record> reclaimed = txn->Reclaim(spec, record.lease.fence);
-    if (reclaimed) {
-      resumed_from = forgotten ? RecordState::kProcessing : seen_state;
-      record = std::move(*reclaimed);
-      resumed = !forgotten;
-      break;
-    }
-    if (reclaimed.error().code != Errc::kNotFound || attempt == kClaimAttempts) {
-      return std::move(reclaimed).error();
-    }
+  IDEM_ASSIGN_OR_RETURN(TxnClaim claim, ClaimIn(*txn, policy, request, spec, canonical,
+                                                fingerprinter_, mismatch_expires));
+  if (!claim.claimed) {
+    // An answer taken from what this transaction read is given only once that is durable
+    // (ClaimIn): the transaction commits first, even though it wrote nothing.
+    IDEM_RETURN_IF_ERROR(txn->Commit());
+    return Unclaimed(policy, spec.scope, std::move(decision), std::move(claim.record),
+                     std::move(claim.refused));
   }
   if (on_claim) {
-    IDEM_RETURN_IF_ERROR(RunHook(on_claim, *txn, record));
+    IDEM_RETURN_IF_ERROR(RunHook(on_claim, *txn, claim.record));
     IDEM_ASSIGN_OR_RETURN(std::optional<Record> updated, txn->Get(spec.scope));
     if (!updated) return MakeError(Errc::kInternal, "claim hook deleted its own record");
-    record = std::move(*updated);
+    claim.record = std::move(*updated);
   }
   // Last before the commit: the count serialises the claims of one principal until they commit
   // (StoreTxn::Count), so nothing else of this transaction runs while it holds them up.
@@ -296,12 +365,132 @@ Result<Decision> Engine::ClaimInTxn(const RoutePolicy& policy, const Request& re
   IDEM_RETURN_IF_ERROR(txn->Commit());
   IDEM_RETURN_IF_ERROR(IDEM_FAILPOINT("after_claim"));
   decision.kind = Decision::Kind::kExecute;
-  decision.key_expires = record.expires_at;
-  decision.ticket = Ticket{spec.scope,      record.lease, record,         resumed,
-                           resumed_from,    std::nullopt, spec.lease_ttl, policy.max_response_bytes,
-                           policy.retention};
-  decision.record = std::move(record);
+  decision.key_expires = claim.record.expires_at;
+  decision.ticket = TicketOf(policy, spec, claim);
+  decision.record = std::move(claim.record);
   return decision;
+}
+
+Result<Decision> Engine::Unclaimed(const RoutePolicy& policy, const ScopeHash& scope,
+                                   Decision decision, Record record,
+                                   std::optional<Error> refused) const {
+  if (refused) return std::move(*refused);
+  if (!IsReplayable(record.state)) {
+    return InProgress(policy, std::move(decision), std::move(record));
+  }
+  decision.record = std::move(record);
+  return Replay(scope, std::move(decision));
+}
+
+Result<std::vector<Result<Decision>>> Engine::ExecuteInTxn(const RoutePolicy& policy,
+                                                           std::span<const Request> requests,
+                                                           const TxnOperation& operation) {
+  // Each request's answer, in the order given; unset while its claim is still to be made.
+  std::vector<std::optional<Result<Decision>>> answers(requests.size());
+  struct Pending {
+    std::size_t index = 0;
+    Prepared prepared;
+    ClaimSpec spec;
+  };
+  std::vector<Pending> pending;
+  for (std::size_t i = 0; i < requests.size(); ++i) {
+    const Request& request = requests[i];
+    Result<Prepared> prepared = Prepare(policy, request);
+    if (!prepared) {
+      answers[i] = std::move(prepared).error();
+      continue;
+    }
+    Decision decision;
+    decision.key = prepared->key;
+    // As Start: a finished record, or one a live lease holds, is answered from a snapshot read
+    // (a redelivery of a message already processed takes no write lock).
+    IDEM_ASSIGN_OR_RETURN(std::optional<Record> seen, store_.Read(prepared->hash));
+    if (seen && DecidedByRead(*seen)) {
+      answers[i] = AnswerRead(policy, request, prepared->canonical, prepared->hash,
+                              std::move(decision), std::move(*seen), nullptr);
+      continue;
+    }
+    ClaimSpec spec = SpecOf(policy, request, *prepared, fingerprinter_);
+    pending.push_back(Pending{i, std::move(*prepared), std::move(spec)});
+  }
+  if (pending.empty()) {
+    std::vector<Result<Decision>> decided;
+    for (std::optional<Result<Decision>>& answer : answers) decided.push_back(std::move(*answer));
+    return decided;
+  }
+  // Claimed in the order of their scopes, so two transactions that claim the same records take
+  // their row locks (PostgreSQL) in one order and cannot deadlock on them; stable, so of two
+  // requests with one key the first given is the one that executes.
+  std::stable_sort(pending.begin(), pending.end(), [](const Pending& a, const Pending& b) {
+    return a.prepared.hash < b.prepared.hash;
+  });
+
+  IDEM_ASSIGN_OR_RETURN(std::unique_ptr<StoreTxn> txn, store_.Begin());
+  // The requests decided by what this transaction read (replays, in progress, mismatches),
+  // answered once it has committed (ClaimIn).
+  std::vector<std::pair<const Pending*, TxnClaim>> unclaimed;
+  std::vector<const Principal*> principals;
+  for (Pending& p : pending) {
+    const Request& request = requests[p.index];
+    // A request whose key came earlier in this transaction meets that request's record,
+    // finished by now: it is answered as a replay (or a mismatch), never executed twice.
+    IDEM_ASSIGN_OR_RETURN(TxnClaim claim, ClaimIn(*txn, policy, request, p.spec,
+                                                  p.prepared.canonical, fingerprinter_, nullptr));
+    if (!claim.claimed) {
+      unclaimed.emplace_back(&p, std::move(claim));
+      continue;
+    }
+    Decision decision;
+    decision.key = std::move(p.prepared.key);
+    decision.ticket = TicketOf(policy, p.spec, claim);
+    IDEM_ASSIGN_OR_RETURN(StoredResponse response,
+                          RunOperation(operation, p.index, *txn, decision.ticket));
+    if (response.status < 200 || response.status > 599) {
+      return MakeError(Errc::kInvalidArgument, "an operation's answer has status " +
+                                                   std::to_string(response.status) +
+                                                   ", not a final HTTP status (200..599)");
+    }
+    // As Finish finishes it, sealed here because the answer is known only now: inside the
+    // transaction, which holds the write lock meanwhile.
+    Outcome outcome;
+    outcome.state = response.status < 300 ? RecordState::kSucceeded : RecordState::kFailedFinal;
+    outcome.status_code = response.status;
+    outcome.recovery_point = "done";
+    outcome.retention = policy.retention;
+    const std::string encoded = EncodeResponse(response);
+    if (encoded.size() > policy.max_response_bytes) {
+      return MakeError(Errc::kTooLarge, "an answer of " + std::to_string(encoded.size()) +
+                                            " bytes exceeds the route's stored-response cap of " +
+                                            std::to_string(policy.max_response_bytes));
+    }
+    IDEM_ASSIGN_OR_RETURN(outcome.sealed_response, sealer_.Seal(p.spec.scope, encoded));
+    IDEM_RETURN_IF_ERROR(txn->Finish(p.spec.scope, decision.ticket.lease, outcome));
+    decision.kind = Decision::Kind::kExecute;
+    decision.key_expires = claim.record.expires_at;
+    decision.record = std::move(claim.record);
+    decision.response = std::move(response);
+    answers[p.index] = std::move(decision);
+    if (std::find_if(principals.begin(), principals.end(), [&](const Principal* who) {
+          return who->tenant == request.principal.tenant && who->user == request.principal.user;
+        }) == principals.end()) {
+      principals.push_back(&request.principal);
+    }
+  }
+  // Last before the commit, as in a claim (ClaimInTxn).
+  for (const Principal* who : principals) IDEM_RETURN_IF_ERROR(CheckQuota(policy, *txn, *who));
+  IDEM_RETURN_IF_ERROR(IDEM_FAILPOINT("before_complete_commit"));
+  IDEM_RETURN_IF_ERROR(txn->Commit());
+  IDEM_RETURN_IF_ERROR(IDEM_FAILPOINT("after_complete_commit"));
+  for (auto& [p, claim] : unclaimed) {
+    Decision decision;
+    decision.key = p->prepared.key;
+    answers[p->index] = Unclaimed(policy, p->spec.scope, std::move(decision),
+                                  std::move(claim.record), std::move(claim.refused));
+  }
+  std::vector<Result<Decision>> decided;
+  decided.reserve(answers.size());
+  for (std::optional<Result<Decision>>& answer : answers) decided.push_back(std::move(*answer));
+  return decided;
 }
 
 Status Engine::CheckQuota(const RoutePolicy& policy, StoreTxn& txn, const Principal& who) {

@@ -359,6 +359,71 @@ TEST_F(EngineTest, ExpiredLeaseIsTakenOverAndTheStaleExecutorIsFencedOut) {
   EXPECT_EQ(replay.response, Created("pay_5"));
 }
 
+// ExecuteInTxn decides as Start does: a claim under a live lease is running (in progress, not
+// run), an expired one is taken over (resumed) and finished in the transaction that runs it.
+TEST_F(EngineTest, ExecuteInTxnTakesOverAnExpiredClaimAndLeavesALiveOneRunning) {
+  Decision stalled = MustStart(Req("key-txn-01"), InsertPending("pay_t1"));
+  ASSERT_EQ(stalled.kind, Decision::Kind::kExecute);
+  int runs = 0;
+  bool resumed = false;
+  const TxnOperation operation = [&](std::size_t, StoreTxn& txn,
+                                     const Ticket& ticket) -> Result<StoredResponse> {
+    ++runs;
+    resumed = ticket.resumed;
+    EXPECT_EQ(ticket.record.resource_id, "pay_t1") << "the claim's ids are the operation's";
+    IDEM_RETURN_IF_ERROR(txn.Exec("UPDATE payments SET status = 'succeeded' WHERE id = ?",
+                                  {ticket.record.resource_id}));
+    return Created(ticket.record.resource_id);
+  };
+  const std::vector<Request> one = {Req("key-txn-01")};
+  auto live = engine_->ExecuteInTxn(policy_, one, operation);
+  ASSERT_TRUE(live.has_value()) << live.error().message;
+  ASSERT_TRUE((*live)[0].has_value());
+  EXPECT_EQ((*live)[0]->kind, Decision::Kind::kInProgress);
+  EXPECT_EQ(runs, 0);
+
+  clock_.Advance(kLease + Millis(1));
+  auto taken = engine_->ExecuteInTxn(policy_, one, operation);
+  ASSERT_TRUE(taken.has_value()) << taken.error().message;
+  ASSERT_TRUE((*taken)[0].has_value()) << (*taken)[0].error().message;
+  EXPECT_EQ((*taken)[0]->kind, Decision::Kind::kExecute);
+  EXPECT_EQ((*taken)[0]->response, Created("pay_t1"));
+  EXPECT_EQ(runs, 1);
+  EXPECT_TRUE(resumed);
+  EXPECT_EQ(RecordOf("key-txn-01").value().state, RecordState::kSucceeded);
+  EXPECT_EQ(RecordOf("key-txn-01").value().recovery_point, "done");
+  // The stalled executor lost its lease to the takeover.
+  EXPECT_EQ(engine_->Finish(stalled.ticket, RecordState::kSucceeded, Created("x")).error().code,
+            Errc::kFenced);
+  Decision replay = MustStart(Req("key-txn-01"));
+  ASSERT_EQ(replay.kind, Decision::Kind::kReplay);
+  EXPECT_EQ(replay.response, Created("pay_t1"));
+}
+
+TEST_F(EngineTest, ExecuteInTxnKeepsAFinalFailureAndRefusesAnAnswerThatIsNoStatus) {
+  const std::vector<Request> declined = {Req("key-txn-02")};
+  const StoredResponse refusal{409, {}, "out of stock"};
+  auto done = engine_->ExecuteInTxn(
+      policy_, declined,
+      [&](std::size_t, StoreTxn&, const Ticket&) -> Result<StoredResponse> { return refusal; });
+  ASSERT_TRUE(done.has_value() && (*done)[0].has_value());
+  EXPECT_EQ(RecordOf("key-txn-02").value().state, RecordState::kFailedFinal);
+  Decision replay = MustStart(Req("key-txn-02"));
+  ASSERT_EQ(replay.kind, Decision::Kind::kReplay);
+  EXPECT_EQ(replay.response, refusal);
+
+  const std::vector<Request> odd = {Req("key-txn-03")};
+  auto refused = engine_->ExecuteInTxn(
+      policy_, odd, [](std::size_t, StoreTxn& txn, const Ticket&) -> Result<StoredResponse> {
+        IDEM_RETURN_IF_ERROR(txn.Exec("INSERT INTO payments (id, status) VALUES ('t3', 'x')"));
+        return StoredResponse{99, {}, ""};
+      });
+  ASSERT_FALSE(refused.has_value());
+  EXPECT_EQ(refused.error().code, Errc::kInvalidArgument);
+  EXPECT_FALSE(RecordOf("key-txn-03").has_value());
+  EXPECT_EQ(Payments("t3"), 0);
+}
+
 TEST_F(EngineTest, RenewalKeepsATakeoverAway) {
   Decision d = MustStart(Req("key-00006"));
   clock_.Advance(kLease - Millis(1000));
