@@ -21,12 +21,14 @@ inline constexpr std::array<std::string_view, 11> kFailpoints = {
     // This request's in-flight marker is in Redis, its claim not yet made (Engine::Start, only
     // with markers): two stores written one after the other, so a marker can outlive its request.
     "cache_after_marker",
-    "after_claim",             // the claim transaction committed (Engine::Start)
-    "heartbeat",               // a lease renewal of a running execution (Heartbeat)
-    "after_charge_sent",       // charge_sent committed, the charge not yet sent (payments)
-    "after_provider_charge",   // the provider charged, the outcome not yet recorded (payments)
-    "before_complete_commit",  // the completion's transaction is about to commit (Engine::Finish)
-    "after_complete_commit",   // the completion committed, the answer not yet sent
+    "after_claim",            // the claim transaction committed (Engine::Start)
+    "heartbeat",              // a lease renewal of a running execution (Heartbeat)
+    "after_charge_sent",      // charge_sent committed, the charge not yet sent (payments)
+    "after_provider_charge",  // the provider charged, the outcome not yet recorded (payments)
+    // The completion's transaction is about to commit (Engine::Finish; Engine::ExecuteInTxn, whose
+    // transaction also holds the claims and the operations' writes).
+    "before_complete_commit",
+    "after_complete_commit",  // the completion committed, the answer not yet sent
     // A finished record read from the database, not yet put in the LRU and Redis (the replay
     // cache's read-through fill; nothing fills the cache at completion). `error` skips the fill.
     "cache_before_fill",

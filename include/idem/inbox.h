@@ -235,7 +235,7 @@ class Inbox {
   // the finish with its result): executed, duplicate, mismatch, invalid, in progress (a
   // ProcessWithCalls of the same consumer runs it) or failed (the handler's error, or the
   // store's; nothing committed).
-  InboxOutcome Process(const InboxMessage& message, const InboxHandler& handler);
+  InboxOutcome Process(const InboxMessage& message, const InboxHandler& handler) const;
 
   // Processes `messages` in one transaction, one commit: each new one runs `handler`, each one
   // processed before — also a second copy of a key earlier in the same batch — is a duplicate
@@ -246,7 +246,7 @@ class Inbox {
   // handler must have no effect outside its transaction. Returns one outcome per message, in
   // their order.
   std::vector<InboxOutcome> ProcessBatch(std::span<const InboxMessage> messages,
-                                         const InboxHandler& handler);
+                                         const InboxHandler& handler) const;
 
   // Processes `message` with a handler that calls out. The claim commits first (Engine::Start;
   // the operation's downstream keys are fixed in it), the handler runs under its lease, calling
@@ -254,7 +254,7 @@ class Inbox {
   // (Engine::Finish). A handler error leaves the record to the next delivery (Engine::Release)
   // and is reported kFailed, as is a lost lease (kFenced: the finish and its writes rolled back;
   // the consumer that took it over finishes it).
-  InboxOutcome ProcessWithCalls(const InboxMessage& message, const InboxCallHandler& handler);
+  InboxOutcome ProcessWithCalls(const InboxMessage& message, const InboxCallHandler& handler) const;
 
   // The record of `key` as Engine::Lookup finds it (an operator's question, or a consumer asking
   // about a message it quarantined). Errors: as Engine::Lookup's.

@@ -257,12 +257,12 @@ Request Inbox::RequestOf(const InboxMessage& message, std::string& key_header) c
   return request;
 }
 
-InboxOutcome Inbox::Process(const InboxMessage& message, const InboxHandler& handler) {
+InboxOutcome Inbox::Process(const InboxMessage& message, const InboxHandler& handler) const {
   return std::move(ProcessBatch(std::span<const InboxMessage>(&message, 1), handler).front());
 }
 
 std::vector<InboxOutcome> Inbox::ProcessBatch(std::span<const InboxMessage> messages,
-                                              const InboxHandler& handler) {
+                                              const InboxHandler& handler) const {
   std::vector<InboxOutcome> outcomes;
   outcomes.reserve(messages.size());
   if (messages.empty()) return outcomes;
@@ -297,7 +297,8 @@ std::vector<InboxOutcome> Inbox::ProcessBatch(std::span<const InboxMessage> mess
   return outcomes;
 }
 
-InboxOutcome Inbox::ProcessWithCalls(const InboxMessage& message, const InboxCallHandler& handler) {
+InboxOutcome Inbox::ProcessWithCalls(const InboxMessage& message,
+                                     const InboxCallHandler& handler) const {
   std::string key_header;
   const Request request = RequestOf(message, key_header);
   Result<Decision> started = engine_->Start(route_, request, FixOperationKey);
