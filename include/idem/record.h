@@ -98,6 +98,11 @@ Timestamp LastSent(const Record& record);
 // once it has. A send settles when no executor can still be acting on it: the downstream's
 // timeout and a margin for a late arrival (the gateway), or the provider's settle window.
 std::optional<Millis> UntilSettled(const Record& record, Millis window);
+// The key an operation sends its downstream, fixed in its first claim (kept as the record's
+// resource id, so a resume keeps it): 64 hex digits, a SHA-256 of the scope and the claim's owner
+// token, which no other claim holds. A record claimed afresh after it expired gets a new owner,
+// hence a new key, and the downstream learns neither the token nor the client's key.
+std::string OperationKeyOf(const Record& record);
 
 // The answer replayed for a finished record: status, the headers that matter, the exact body.
 struct StoredResponse {

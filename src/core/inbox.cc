@@ -79,20 +79,13 @@ InboxOutcome OutcomeOf(const InboxMessage& message, Result<Decision> decided) {
   return outcome;
 }
 
-// Fixes the operation's downstream keys in its first claim, as the record's resource id: a
-// hash of the scope and the claim's owner token, which no other claim holds, so the downstream
-// learns neither the token nor the message key. A resume (a takeover, a retry) keeps it; a record
-// claimed afresh after it expired has none (the store clears it), so a new operation with the same
-// message key never sends an earlier operation's keys.
+// Fixes the operation's downstream keys in its first claim, as the record's resource id
+// (OperationKeyOf). A resume (a takeover, a retry) keeps it; a record claimed afresh after it
+// expired has none (the store clears it), so a new operation with the same message key never
+// sends an earlier operation's keys.
 Status FixOperationKey(StoreTxn& txn, const Record& record) {
   if (!record.resource_id.empty()) return Ok();
-  std::array<uint8_t, sizeof(record.scope) + sizeof(record.lease.owner)> input;
-  std::copy(record.scope.begin(), record.scope.end(), input.begin());
-  std::copy(record.lease.owner.begin(), record.lease.owner.end(),
-            input.begin() + static_cast<std::ptrdiff_t>(record.scope.size()));
-  std::array<uint8_t, SHA256_DIGEST_LENGTH> key;
-  SHA256(input.data(), input.size(), key.data());
-  return txn.Advance(record.scope, record.lease, record.recovery_point, ToHex(key));
+  return txn.Advance(record.scope, record.lease, record.recovery_point, OperationKeyOf(record));
 }
 
 Result<std::string> RunCallHandler(const InboxCallHandler& handler, InboxCall& call) {

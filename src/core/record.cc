@@ -1,6 +1,13 @@
-// src/core/record.cc — record states and the stored-response encoding.
+// src/core/record.cc — record states, an operation's downstream key and the stored-response
+// encoding.
 #include "idem/record.h"
 
+#include <openssl/sha.h>
+
+#include <algorithm>
+#include <array>
+
+#include "idem/key.h"
 #include "src/core/wire.h"
 
 namespace idem {
@@ -61,6 +68,16 @@ using wire::Reader;
 constexpr uint32_t kResponseFormat = 1;
 
 }  // namespace
+
+std::string OperationKeyOf(const Record& record) {
+  std::array<uint8_t, sizeof(record.scope) + sizeof(record.lease.owner)> input{};
+  std::copy(record.scope.begin(), record.scope.end(), input.begin());
+  std::copy(record.lease.owner.begin(), record.lease.owner.end(),
+            input.begin() + static_cast<std::ptrdiff_t>(record.scope.size()));
+  std::array<uint8_t, SHA256_DIGEST_LENGTH> key{};
+  SHA256(input.data(), input.size(), key.data());
+  return ToHex(key);
+}
 
 std::string EncodeResponse(const StoredResponse& r) {
   std::string out;

@@ -92,15 +92,7 @@ Status ProxyOperation::OnClaim(StoreTxn& txn, const Record& record, const http::
   // operation with the same client key never sends an earlier operation's upstream key. A
   // record at a point without an id was forwarded under the scope's hex (UpstreamKeyOf).
   if (!record.resource_id.empty() || !record.recovery_point.empty()) return Ok();
-  // The scope and the claim's owner token, which no other claim holds; hashed, so the upstream
-  // learns neither the lease's token nor anything the client sent.
-  std::array<uint8_t, sizeof(record.scope) + sizeof(record.lease.owner)> input;
-  std::copy(record.scope.begin(), record.scope.end(), input.begin());
-  std::copy(record.lease.owner.begin(), record.lease.owner.end(),
-            input.begin() + static_cast<std::ptrdiff_t>(record.scope.size()));
-  std::array<uint8_t, SHA256_DIGEST_LENGTH> key;
-  SHA256(input.data(), input.size(), key.data());
-  return txn.Advance(record.scope, record.lease, record.recovery_point, ToHex(key));
+  return txn.Advance(record.scope, record.lease, record.recovery_point, OperationKeyOf(record));
 }
 
 http::Async<Execution> ProxyOperation::Execute(Ticket& ticket, const http::Request& request,
