@@ -6,6 +6,7 @@
 #include <memory>
 #include <random>
 
+#include "idem/outbox.h"
 #include "idem/store/postgres.h"
 #include "src/core/inbox_suite.h"
 #include "testing/services.h"
@@ -29,7 +30,7 @@ InboxBackend PostgresBackend() {
                         options.conninfo = ServiceUrl("IDEM_TEST_PG_URL");
                         options.schema = schema;
                         options.pool_size = 4;
-                        options.apps = {InboxTestTables()};
+                        options.apps = {InboxTestTables(), {"outbox", OutboxMigrations()}};
                         // On the test's clock, so a test moves a lease past its end.
                         return OpenPostgresStore(options, env.clock, env.random);
                       },
@@ -37,6 +38,8 @@ InboxBackend PostgresBackend() {
 }
 
 INSTANTIATE_TEST_SUITE_P(Postgres, InboxTest, ::testing::Values(PostgresBackend()),
+                         InboxBackendName);
+INSTANTIATE_TEST_SUITE_P(Postgres, OutboxTest, ::testing::Values(PostgresBackend()),
                          InboxBackendName);
 
 }  // namespace

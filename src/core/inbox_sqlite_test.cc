@@ -4,6 +4,7 @@
 #include <utility>
 #include <vector>
 
+#include "idem/outbox.h"
 #include "idem/store/sqlite.h"
 #include "src/core/inbox_suite.h"
 
@@ -14,12 +15,13 @@ InboxBackend SqliteBackend() {
   return InboxBackend{"Sqlite", [](InboxEnv& env) -> Result<std::unique_ptr<Store>> {
                         SqliteStoreOptions options;
                         options.path = env.dir.File("inbox.db");
-                        options.apps = {InboxTestTables()};
+                        options.apps = {InboxTestTables(), {"outbox", OutboxMigrations()}};
                         return OpenSqliteStore(options, env.clock, env.random);
                       }};
 }
 
 INSTANTIATE_TEST_SUITE_P(Sqlite, InboxTest, ::testing::Values(SqliteBackend()), InboxBackendName);
+INSTANTIATE_TEST_SUITE_P(Sqlite, OutboxTest, ::testing::Values(SqliteBackend()), InboxBackendName);
 
 // No store needed: here only, not in every backend's binary.
 TEST(InboxMessage, KeysComeFromAHeaderAJsonMemberOrTheBrokersId) {

@@ -1,6 +1,6 @@
-// src/core/inbox_suite.h — the Inbox's tests over every SQL store: the suite (inbox_test.cc) is
-// an object library, and each backend's test binary instantiates it with one line, as the store
-// contract suite is instantiated (testing/store_contract.h).
+// src/core/inbox_suite.h — the Inbox's and the outbox's tests over every SQL store: the suite
+// (inbox_test.cc) is an object library, and each backend's test binary instantiates it with one
+// line, as the store contract suite is instantiated (testing/store_contract.h).
 #pragma once
 
 #include <gtest/gtest.h>
@@ -71,5 +71,9 @@ class InboxTest : public ::testing::TestWithParam<InboxBackend> {
   std::unique_ptr<Sealer> sealer_;
   Consumer main_;
 };
+
+// The transactional outbox (include/idem/outbox.h) on the same stores, whose `open` applies
+// OutboxMigrations too; the tests are in outbox_test.cc.
+class OutboxTest : public InboxTest {};
 
 }  // namespace idem::testing

@@ -91,6 +91,15 @@ std::unique_ptr<Store> OpenExistingStore(const std::string& store_url) {
   return store ? std::move(*store) : nullptr;
 }
 
+std::vector<OutboxEvent> OutboxEventsAt(const std::string& store_url,
+                                        const std::string& payment_id) {
+  std::unique_ptr<Store> store = OpenExistingStore(store_url);
+  if (store == nullptr) return {};
+  auto events = OutboxEventsOf(*store, payment_id);
+  EXPECT_TRUE(events.has_value()) << events.error().message;
+  return events ? std::move(*events) : std::vector<OutboxEvent>();
+}
+
 http::Response PayAt(const http::Url& url, const std::string& key, const std::string& body,
                      const std::string& prefer) {
   http::Request req{"POST", "/v1/payments", {}, body};

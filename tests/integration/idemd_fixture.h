@@ -13,6 +13,7 @@
 #include <string>
 
 #include "http/client.h"
+#include "idem/outbox.h"
 #include "idem/store.h"
 #include "testing/fakes.h"
 #include "testing/process.h"
@@ -47,6 +48,10 @@ std::string FreshPostgresStoreUrl(std::string* schema_out = nullptr);
 // The store behind `store_url`, opened as idemctl opens one: no migrations, one connection.
 // Fails the test (and returns null) when it cannot be opened.
 std::unique_ptr<Store> OpenExistingStore(const std::string& store_url);
+// The outbox events of payment `payment_id` in the store behind `store_url`, in sequence order
+// (include/idem/outbox.h). Fails the test when they cannot be read.
+std::vector<OutboxEvent> OutboxEventsAt(const std::string& store_url,
+                                        const std::string& payment_id);
 
 // POST /v1/payments as alice to the idemd at `url` (another instance than the fixture's), with
 // Prefer when `prefer` is set. A call that gets no answer fails the test and returns status 0.

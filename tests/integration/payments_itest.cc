@@ -225,6 +225,49 @@ TEST_F(IdemdTest, DeclineIs402AndFinal) {
   EXPECT_EQ(TotalCharges(), 0);
 }
 
+// Each final outcome of a payment is announced once in the outbox, written in the completion's
+// transaction (docs/outbox.md): its replay, the order paid again under another key, and the
+// decline's replay add nothing.
+TEST_F(IdemdTest, EachFinalOutcomeIsAnnouncedOnceInTheOutbox) {
+  const std::string url = "sqlite://" + dir_.File("idem.db");
+  const http::Response paid = Pay("outbox-paid-key", Body("ORD-OUTBOX-1"));
+  ASSERT_EQ(paid.status, 201) << paid.body;
+  auto body = ParseObject(paid.body);
+  const std::string id = Str(body, "id");
+  EXPECT_EQ(Pay("outbox-paid-key", Body("ORD-OUTBOX-1")).status, 201);
+  EXPECT_EQ(Pay("outbox-other-key", Body("ORD-OUTBOX-1")).status, 200);
+  std::vector<OutboxEvent> events = OutboxEventsAt(url, id);
+  ASSERT_EQ(events.size(), 1u);
+  EXPECT_EQ(events[0].type, "payment.succeeded");
+  EXPECT_EQ(events[0].id, OutboxEventId(id, "payment.succeeded", ""));
+  EXPECT_EQ(events[0].sequence, 1);
+  EXPECT_FALSE(events[0].published_at_ms.has_value());
+  json::object payload = ParseObject(events[0].payload);
+  EXPECT_EQ(Str(payload, "type"), "payment.succeeded");
+  EXPECT_EQ(Str(payload, "tenant"), "acme");
+  EXPECT_FALSE(Str(payload, "occurred_at").empty());
+  ASSERT_TRUE(payload["payment"].is_object()) << events[0].payload;
+  EXPECT_EQ(payload["payment"].as_object(), body) << "the event carries the payment as POST did";
+
+  Fault(R"({"fault":"decline","times":1})");
+  ASSERT_EQ(Pay("outbox-declined-key", Body("ORD-OUTBOX-2")).status, 402);
+  ASSERT_EQ(Pay("outbox-declined-key", Body("ORD-OUTBOX-2")).status, 402);
+  std::unique_ptr<Store> store = OpenExistingStore(url);
+  ASSERT_NE(store, nullptr);
+  auto declined = store->Query("SELECT id FROM payments WHERE merchant_order_no = 'ORD-OUTBOX-2'");
+  ASSERT_TRUE(declined.has_value() && declined->size() == 1);
+  const std::string declined_id = std::get<std::string>(declined->at(0).at(0));
+  events = OutboxEventsAt(url, declined_id);
+  ASSERT_EQ(events.size(), 1u);
+  EXPECT_EQ(events[0].type, "payment.failed");
+  payload = ParseObject(events[0].payload);
+  ASSERT_TRUE(payload["payment"].is_object()) << events[0].payload;
+  EXPECT_EQ(Str(payload["payment"].as_object(), "status"), "declined");
+  auto all = UnpublishedOutboxEvents(*store, 100);
+  ASSERT_TRUE(all.has_value());
+  EXPECT_EQ(all->size(), 2u) << "nothing else was announced";
+}
+
 // A backup restored after a payment (or a failover to a replica the commit had not reached) loses
 // the claim, the payment row and the record, but not the charge at the provider. The retry claims
 // afresh; its payment id is derived from the merchant order (and how many payments it had), so it

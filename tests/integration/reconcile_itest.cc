@@ -142,6 +142,19 @@ void DuplicateIsRefundedOnce(ReconcileTest& t) {
   EXPECT_EQ(std::get<std::string>(events[1][0]), "refunded");
   EXPECT_EQ(std::get<std::string>(events[1][1]), std::string(refunded["refund"].as_string()));
   EXPECT_NE(std::get<std::string>(events[1][2]).find("idemctl@"), std::string::npos);
+
+  // Announced: the payment's success, then the refund of its extra charge, once for both runs.
+  const std::vector<OutboxEvent> announced = OutboxEventsAt(t.StoreUrl(), payment);
+  ASSERT_EQ(announced.size(), 2u);
+  EXPECT_EQ(announced[0].type, "payment.succeeded");
+  EXPECT_EQ(announced[1].type, "payment.refunded");
+  EXPECT_EQ(announced[1].sequence, 2);
+  EXPECT_EQ(announced[1].id, OutboxEventId(payment, "payment.refunded", extra));
+  json::object refund = IdemdTest::ParseObject(announced[1].payload)["refund"].as_object();
+  EXPECT_EQ(refund["charge_id"].as_string(), extra);
+  EXPECT_EQ(refund["refund_id"].as_string(), refunded["refund"].as_string());
+  EXPECT_EQ(refund["amount"].as_string(), "100.00");
+  EXPECT_EQ(refund["currency"].as_string(), "CNY");
 }
 
 TEST_F(ReconcileTest, ADuplicateChargeIsRefundedExactlyOnce) { DuplicateIsRefundedOnce(*this); }

@@ -36,6 +36,7 @@
 #include "idem/engine.h"
 #include "idem/failpoint.h"
 #include "idem/mutex.h"
+#include "idem/outbox.h"
 #include "idem/store/replay_cache.h"
 #include "idem/store/sqlite.h"
 #include "server/idemd/filter/filter.h"
@@ -225,6 +226,14 @@ struct Order {
 
 // The charge a success answer names, or "" when it names none.
 std::string ChargeOf(const http::Response& r) { return StringMember(r.body, "provider_charge_id"); }
+// The provider_charge_id of the payment an outbox event's payload carries; "" when it has none.
+std::string ChargeOfEvent(const std::string& payload) {
+  boost::system::error_code ec;
+  const boost::json::value v = boost::json::parse(payload, ec);
+  const boost::json::value* charge =
+      ec ? nullptr : v.find_pointer("/payment/provider_charge_id", ec);
+  return charge != nullptr && charge->is_string() ? std::string(charge->as_string()) : "";
+}
 
 // Whether an answer ends the client's retries: a success, a decline, a conflict of the order; on
 // the gateway route a 2xx but a 202 (respond-async: it runs on), or a final 502 (the answer too
@@ -498,8 +507,9 @@ class Schedule {
     if (reused) {
       auto txn = store_->Begin();
       if (!txn) return Fail("store: " + txn.error().message);
-      for (const char* table : {"idem_records", "idem_retained", "payments", "payments_namespace",
-                                "reconcile_runs", "reconcile_findings", "reconcile_events"}) {
+      for (const char* table :
+           {"idem_records", "idem_retained", "payments", "payments_namespace", "reconcile_runs",
+            "reconcile_findings", "reconcile_events", "idem_outbox"}) {
         if (auto emptied = (*txn)->Exec(std::string("DELETE FROM ") + table, {}); !emptied) {
           return Fail(std::string("store: emptying ") + table + ": " + emptied.error().message);
         }
@@ -959,6 +969,74 @@ class Schedule {
     }
   }
 
+  // The outbox, at the end: each payment's final outcome announced exactly once, in its own
+  // transaction — payment.succeeded for a succeeded payment (with its charge), payment.failed for a
+  // declined one, nothing for one pending or abandoned — each refund the books made once, and
+  // each payment's events numbered 1, 2, ... with no gap.
+  void CheckEvents() {
+    if (memory_) return;
+    auto payments = store_->Query("SELECT id, status, provider_charge_id FROM payments");
+    auto refunds = store_->Query(
+        "SELECT payment_id, charge_id FROM reconcile_findings WHERE action = 'refunded' AND "
+        "payment_id <> ''");
+    auto events = store_->Query(
+        "SELECT aggregate, type, sequence, event_id, payload FROM idem_outbox ORDER BY aggregate, "
+        "sequence");
+    if (!payments || !refunds || !events) {
+      Fail("reading the payments, the refunds and the outbox");
+      return;
+    }
+    std::map<std::string, std::vector<SqlRow>> by_payment;
+    for (SqlRow& e : *events) by_payment[idemd::Text(e[0])].push_back(std::move(e));
+    std::map<std::string, std::set<std::string>> refunded;  // payment -> charges refunded
+    for (const SqlRow& r : *refunds) refunded[idemd::Text(r[0])].insert(idemd::Text(r[1]));
+    std::set<std::string> known;
+    for (const SqlRow& p : *payments) {
+      const std::string id = idemd::Text(p[0]);
+      const std::string status = idemd::Text(p[1]);
+      known.insert(id);
+      std::map<std::string, int> types;
+      int64_t expected_sequence = 1;
+      for (const SqlRow& e : by_payment[id]) {
+        const std::string type = idemd::Text(e[1]);
+        ++types[type];
+        if (idemd::Integer(e[2]) != expected_sequence++) {
+          Fail(id + "'s events are not numbered 1, 2, ...: " + type + " is " +
+               std::to_string(idemd::Integer(e[2])));
+        }
+        if (type == "payment.succeeded" && ChargeOfEvent(idemd::Text(e[4])) != idemd::Text(p[2])) {
+          Fail(id + "'s payment.succeeded names another charge than the payment's " +
+               idemd::Text(p[2]));
+        }
+      }
+      const int want_succeeded = status == "succeeded" ? 1 : 0;
+      const int want_failed = status == "declined" ? 1 : 0;
+      if (types["payment.succeeded"] != want_succeeded || types["payment.failed"] != want_failed) {
+        Fail("payment " + id + " is " + status + " with " +
+             std::to_string(types["payment.succeeded"]) + " payment.succeeded and " +
+             std::to_string(types["payment.failed"]) + " payment.failed events");
+      }
+      const std::set<std::string>& charges = refunded[id];
+      if (types["payment.refunded"] != static_cast<int>(charges.size())) {
+        Fail("payment " + id + " had " + std::to_string(charges.size()) + " charges refunded and " +
+             std::to_string(types["payment.refunded"]) + " payment.refunded events");
+      }
+      for (const SqlRow& e : by_payment[id]) {
+        if (idemd::Text(e[1]) == "payment.refunded" &&
+            std::none_of(charges.begin(), charges.end(), [&](const std::string& charge) {
+              return idemd::Text(e[3]) == OutboxEventId(id, "payment.refunded", charge);
+            })) {
+          Fail("payment " + id + " has a payment.refunded event of a charge not refunded");
+        }
+      }
+    }
+    for (const auto& [aggregate, rows] : by_payment) {
+      if (known.count(aggregate) == 0 && !rows.empty()) {
+        Fail("the outbox announces " + aggregate + ", which is no payment");
+      }
+    }
+  }
+
   bool AllFinal() const {
     return std::all_of(keys_.begin(), keys_.end(),
                        [](const Key& k) { return k.final.has_value(); });
@@ -985,6 +1063,7 @@ class Schedule {
     CheckEffects();
     for (const Key& key : done_) CheckOperation(key);
     CheckBooks();
+    CheckEvents();
     std::map<std::string, std::vector<std::string>> charged = ChargesByOrder(/*idemds_only=*/false);
     for (const Key& key : keys_) {
       if (!key.final) {

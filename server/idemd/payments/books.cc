@@ -8,6 +8,8 @@
 
 #include "idem/failpoint.h"
 #include "idem/key.h"
+#include "idem/outbox.h"
+#include "server/idemd/payments/events.h"
 #include "server/idemd/payments/table.h"
 
 namespace idem::idemd {
@@ -69,7 +71,9 @@ CREATE INDEX IF NOT EXISTS reconcile_events_at ON reconcile_events (at);
 }
 
 std::vector<AppMigrations> IdemdMigrations() {
-  return {{"payments", PaymentsMigrations()}, {"books", BooksMigrations()}};
+  return {{"payments", PaymentsMigrations()},
+          {"books", BooksMigrations()},
+          {"outbox", OutboxMigrations()}};
 }
 
 namespace {
@@ -439,6 +443,15 @@ Status Reconciliation::Record(Walk& walk, const Finding& finding, const std::str
         {now, stored.run_id, stored.instance, stored.finding_class, stored.charge_id,
          stored.payment_id, stored.action, stored.refund_id,
          stored.refunded_amount.empty() ? stored.amount : stored.refunded_amount, stored.detail}));
+    // Announced with the refund's record, once: the event's id is the refunded charge's.
+    if (stored.action == "refunded" && !stored.payment_id.empty()) {
+      IDEM_RETURN_IF_ERROR(AddRefundEvent(
+          *txn, stored.payment_id,
+          RefundFacts{stored.charge_id, stored.refund_id,
+                      stored.refunded_amount.empty() ? stored.amount : stored.refunded_amount,
+                      stored.currency},
+          FromUnixMillis(now)));
+    }
   }
   IDEM_RETURN_IF_ERROR(txn->Exec("UPDATE reconcile_runs SET cursor = ? WHERE id = ?",
                                  {cursor, walk.summary.run_id}));

@@ -22,7 +22,8 @@ namespace idem::idemd {
 // ("books" component), applied after PaymentsMigrations: the books read the payments table.
 const std::vector<Migration>& BooksMigrations();
 
-// Every application migration idemd's store applies, in order: the payments', then the books'.
+// Every application migration idemd's store applies, in order: the payments', the books', then
+// the outbox's (include/idem/outbox.h), where the payment events wait for the relay.
 std::vector<AppMigrations> IdemdMigrations();
 
 struct ReconcileOptions {

@@ -7,6 +7,7 @@
 #include "http/log.h"
 #include "idem/canonical.h"
 #include "idem/failpoint.h"
+#include "server/idemd/payments/events.h"
 #include "server/idemd/payments/table.h"
 #include "server/idemd/problems.h"
 #include "server/idemd/routes.h"
@@ -27,19 +28,6 @@ http::Response NothingCharged(const Ticket& ticket) {
 Execution LookAgainLater() { return Execution::Unknown(http::Response{}); }
 
 }  // namespace
-
-std::string PaymentBody(const Payment& p) {
-  json::object o;
-  o["id"] = p.id;
-  o["merchant_order_no"] = p.merchant_order_no;
-  o["amount"] = FormatAmount(p.amount_minor, MinorDigits(p.currency));
-  o["currency"] = p.currency;
-  o["status"] = PaymentStatusName(p.status);
-  o["provider_charge_id"] =
-      p.provider_charge_id.empty() ? json::value(nullptr) : json::value(p.provider_charge_id);
-  o["created_at"] = http::Rfc3339(p.created_at_ms);
-  return json::serialize(o);
-}
 
 http::Response PaymentCreated(const Payment& p, int status) {
   http::Response r{status, {}, PaymentBody(p)};
@@ -259,25 +247,26 @@ Execution ChargeSteps::Succeeded(Payment payment, const Charge& charge) const {
   payment.provider_charge_id = charge.id;
   const int64_t now = ToUnixMillis(clock_.Now());
   return Execution::Answer(
-      PaymentCreated(payment, 201),
-      [id = payment.id, charge_id = charge.id, now](StoreTxn& txn, const Record&) -> Status {
+      PaymentCreated(payment, 201), [payment, now](StoreTxn& txn, const Record& record) -> Status {
         IDEM_RETURN_IF_ERROR(txn.Exec(
             "UPDATE payments SET status = 'succeeded', provider_charge_id = ?, updated_at = ? "
             "WHERE id = ?",
-            {charge_id, now, id}));
-        return Ok();
+            {payment.provider_charge_id, now, payment.id}));
+        return AddPaymentEvent(txn, kPaymentSucceeded, record.tenant, payment, FromUnixMillis(now));
       });
 }
 
-Execution ChargeSteps::Declined(const Ticket& ticket, const Payment& payment) const {
+Execution ChargeSteps::Declined(const Ticket& ticket, Payment payment) const {
   const int64_t now = ToUnixMillis(clock_.Now());
+  payment.status = PaymentStatus::kDeclined;
   return Execution::Answer(
       Problem(ProductProblem::kPaymentDeclined, "the payment provider declined the charge",
               {.key_expires = ticket.record.expires_at}),
-      [id = payment.id, now](StoreTxn& txn, const Record&) -> Status {
-        IDEM_RETURN_IF_ERROR(txn.Exec(
-            "UPDATE payments SET status = 'declined', updated_at = ? WHERE id = ?", {now, id}));
-        return Ok();
+      [payment, now](StoreTxn& txn, const Record& record) -> Status {
+        IDEM_RETURN_IF_ERROR(
+            txn.Exec("UPDATE payments SET status = 'declined', updated_at = ? WHERE id = ?",
+                     {now, payment.id}));
+        return AddPaymentEvent(txn, kPaymentFailed, record.tenant, payment, FromUnixMillis(now));
       });
 }
 

@@ -19,17 +19,6 @@
 
 namespace idem::idemd {
 
-// A row of the payments table (payments/table.h).
-struct Payment {
-  std::string id;
-  std::string merchant_order_no;
-  int64_t amount_minor = 0;
-  std::string currency;
-  PaymentStatus status = PaymentStatus::kPending;
-  std::string provider_charge_id;
-  int64_t created_at_ms = 0;
-};
-
 // What a valid POST /v1/payments asks for.
 struct PaymentRequest {
   std::string merchant_order_no;
@@ -37,8 +26,6 @@ struct PaymentRequest {
   std::string currency;
 };
 
-// A payment as POST and GET answer it (docs/openapi.yaml).
-std::string PaymentBody(const Payment& payment);
 // `status` (201 or 200) with PaymentBody and the payment's Location.
 http::Response PaymentCreated(const Payment& payment, int status);
 
@@ -107,9 +94,12 @@ class ChargeSteps {
   // How long until the last send of `record` has settled, or nothing when it has, or when the
   // provider deduplicates by key.
   std::optional<Millis> Unsettled(const Record& record) const;
+  // The 201, with the payment row marked succeeded and payment.succeeded in the outbox, in the
+  // completion's transaction (events.h).
   Execution Succeeded(Payment payment, const Charge& charge) const;
-  // The final 402, with the payment row marked declined in the completion's transaction.
-  Execution Declined(const Ticket& ticket, const Payment& payment) const;
+  // The final 402, with the payment row marked declined and payment.failed in the outbox, in the
+  // completion's transaction.
+  Execution Declined(const Ticket& ticket, Payment payment) const;
   // A retryable failure that gives the attempt up: the payment row becomes `abandoned` (it no
   // longer holds its merchant order) and the record resumes at `abandoned`, in the completion's
   // transaction. Only for an attempt that charged nothing: before the send, after a send that

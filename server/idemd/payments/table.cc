@@ -5,7 +5,9 @@
 
 #include <algorithm>
 #include <array>
+#include <boost/json.hpp>
 
+#include "http/message.h"
 #include "idem/canonical.h"
 #include "idem/key.h"
 
@@ -176,6 +178,20 @@ bool IsPaymentId(std::string_view reference) {
 
 int MinorDigits(std::string_view currency) {
   return currency == "JPY" || currency == "KRW" ? 0 : 2;
+}
+
+std::string PaymentBody(const Payment& p) {
+  namespace json = boost::json;
+  json::object o;
+  o["id"] = p.id;
+  o["merchant_order_no"] = p.merchant_order_no;
+  o["amount"] = FormatAmount(p.amount_minor, MinorDigits(p.currency));
+  o["currency"] = p.currency;
+  o["status"] = PaymentStatusName(p.status);
+  o["provider_charge_id"] =
+      p.provider_charge_id.empty() ? json::value(nullptr) : json::value(p.provider_charge_id);
+  o["created_at"] = http::Rfc3339(p.created_at_ms);
+  return json::serialize(o);
 }
 
 std::string FormatAmount(int64_t minor, int digits) {

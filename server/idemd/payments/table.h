@@ -47,6 +47,20 @@ std::string_view PaymentStatusName(PaymentStatus status);
 // Errors: kDataLoss for a spelling that is none of the four (the table holds something foreign).
 Result<PaymentStatus> ParsePaymentStatus(std::string_view name);
 
+// A row of the payments table.
+struct Payment {
+  std::string id;
+  std::string merchant_order_no;
+  int64_t amount_minor = 0;
+  std::string currency;
+  PaymentStatus status = PaymentStatus::kPending;
+  std::string provider_charge_id;
+  int64_t created_at_ms = 0;
+};
+
+// A payment as POST and GET answer it (docs/openapi.yaml), and as its events carry it.
+std::string PaymentBody(const Payment& payment);
+
 // The id of the `n`-th payment (from 0) of a merchant order in the database's namespace `space`
 // (PaymentsNamespace).
 std::string PaymentIdFor(std::string_view space, std::string_view tenant, std::string_view order,

@@ -1,0 +1,41 @@
+// server/idemd/payments/events.h — the payment events (docs/outbox.md): payment.succeeded,
+// payment.failed and payment.refunded, each added to the outbox (include/idem/outbox.h) in the
+// transaction that changes the payment, so an event exists exactly when its change committed.
+#pragma once
+
+#include <string>
+#include <string_view>
+
+#include "idem/clock.h"
+#include "idem/store.h"
+#include "server/idemd/payments/table.h"
+
+namespace idem::idemd {
+
+inline constexpr std::string_view kPaymentSucceeded = "payment.succeeded";
+inline constexpr std::string_view kPaymentFailed = "payment.failed";
+inline constexpr std::string_view kPaymentRefunded = "payment.refunded";
+
+// A refund of one of a payment's charges (the books refund the extra ones).
+struct RefundFacts {
+  std::string charge_id;
+  std::string refund_id;
+  std::string amount;  // exact decimal text, in the charge's currency
+  std::string currency;
+};
+
+// Adds the event `type` of `payment` (as it stands after the change) of `tenant` to `txn`. Its
+// payload: {"type", "tenant", "payment": the payment as GET /v1/payments/{id} answers it,
+// "occurred_at"}, and for a refund "refund": {charge_id, refund_id, amount, currency}. The event
+// id is the payment's, the type's and (for a refund) the refunded charge's, so the same change
+// written again is the same event. Errors: AddOutboxEvent's.
+Status AddPaymentEvent(StoreTxn& txn, std::string_view type, const std::string& tenant,
+                       const Payment& payment, Timestamp now, const RefundFacts* refund = nullptr);
+
+// payment.refunded for `refund` of payment `payment_id`, read in `txn`; nothing when the
+// payments table has no such payment (an orphan charge has none). Errors: the store's,
+// AddOutboxEvent's.
+Status AddRefundEvent(StoreTxn& txn, const std::string& payment_id, const RefundFacts& refund,
+                      Timestamp now);
+
+}  // namespace idem::idemd
