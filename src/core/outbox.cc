@@ -127,34 +127,40 @@ Result<OutboxEvent> AddOutboxEvent(StoreTxn& txn, const OutboxEventSpec& spec, T
                          " bytes, over " + std::to_string(limits::kOutboxPayloadMaxBytes));
   }
   const std::string id = OutboxEventId(spec.aggregate, spec.type, spec.discriminator);
-  const std::string select =
-      "SELECT " + std::string(kColumns) + " FROM idem_outbox WHERE event_id = ?";
-  IDEM_ASSIGN_OR_RETURN(std::vector<SqlRow> existing, txn.Exec(select, {id}));
-  if (!existing.empty()) return OutboxEventOf(existing.front());
-  // The aggregate's next number, and a creation time no earlier than its last event's, so that
-  // (created_at, aggregate, sequence) orders each aggregate's events by sequence even when the
-  // instances' clocks differ.
+  const int64_t now_ms = ToUnixMillis(now);
+  // One statement in the common case: the aggregate's next number, and a creation time no
+  // earlier than its last event's, so that (created_at, aggregate, sequence) orders each
+  // aggregate's events by sequence even when the instances' clocks differ. (The WHERE also tells
+  // SQLite's parser that ON CONFLICT belongs to the INSERT.)
   IDEM_ASSIGN_OR_RETURN(
-      std::vector<SqlRow> last,
-      txn.Exec("SELECT COALESCE(MAX(sequence), 0), COALESCE(MAX(created_at), 0) FROM idem_outbox "
-               "WHERE aggregate = ?",
-               {spec.aggregate}));
+      std::vector<SqlRow> inserted,
+      txn.Exec("INSERT INTO idem_outbox (event_id, aggregate, type, sequence, payload, "
+               "content_type, created_at) "
+               "SELECT ?, ?, ?, COALESCE(MAX(sequence), 0) + 1, ?, ?, "
+               "CASE WHEN COALESCE(MAX(created_at), 0) > ? THEN MAX(created_at) ELSE ? END "
+               "FROM idem_outbox WHERE aggregate = ? "
+               "ON CONFLICT (event_id) DO NOTHING RETURNING sequence, created_at",
+               {id, spec.aggregate, spec.type, spec.payload, spec.content_type, now_ms, now_ms,
+                spec.aggregate}));
+  if (inserted.empty()) {
+    // This event is in the outbox already: it stays as it was.
+    IDEM_ASSIGN_OR_RETURN(
+        std::vector<SqlRow> existing,
+        txn.Exec("SELECT " + std::string(kColumns) + " FROM idem_outbox WHERE event_id = ?", {id}));
+    if (existing.empty()) {
+      return MakeError(Errc::kInternal, "outbox: event " + id + " neither added nor found");
+    }
+    return OutboxEventOf(existing.front());
+  }
+  const SqlRow& row = inserted.front();
   OutboxEvent event;
   event.id = id;
   event.aggregate = spec.aggregate;
   event.type = spec.type;
   event.payload = spec.payload;
   event.content_type = spec.content_type;
-  const SqlRow* row = last.empty() ? nullptr : &last.front();
-  event.sequence = (row != nullptr && row->size() == 2 ? IntegerOf((*row)[0]).value_or(0) : 0) + 1;
-  const int64_t latest =
-      row != nullptr && row->size() == 2 ? IntegerOf((*row)[1]).value_or(0) : int64_t{0};
-  event.created_at_ms = std::max(ToUnixMillis(now), latest);
-  IDEM_RETURN_IF_ERROR(
-      txn.Exec("INSERT INTO idem_outbox (event_id, aggregate, type, sequence, payload, "
-               "content_type, created_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
-               {event.id, event.aggregate, event.type, event.sequence, event.payload,
-                event.content_type, event.created_at_ms}));
+  event.sequence = row.size() == 2 ? IntegerOf(row[0]).value_or(0) : 0;
+  event.created_at_ms = row.size() == 2 ? IntegerOf(row[1]).value_or(now_ms) : now_ms;
   return event;
 }
 
