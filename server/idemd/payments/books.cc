@@ -9,6 +9,7 @@
 #include "idem/failpoint.h"
 #include "idem/key.h"
 #include "idem/outbox.h"
+#include "server/idemd/job_lease.h"
 #include "server/idemd/payments/events.h"
 #include "server/idemd/payments/table.h"
 
@@ -140,17 +141,9 @@ std::string InstanceName() {
   return std::string(host) + ":" + std::to_string(getpid());
 }
 
-// The runner's lease: a record of the records table, claimed and renewed on the store's clock and
-// fenced like any execution's, so two runners never write at once and a crashed runner's lease
-// ends by itself.
-struct Reconciliation::Lease {
-  ClaimSpec spec;
-  idem::Lease held;
-};
-
 // What one run carries from charge to charge.
 struct Reconciliation::Walk {
-  Lease* lease = nullptr;  // null for a dry run
+  JobLease* lease = nullptr;  // null for a dry run
   RunSummary summary;
   std::string cursor;  // the last charge fully handled
   int64_t now_ms = 0;
@@ -183,31 +176,9 @@ Result<RunSummary> Reconciliation::Run(int64_t since_ms, int64_t until_ms, bool 
   }
   if (dry_run) return RunLocked(nullptr, "", since_ms, until_ms, "", false);
 
-  Lease lease;
-  lease.spec.scope = *Scope{"idem", "reconciler", "reconcile.books", "lease"}.Hash();
-  lease.spec.tenant = "idem";
-  lease.spec.user = "reconciler";
-  lease.spec.route = "reconcile.books";
-  lease.spec.lease_ttl = options_.lease;
-  lease.spec.retention = Millis(24 * 3'600'000);
-  {
-    IDEM_ASSIGN_OR_RETURN(std::unique_ptr<StoreTxn> txn, store_.Begin());
-    IDEM_ASSIGN_OR_RETURN(ClaimResult claim, txn->Claim(lease.spec));
-    if (claim.claimed) {
-      lease.held = claim.record.lease;
-    } else {
-      const idem::Record& other = claim.record;
-      if (other.state == RecordState::kProcessing && other.lease.until >= other.observed_at) {
-        return MakeError(Errc::kConflict,
-                         "another reconciliation holds the lease for " +
-                             std::to_string((other.lease.until - other.observed_at).count()) +
-                             " ms more");
-      }
-      IDEM_ASSIGN_OR_RETURN(idem::Record mine, txn->Reclaim(lease.spec, other.lease.fence));
-      lease.held = mine.lease;
-    }
-    IDEM_RETURN_IF_ERROR(txn->Commit());
-  }
+  // One runner at a time, on every instance (the lease's record is the one it always was).
+  IDEM_ASSIGN_OR_RETURN(JobLease lease, JobLease::Take(store_, "reconciler", "reconcile.books",
+                                                       "reconciliation", options_.lease));
 
   Result<RunSummary> ran = [&]() -> Result<RunSummary> {
     IDEM_ASSIGN_OR_RETURN(
@@ -224,7 +195,7 @@ Result<RunSummary> Reconciliation::Run(int64_t since_ms, int64_t until_ms, bool 
     const std::string run_id = "rec_" + ToHex(id_bytes);
     {  // its connection goes back before the walk needs one
       IDEM_ASSIGN_OR_RETURN(std::unique_ptr<StoreTxn> txn, store_.Begin());
-      IDEM_ASSIGN_OR_RETURN(lease.held, txn->Renew(lease.spec.scope, lease.held, options_.lease));
+      IDEM_RETURN_IF_ERROR(lease.Renew(*txn));
       IDEM_RETURN_IF_ERROR(txn->Exec(
           "INSERT INTO reconcile_runs (id, since_ms, until_ms, cursor, state, instance, charges, "
           "started_at, finished_at) VALUES (?, ?, ?, '', 'running', ?, 0, ?, 0)",
@@ -235,15 +206,11 @@ Result<RunSummary> Reconciliation::Run(int64_t since_ms, int64_t until_ms, bool 
   }();
 
   // Given back whatever happened: the next run need not wait for the lease to run out.
-  if (auto txn = store_.Begin()) {
-    if ((*txn)->Finish(lease.spec.scope, lease.held, {RecordState::kFailedRetryable, 0, "", ""})) {
-      (void)(*txn)->Commit();
-    }
-  }
+  lease.Release(store_);
   return ran;
 }
 
-Result<RunSummary> Reconciliation::RunLocked(Lease* lease, std::string run_id, int64_t since_ms,
+Result<RunSummary> Reconciliation::RunLocked(JobLease* lease, std::string run_id, int64_t since_ms,
                                              int64_t until_ms, std::string cursor, bool resumed) {
   Walk walk;
   walk.lease = lease;
@@ -263,8 +230,7 @@ Result<RunSummary> Reconciliation::RunLocked(Lease* lease, std::string run_id, i
     // The page's matched charges move the cursor in one write; findings moved it as they went.
     if (lease != nullptr) {
       IDEM_ASSIGN_OR_RETURN(std::unique_ptr<StoreTxn> txn, store_.Begin());
-      IDEM_ASSIGN_OR_RETURN(lease->held,
-                            txn->Renew(lease->spec.scope, lease->held, options_.lease));
+      IDEM_RETURN_IF_ERROR(lease->Renew(*txn));
       IDEM_RETURN_IF_ERROR(txn->Exec(
           "UPDATE reconcile_runs SET cursor = ?, charges = charges + ? WHERE id = ?",
           {page.data.back().id, static_cast<int64_t>(page.data.size()), walk.summary.run_id}));
@@ -276,7 +242,7 @@ Result<RunSummary> Reconciliation::RunLocked(Lease* lease, std::string run_id, i
   IDEM_RETURN_IF_ERROR(CheckMissing(walk));
   if (lease == nullptr) return std::move(walk.summary);
   IDEM_ASSIGN_OR_RETURN(std::unique_ptr<StoreTxn> txn, store_.Begin());
-  IDEM_ASSIGN_OR_RETURN(lease->held, txn->Renew(lease->spec.scope, lease->held, options_.lease));
+  IDEM_RETURN_IF_ERROR(lease->Renew(*txn));
   IDEM_RETURN_IF_ERROR(
       txn->Exec("UPDATE reconcile_runs SET state = 'done', finished_at = ? WHERE id = ?",
                 {ToUnixMillis(clock_.Now()), walk.summary.run_id}));
@@ -400,10 +366,10 @@ Status Reconciliation::Record(Walk& walk, const Finding& finding, const std::str
     walk.summary.findings.push_back(finding);
     return Ok();
   }
-  Lease& lease = *walk.lease;
+  JobLease& lease = *walk.lease;
   const int64_t now = ToUnixMillis(clock_.Now());
   IDEM_ASSIGN_OR_RETURN(std::unique_ptr<StoreTxn> txn, store_.Begin());
-  IDEM_ASSIGN_OR_RETURN(lease.held, txn->Renew(lease.spec.scope, lease.held, options_.lease));
+  IDEM_RETURN_IF_ERROR(lease.Renew(*txn));
   IDEM_ASSIGN_OR_RETURN(
       auto existing,
       txn->Exec(std::string("SELECT ") + kFindingColumns +

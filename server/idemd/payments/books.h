@@ -18,6 +18,8 @@
 
 namespace idem::idemd {
 
+class JobLease;
+
 // The books' tables (runs, findings, their events), an application migration of the store
 // ("books" component), applied after PaymentsMigrations: the books read the payments table.
 const std::vector<Migration>& BooksMigrations();
@@ -95,11 +97,10 @@ class Reconciliation {
   Result<std::vector<Finding>> Report(int64_t since_ms, int limit);
 
  private:
-  struct Lease;
   struct Walk;
   // Walks the window; `lease` null for a dry run.
-  Result<RunSummary> RunLocked(Lease* lease, std::string run_id, int64_t since_ms, int64_t until_ms,
-                               std::string cursor, bool resumed);
+  Result<RunSummary> RunLocked(JobLease* lease, std::string run_id, int64_t since_ms,
+                               int64_t until_ms, std::string cursor, bool resumed);
   Status Examine(Walk& walk, const Charge& charge);
   Status CheckMissing(Walk& walk);
   // Refunds `left` (minor units) of `charge`, recording the intent first.
