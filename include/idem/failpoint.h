@@ -17,7 +17,7 @@ namespace idem {
 // Every failpoint, in protocol order. IDEM_FAILPOINT refuses (at compile time) a name not listed
 // here, and ArmFailpoints (so IDEM_FAILPOINTS) refuses one at run time: a typo is an error, never
 // a point that silently does nothing.
-inline constexpr std::array<std::string_view, 11> kFailpoints = {
+inline constexpr std::array<std::string_view, 12> kFailpoints = {
     // This request's in-flight marker is in Redis, its claim not yet made (Engine::Start, only
     // with markers): two stores written one after the other, so a marker can outlive its request.
     "cache_after_marker",
@@ -39,6 +39,9 @@ inline constexpr std::array<std::string_view, 11> kFailpoints = {
     // A queue message's record is finished, the broker not yet told (idemd's consumers): the
     // broker delivers it again, and the copy must be answered from the record.
     "consumer_before_ack",
+    // A page of outbox events confirmed by the broker, not yet marked published (the outbox
+    // relay): the next pass publishes them again, under the same ids.
+    "outbox_after_publish",
 };
 
 // Arms points from a spec: comma-separated name=action, action one of crash (the process exits

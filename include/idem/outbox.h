@@ -81,9 +81,10 @@ Result<std::vector<OutboxEvent>> UnpublishedOutboxEvents(Store& store, int limit
 // The events of `aggregate`, in sequence order (an operator's view, a replay).
 Result<std::vector<OutboxEvent>> OutboxEventsOf(Store& store, std::string_view aggregate);
 
-// Records that a broker confirmed each of `ids` at `now`: the first confirmation sets
-// published_at, every one counts a publication. Unknown ids are ignored. In one transaction.
-Status MarkOutboxPublished(Store& store, std::span<const std::string> ids, Timestamp now);
+// Records in `txn` that a broker confirmed each of `ids` at `now`: the first confirmation sets
+// published_at, every one counts a publication. Unknown ids are ignored. (A relay marks in the
+// transaction that renews its lease, so a relay that lost it marks nothing.)
+Status MarkOutboxPublished(StoreTxn& txn, std::span<const std::string> ids, Timestamp now);
 
 // The age of the oldest unpublished event at `now`, or nullopt when every event is published
 // (the relay's lag).

@@ -22,6 +22,7 @@
 #include "server/idemd/filter/timed.h"
 #include "server/idemd/gateway/gateway.h"
 #include "server/idemd/metrics.h"
+#include "server/idemd/outbox/relay.h"
 #include "server/idemd/payments/books.h"
 #include "server/idemd/payments/payments.h"
 #include "server/idemd/payments/provider.h"
@@ -263,6 +264,13 @@ int Run(int argc, char** argv) {
                                    PaymentsTarget{.operation = payments, .policy = filter.policy()},
                                    InstanceName());
   if (!consumers) return Fail(consumers.error().message);
+  // The outbox relay (docs/outbox.md): the payment events to their broker, one instance at a time.
+  std::unique_ptr<EventSink> event_sink;
+  if (config->outbox.broker == "redis") {
+    auto sink = OpenRedisEventSink(config->outbox.url, config->outbox.stream);
+    if (!sink) return Fail("outbox: " + sink.error().message);
+    event_sink = std::move(*sink);
+  }
   JsonAccessLog log(&metrics);
   // The routes whose records this instance resolves: any other route's PROCESSING records are
   // reported (TakeCensus).
@@ -343,6 +351,36 @@ int Run(int argc, char** argv) {
                   : !ran || !ran->findings.empty() ? http::LogLevel::kWarn
                                                    : http::LogLevel::kInfo,
                   "reconciliation", line);
+      });
+    }
+    std::optional<Relay> relay;
+    std::optional<Loop> relayer;
+    if (event_sink != nullptr) {
+      relay.emplace(**store, *event_sink, SystemClock(),
+                    RelayOptions{.batch = config->outbox.batch,
+                                 .lease = config->outbox.lease,
+                                 .retention = config->outbox.retention},
+                    &metrics);
+      relayer.emplace(config->outbox.interval, [&, failing = false]() mutable {
+        Result<RelayPass> pass = relay->RunOnce(100'000);
+        if (!pass && pass.error().code == Errc::kConflict) return;  // another instance relays
+        metrics.CountRelayPass(/*failed=*/!pass);
+        if (!pass) {
+          // Once per failure, and once when it works again: a broker that is down is one line.
+          if (!failing) {
+            http::Log(http::LogLevel::kWarn, "outbox relay stopped",
+                      {{"sink", event_sink->Describe()}, {"error", pass.error().message}});
+          }
+          failing = true;
+          return;
+        }
+        if (failing || pass->published > 0 || pass->swept > 0) {
+          http::Log(http::LogLevel::kInfo, "outbox relayed",
+                    {{"sink", event_sink->Describe()},
+                     {"published", pass->published},
+                     {"swept", pass->swept}});
+        }
+        failing = false;
       });
     }
     if (Status started = (*consumers)->Start(); !started) {

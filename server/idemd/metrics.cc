@@ -13,6 +13,7 @@
 
 #include "http/log.h"
 #include "http/server.h"
+#include "idem/outbox.h"
 
 namespace idem::idemd {
 namespace {
@@ -479,6 +480,19 @@ std::string Metrics::Render() const {
           books_runs_);
   counter("idem_reconcile_run_failures_total",
           "Runs of the reconciliation of the books that could not complete.", books_failures_);
+  counter("idem_outbox_published_total",
+          "Outbox events this instance's relay published, each confirmed by the broker (a copy "
+          "published again after a crash counts again).",
+          outbox_published_);
+  counter("idem_outbox_relay_passes_total", "Passes of the outbox relay on this instance.",
+          relay_passes_);
+  counter("idem_outbox_relay_failures_total",
+          "Passes of the outbox relay that the broker or the store stopped.", relay_failures_);
+  Header(out, "idem_outbox_oldest_unpublished_seconds", "gauge",
+         "How long the oldest outbox event not yet published has waited, at the last census (0: "
+         "none waits): the relay's lag.");
+  Sample(out, "idem_outbox_oldest_unpublished_seconds", "",
+         Number(static_cast<double>(outbox_lag_ms_.load()) / 1000.0));
   RenderProcessMetrics(out);
   return out;
 }
@@ -492,6 +506,8 @@ void TakeCensus(Store& store, Metrics& metrics, Clock& clock,
     return;
   }
   metrics.SetRecords(*census, clock.Now());
+  // A store without the outbox's table (no payments) leaves the relay's lag at 0.
+  if (auto lag = OldestUnpublishedAge(store, clock.Now())) metrics.SetOutboxLag(*lag);
   if (!served) return;
   std::map<std::string, int64_t> unserved;
   for (const auto& [route, n] : census->processing_by_route) {

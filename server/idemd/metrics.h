@@ -8,6 +8,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -150,6 +151,15 @@ class Metrics {
   void CountReconcileFinding(const std::string& finding_class);
   // idem_reconcile_refunds_total{outcome}: refunded, refused, unknown.
   void CountCompensation(const std::string& outcome);
+  // Outbox events a relay of this instance published (the broker confirmed them).
+  void CountOutboxPublished(int64_t n) { outbox_published_ += static_cast<uint64_t>(n); }
+  // One pass of the outbox relay; `failed` when the broker or the store stopped it.
+  void CountRelayPass(bool failed) {
+    ++relay_passes_;
+    if (failed) ++relay_failures_;
+  }
+  // idem_outbox_oldest_unpublished_seconds: the relay's lag (nullopt: nothing unpublished).
+  void SetOutboxLag(std::optional<Millis> oldest) { outbox_lag_ms_ = oldest ? oldest->count() : 0; }
 
   // The records gauges, from a census of the store taken at `taken` (system time).
   void SetRecords(const RecordCensus& census, Timestamp taken);
@@ -223,6 +233,10 @@ class Metrics {
   std::atomic<uint64_t> reconciler_failures_{0};
   std::atomic<uint64_t> books_runs_{0};
   std::atomic<uint64_t> books_failures_{0};
+  std::atomic<uint64_t> outbox_published_{0};
+  std::atomic<uint64_t> relay_passes_{0};
+  std::atomic<uint64_t> relay_failures_{0};
+  std::atomic<int64_t> outbox_lag_ms_{0};
 };
 
 // How often idemd takes a census of the store for the records gauges.

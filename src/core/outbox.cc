@@ -182,16 +182,14 @@ Result<std::vector<OutboxEvent>> OutboxEventsOf(Store& store, std::string_view a
   return EventsOf(rows);
 }
 
-Status MarkOutboxPublished(Store& store, std::span<const std::string> ids, Timestamp now) {
-  if (ids.empty()) return Ok();
-  IDEM_ASSIGN_OR_RETURN(std::unique_ptr<StoreTxn> txn, store.Begin());
+Status MarkOutboxPublished(StoreTxn& txn, std::span<const std::string> ids, Timestamp now) {
   for (const std::string& id : ids) {
     IDEM_RETURN_IF_ERROR(
-        txn->Exec("UPDATE idem_outbox SET published_at = COALESCE(published_at, ?), "
-                  "publications = publications + 1 WHERE event_id = ?",
-                  {ToUnixMillis(now), id}));
+        txn.Exec("UPDATE idem_outbox SET published_at = COALESCE(published_at, ?), "
+                 "publications = publications + 1 WHERE event_id = ?",
+                 {ToUnixMillis(now), id}));
   }
-  return txn->Commit();
+  return Ok();
 }
 
 Result<std::optional<Millis>> OldestUnpublishedAge(Store& store, Timestamp now) {

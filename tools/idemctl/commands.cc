@@ -19,10 +19,12 @@
 
 #include "client/client.h"
 #include "idem/engine.h"
+#include "idem/outbox.h"
 #include "server/idemd/config/config.h"
 #include "server/idemd/config/store_url.h"
 #include "server/idemd/consumers/rabbitmq.h"
 #include "server/idemd/consumers/redis_stream.h"
+#include "server/idemd/outbox/relay.h"
 #include "server/idemd/payments/books.h"
 #include "server/idemd/payments/table.h"
 
@@ -526,6 +528,74 @@ int DeadLetterRedrive(const DeadLetterOptions& options) {
     return Fail(std::to_string(ids.size() - static_cast<std::size_t>(*moved)) +
                 " of the named dead letters were not found among the first " +
                 std::to_string(options.limit));
+  }
+  return kExitDone;
+}
+
+namespace {
+
+json::object ToJson(const OutboxEvent& e) {
+  json::object o{{"id", e.id},
+                 {"payment", e.aggregate},
+                 {"type", e.type},
+                 {"sequence", e.sequence},
+                 {"created_at", http::Rfc3339(e.created_at_ms)},
+                 {"published_at", e.published_at_ms ? json::value(http::Rfc3339(*e.published_at_ms))
+                                                    : json::value(nullptr)},
+                 {"publications", e.publications}};
+  boost::system::error_code ec;
+  json::value payload = json::parse(e.payload, ec);
+  o["payload"] = ec ? json::value(e.payload) : std::move(payload);
+  return o;
+}
+
+}  // namespace
+
+int OutboxList(const OutboxOptions& options) {
+  auto opened = OpenFromConfig(options.config);
+  if (!opened) return Fail(opened.error().message);
+  auto events = options.payment.empty() ? UnpublishedOutboxEvents(*opened->store, options.limit)
+                                        : OutboxEventsOf(*opened->store, options.payment);
+  if (!events) return Fail(events.error().message);
+  if (options.output == Output::kJson) {
+    json::array out;
+    for (const OutboxEvent& e : *events) out.push_back(ToJson(e));
+    PrintJson(out);
+    return kExitDone;
+  }
+  for (const OutboxEvent& e : *events) {
+    std::cout << e.id << "  " << e.aggregate << " #" << e.sequence << "  " << e.type << "  "
+              << http::Rfc3339(e.created_at_ms) << "  "
+              << (e.published_at_ms ? "published " + http::Rfc3339(*e.published_at_ms)
+                                    : std::string("unpublished"))
+              << "\n";
+  }
+  std::cout << events->size() << " event" << (events->size() == 1 ? "" : "s")
+            << (options.payment.empty() ? " unpublished" : " of " + options.payment) << "\n";
+  return kExitDone;
+}
+
+int OutboxRelay(const OutboxOptions& options) {
+  auto opened = OpenFromConfig(options.config);
+  if (!opened) return Fail(opened.error().message);
+  const idemd::OutboxConfig& outbox = opened->config.outbox;
+  if (outbox.broker == "off") {
+    return Fail(options.config + " relays no events: set [outbox] broker (docs/outbox.md)");
+  }
+  auto sink = idemd::OpenRedisEventSink(outbox.url, outbox.stream);
+  if (!sink) return Fail(sink.error().message);
+  idemd::Relay relay(
+      *opened->store, **sink, SystemClock(),
+      idemd::RelayOptions{
+          .batch = outbox.batch, .lease = outbox.lease, .retention = outbox.retention},
+      nullptr);
+  auto pass = relay.RunOnce(options.limit);
+  if (!pass) return Fail(pass.error().message);
+  if (options.output == Output::kJson) {
+    PrintJson(json::object{{"published", pass->published}, {"swept", pass->swept}});
+  } else {
+    std::cout << pass->published << " event" << (pass->published == 1 ? "" : "s")
+              << " published to " << (*sink)->Describe() << ", " << pass->swept << " swept\n";
   }
   return kExitDone;
 }

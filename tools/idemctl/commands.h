@@ -123,6 +123,13 @@ struct DeadLetterOptions {
   Output output = Output::kText;
 };
 
+struct OutboxOptions {
+  std::string config;
+  std::string payment;  // list: this payment's events; else the unpublished ones
+  int limit = 100;      // list: at most this many; relay: at most this many published
+  Output output = Output::kText;
+};
+
 struct ApiKeyAddOptions {
   std::string config;
   std::string tenant;
@@ -164,6 +171,12 @@ int DeadLetterList(const DeadLetterOptions& options);
 // record answers it (acknowledged as a duplicate), a record of another payload quarantines it
 // again, else it executes.
 int DeadLetterRedrive(const DeadLetterOptions& options);
+
+// `idemctl outbox list`: a payment's events (--payment), or the oldest unpublished ones.
+int OutboxList(const OutboxOptions& options);
+// `idemctl outbox relay`: one pass of the relay of the config's [outbox] (docs/outbox.md), under
+// the relay's lease; exit 1 when another instance relays now or the broker fails.
+int OutboxRelay(const OutboxOptions& options);
 
 int GenSecret();
 // A new API key: its SHA-256 appended to the config as a principal, the key printed once.

@@ -14,6 +14,7 @@
 #include "http/client.h"
 #include "http/message.h"
 #include "idem/failpoint.h"
+#include "idem/outbox.h"
 #include "idem/result.h"
 #include "server/idemd/routes.h"
 #include "tools/idemctl/commands.h"
@@ -316,6 +317,29 @@ int main(int argc, char** argv) {
       "fail first (an upstream's answers, a producer's payload); a message of another payload\n"
       "than its key's record is quarantined again, and one whose record finished is acknowledged.");
 
+  OutboxOptions outbox;
+  CLI::App* outbox_cmd = app.add_subcommand("outbox", "The payment events and their relay");
+  outbox_cmd->group(kStore);
+  outbox_cmd->require_subcommand(1);
+  CLI::App* outbox_list = outbox_cmd->add_subcommand(
+      "list", "Print a payment's events, or the oldest not yet published (nothing moves)");
+  CLI::App* outbox_relay = outbox_cmd->add_subcommand(
+      "relay", "Publish the events not yet published to [outbox]'s broker, once");
+  for (CLI::App* sub : {outbox_list, outbox_relay}) {
+    AddConfigOption(sub, &outbox.config, "the idemd config whose store holds the events")
+        ->required();
+    sub->add_option("--limit", outbox.limit,
+                    "list: at most this many; relay: publish at most this many")
+        ->check(CLI::Range(1, idem::limits::kOutboxPageMax))
+        ->capture_default_str();
+    AddOutputOption(sub, &outbox.output);
+  }
+  outbox_list->add_option("--payment", outbox.payment, "this payment's events, in order");
+  outbox_relay->footer(
+      "One pass of the relay idemd runs every [outbox] interval_ms: under the same lease, so it\n"
+      "never runs beside an instance's relay (it fails instead). An event is marked published\n"
+      "only once the broker confirmed it; a crash publishes it again, under its own id.");
+
   CLI::App* gen_secret_cmd =
       app.add_subcommand("gen-secret", "Print a fresh secrets file (TOML) for IDEM_SECRETS");
   gen_secret_cmd->group(kSetUp);
@@ -397,6 +421,8 @@ int main(int argc, char** argv) {
   if (sweep_cmd->parsed()) return Sweep(sweep);
   if (report_cmd->parsed()) return ReconcileReport(report);
   if (reconcile_cmd->parsed()) return Reconcile(reconcile);
+  if (outbox_list->parsed()) return OutboxList(outbox);
+  if (outbox_relay->parsed()) return OutboxRelay(outbox);
   if (dead_list->parsed()) return DeadLetterList(dead);
   if (dead_redrive->parsed()) return DeadLetterRedrive(dead);
   if (gen_secret_cmd->parsed()) return GenSecret();

@@ -293,6 +293,11 @@ Status CheckBetweenKeys(const Config& c, const std::string& o) {
   if (c.reconciliation.interval.count() > 0 && c.reconciliation.window.count() == 0) {
     return Bad(o, "reconciliation.window_ms must be positive when interval_ms is");
   }
+  if (c.outbox.broker != "off") {
+    if (c.outbox.url.empty())
+      return Bad(o, "outbox.broker = \"" + c.outbox.broker + "\" needs outbox.url");
+    if (c.outbox.stream.empty()) return Bad(o, "outbox.stream must not be empty");
+  }
   if (c.gateway.forward_unmatched && c.gateway.unmatched_upstream.empty()) {
     return Bad(o, "gateway.unmatched = \"forward\" needs gateway.upstream");
   }

@@ -133,6 +133,19 @@ struct ReconciliationConfig {
   Millis lease{60'000};  // a crashed runner's window is taken over this long after it
 };
 
+// [outbox]: the relay of the payment events (docs/outbox.md): every `interval`, unless `broker`
+// is "off", the events not yet published go to the Redis stream `stream` at `url`, `batch` at a
+// time, under a lease of `lease`; published events are swept `retention` after.
+struct OutboxConfig {
+  std::string broker = "off";  // "off" or "redis"
+  std::string url;
+  std::string stream = "payments.events";
+  Millis interval{1000};
+  int batch = 100;
+  Millis lease{30'000};
+  Millis retention{7LL * 24 * 3'600'000};
+};
+
 // [payments].
 struct PaymentsConfig {
   std::vector<std::string> currencies = {"CNY", "USD", "EUR", "JPY"};
@@ -148,6 +161,7 @@ struct Config {
   IdempotencyConfig idempotency;
   ReconciliationConfig reconciliation;
   PaymentsConfig payments;
+  OutboxConfig outbox;
   std::vector<PrincipalEntry> principals;
   // The gateway ([gateway] and [[routes]], docs/gateway.md).
   GatewayConfig gateway;

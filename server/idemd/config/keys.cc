@@ -13,6 +13,7 @@
 
 #include "http/log.h"
 #include "http/message.h"
+#include "idem/outbox.h"
 #include "server/idemd/gateway/route_config.h"
 
 namespace idem::idemd {
@@ -256,6 +257,18 @@ Status ReadUnmatchedUpstream(const ConfigKey& key, const toml::node& node, const
   return Ok();
 }
 
+// [outbox] broker: "off" or "redis".
+Status ReadOutboxBroker(const ConfigKey& key, const toml::node& node, const std::string& where,
+                        Config& config) {
+  std::string text;
+  IDEM_RETURN_IF_ERROR(ReadValue(key, node, where, text));
+  if (text != "off" && text != "redis") {
+    return Bad(where, key, "must be \"off\" or \"redis\", got '" + text + "'");
+  }
+  config.outbox.broker = std::move(text);
+  return Ok();
+}
+
 // [gateway] principal_header: a header name, folded to lower case.
 Status ReadPrincipalHeader(const ConfigKey& key, const toml::node& node, const std::string& where,
                            Config& config) {
@@ -281,6 +294,7 @@ using Pg = PostgresTimeouts;
 using Provider = ProviderConfig;
 using Idempotency = IdempotencyConfig;
 using Books = ReconciliationConfig;
+using Outbox = OutboxConfig;
 using Gateway = GatewayConfig;
 
 constexpr int64_t kHour = 3'600'000;  // ms
@@ -363,6 +377,15 @@ constexpr ConfigKey kKeys[] = {
     Key<&C::reconciliation, &Books::lease>("reconciliation", "lease_ms", 100),
 
     {"payments", "currencies", Kind::kArray, 0, kFieldMax, &ReadCurrencies, &WriteCurrencies},
+
+    {"outbox", "broker", Kind::kString, 0, kFieldMax, &ReadOutboxBroker,
+     &Member<&C::outbox, &Outbox::broker>::Write},
+    UrlKey<&C::outbox, &Outbox::url>("outbox", "url"),
+    Key<&C::outbox, &Outbox::stream>("outbox", "stream"),
+    Key<&C::outbox, &Outbox::interval>("outbox", "interval_ms", 1, kHour),
+    Key<&C::outbox, &Outbox::batch>("outbox", "batch", 1, limits::kOutboxPageMax),
+    Key<&C::outbox, &Outbox::lease>("outbox", "lease_ms", 100, kHour),
+    Key<&C::outbox, &Outbox::retention>("outbox", "retention_ms", 1),
 
     {"gateway", "unmatched", Kind::kString, 0, kFieldMax, &ReadUnmatched, &WriteUnmatched},
     {"gateway", "upstream", Kind::kString, 0, kFieldMax, &ReadUnmatchedUpstream,

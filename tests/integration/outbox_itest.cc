@@ -1,0 +1,243 @@
+// tests/integration/outbox_itest.cc — the outbox relay (docs/outbox.md) of a real idemd into a
+// real Redis stream (scripts/with-services): each payment's events appended once, in order, and
+// marked published only once appended; a broker that is down holds them back; a relay killed
+// between the append and the mark appends them again under the same ids, and loses none.
+#include <algorithm>
+#include <chrono>
+#include <fstream>
+#include <iterator>
+#include <map>
+#include <set>
+#include <thread>
+
+#include "tests/integration/idemd_fixture.h"
+
+namespace idem::itest {
+namespace {
+
+namespace json = boost::json;
+using std::chrono::milliseconds;
+using std::chrono::seconds;
+
+// One entry of the stream: its Redis id and its fields.
+struct Entry {
+  std::string id;
+  std::map<std::string, std::string> fields;
+};
+
+std::vector<Entry> Entries(const std::string& stream) {
+  std::vector<Entry> out;
+  RedisReply range = RedisCommand({"XRANGE", stream, "-", "+"});
+  if (!range || range->type != REDIS_REPLY_ARRAY) return out;
+  for (std::size_t i = 0; i < range->elements; ++i) {
+    const redisReply* e = range->element[i];
+    Entry entry;
+    entry.id.assign(e->element[0]->str, e->element[0]->len);
+    const redisReply* fields = e->element[1];
+    for (std::size_t f = 0; f + 1 < fields->elements; f += 2) {
+      entry.fields[std::string(fields->element[f]->str, fields->element[f]->len)] =
+          std::string(fields->element[f + 1]->str, fields->element[f + 1]->len);
+    }
+    out.push_back(std::move(entry));
+  }
+  return out;
+}
+
+json::array ParseArray(const std::string& text) {
+  boost::system::error_code ec;
+  json::value v = json::parse(text, ec);
+  EXPECT_FALSE(ec) << text;
+  return !ec && v.is_array() ? v.as_array() : json::array();
+}
+
+// Waits until `stream` has at least `n` entries (at most 15 s); returns them.
+std::vector<Entry> AwaitEntries(const std::string& stream, std::size_t n) {
+  std::vector<Entry> entries;
+  for (int i = 0; i < 150; ++i) {
+    entries = Entries(stream);
+    if (entries.size() >= n) break;
+    std::this_thread::sleep_for(milliseconds(100));
+  }
+  return entries;
+}
+
+class OutboxTest : public IdemdTest {
+ protected:
+  void SetUp() override {
+    IDEM_NEED_SERVICE(RedisServerUrl(), "IDEM_TEST_REDIS_URL");
+    IdemdTest::SetUp();
+    stream_ = "outbox-itest-" + std::to_string(testing::FreeLoopbackPort()) + "-" +
+              std::to_string(std::chrono::steady_clock::now().time_since_epoch().count());
+  }
+  void TearDown() override {
+    if (!stream_.empty() && !RedisServerUrl().empty()) (void)RedisCommand({"DEL", stream_});
+  }
+  // [outbox] relaying to `url` (the tests' Redis unless given) every 100 ms, under a lease of
+  // a second.
+  IdemdOptions Relaying(const std::string& url = "") const {
+    IdemdOptions options;
+    options.extra_tables = "[outbox]\nbroker = \"redis\"\nurl = \"" +
+                           (url.empty() ? RedisServerUrl() : url) + "\"\nstream = \"" + stream_ +
+                           "\"\ninterval_ms = 100\nlease_ms = 1000\n";
+    return options;
+  }
+  std::string StoreUrl() { return "sqlite://" + dir_.File("idem.db"); }
+  std::vector<OutboxEvent> Unpublished() {
+    std::unique_ptr<Store> store = OpenExistingStore(StoreUrl());
+    if (store == nullptr) return {};
+    auto events = UnpublishedOutboxEvents(*store, 1000);
+    EXPECT_TRUE(events.has_value()) << events.error().message;
+    return events ? std::move(*events) : std::vector<OutboxEvent>();
+  }
+  std::string PaidId(const std::string& key, const std::string& order) {
+    const http::Response r = Pay(key, Body(order));
+    EXPECT_EQ(r.status, 201) << r.body;
+    json::object o = ParseObject(r.body);
+    return o.contains("id") ? std::string(o["id"].as_string()) : "";
+  }
+
+  std::string stream_;
+};
+
+TEST_F(OutboxTest, EachPaymentsEventsReachTheStreamOnceInOrderAndAreMarkedPublished) {
+  StartIdemd(Relaying());
+  std::vector<std::string> paid;
+  for (int i = 0; i < 5; ++i) {
+    paid.push_back(PaidId("outbox-relay-" + std::to_string(i), "ORD-RELAY-" + std::to_string(i)));
+  }
+  Fault(R"({"fault":"decline","times":1})");
+  ASSERT_EQ(Pay("outbox-relay-declined", Body("ORD-RELAY-D")).status, 402);
+  // Replays, and the order paid again under another key, announce nothing more.
+  ASSERT_EQ(Pay("outbox-relay-0", Body("ORD-RELAY-0")).status, 201);
+  ASSERT_EQ(Pay("outbox-relay-other", Body("ORD-RELAY-1")).status, 200);
+
+  std::vector<Entry> entries = AwaitEntries(stream_, 6);
+  std::this_thread::sleep_for(milliseconds(500));  // nothing more comes
+  entries = Entries(stream_);
+  ASSERT_EQ(entries.size(), 6u);
+  std::set<std::string> ids;
+  std::map<std::string, std::string> type_of;  // payment -> type
+  for (const Entry& e : entries) {
+    const std::string& payment = e.fields.at("aggregate");
+    ids.insert(e.fields.at("event_id"));
+    type_of[payment] = e.fields.at("type");
+    EXPECT_EQ(e.fields.at("event_id"), OutboxEventId(payment, e.fields.at("type"), ""));
+    EXPECT_EQ(e.fields.at("sequence"), "1");
+    EXPECT_EQ(e.fields.at("content_type"), "application/json");
+    json::object payload = ParseObject(e.fields.at("payload"));
+    EXPECT_EQ(payload["payment"].as_object()["id"].as_string(), payment);
+  }
+  EXPECT_EQ(ids.size(), 6u) << "an event appended twice";
+  for (const std::string& id : paid) EXPECT_EQ(type_of[id], "payment.succeeded") << id;
+  EXPECT_EQ(std::count_if(type_of.begin(), type_of.end(),
+                          [](const auto& t) { return t.second == "payment.failed"; }),
+            1);
+  EXPECT_TRUE(Unpublished().empty());
+  for (const std::string& id : paid) {
+    const std::vector<OutboxEvent> events = OutboxEventsAt(StoreUrl(), id);
+    ASSERT_EQ(events.size(), 1u);
+    EXPECT_TRUE(events[0].published_at_ms.has_value());
+    EXPECT_EQ(events[0].publications, 1);
+  }
+  const http::Response metrics = Get("/metrics");
+  EXPECT_NE(metrics.body.find("\nidem_outbox_published_total 6\n"), std::string::npos)
+      << metrics.body;
+
+  // A payment's later event (a refund by the books, here added as they add it) comes after its
+  // first in the stream, with the next sequence number.
+  {
+    std::unique_ptr<Store> store = OpenExistingStore(StoreUrl());
+    ASSERT_NE(store, nullptr);
+    auto txn = store->Begin();
+    ASSERT_TRUE(txn.has_value());
+    OutboxEventSpec refund{paid[0], "payment.refunded", "ch_extra", R"({"refund":{}})"};
+    ASSERT_TRUE(AddOutboxEvent(**txn, refund, SystemClock().Now()).has_value());
+    ASSERT_TRUE((*txn)->Commit().has_value());
+  }
+  entries = AwaitEntries(stream_, 7);
+  ASSERT_EQ(entries.size(), 7u);
+  EXPECT_EQ(entries.back().fields.at("aggregate"), paid[0]);
+  EXPECT_EQ(entries.back().fields.at("type"), "payment.refunded");
+  EXPECT_EQ(entries.back().fields.at("sequence"), "2");
+}
+
+TEST_F(OutboxTest, ABrokerThatIsDownHoldsTheEventsBackAndIdemctlPublishesThemLater) {
+  StartIdemd(Relaying("redis://127.0.0.1:" + std::to_string(testing::FreeLoopbackPort())));
+  std::vector<std::string> paid;
+  for (int i = 0; i < 3; ++i) {
+    paid.push_back(PaidId("outbox-down-" + std::to_string(i), "ORD-DOWN-" + std::to_string(i)));
+  }
+  std::this_thread::sleep_for(milliseconds(600));
+  EXPECT_EQ(Unpublished().size(), 3u) << "marked published without a broker";
+  KillIdemd();
+  // The broker's failure is one line, not one per pass.
+  std::ifstream log(dir_.File("idemd.log"));
+  const std::string text((std::istreambuf_iterator<char>(log)), std::istreambuf_iterator<char>());
+  std::size_t lines = 0;
+  for (std::size_t at = text.find("outbox relay stopped"); at != std::string::npos;
+       at = text.find("outbox relay stopped", at + 1)) {
+    ++lines;
+  }
+  EXPECT_EQ(lines, 1u) << text;
+
+  // idemctl's one pass, with the broker back (the same config, its url fixed).
+  const std::string config = dir_.File("relay.toml");
+  WriteConfig(config, Relaying());
+  auto [listed, listed_out] = RunIdemctl({"outbox", "list", "--config", config, "-o", "json"});
+  ASSERT_EQ(listed, 0) << listed_out;
+  EXPECT_EQ(ParseArray(listed_out).size(), 3u) << listed_out;
+  auto [ran, out] = RunIdemctl({"outbox", "relay", "--config", config});
+  ASSERT_EQ(ran, 0) << out;
+  EXPECT_NE(out.find("3 events published to redis stream " + stream_), std::string::npos) << out;
+  const std::vector<Entry> entries = Entries(stream_);
+  ASSERT_EQ(entries.size(), 3u);
+  for (std::size_t i = 0; i < 3; ++i) EXPECT_EQ(entries[i].fields.at("aggregate"), paid[i]);
+  auto [shown, shown_out] =
+      RunIdemctl({"outbox", "list", "--config", config, "--payment", paid[1], "-o", "json"});
+  ASSERT_EQ(shown, 0) << shown_out;
+  json::array events = ParseArray(shown_out);
+  ASSERT_EQ(events.size(), 1u);
+  EXPECT_TRUE(events[0].as_object()["published_at"].is_string()) << shown_out;
+  auto [again, again_out] = RunIdemctl({"outbox", "relay", "--config", config});
+  ASSERT_EQ(again, 0) << again_out;
+  EXPECT_NE(again_out.find("0 events published"), std::string::npos) << again_out;
+  EXPECT_EQ(Entries(stream_).size(), 3u);
+}
+
+#if !defined(IDEM_NO_FAILPOINTS)
+// Killed after the broker confirmed a page and before it was marked: the next relay appends the
+// page again, under the same event ids, and then marks it. Nothing is lost; a consumer keyed by
+// the event id drops the copies.
+TEST_F(OutboxTest, ARelayKilledBetweenTheAppendAndTheMarkAppendsThePageAgainLosingNothing) {
+  for (int i = 0; i < 4; ++i) {
+    (void)PaidId("outbox-crash-" + std::to_string(i), "ORD-CRASH-" + std::to_string(i));
+  }
+  const std::string config = dir_.File("relay.toml");
+  WriteConfig(config, Relaying());
+  auto [crashed, crash_out] = RunIdemctl({"outbox", "relay", "--config", config},
+                                         {{"IDEM_FAILPOINTS", "outbox_after_publish=crash"}});
+  EXPECT_EQ(crashed, 86) << crash_out;
+  ASSERT_EQ(Entries(stream_).size(), 4u) << "the page was not appended before the crash";
+  EXPECT_EQ(Unpublished().size(), 4u) << "marked although the relay died first";
+  // Its lease was not given back: the next relay waits it out.
+  std::pair<int, std::string> ran;
+  for (int i = 0; i < 80; ++i) {
+    ran = RunIdemctl({"outbox", "relay", "--config", config});
+    if (ran.first == 0) break;
+    EXPECT_NE(ran.second.find("another relay holds the lease"), std::string::npos) << ran.second;
+    std::this_thread::sleep_for(milliseconds(500));
+  }
+  ASSERT_EQ(ran.first, 0) << ran.second;
+  EXPECT_NE(ran.second.find("4 events published"), std::string::npos) << ran.second;
+  const std::vector<Entry> entries = Entries(stream_);
+  ASSERT_EQ(entries.size(), 8u);
+  for (std::size_t i = 0; i < 4; ++i) {
+    EXPECT_EQ(entries[i].fields.at("event_id"), entries[i + 4].fields.at("event_id"))
+        << "the copy is not the same event, in the same order";
+  }
+  EXPECT_TRUE(Unpublished().empty());
+}
+#endif
+
+}  // namespace
+}  // namespace idem::itest
