@@ -266,8 +266,8 @@ int Run(int argc, char** argv) {
   if (!consumers) return Fail(consumers.error().message);
   // The outbox relay (docs/outbox.md): the payment events to their broker, one instance at a time.
   std::unique_ptr<EventSink> event_sink;
-  if (config->outbox.broker == "redis") {
-    auto sink = OpenRedisEventSink(config->outbox.url, config->outbox.stream);
+  if (config->outbox.broker != "off") {
+    auto sink = OpenEventSink(config->outbox);
     if (!sink) return Fail("outbox: " + sink.error().message);
     event_sink = std::move(*sink);
   }

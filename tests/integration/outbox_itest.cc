@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "tests/integration/idemd_fixture.h"
+#include "tests/integration/test_brokers.h"
 
 namespace idem::itest {
 namespace {
@@ -202,6 +203,60 @@ TEST_F(OutboxTest, ABrokerThatIsDownHoldsTheEventsBackAndIdemctlPublishesThemLat
   ASSERT_EQ(again, 0) << again_out;
   EXPECT_NE(again_out.find("0 events published"), std::string::npos) << again_out;
   EXPECT_EQ(Entries(stream_).size(), 3u);
+}
+
+// The same relay to a RabbitMQ exchange (a node of the test's own): each event a message under
+// publisher confirms, its message-id the event id, routed by its type; an exchange that no queue
+// is bound to returns the messages, and nothing is marked published until one is.
+TEST_F(OutboxTest, ARabbitExchangeGetsEachEventOnceInOrderAndAnUnboundOneHoldsThemBack) {
+  RabbitBroker broker(dir_);
+  ASSERT_NO_FATAL_FAILURE(broker.Start());
+  ASSERT_TRUE(broker.Bind("payments.events", "shipping"));
+  IdemdOptions options;
+  options.extra_tables = "[outbox]\nbroker = \"rabbitmq\"\nurl = \"" + broker.Url() +
+                         "\"\nexchange = \"payments.events\"\ninterval_ms = 100\nlease_ms = 1000\n";
+  StartIdemd(options);
+  std::vector<std::string> paid;
+  for (int i = 0; i < 3; ++i) {
+    paid.push_back(PaidId("outbox-amqp-" + std::to_string(i), "ORD-AMQP-" + std::to_string(i)));
+  }
+  Fault(R"({"fault":"decline","times":1})");
+  ASSERT_EQ(Pay("outbox-amqp-declined", Body("ORD-AMQP-D")).status, 402);
+  std::vector<AmqpMessage> got;
+  for (int i = 0; i < 150 && got.size() < 4; ++i) {
+    for (AmqpMessage& m : broker.Take("shipping")) got.push_back(std::move(m));
+    if (got.size() < 4) std::this_thread::sleep_for(milliseconds(100));
+  }
+  std::this_thread::sleep_for(milliseconds(500));
+  for (AmqpMessage& m : broker.Take("shipping")) got.push_back(std::move(m));
+  ASSERT_EQ(got.size(), 4u);
+  for (std::size_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(got[i].headers["aggregate"], paid[i]) << "out of order";
+    EXPECT_EQ(got[i].headers["type"], "payment.succeeded");
+    EXPECT_EQ(got[i].headers["sequence"], "1");
+    EXPECT_EQ(got[i].message_id, OutboxEventId(paid[i], "payment.succeeded", ""));
+    EXPECT_EQ(got[i].content_type, "application/json");
+    json::object payload = ParseObject(got[i].body);
+    EXPECT_EQ(payload["payment"].as_object()["id"].as_string(), paid[i]);
+  }
+  EXPECT_EQ(got[3].headers["type"], "payment.failed");
+  EXPECT_TRUE(Unpublished().empty());
+  KillIdemd();
+
+  // An exchange no queue is bound to: the broker returns each message, and nothing is marked.
+  ASSERT_TRUE(broker.Bind("payments.lonely", "lonely-queue"));
+  ASSERT_TRUE(broker.Unbind("payments.lonely", "lonely-queue"));
+  const std::string config = dir_.File("lonely.toml");
+  IdemdOptions lonely;
+  lonely.extra_tables = "[outbox]\nbroker = \"rabbitmq\"\nurl = \"" + broker.Url() +
+                        "\"\nexchange = \"payments.lonely\"\nlease_ms = 1000\n";
+  WriteConfig(config, lonely);
+  StartIdemd();  // no relay of its own
+  (void)PaidId("outbox-amqp-lonely", "ORD-AMQP-L");
+  auto [ran, out] = RunIdemctl({"outbox", "relay", "--config", config});
+  EXPECT_EQ(ran, 1) << out;
+  EXPECT_NE(out.find("nothing takes the message"), std::string::npos) << out;
+  EXPECT_EQ(Unpublished().size(), 1u);
 }
 
 #if !defined(IDEM_NO_FAILPOINTS)

@@ -582,7 +582,7 @@ int OutboxRelay(const OutboxOptions& options) {
   if (outbox.broker == "off") {
     return Fail(options.config + " relays no events: set [outbox] broker (docs/outbox.md)");
   }
-  auto sink = idemd::OpenRedisEventSink(outbox.url, outbox.stream);
+  auto sink = idemd::OpenEventSink(outbox);
   if (!sink) return Fail(sink.error().message);
   idemd::Relay relay(
       *opened->store, **sink, SystemClock(),

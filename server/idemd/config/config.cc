@@ -296,7 +296,12 @@ Status CheckBetweenKeys(const Config& c, const std::string& o) {
   if (c.outbox.broker != "off") {
     if (c.outbox.url.empty())
       return Bad(o, "outbox.broker = \"" + c.outbox.broker + "\" needs outbox.url");
-    if (c.outbox.stream.empty()) return Bad(o, "outbox.stream must not be empty");
+    if (c.outbox.broker == "redis" && c.outbox.stream.empty()) {
+      return Bad(o, "outbox.broker = \"redis\" needs outbox.stream");
+    }
+    if (c.outbox.broker == "rabbitmq" && c.outbox.exchange.empty()) {
+      return Bad(o, "outbox.broker = \"rabbitmq\" needs outbox.exchange");
+    }
   }
   if (c.gateway.forward_unmatched && c.gateway.unmatched_upstream.empty()) {
     return Bad(o, "gateway.unmatched = \"forward\" needs gateway.upstream");

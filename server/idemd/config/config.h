@@ -134,12 +134,15 @@ struct ReconciliationConfig {
 };
 
 // [outbox]: the relay of the payment events (docs/outbox.md): every `interval`, unless `broker`
-// is "off", the events not yet published go to the Redis stream `stream` at `url`, `batch` at a
+// is "off", the events not yet published go to the Redis stream `stream`, or the RabbitMQ
+// exchange `exchange` (routed by `routing_key`, or each by its type), at `url`, `batch` at a
 // time, under a lease of `lease`; published events are swept `retention` after.
 struct OutboxConfig {
-  std::string broker = "off";  // "off" or "redis"
+  std::string broker = "off";  // "off", "redis" or "rabbitmq"
   std::string url;
   std::string stream = "payments.events";
+  std::string exchange;
+  std::string routing_key;
   Millis interval{1000};
   int batch = 100;
   Millis lease{30'000};

@@ -257,13 +257,13 @@ Status ReadUnmatchedUpstream(const ConfigKey& key, const toml::node& node, const
   return Ok();
 }
 
-// [outbox] broker: "off" or "redis".
+// [outbox] broker: "off", "redis" or "rabbitmq".
 Status ReadOutboxBroker(const ConfigKey& key, const toml::node& node, const std::string& where,
                         Config& config) {
   std::string text;
   IDEM_RETURN_IF_ERROR(ReadValue(key, node, where, text));
-  if (text != "off" && text != "redis") {
-    return Bad(where, key, "must be \"off\" or \"redis\", got '" + text + "'");
+  if (text != "off" && text != "redis" && text != "rabbitmq") {
+    return Bad(where, key, "must be \"off\", \"redis\" or \"rabbitmq\", got '" + text + "'");
   }
   config.outbox.broker = std::move(text);
   return Ok();
@@ -382,6 +382,8 @@ constexpr ConfigKey kKeys[] = {
      &Member<&C::outbox, &Outbox::broker>::Write},
     UrlKey<&C::outbox, &Outbox::url>("outbox", "url"),
     Key<&C::outbox, &Outbox::stream>("outbox", "stream"),
+    Key<&C::outbox, &Outbox::exchange>("outbox", "exchange"),
+    Key<&C::outbox, &Outbox::routing_key>("outbox", "routing_key"),
     Key<&C::outbox, &Outbox::interval>("outbox", "interval_ms", 1, kHour),
     Key<&C::outbox, &Outbox::batch>("outbox", "batch", 1, limits::kOutboxPageMax),
     Key<&C::outbox, &Outbox::lease>("outbox", "lease_ms", 100, kHour),

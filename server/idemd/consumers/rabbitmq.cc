@@ -2,12 +2,11 @@
 // one AMQP connection (channel 1 consumes, channel 2 publishes dead letters under confirms).
 #include "server/idemd/consumers/rabbitmq.h"
 
-#include <amqp.h>
-#include <amqp_tcp_socket.h>
-
 #include <cstring>
 #include <functional>
 #include <set>
+
+#include "server/idemd/brokers/amqp.h"
 
 namespace idem::idemd {
 namespace {
@@ -19,50 +18,12 @@ constexpr Millis kCallTimeout{5000};
 // The longest a Receive waits for a delivery.
 constexpr Millis kLongestWait{2000};
 
-timeval Timeval(Millis m) {
-  return timeval{static_cast<time_t>(m.count() / 1000),
-                 static_cast<suseconds_t>((m.count() % 1000) * 1000)};
-}
-
-std::string Text(amqp_bytes_t bytes) {
-  return bytes.len == 0 ? std::string()
-                        : std::string(static_cast<const char*>(bytes.bytes), bytes.len);
-}
-
-amqp_bytes_t Bytes(const std::string& text) {
-  return amqp_bytes_t{text.size(), const_cast<char*>(text.data())};  // read, never written
-}
-
-// What went wrong in `reply`, or "" when it is a normal one.
-std::string ReplyError(const amqp_rpc_reply_t& reply, const char* what) {
-  switch (reply.reply_type) {
-    case AMQP_RESPONSE_NORMAL:
-      return "";
-    case AMQP_RESPONSE_NONE:
-      return std::string(what) + ": no reply";
-    case AMQP_RESPONSE_LIBRARY_EXCEPTION:
-      return std::string(what) + ": " + amqp_error_string2(reply.library_error);
-    case AMQP_RESPONSE_SERVER_EXCEPTION:
-      if (reply.reply.id == AMQP_CHANNEL_CLOSE_METHOD) {
-        const auto* close = static_cast<const amqp_channel_close_t*>(reply.reply.decoded);
-        return std::string(what) + ": " + std::to_string(close->reply_code) + " " +
-               Text(close->reply_text);
-      }
-      if (reply.reply.id == AMQP_CONNECTION_CLOSE_METHOD) {
-        const auto* close = static_cast<const amqp_connection_close_t*>(reply.reply.decoded);
-        return std::string(what) + ": " + std::to_string(close->reply_code) + " " +
-               Text(close->reply_text);
-      }
-      return std::string(what) + ": the broker closed the channel";
-  }
-  return std::string(what) + ": an unknown reply";
-}
-
-bool IsNotFound(const amqp_rpc_reply_t& reply) {
-  return reply.reply_type == AMQP_RESPONSE_SERVER_EXCEPTION &&
-         reply.reply.id == AMQP_CHANNEL_CLOSE_METHOD &&
-         static_cast<const amqp_channel_close_t*>(reply.reply.decoded)->reply_code == 404;
-}
+using amqp::Bytes;
+using amqp::Endpoint;
+using amqp::IsNotFound;
+using amqp::ReplyError;
+using amqp::Text;
+using amqp::Timeval;
 
 // A header's value as text, for the key rule and header_fields: strings as they are, integers in
 // decimal; nullopt for any other kind.
@@ -90,24 +51,6 @@ std::optional<std::string> FieldText(const amqp_field_value_t& v) {
     default:
       return std::nullopt;
   }
-}
-
-struct Endpoint {
-  std::string host;
-  int port = 5672;
-  std::string user;
-  std::string password;
-  std::string vhost;
-};
-
-Result<Endpoint> ParseAmqpUrl(const std::string& url) {
-  std::string buffer = url;  // amqp_parse_url writes into it; the fields point into it
-  amqp_connection_info info{};
-  if (url.rfind("amqp://", 0) != 0 || amqp_parse_url(buffer.data(), &info) != AMQP_STATUS_OK) {
-    return MakeError(Errc::kInvalidArgument,
-                     "rabbitmq URL: must be amqp://user:password@host[:port]/vhost");
-  }
-  return Endpoint{info.host, info.port, info.user, info.password, info.vhost};
 }
 
 class RabbitQueue final : public MessageSource {
@@ -266,54 +209,14 @@ class RabbitQueue final : public MessageSource {
                           const std::vector<std::pair<std::string, std::string>>& headers,
                           const std::string& id, const std::string& body) {
     IDEM_RETURN_IF_ERROR(Connected());
-    std::vector<amqp_table_entry_t> entries;
-    for (const auto& [name, value] : headers) {
-      amqp_table_entry_t entry{};
-      entry.key = Bytes(name);
-      entry.value.kind = AMQP_FIELD_KIND_UTF8;
-      entry.value.value.bytes = Bytes(value);
-      entries.push_back(entry);
-    }
-    amqp_basic_properties_t props{};
-    props._flags = AMQP_BASIC_HEADERS_FLAG | AMQP_BASIC_DELIVERY_MODE_FLAG;
-    props.delivery_mode = 2;  // persistent
-    props.headers.num_entries = static_cast<int>(entries.size());
-    props.headers.entries = entries.data();
-    if (!id.empty()) {
-      props._flags |= AMQP_BASIC_MESSAGE_ID_FLAG;
-      props.message_id = Bytes(id);
-    }
-    if (amqp_basic_publish(conn_, kPublish, amqp_empty_bytes, Bytes(queue), /*mandatory=*/1,
-                           /*immediate=*/0, &props, Bytes(body)) != AMQP_STATUS_OK) {
-      Drop();
-      return MakeError(Errc::kUnavailable,
-                       "rabbitmq: the message to " + queue + " was not published");
-    }
-    // A returned message comes first (basic.return and its content), then the confirm.
-    bool returned = false;
-    while (true) {
-      timeval timeout = Timeval(kCallTimeout);
-      amqp_frame_t frame{};
-      const int waited = amqp_simple_wait_frame_noblock(conn_, &frame, &timeout);
-      const bool method = waited == AMQP_STATUS_OK && frame.frame_type == AMQP_FRAME_METHOD &&
-                          frame.channel == kPublish;
-      if (method && frame.payload.method.id == AMQP_BASIC_RETURN_METHOD) {
-        amqp_message_t content{};
-        if (amqp_read_message(conn_, kPublish, &content, 0).reply_type != AMQP_RESPONSE_NORMAL) {
-          Drop();
-          return MakeError(Errc::kUnavailable, "rabbitmq: a returned message was cut off");
-        }
-        amqp_destroy_message(&content);
-        returned = true;
-        continue;
-      }
-      if (method && frame.payload.method.id == AMQP_BASIC_ACK_METHOD && !returned) return Ok();
-      Drop();
-      return MakeError(
-          Errc::kUnavailable,
-          returned ? "rabbitmq: the queue " + queue + " does not exist (the message came back)"
-                   : "rabbitmq: the message to " + queue + " was not confirmed");
-    }
+    amqp::Message message;
+    message.routing_key = queue;
+    message.headers = headers;
+    message.message_id = id;
+    message.body = body;
+    Status published = amqp::PublishConfirmed(conn_, kPublish, message, kCallTimeout);
+    if (!published) Drop();
+    return published;
   }
 
   // Takes up to `limit` dead letters with basic.get, unacknowledged, and hands each to `each`
@@ -377,27 +280,11 @@ class RabbitQueue final : public MessageSource {
   // backlog), unless connected already.
   Status Connected() {
     if (conn_ != nullptr) return Ok();
-    conn_ = amqp_new_connection();
-    amqp_socket_t* socket = amqp_tcp_socket_new(conn_);
-    timeval timeout = Timeval(kCallTimeout);
+    IDEM_ASSIGN_OR_RETURN(conn_, amqp::Connect(endpoint_, kCallTimeout));
     auto fail = [&](const std::string& why) {
       Drop();
       return MakeError(Errc::kUnavailable, why);
     };
-    if (socket == nullptr) return fail("rabbitmq: no socket");
-    if (const int opened =
-            amqp_socket_open_noblock(socket, endpoint_.host.c_str(), endpoint_.port, &timeout);
-        opened != AMQP_STATUS_OK) {
-      return fail("rabbitmq connect " + endpoint_.host + ":" + std::to_string(endpoint_.port) +
-                  ": " + amqp_error_string2(opened));
-    }
-    amqp_set_rpc_timeout(conn_, &timeout);
-    // No heartbeats: rabbitmq-c answers them only inside its calls, and a message in hand may
-    // take longer than a heartbeat between two. A consumer that dies closes its socket.
-    const amqp_rpc_reply_t login =
-        amqp_login(conn_, endpoint_.vhost.c_str(), 0, 131072, 0, AMQP_SASL_METHOD_PLAIN,
-                   endpoint_.user.c_str(), endpoint_.password.c_str());
-    if (std::string why = ReplyError(login, "rabbitmq login"); !why.empty()) return fail(why);
     IDEM_RETURN_IF_ERROR(OpenChannel(kConsume));
     IDEM_RETURN_IF_ERROR(Declare(consumer_.dead_letter, false));
     IDEM_RETURN_IF_ERROR(Declare(consumer_.queue, true));
@@ -424,13 +311,9 @@ class RabbitQueue final : public MessageSource {
   }
 
   Status OpenChannel(amqp_channel_t channel) {
-    amqp_channel_open(conn_, channel);
-    if (std::string why = ReplyError(amqp_get_rpc_reply(conn_), "rabbitmq channel.open");
-        !why.empty()) {
-      Drop();
-      return MakeError(Errc::kUnavailable, why);
-    }
-    return Ok();
+    Status opened = amqp::OpenChannel(conn_, channel);
+    if (!opened) Drop();
+    return opened;
   }
 
   // Uses `queue` as it is when it exists (a passive declare); else declares it a durable quorum
@@ -517,14 +400,14 @@ class RabbitDeadLetters final : public DeadLetterBox {
 }  // namespace
 
 Result<std::unique_ptr<DeadLetterBox>> OpenRabbitDeadLetters(const ConsumerRoute& consumer) {
-  IDEM_ASSIGN_OR_RETURN(Endpoint endpoint, ParseAmqpUrl(consumer.url));
+  IDEM_ASSIGN_OR_RETURN(Endpoint endpoint, amqp::ParseUrl(consumer.url));
   return std::unique_ptr<DeadLetterBox>(
       std::make_unique<RabbitDeadLetters>(consumer, std::move(endpoint)));
 }
 
 Result<std::unique_ptr<MessageSource>> OpenRabbitQueue(const ConsumerRoute& consumer,
                                                        MonotonicClock& monotonic, bool consume) {
-  IDEM_ASSIGN_OR_RETURN(Endpoint endpoint, ParseAmqpUrl(consumer.url));
+  IDEM_ASSIGN_OR_RETURN(Endpoint endpoint, amqp::ParseUrl(consumer.url));
   return std::unique_ptr<MessageSource>(
       std::make_unique<RabbitQueue>(consumer, std::move(endpoint), monotonic, consume));
 }

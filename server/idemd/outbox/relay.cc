@@ -5,10 +5,19 @@
 #include <vector>
 
 #include "idem/failpoint.h"
+#include "server/idemd/config/config.h"
 #include "server/idemd/job_lease.h"
 #include "server/idemd/metrics.h"
 
 namespace idem::idemd {
+
+Result<std::unique_ptr<EventSink>> OpenEventSink(const OutboxConfig& config) {
+  if (config.broker == "redis") return OpenRedisEventSink(config.url, config.stream);
+  if (config.broker == "rabbitmq") {
+    return OpenRabbitEventSink(config.url, config.exchange, config.routing_key);
+  }
+  return MakeError(Errc::kInvalidArgument, "outbox: no broker to relay to (broker = \"off\")");
+}
 
 Relay::Relay(Store& store, EventSink& sink, Clock& clock, RelayOptions options, Metrics* metrics)
     : store_(store), sink_(sink), clock_(clock), options_(options), metrics_(metrics) {}

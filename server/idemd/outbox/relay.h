@@ -39,6 +39,22 @@ class EventSink {
 Result<std::unique_ptr<EventSink>> OpenRedisEventSink(const std::string& url,
                                                       const std::string& stream);
 
+// A sink on a RabbitMQ exchange, which must exist (idemd declares none): each event a persistent
+// message published with `mandatory` under publisher confirms, one confirmed before the next
+// leaves; its message-id the event id, its content type the event's, headers type, aggregate and
+// sequence, its routing key `routing_key` or, when that is empty, the event's type
+// (payment.succeeded, ...). A message no queue takes comes back, and counts as not confirmed.
+// Errors: kInvalidArgument for a URL that is not amqp://user:password@host[:port]/vhost or an
+// empty exchange.
+Result<std::unique_ptr<EventSink>> OpenRabbitEventSink(const std::string& url,
+                                                       const std::string& exchange,
+                                                       const std::string& routing_key);
+
+// The sink of an [outbox] section (config.h): Redis or RabbitMQ. Errors: as the two Open's;
+// kInvalidArgument for broker "off".
+struct OutboxConfig;
+Result<std::unique_ptr<EventSink>> OpenEventSink(const OutboxConfig& config);
+
 struct RelayOptions {
   int batch = 100;       // events read and published at a time (1..kOutboxPageMax)
   Millis lease{30'000};  // the relay's lease; renewed before every page
