@@ -13,6 +13,12 @@
 
 namespace idem::idemd {
 
+// The jobs' routes: the books' and the outbox relay's. Their records are leases that end by
+// themselves, never operations a takeover resolves: every instance serves them (TakeCensus).
+inline constexpr std::string_view kBooksJob = "reconcile.books";
+inline constexpr std::string_view kRelayJob = "outbox.relay";
+inline bool IsJobRoute(std::string_view route) { return route == kBooksJob || route == kRelayJob; }
+
 class JobLease {
  public:
   // Takes the lease of `job` for `ttl`, taking over one that ran out: the record (tenant "idem",

@@ -21,6 +21,7 @@
 #include "server/idemd/filter/filter.h"
 #include "server/idemd/filter/timed.h"
 #include "server/idemd/gateway/gateway.h"
+#include "server/idemd/job_lease.h"
 #include "server/idemd/metrics.h"
 #include "server/idemd/outbox/relay.h"
 #include "server/idemd/payments/books.h"
@@ -275,8 +276,8 @@ int Run(int argc, char** argv) {
   // The routes whose records this instance resolves: any other route's PROCESSING records are
   // reported (TakeCensus).
   const auto served = [&service, &consumers](std::string_view route) {
-    return route == kPaymentsCreateRoute || service.CurrentGateway()->Serves(route) ||
-           (*consumers)->Serves(route);
+    return route == kPaymentsCreateRoute || IsJobRoute(route) ||
+           service.CurrentGateway()->Serves(route) || (*consumers)->Serves(route);
   };
   // The records gauges hold values from the start, and a removed route's records are reported.
   TakeCensus(**store, metrics, SystemClock(), served);

@@ -24,7 +24,7 @@ Relay::Relay(Store& store, EventSink& sink, Clock& clock, RelayOptions options, 
 
 Result<RelayPass> Relay::RunOnce(int64_t max_events) {
   IDEM_ASSIGN_OR_RETURN(JobLease lease,
-                        JobLease::Take(store_, "relay", "outbox.relay", "relay", options_.lease));
+                        JobLease::Take(store_, "relay", kRelayJob, "relay", options_.lease));
   RelayPass pass;
   Status stopped = [&]() -> Status {
     while (pass.published < max_events) {

@@ -177,7 +177,7 @@ Result<RunSummary> Reconciliation::Run(int64_t since_ms, int64_t until_ms, bool 
   if (dry_run) return RunLocked(nullptr, "", since_ms, until_ms, "", false);
 
   // One runner at a time, on every instance (the lease's record is the one it always was).
-  IDEM_ASSIGN_OR_RETURN(JobLease lease, JobLease::Take(store_, "reconciler", "reconcile.books",
+  IDEM_ASSIGN_OR_RETURN(JobLease lease, JobLease::Take(store_, "reconciler", kBooksJob,
                                                        "reconciliation", options_.lease));
 
   Result<RunSummary> ran = [&]() -> Result<RunSummary> {
