@@ -134,12 +134,12 @@ TEST_F(OutboxTest, EachPaymentsEventsReachTheStreamOnceInOrderAndAreMarkedPublis
   std::map<std::string, std::string> type_of;  // payment -> type
   for (const Entry& e : entries) {
     const std::string& payment = e.fields.at("aggregate");
-    ids.insert(e.fields.at("event_id"));
+    ids.insert(e.fields.at("key"));
     type_of[payment] = e.fields.at("type");
-    EXPECT_EQ(e.fields.at("event_id"), OutboxEventId(payment, e.fields.at("type"), ""));
+    EXPECT_EQ(e.fields.at("key"), OutboxEventId(payment, e.fields.at("type"), ""));
     EXPECT_EQ(e.fields.at("sequence"), "1");
     EXPECT_EQ(e.fields.at("content_type"), "application/json");
-    json::object payload = ParseObject(e.fields.at("payload"));
+    json::object payload = ParseObject(e.fields.at("body"));
     EXPECT_EQ(payload["payment"].as_object()["id"].as_string(), payment);
   }
   EXPECT_EQ(ids.size(), 6u) << "an event appended twice";
@@ -250,6 +250,7 @@ TEST_F(OutboxTest, ARabbitExchangeGetsEachEventOnceInOrderAndAnUnboundOneHoldsTh
     EXPECT_EQ(got[i].headers["type"], "payment.succeeded");
     EXPECT_EQ(got[i].headers["sequence"], "1");
     EXPECT_EQ(got[i].message_id, OutboxEventId(paid[i], "payment.succeeded", ""));
+    EXPECT_EQ(got[i].headers["key"], got[i].message_id);
     EXPECT_EQ(got[i].content_type, "application/json");
     json::object payload = ParseObject(got[i].body);
     EXPECT_EQ(payload["payment"].as_object()["id"].as_string(), paid[i]);
@@ -296,7 +297,7 @@ TEST_F(OutboxTest, ARelayKilledBetweenTheAppendAndTheMarkAppendsThePageAgainLosi
   const std::vector<Entry> entries = Entries(stream_);
   ASSERT_EQ(entries.size(), 8u);
   for (std::size_t i = 0; i < 4; ++i) {
-    EXPECT_EQ(entries[i].fields.at("event_id"), entries[i + 4].fields.at("event_id"))
+    EXPECT_EQ(entries[i].fields.at("key"), entries[i + 4].fields.at("key"))
         << "the copy is not the same event, in the same order";
   }
   EXPECT_TRUE(Unpublished().empty());

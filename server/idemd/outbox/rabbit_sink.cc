@@ -31,8 +31,12 @@ class RabbitEventSink final : public EventSink {
       amqp::Message message;
       message.exchange = exchange_;
       message.routing_key = routing_key_.empty() ? e.type : routing_key_;
-      message.headers = {
-          {"type", e.type}, {"aggregate", e.aggregate}, {"sequence", std::to_string(e.sequence)}};
+      // The event id is the message-id, and the `key` header idemd's queue consumers read by
+      // default.
+      message.headers = {{"key", e.id},
+                         {"type", e.type},
+                         {"aggregate", e.aggregate},
+                         {"sequence", std::to_string(e.sequence)}};
       message.message_id = e.id;
       message.content_type = e.content_type;
       message.body = e.payload;

@@ -12,12 +12,14 @@ namespace {
 constexpr Millis kCommandTimeout{5000};
 
 // Appends a page of events to KEYS[1], six arguments each, in order: a script runs whole, so the
-// page is appended in order and nothing else lands between its entries. Returns the count.
+// page is appended in order and nothing else lands between its entries. Returns the count. The
+// fields are those idemd's queue consumers read by default: `key`, the event id; `body`, the
+// payload.
 constexpr std::string_view kAppendScript = R"lua(
 for i = 1, #ARGV, 6 do
-  redis.call('XADD', KEYS[1], '*', 'event_id', ARGV[i], 'type', ARGV[i + 1],
+  redis.call('XADD', KEYS[1], '*', 'key', ARGV[i], 'type', ARGV[i + 1],
              'aggregate', ARGV[i + 2], 'sequence', ARGV[i + 3],
-             'content_type', ARGV[i + 4], 'payload', ARGV[i + 5])
+             'content_type', ARGV[i + 4], 'body', ARGV[i + 5])
 end
 return #ARGV / 6
 )lua";
