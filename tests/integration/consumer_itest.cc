@@ -6,7 +6,8 @@
 // quarantined, and no record is PROCESSING. On SQLite (one consumer process) and PostgreSQL
 // (three), on Redis and RabbitMQ; and with idemd's payments operation as the target, each
 // merchant order charged once at provider-sim while the provider loses answers of charges it
-// made.
+// made. And end to end from the producer side: an idemd's payment events, relayed by its outbox
+// to the broker while it is killed, each executed once by consumers keyed by default.
 #include <amqp.h>
 #include <amqp_tcp_socket.h>
 #include <signal.h>
@@ -27,6 +28,7 @@
 namespace idem::itest {
 namespace {
 
+namespace json = boost::json;
 using std::chrono::milliseconds;
 using std::chrono::seconds;
 
@@ -34,9 +36,11 @@ constexpr int kKeys = 700;  // business keys, each published 1..5 times
 constexpr int kPoison = 4;  // keys whose upstream always answers 503 ("nothing done")
 constexpr int kMaxAttempts = 6;
 
-// What the consumers' messages become: requests of the counting upstream, or payments of idemd's
-// own payments operation charged at provider-sim.
-enum class Target { kUpstream, kPayments };
+// What the consumers' messages become: requests of the counting upstream, payments of idemd's
+// own payments operation charged at provider-sim, or — the messages being the payment events an
+// idemd's outbox relay published — requests of the counting upstream keyed as the consumers key
+// by default (the event id).
+enum class Target { kUpstream, kPayments, kEvents };
 
 // A payment command's body: order `key` for `minor` hundredths, in `currency`.
 std::string PaymentCommand(const std::string& key, int64_t minor,
@@ -81,10 +85,12 @@ class ConsumerProofTest : public IdemdTest {
       return common + "key = \"json:/merchant_order_no\"\npayments_tenant = \"acme\"\n";
     }
     return common +
-           "key = \"json:/order\"\n"
-           "header_fields = [\"x-upstream-delay-ms\", \"x-upstream-status\"]\n"
-           "[consumers.target]\nrequest = \"POST /v1/orders\"\nupstream = \"http://127.0.0.1:" +
-           std::to_string(upstream_url_.port) +
+           (target_ == Target::kEvents
+                ? "[consumers.target]\nrequest = \"POST /v1/shipments\"\n"
+                : "key = \"json:/order\"\n"
+                  "header_fields = [\"x-upstream-delay-ms\", \"x-upstream-status\"]\n"
+                  "[consumers.target]\nrequest = \"POST /v1/orders\"\n") +
+           "upstream = \"http://127.0.0.1:" + std::to_string(upstream_url_.port) +
            "\"\nforward_key_header = \"Idempotency-Key\"\nstatus_path = \"/status/{key}\"\n"
            "nothing_done_statuses = [503]\nlate_execution_ms = 0\ntimeout_ms = 1000\n"
            "lease_ms = 2000\nretention_ms = 600000\n";
@@ -150,6 +156,33 @@ class ConsumerProofTest : public IdemdTest {
 
   void Proof(std::unique_ptr<TestBroker> broker, std::size_t processes,
              Target target = Target::kUpstream);
+  void EventsProof(std::unique_ptr<TestBroker> broker, std::size_t processes);
+  // Lets the consumers run undisturbed until the broker has nothing left and they hold nothing;
+  // stopped, they give back what they still hold, which must be nothing (else they run again, a
+  // few times at most). Returns what is left unanswered: 0 unless the proof failed.
+  int64_t Drain() {
+    int64_t left = -1;
+    for (int round = 0; round < 4 && left != 0; ++round) {
+      for (int i = 0, quiet = 0; i < 240 && quiet < 3; ++i) {
+        std::this_thread::sleep_for(milliseconds(500));
+        left = broker_->Unanswered();
+        quiet = left == 0 && InHand() == 0 ? quiet + 1 : 0;
+      }
+      StopConsumers();
+      // What the stopped consumers gave back reaches the queue's count a moment later.
+      for (int i = 0; i < 6 && left == 0; ++i) {
+        std::this_thread::sleep_for(milliseconds(500));
+        left = broker_->Unanswered();
+      }
+      if (left != 0) {
+        for (std::size_t i = 0; i < consumers_.size(); ++i) {
+          StartConsumer(i);
+          if (HasFatalFailure()) return -1;
+        }
+      }
+    }
+    return left;
+  }
   void DeadLettersRedriven(std::unique_ptr<TestBroker> broker);
   // A Redis of this test's with one consumer on SQLite consuming it; nullptr, the test failed,
   // when either would not start.
@@ -173,7 +206,8 @@ class ConsumerProofTest : public IdemdTest {
   std::optional<testing::ChildProcess> upstream_;
   http::Url upstream_url_;
   std::unique_ptr<TestBroker> broker_;
-  std::string store_url_;
+  std::string store_url_;       // the consumers'
+  std::string producer_store_;  // the events proof's producer's
   std::vector<std::optional<testing::ChildProcess>> consumers_;
   http::Url last_url_;           // the last consumer process started
   std::vector<http::Url> urls_;  // each consumer process's, as consumers_
@@ -284,26 +318,8 @@ void ConsumerProofTest::Proof(std::unique_ptr<TestBroker> broker, std::size_t pr
   }
   EXPECT_GE(kills, 6);
 
-  // Then they run undisturbed until the broker has nothing left and they hold nothing; stopped,
-  // they give back what they still hold, which must be nothing (else they run again, a few times
-  // at most).
-  int64_t left = -1;
-  for (int round = 0; round < 4 && left != 0; ++round) {
-    for (int i = 0, quiet = 0; i < 240 && quiet < 3; ++i) {
-      std::this_thread::sleep_for(milliseconds(500));
-      left = broker_->Unanswered();
-      quiet = left == 0 && InHand() == 0 ? quiet + 1 : 0;
-    }
-    StopConsumers();
-    // What the stopped consumers gave back reaches the queue's count a moment later.
-    for (int i = 0; i < 6 && left == 0; ++i) {
-      std::this_thread::sleep_for(milliseconds(500));
-      left = broker_->Unanswered();
-    }
-    if (left != 0) {
-      for (std::size_t i = 0; i < processes; ++i) ASSERT_NO_FATAL_FAILURE(StartConsumer(i));
-    }
-  }
+  // Then they run undisturbed until the broker has nothing left and they hold nothing.
+  const int64_t left = Drain();
   ASSERT_EQ(left, 0) << "every message must be acknowledged or quarantined";
 
   std::map<std::string, std::string> executed_body;  // business key → the body it executed with
@@ -362,6 +378,256 @@ void ConsumerProofTest::Proof(std::unique_ptr<TestBroker> broker, std::size_t pr
       "%d copies of another payload quarantined\n",
       payments ? "payments" : "upstream", processes, messages.size(), kKeys + kPoison, kPoison,
       kills, mismatched);
+}
+
+// The events proof, end to end: an idemd's payments announce themselves through its outbox relay
+// (the fixture's idemd, on a store of its own) to the broker the consumers read, and each event
+// becomes one request of the counting upstream, keyed as the consumers key by default: by the
+// event id. Meanwhile the producer is killed (-9) at random moments of its relay's work — once
+// exactly between a page's publication and its mark, so the page is published again — the
+// consumers are killed, and the broker restarts; the books refund charges injected at the
+// provider, so some payments have two or three events. Afterwards every event the payments
+// wrote reached the upstream exactly once, the broker holds each payment's events in order, and
+// nothing was quarantined.
+void ConsumerProofTest::EventsProof(std::unique_ptr<TestBroker> broker, std::size_t processes) {
+  broker_ = std::move(broker);
+  target_ = Target::kEvents;
+  ASSERT_NO_FATAL_FAILURE(broker_->Start());
+  if (IsSkipped()) return;
+  consumers_.resize(processes);
+  for (std::size_t i = 0; i < processes; ++i) ASSERT_NO_FATAL_FAILURE(StartConsumer(i));
+  ASSERT_TRUE(broker_->RouteEvents());
+  // The producer: its relay tries a pass every 50 ms, in pages of 8, under a lease of 1.5 s; its
+  // books look for duplicate charges every 300 ms.
+  IdemdOptions producer;
+  producer.store_url = producer_store_;
+  producer.extra_tables = "[outbox]\n" + broker_->OutboxToml() +
+                          "interval_ms = 50\nbatch = 8\nlease_ms = 1500\n"
+                          "[reconciliation]\ninterval_ms = 300\nwindow_ms = 600000\nlag_ms = 0\n";
+  IdemdOptions armed = producer;  // dies (86) after its first page is confirmed, before the mark
+  armed.env["IDEM_FAILPOINTS"] = "outbox_after_publish=crash";
+  ASSERT_NO_FATAL_FAILURE(StartIdemd(producer));
+  bool armed_running = false;
+  int failpoint_exits = 0;
+  const auto restart_producer = [&](std::optional<int> status) {
+    if (armed_running) {
+      const bool at_failpoint = status && WIFEXITED(*status) && WEXITSTATUS(*status) == 86;
+      EXPECT_TRUE(at_failpoint) << "the armed producer did not die at its failpoint";
+      failpoint_exits += at_failpoint ? 1 : 0;
+      armed_running = false;
+    }
+    StartIdemd(producer);
+  };
+  // POST /v1/payments until the producer answers it finally (201 or 402); a producer that died
+  // meanwhile (at its failpoint) is restarted, and the same key sent again. Returns the status
+  // and the id of the payment of merchant order `order`.
+  const auto pay = [&](const std::string& key, const std::string& order, const std::string& body) {
+    for (int attempt = 0; attempt < 150 && !HasFatalFailure(); ++attempt) {
+      http::Request req{"POST", "/v1/payments", {}, body};
+      req.headers.Set("Authorization", std::string("Bearer ") + kAlice);
+      req.headers.Set("Content-Type", "application/json");
+      req.headers.Set("Idempotency-Key", key);
+      auto r = http::Call(idemd_url_, std::move(req));
+      if (r && r->status == 201) {
+        return std::make_pair(201, std::string(ParseObject(r->body).at("id").as_string()));
+      }
+      if (r && r->status == 402) {  // a problem, which does not name the payment: the store does
+        std::unique_ptr<Store> store = OpenExistingStore(producer_store_);
+        auto rows =
+            store
+                ? store->Query("SELECT id FROM payments WHERE merchant_order_no = '" + order + "'")
+                : Result<std::vector<SqlRow>>(MakeError(Errc::kInternal, "no store"));
+        EXPECT_TRUE(rows && rows->size() == 1) << order;
+        return std::make_pair(402, rows && rows->size() == 1
+                                       ? std::get<std::string>(rows->at(0).at(0))
+                                       : std::string());
+      }
+      if (!r) {
+        if (std::optional<int> status = idemd_->Wait(milliseconds(500))) restart_producer(status);
+      }
+      std::this_thread::sleep_for(milliseconds(200));
+    }
+    ADD_FAILURE() << key << " was never answered";
+    return std::make_pair(0, std::string());
+  };
+
+  constexpr int kChunks = 8;
+  constexpr int kPerChunk = 12;
+  std::mt19937_64 random(20261203);
+  std::map<std::string, int> status_of;                     // payment → its POST's answer
+  std::map<std::string, std::set<std::string>> charges_of;  // payment → charges injected
+  int kills = 0;
+  int producer_kills = 0;
+  for (int chunk = 0; chunk < kChunks; ++chunk) {
+    if (chunk == 2) {
+      KillIdemd();
+      ++producer_kills;
+      ASSERT_NO_FATAL_FAILURE(StartIdemd(armed));
+      armed_running = true;
+    }
+    for (int i = 0; i < kPerChunk; ++i) {
+      const int n = chunk * kPerChunk + i;
+      const std::string order = "ORD-EVENTS-" + std::to_string(n);
+      const std::string amount = std::to_string(10 + n) + ".00";
+      if (n % 8 == 6) Fault(R"({"fault":"decline","times":1})");
+      const auto [status, id] =
+          pay("events-proof-" + std::to_string(n), order, Body(order, "\"" + amount + "\""));
+      ASSERT_NE(status, 0);
+      status_of[id] = status;
+      // A charge the provider made twice, or three times: each extra one refunded by the books.
+      for (int extra = 0; status == 201 && extra < (n % 8 == 1 ? 2 : n % 4 == 1 ? 1 : 0); ++extra) {
+        charges_of[id].insert(InjectCharge(id, amount, "CNY"));
+      }
+    }
+    if (armed_running) {
+      ASSERT_NO_FATAL_FAILURE(restart_producer(idemd_->Wait(seconds(20))));
+    }
+    std::this_thread::sleep_for(milliseconds(random() % 300));
+    const std::size_t victim = random() % processes;
+    if (chunk == 6) {
+      ASSERT_NO_FATAL_FAILURE(broker_->Restart());
+    } else if (chunk % 3 != 1) {
+      KillIdemd();
+      ++producer_kills;
+      if (random() % 2 == 0) std::this_thread::sleep_for(milliseconds(random() % 500));
+      ASSERT_NO_FATAL_FAILURE(StartIdemd(producer));
+    }
+    if (chunk % 3 != 0) {
+      consumers_[victim]->Signal(SIGKILL);
+      consumers_[victim]->Wait(seconds(5));
+      ++kills;
+      ASSERT_NO_FATAL_FAILURE(StartConsumer(victim));
+    }
+  }
+  EXPECT_EQ(failpoint_exits, 1);
+
+  // The books refund every extra charge, and the relay publishes everything; then the consumers
+  // drain.
+  for (int i = 0; i < 300; ++i) {
+    bool refunded = true;
+    for (const auto& [id, charges] : charges_of) {
+      for (const std::string& charge : charges) refunded = refunded && RefundsOf(charge) == 1;
+    }
+    if (refunded) break;
+    std::this_thread::sleep_for(milliseconds(200));
+  }
+  std::vector<OutboxEvent> unpublished;
+  for (int i = 0; i < 300; ++i) {
+    std::unique_ptr<Store> store = OpenExistingStore(producer_store_);
+    ASSERT_NE(store, nullptr);
+    auto events = UnpublishedOutboxEvents(*store, 1000);
+    ASSERT_TRUE(events.has_value()) << events.error().message;
+    unpublished = std::move(*events);
+    if (unpublished.empty()) break;
+    std::this_thread::sleep_for(milliseconds(200));
+  }
+  EXPECT_TRUE(unpublished.empty()) << unpublished.size() << " events never published";
+  ASSERT_EQ(Drain(), 0) << "every event must be acknowledged";
+
+  // What the payments wrote: each payment's outcome first, then one refund per extra charge, in
+  // sequence order, all published.
+  std::map<std::string, std::vector<OutboxEvent>> events_of;
+  int declined = 0;
+  for (const auto& [id, status] : status_of) {
+    std::vector<OutboxEvent>& events = events_of[id] = OutboxEventsAt(producer_store_, id);
+    declined += status == 402 ? 1 : 0;
+    const std::string outcome = status == 201 ? "payment.succeeded" : "payment.failed";
+    ASSERT_EQ(events.size(), 1 + charges_of[id].size()) << id;
+    EXPECT_EQ(events[0].id, OutboxEventId(id, outcome, "")) << id;
+    std::set<std::string> refunded;
+    for (std::size_t e = 0; e < events.size(); ++e) {
+      EXPECT_EQ(events[e].sequence, static_cast<int64_t>(e + 1)) << id;
+      EXPECT_TRUE(events[e].published_at_ms.has_value()) << events[e].id;
+      if (e > 0) refunded.insert(events[e].id);
+    }
+    std::set<std::string> expected;
+    for (const std::string& charge : charges_of[id]) {
+      expected.insert(OutboxEventId(id, "payment.refunded", charge));
+    }
+    EXPECT_EQ(refunded, expected) << id;
+  }
+  std::map<std::string, const OutboxEvent*> written;  // event id → the event
+  for (const auto& [id, events] : events_of) {
+    for (const OutboxEvent& e : events) written[e.id] = &e;
+  }
+  std::size_t extra_charges = 0;
+  for (const auto& [id, charges] : charges_of) extra_charges += charges.size();
+  EXPECT_GE(declined, kChunks * kPerChunk / 8 - 1);
+  EXPECT_EQ(extra_charges, static_cast<std::size_t>(kChunks * kPerChunk * 3 / 8));
+  EXPECT_EQ(written.size(), status_of.size() + extra_charges);
+
+  // The broker: every copy an event the payments wrote, more copies than events (the page
+  // published again after the failpoint), and each payment's first copies in sequence order.
+  const std::vector<std::map<std::string, std::string>> copies = broker_->RelayedCopies();
+  std::set<std::string> seen;
+  std::map<std::string, int64_t> last_first;  // payment → the sequence of its last new event
+  for (const auto& copy : copies) {
+    auto event = written.find(copy.count("key") != 0 ? copy.at("key") : "");
+    ASSERT_NE(event, written.end()) << "a copy of no event the payments wrote";
+    EXPECT_EQ(copy.at("aggregate"), event->second->aggregate);
+    EXPECT_EQ(copy.at("sequence"), std::to_string(event->second->sequence));
+    if (seen.insert(event->first).second) {
+      EXPECT_EQ(event->second->sequence, last_first[event->second->aggregate] + 1)
+          << event->first << " came before its payment's event " << event->second->sequence - 1;
+      last_first[event->second->aggregate] = event->second->sequence;
+    }
+  }
+  EXPECT_EQ(seen.size(), written.size());
+  EXPECT_GT(copies.size(), written.size()) << "no event was published twice";
+
+  // The upstream: each event executed exactly once, nothing else; and how often a payment's
+  // events executed out of their order (messages run `concurrency` at a time, and a consumer
+  // killed with one in hand gets it back after redeliver_after, perhaps behind the next).
+  http::Request question{"GET", "/admin/executions", {}, ""};
+  auto executions = http::Call(upstream_url_, question);
+  ASSERT_TRUE(executions.has_value());
+  std::map<std::string, int64_t> runs;
+  std::map<std::string, std::map<int64_t, int64_t>> executed_at;  // payment → sequence → #
+  const json::object counts = ParseObject(executions->body);
+  for (const auto& [upstream_key, n] : counts.at("keys").as_object()) {
+    auto status =
+        http::Call(upstream_url_, {"GET", "/status/" + std::string(upstream_key), {}, ""});
+    ASSERT_TRUE(status.has_value());
+    ASSERT_EQ(status->status, 200) << upstream_key << ": " << status->body;
+    const json::object answer = ParseObject(status->body);
+    const json::object payload = ParseObject(std::string(answer.at("body").as_string()));
+    const std::string payment(payload.at("payment").as_object().at("id").as_string());
+    const std::string type(payload.at("type").as_string());
+    const std::string charge(payload.contains("refund")
+                                 ? payload.at("refund").as_object().at("charge_id").as_string()
+                                 : "");
+    const std::string event = OutboxEventId(payment, type, charge);
+    runs[event] += n.as_int64();
+    if (auto w = written.find(event); w != written.end()) {
+      executed_at[payment][w->second->sequence] = answer.at("execution").as_int64();
+    }
+  }
+  int exactly_once = 0;
+  for (const auto& [event, _] : written) {
+    EXPECT_EQ(runs[event], 1) << event;
+    exactly_once += runs[event] == 1 ? 1 : 0;
+  }
+  EXPECT_EQ(runs.size(), written.size()) << "the upstream executed an event nobody wrote";
+  int out_of_order = 0;
+  for (const auto& [payment, at] : executed_at) {
+    int64_t before = 0;
+    for (const auto& [sequence, execution] : at) {
+      out_of_order += execution < before ? 1 : 0;
+      before = execution;
+    }
+  }
+  EXPECT_TRUE(broker_->DeadLetters().empty()) << "an event was quarantined";
+  auto store = OpenExistingStore(store_url_);
+  ASSERT_NE(store, nullptr);
+  auto census = store->Census();
+  ASSERT_TRUE(census.has_value()) << census.error().message;
+  EXPECT_EQ(census->processing, 0);
+  std::printf(
+      "events proof (%zu consumer processes): %zu payments (%d declined), %zu events, %zu "
+      "copies published, %d executed exactly once; the producer killed %d times (once at its "
+      "failpoint), consumers %d times; %d events executed after their payment's next\n",
+      processes, status_of.size(), declined, written.size(), copies.size(), exactly_once,
+      producer_kills + failpoint_exits, kills, out_of_order);
 }
 
 void ConsumerProofTest::Executed(std::map<std::string, int64_t>& runs,
@@ -667,6 +933,32 @@ TEST_F(ConsumerProofTest,
   IDEM_NEED_SERVICE(PostgresServerUrl(), "IDEM_TEST_PG_URL");
   store_url_ = FreshPostgresStoreUrl();
   Proof(std::make_unique<RabbitBroker>(dir_), 3);
+}
+
+TEST_F(ConsumerProofTest, PaymentEventsThroughARedisStreamExecuteOnceOnSqlite) {
+  store_url_ = "sqlite://" + dir_.File("consumers.db");
+  producer_store_ = "sqlite://" + dir_.File("producer.db");
+  EventsProof(std::make_unique<RedisBroker>(dir_), 1);
+}
+
+TEST_F(ConsumerProofTest, PaymentEventsThroughARedisStreamExecuteOnceOnPostgres) {
+  IDEM_NEED_SERVICE(PostgresServerUrl(), "IDEM_TEST_PG_URL");
+  store_url_ = FreshPostgresStoreUrl();
+  producer_store_ = FreshPostgresStoreUrl();
+  EventsProof(std::make_unique<RedisBroker>(dir_), 2);
+}
+
+TEST_F(ConsumerProofTest, PaymentEventsThroughARabbitExchangeExecuteOnceOnSqlite) {
+  store_url_ = "sqlite://" + dir_.File("consumers.db");
+  producer_store_ = "sqlite://" + dir_.File("producer.db");
+  EventsProof(std::make_unique<RabbitBroker>(dir_), 1);
+}
+
+TEST_F(ConsumerProofTest, PaymentEventsThroughARabbitExchangeExecuteOnceOnPostgres) {
+  IDEM_NEED_SERVICE(PostgresServerUrl(), "IDEM_TEST_PG_URL");
+  store_url_ = FreshPostgresStoreUrl();
+  producer_store_ = FreshPostgresStoreUrl();
+  EventsProof(std::make_unique<RabbitBroker>(dir_), 2);
 }
 
 // A queue of payment commands: each merchant order charged once however often its command is

@@ -20,29 +20,10 @@ namespace json = boost::json;
 using std::chrono::milliseconds;
 using std::chrono::seconds;
 
-// One entry of the stream: its Redis id and its fields.
-struct Entry {
-  std::string id;
-  std::map<std::string, std::string> fields;
-};
+// One entry of the stream: its fields.
+using Entry = std::map<std::string, std::string>;
 
-std::vector<Entry> Entries(const std::string& stream) {
-  std::vector<Entry> out;
-  RedisReply range = RedisCommand({"XRANGE", stream, "-", "+"});
-  if (!range || range->type != REDIS_REPLY_ARRAY) return out;
-  for (std::size_t i = 0; i < range->elements; ++i) {
-    const redisReply* e = range->element[i];
-    Entry entry;
-    entry.id.assign(e->element[0]->str, e->element[0]->len);
-    const redisReply* fields = e->element[1];
-    for (std::size_t f = 0; f + 1 < fields->elements; f += 2) {
-      entry.fields[std::string(fields->element[f]->str, fields->element[f]->len)] =
-          std::string(fields->element[f + 1]->str, fields->element[f + 1]->len);
-    }
-    out.push_back(std::move(entry));
-  }
-  return out;
-}
+std::vector<Entry> Entries(const std::string& stream) { return StreamEntries(stream); }
 
 json::array ParseArray(const std::string& text) {
   boost::system::error_code ec;
@@ -133,13 +114,13 @@ TEST_F(OutboxTest, EachPaymentsEventsReachTheStreamOnceInOrderAndAreMarkedPublis
   std::set<std::string> ids;
   std::map<std::string, std::string> type_of;  // payment -> type
   for (const Entry& e : entries) {
-    const std::string& payment = e.fields.at("aggregate");
-    ids.insert(e.fields.at("key"));
-    type_of[payment] = e.fields.at("type");
-    EXPECT_EQ(e.fields.at("key"), OutboxEventId(payment, e.fields.at("type"), ""));
-    EXPECT_EQ(e.fields.at("sequence"), "1");
-    EXPECT_EQ(e.fields.at("content_type"), "application/json");
-    json::object payload = ParseObject(e.fields.at("body"));
+    const std::string& payment = e.at("aggregate");
+    ids.insert(e.at("key"));
+    type_of[payment] = e.at("type");
+    EXPECT_EQ(e.at("key"), OutboxEventId(payment, e.at("type"), ""));
+    EXPECT_EQ(e.at("sequence"), "1");
+    EXPECT_EQ(e.at("content_type"), "application/json");
+    json::object payload = ParseObject(e.at("body"));
     EXPECT_EQ(payload["payment"].as_object()["id"].as_string(), payment);
   }
   EXPECT_EQ(ids.size(), 6u) << "an event appended twice";
@@ -171,9 +152,9 @@ TEST_F(OutboxTest, EachPaymentsEventsReachTheStreamOnceInOrderAndAreMarkedPublis
   }
   entries = AwaitEntries(stream_, 7);
   ASSERT_EQ(entries.size(), 7u);
-  EXPECT_EQ(entries.back().fields.at("aggregate"), paid[0]);
-  EXPECT_EQ(entries.back().fields.at("type"), "payment.refunded");
-  EXPECT_EQ(entries.back().fields.at("sequence"), "2");
+  EXPECT_EQ(entries.back().at("aggregate"), paid[0]);
+  EXPECT_EQ(entries.back().at("type"), "payment.refunded");
+  EXPECT_EQ(entries.back().at("sequence"), "2");
 }
 
 TEST_F(OutboxTest, ABrokerThatIsDownHoldsTheEventsBackAndIdemctlPublishesThemLater) {
@@ -207,7 +188,7 @@ TEST_F(OutboxTest, ABrokerThatIsDownHoldsTheEventsBackAndIdemctlPublishesThemLat
   EXPECT_NE(out.find("3 events published to redis stream " + stream_), std::string::npos) << out;
   const std::vector<Entry> entries = Entries(stream_);
   ASSERT_EQ(entries.size(), 3u);
-  for (std::size_t i = 0; i < 3; ++i) EXPECT_EQ(entries[i].fields.at("aggregate"), paid[i]);
+  for (std::size_t i = 0; i < 3; ++i) EXPECT_EQ(entries[i].at("aggregate"), paid[i]);
   auto [shown, shown_out] =
       RunIdemctl({"outbox", "list", "--config", config, "--payment", paid[1], "-o", "json"});
   ASSERT_EQ(shown, 0) << shown_out;
@@ -297,7 +278,7 @@ TEST_F(OutboxTest, ARelayKilledBetweenTheAppendAndTheMarkAppendsThePageAgainLosi
   const std::vector<Entry> entries = Entries(stream_);
   ASSERT_EQ(entries.size(), 8u);
   for (std::size_t i = 0; i < 4; ++i) {
-    EXPECT_EQ(entries[i].fields.at("key"), entries[i + 4].fields.at("key"))
+    EXPECT_EQ(entries[i].at("key"), entries[i + 4].at("key"))
         << "the copy is not the same event, in the same order";
   }
   EXPECT_TRUE(Unpublished().empty());

@@ -35,6 +35,24 @@ struct DeadLetter {
   std::string body;
 };
 
+// The fields of each entry of `stream` on the Redis on loopback `port` (the tests' Redis when
+// 0), oldest first.
+inline std::vector<std::map<std::string, std::string>> StreamEntries(const std::string& stream,
+                                                                     uint16_t port = 0) {
+  std::vector<std::map<std::string, std::string>> out;
+  RedisReply range = RedisCommand({"XRANGE", stream, "-", "+"}, port);
+  if (!range || range->type != REDIS_REPLY_ARRAY) return out;
+  for (std::size_t e = 0; e < range->elements; ++e) {
+    const redisReply* fields = range->element[e]->element[1];
+    std::map<std::string, std::string>& f = out.emplace_back();
+    for (std::size_t i = 0; i + 1 < fields->elements; i += 2) {
+      f[std::string(fields->element[i]->str, fields->element[i]->len)] =
+          std::string(fields->element[i + 1]->str, fields->element[i + 1]->len);
+    }
+  }
+  return out;
+}
+
 // The broker of one test alone, durable, so that a restart keeps its messages, and started and
 // stopped by the test (by PID, also when it fails).
 class TestBroker {
@@ -58,6 +76,17 @@ class TestBroker {
   virtual int64_t Unanswered() = 0;
   // The dead letters by the id of their message.
   virtual std::map<std::string, DeadLetter> DeadLetters() = 0;
+
+  // The [outbox] keys of an idemd whose relay publishes where the consumers read: the stream
+  // "orders", or the exchange "payments.events" (once Start has run).
+  virtual std::string OutboxToml() const = 0;
+  // Routes the relay's exchange to the consumers' queue once they have declared it, and to a
+  // queue "audit" that keeps a copy of everything published; nothing to do on Redis, where the
+  // relay appends to the consumers' stream. False when the broker refused.
+  virtual bool RouteEvents() { return true; }
+  // Every copy of an event the relay published, oldest first: its fields (Redis) or its
+  // headers (RabbitMQ), `key` the event id among them. Once: RabbitMQ's are taken.
+  virtual std::vector<std::map<std::string, std::string>> RelayedCopies() = 0;
 };
 
 // A Redis of its own, every write in the append-only file before it is answered: a restart keeps
@@ -119,18 +148,16 @@ class RedisBroker final : public TestBroker {
 
   std::map<std::string, DeadLetter> DeadLetters() override {
     std::map<std::string, DeadLetter> out;
-    RedisReply range = RedisCommand({"XRANGE", "orders.dead", "-", "+"}, port_);
-    if (!range || range->type != REDIS_REPLY_ARRAY) return out;
-    for (std::size_t e = 0; e < range->elements; ++e) {
-      const redisReply* fields = range->element[e]->element[1];
-      std::map<std::string, std::string> f;
-      for (std::size_t i = 0; i + 1 < fields->elements; i += 2) {
-        f[std::string(fields->element[i]->str, fields->element[i]->len)] =
-            std::string(fields->element[i + 1]->str, fields->element[i + 1]->len);
-      }
+    for (auto& f : StreamEntries("orders.dead", port_))
       out[f["idem_source_id"]] = {f["idem_reason"], f["body"]};
-    }
     return out;
+  }
+  std::string OutboxToml() const override {
+    return "broker = \"redis\"\nurl = \"redis://127.0.0.1:" + std::to_string(port_) +
+           "\"\nstream = \"orders\"\n";
+  }
+  std::vector<std::map<std::string, std::string>> RelayedCopies() override {
+    return StreamEntries("orders", port_);
   }
 
  private:
@@ -335,15 +362,30 @@ class RabbitBroker final : public TestBroker {
     }
     return out;
   }
-  // Declares a durable topic exchange and a durable queue bound to it for every routing key.
-  bool Bind(const std::string& exchange, const std::string& queue) {
+  std::string OutboxToml() const override {
+    return "broker = \"rabbitmq\"\nurl = \"" + Url() + "\"\nexchange = \"payments.events\"\n";
+  }
+  bool RouteEvents() override {
+    return Bind("payments.events", "orders", /*declare_queue=*/false) &&
+           Bind("payments.events", "audit");
+  }
+  std::vector<std::map<std::string, std::string>> RelayedCopies() override {
+    std::vector<std::map<std::string, std::string>> out;
+    for (AmqpMessage& m : Take("audit")) out.push_back(std::move(m.headers));
+    return out;
+  }
+  // Declares a durable topic exchange and, unless it exists already (`declare_queue` false), a
+  // durable queue, and binds the queue to it for every routing key.
+  bool Bind(const std::string& exchange, const std::string& queue, bool declare_queue = true) {
     if (!Open()) return false;
     amqp_exchange_declare(conn_, 1, amqp_cstring_bytes(exchange.c_str()),
                           amqp_cstring_bytes("topic"), 0, /*durable=*/1, 0, 0, amqp_empty_table);
     if (amqp_get_rpc_reply(conn_).reply_type != AMQP_RESPONSE_NORMAL) return false;
-    amqp_queue_declare(conn_, 1, amqp_cstring_bytes(queue.c_str()), 0, /*durable=*/1, 0, 0,
-                       amqp_empty_table);
-    if (amqp_get_rpc_reply(conn_).reply_type != AMQP_RESPONSE_NORMAL) return false;
+    if (declare_queue) {
+      amqp_queue_declare(conn_, 1, amqp_cstring_bytes(queue.c_str()), 0, /*durable=*/1, 0, 0,
+                         amqp_empty_table);
+      if (amqp_get_rpc_reply(conn_).reply_type != AMQP_RESPONSE_NORMAL) return false;
+    }
     amqp_queue_bind(conn_, 1, amqp_cstring_bytes(queue.c_str()),
                     amqp_cstring_bytes(exchange.c_str()), amqp_cstring_bytes("#"),
                     amqp_empty_table);
