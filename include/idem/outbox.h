@@ -86,6 +86,12 @@ Result<std::vector<OutboxEvent>> OutboxEventsOf(Store& store, std::string_view a
 // transaction that renews its lease, so a relay that lost it marks nothing.)
 Status MarkOutboxPublished(StoreTxn& txn, std::span<const std::string> ids, Timestamp now);
 
+// Makes the published events of `aggregate` unpublished again in `txn`, so that a relay publishes
+// them once more, under their ids, in sequence order, with its next pass (an operator's replay for
+// a consumer that lost them). Their publications go on counting; published_at is set again by
+// the replay's confirmation. Events not yet published are left as they are. Returns how many were
+// set back (0 for an aggregate without published events, or one swept past retention).
+Result<int64_t> ReplayOutboxEvents(StoreTxn& txn, std::string_view aggregate);
 // The age of the oldest unpublished event at `now`, or nullopt when every event is published
 // (the relay's lag).
 Result<std::optional<Millis>> OldestUnpublishedAge(Store& store, Timestamp now);

@@ -192,6 +192,15 @@ Status MarkOutboxPublished(StoreTxn& txn, std::span<const std::string> ids, Time
   return Ok();
 }
 
+Result<int64_t> ReplayOutboxEvents(StoreTxn& txn, std::string_view aggregate) {
+  IDEM_ASSIGN_OR_RETURN(
+      std::vector<SqlRow> set_back,
+      txn.Exec("UPDATE idem_outbox SET published_at = NULL WHERE aggregate = ? AND published_at "
+               "IS NOT NULL RETURNING event_id",
+               {std::string(aggregate)}));
+  return static_cast<int64_t>(set_back.size());
+}
+
 Result<std::optional<Millis>> OldestUnpublishedAge(Store& store, Timestamp now) {
   IDEM_ASSIGN_OR_RETURN(
       std::vector<SqlRow> rows,

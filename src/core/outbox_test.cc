@@ -162,6 +162,48 @@ TEST_P(OutboxTest, PublishedOnceConfirmedCountedEveryTimeAndOnlyPublishedEventsA
   EXPECT_TRUE(s0.empty());
 }
 
+// A replay sets an aggregate's published events back, and only its own: they come again first,
+// in sequence order (they are older), beside the aggregate's unpublished event; their
+// publications go on counting, and published_at is the replay's confirmation.
+TEST_P(OutboxTest, AReplaySetsAnAggregatesPublishedEventsBackInOrder) {
+  Store& store = *main_.store;
+  const Timestamp t0 = env_.clock.Now();
+  IDEM_ASSERT_OK_AND_ASSIGN(OutboxEvent a1, AddCommitted(store, Event("r-a", "one"), t0));
+  IDEM_ASSERT_OK_AND_ASSIGN(OutboxEvent b1, AddCommitted(store, Event("r-b", "one"), t0));
+  IDEM_ASSERT_OK_AND_ASSIGN(OutboxEvent a2,
+                            AddCommitted(store, Event("r-a", "two"), t0 + Millis(1)));
+  const std::vector<std::string> first = {a1.id, b1.id, a2.id};
+  IDEM_ASSERT_OK(Marked(store, first, t0 + Millis(10)));
+  IDEM_ASSERT_OK_AND_ASSIGN(OutboxEvent a3,
+                            AddCommitted(store, Event("r-a", "three"), t0 + Millis(20)));
+
+  const auto replay = [&](std::string_view aggregate) -> Result<int64_t> {
+    IDEM_ASSIGN_OR_RETURN(std::unique_ptr<StoreTxn> txn, store.Begin());
+    IDEM_ASSIGN_OR_RETURN(int64_t n, ReplayOutboxEvents(*txn, aggregate));
+    IDEM_RETURN_IF_ERROR(txn->Commit());
+    return n;
+  };
+  IDEM_ASSERT_OK_AND_ASSIGN(int64_t n, replay("r-a"));
+  EXPECT_EQ(n, 2);
+  IDEM_ASSERT_OK_AND_ASSIGN(auto unpublished, UnpublishedOutboxEvents(store, 100));
+  EXPECT_EQ(Ids(unpublished), (std::vector<std::string>{a1.id, a2.id, a3.id}));
+  IDEM_ASSERT_OK_AND_ASSIGN(n, replay("r-a"));
+  EXPECT_EQ(n, 0) << "a replay pending is not counted twice";
+  IDEM_ASSERT_OK_AND_ASSIGN(n, replay("r-none"));
+  EXPECT_EQ(n, 0);
+
+  IDEM_ASSERT_OK(Marked(store, Ids(unpublished), t0 + Millis(30)));
+  IDEM_ASSERT_OK_AND_ASSIGN(auto a, OutboxEventsOf(store, "r-a"));
+  ASSERT_EQ(a.size(), 3u);
+  EXPECT_EQ(a[0].publications, 2);
+  EXPECT_EQ(a[0].published_at_ms, ToUnixMillis(t0 + Millis(30)));
+  EXPECT_EQ(a[2].publications, 1);
+  IDEM_ASSERT_OK_AND_ASSIGN(auto b, OutboxEventsOf(store, "r-b"));
+  ASSERT_EQ(b.size(), 1u);
+  EXPECT_EQ(b[0].publications, 1) << "another aggregate's event was replayed";
+  EXPECT_EQ(b[0].published_at_ms, ToUnixMillis(t0 + Millis(10)));
+}
+
 TEST_P(OutboxTest, MalformedEventsAndPagesAreRefusedAndWriteNothing) {
   Store& store = *main_.store;
   const Timestamp now = env_.clock.Now();
