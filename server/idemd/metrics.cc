@@ -484,6 +484,10 @@ std::string Metrics::Render() const {
           "Outbox events this instance's relay published, each confirmed by the broker (a copy "
           "published again after a crash counts again).",
           outbox_published_);
+  counter("idem_outbox_republished_total",
+          "Outbox events this instance's relay published again because an operator replayed "
+          "them (a replay's confirmations; also counted in idem_outbox_published_total).",
+          outbox_republished_);
   counter("idem_outbox_relay_passes_total", "Passes of the outbox relay on this instance.",
           relay_passes_);
   counter("idem_outbox_relay_failures_total",

@@ -151,8 +151,12 @@ class Metrics {
   void CountReconcileFinding(const std::string& finding_class);
   // idem_reconcile_refunds_total{outcome}: refunded, refused, unknown.
   void CountCompensation(const std::string& outcome);
-  // Outbox events a relay of this instance published (the broker confirmed them).
-  void CountOutboxPublished(int64_t n) { outbox_published_ += static_cast<uint64_t>(n); }
+  // Outbox events a relay of this instance published (the broker confirmed them), `republished`
+  // of them published before (an operator's replay).
+  void CountOutboxPublished(int64_t n, int64_t republished) {
+    outbox_published_ += static_cast<uint64_t>(n);
+    outbox_republished_ += static_cast<uint64_t>(republished);
+  }
   // One pass of the outbox relay; `failed` when the broker or the store stopped it.
   void CountRelayPass(bool failed) {
     ++relay_passes_;
@@ -234,6 +238,7 @@ class Metrics {
   std::atomic<uint64_t> books_runs_{0};
   std::atomic<uint64_t> books_failures_{0};
   std::atomic<uint64_t> outbox_published_{0};
+  std::atomic<uint64_t> outbox_republished_{0};
   std::atomic<uint64_t> relay_passes_{0};
   std::atomic<uint64_t> relay_failures_{0};
   std::atomic<int64_t> outbox_lag_ms_{0};

@@ -19,24 +19,29 @@ enum class OwnRoute : uint8_t {
   kHealthz,
   kReadyz,
   kMetrics,
-  kPaymentsCreate,  // POST /v1/payments
-  kPaymentGet,      // GET /v1/payments/{id}
-  kOperationGet,    // GET /v1/operations/{key}[?route=NAME]
+  kPaymentsCreate,       // POST /v1/payments
+  kPaymentEventsReplay,  // POST /v1/payments/{id}/events/replay
+  kPaymentEvents,        // GET /v1/payments/{id}/events
+  kPaymentGet,           // GET /v1/payments/{id}
+  kOperationGet,         // GET /v1/operations/{key}[?route=NAME]
 };
 
 struct OwnRouteEntry {
   OwnRoute route;
   // As a gateway route's `match` writes a path; a last segment "{name}" takes the rest of the
-  // path, at least one byte.
+  // path, at least one byte; a "{name}" segment before fixed ones takes one segment (no '/'),
+  // at least one byte.
   std::string_view pattern;
   std::string_view label;  // the route label of metrics and logs
 };
 
-inline constexpr std::array<OwnRouteEntry, 6> kOwnRoutes{{
+inline constexpr std::array<OwnRouteEntry, 8> kOwnRoutes{{
     {OwnRoute::kHealthz, "/healthz", "healthz"},
     {OwnRoute::kReadyz, "/readyz", "readyz"},
     {OwnRoute::kMetrics, "/metrics", "metrics"},
     {OwnRoute::kPaymentsCreate, "/v1/payments", kPaymentsCreateRoute},
+    {OwnRoute::kPaymentEventsReplay, "/v1/payments/{id}/events/replay", "payments.events.replay"},
+    {OwnRoute::kPaymentEvents, "/v1/payments/{id}/events", "payments.events"},
     {OwnRoute::kPaymentGet, "/v1/payments/{id}", "payments.get"},
     {OwnRoute::kOperationGet, "/v1/operations/{key}", "operations.get"},
 }};
@@ -61,9 +66,17 @@ constexpr std::optional<OwnMatch> MatchOwnRoute(std::string_view path) {
     const std::string_view fixed = FixedPart(entry);
     if (fixed.size() == entry.pattern.size()) {
       if (path == fixed) return OwnMatch{&entry, {}};
-    } else if (path.size() > fixed.size() && path.substr(0, fixed.size()) == fixed) {
-      return OwnMatch{&entry, path.substr(fixed.size())};
+      continue;
     }
+    // What follows the "{name}" segment: nothing (it takes the rest), or fixed segments.
+    const std::string_view after = entry.pattern.substr(entry.pattern.find('}') + 1);
+    if (path.size() <= fixed.size() + after.size() || path.substr(0, fixed.size()) != fixed ||
+        path.substr(path.size() - after.size()) != after) {
+      continue;
+    }
+    const std::string_view id =
+        path.substr(fixed.size(), path.size() - fixed.size() - after.size());
+    if (after.empty() || id.find('/') == std::string_view::npos) return OwnMatch{&entry, id};
   }
   return std::nullopt;
 }

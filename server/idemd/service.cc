@@ -168,7 +168,13 @@ http::Async<http::Response> Service::HandleOwn(const http::Request& request,
     if (request.method != "POST") co_return MethodNotAllowed("POST");
     co_return co_await payments_filter_.Handle(request, *principal, context);
   }
+  if (route == OwnRoute::kPaymentEventsReplay) {
+    if (request.method != "POST") co_return MethodNotAllowed("POST");
+    co_return co_await pool_.Call([&] { return payments_.Events(own.id, *principal, true); });
+  }
   if (request.method != "GET") co_return MethodNotAllowed("GET");
+  if (route == OwnRoute::kPaymentEvents)
+    co_return co_await reads_.Call([&] { return payments_.Events(own.id, *principal, false); });
   if (route == OwnRoute::kPaymentGet)
     co_return co_await reads_.Call([&] { return payments_.Get(own.id, *principal); });
   if (route_name && named == nullptr) {

@@ -256,6 +256,75 @@ TEST_F(OutboxTest, ARabbitExchangeGetsEachEventOnceInOrderAndAnUnboundOneHoldsTh
   EXPECT_EQ(Unpublished().size(), 1u);
 }
 
+// A consumer lost a payment's events: its tenant reads them (GET /v1/payments/{id}/events) and
+// replays them (POST …/events/replay), or an operator does (idemctl outbox replay); the relay
+// publishes them again under their ids, the other payments' events stay as they are, and
+// idem_outbox_republished_total counts the copies. Another tenant's payment is not found.
+TEST_F(OutboxTest, APaymentsEventsAreReplayedUnderTheirIdsByItsTenantAndByAnOperator) {
+  StartIdemd(Relaying());
+  const std::string first = PaidId("outbox-replay-1", "ORD-REPLAY-1");
+  const std::string second = PaidId("outbox-replay-2", "ORD-REPLAY-2");
+  ASSERT_EQ(AwaitEntries(stream_, 2).size(), 2u);
+  std::this_thread::sleep_for(milliseconds(300));  // both marked
+
+  const http::Response listed = Get("/v1/payments/" + first + "/events", kBob);  // same tenant
+  ASSERT_EQ(listed.status, 200) << listed.body;
+  json::object body = ParseObject(listed.body);
+  EXPECT_EQ(body["payment"].as_string(), first);
+  ASSERT_EQ(body["events"].as_array().size(), 1u);
+  json::object event = body["events"].as_array()[0].as_object();
+  EXPECT_EQ(event["id"].as_string(), OutboxEventId(first, "payment.succeeded", ""));
+  EXPECT_EQ(event["sequence"].as_int64(), 1);
+  EXPECT_TRUE(event["published_at"].is_string()) << listed.body;
+  EXPECT_EQ(event["publications"].as_int64(), 1);
+  EXPECT_EQ(event["payload"].as_object()["payment"].as_object()["id"].as_string(), first);
+
+  const auto replay = [&](const std::string& id, const std::string& api_key) {
+    http::Request req{"POST", "/v1/payments/" + id + "/events/replay", {}, ""};
+    req.headers.Set("Authorization", "Bearer " + api_key);
+    return Send(std::move(req));
+  };
+  EXPECT_EQ(replay(first, kCarol).status, 404) << "another tenant's payment";
+  EXPECT_EQ(Get("/v1/payments/" + first + "/events", kCarol).status, 404);
+  EXPECT_EQ(replay("pay_nope", kAlice).status, 404);
+  EXPECT_EQ(Get("/v1/payments/" + first + "/events/replay").status, 405);
+  EXPECT_EQ(Entries(stream_).size(), 2u) << "a refused replay published something";
+
+  const http::Response replayed = replay(first, kAlice);
+  ASSERT_EQ(replayed.status, 202) << replayed.body;
+  EXPECT_EQ(ParseObject(replayed.body)["replayed"].as_int64(), 1);
+  std::vector<Entry> entries = AwaitEntries(stream_, 3);
+  ASSERT_EQ(entries.size(), 3u);
+  EXPECT_EQ(entries[2].at("key"), entries[0].at("key")) << "the replay is not the same event";
+  EXPECT_EQ(entries[2].at("body"), entries[0].at("body"));
+  EXPECT_EQ(entries[1].at("aggregate"), second);
+
+  // The operator's replay, through the same store.
+  const std::string config = dir_.File("replay.toml");
+  WriteConfig(config, Relaying());
+  auto [ran, out] = RunIdemctl({"outbox", "replay", "--config", config, "--payment", second});
+  ASSERT_EQ(ran, 0) << out;
+  EXPECT_NE(out.find("1 event of " + second + " set back"), std::string::npos) << out;
+  entries = AwaitEntries(stream_, 4);
+  ASSERT_EQ(entries.size(), 4u);
+  EXPECT_EQ(entries[3].at("key"), entries[1].at("key"));
+  auto [unknown, unknown_out] =
+      RunIdemctl({"outbox", "replay", "--config", config, "--payment", "pay_nope"});
+  EXPECT_EQ(unknown, 1) << unknown_out;
+
+  std::this_thread::sleep_for(milliseconds(600));  // passes of the relay: nothing more comes
+  EXPECT_EQ(Entries(stream_).size(), 4u) << "a replay published more than once";
+  const std::vector<OutboxEvent> events = OutboxEventsAt(StoreUrl(), first);
+  ASSERT_EQ(events.size(), 1u);
+  EXPECT_EQ(events[0].publications, 2);
+  EXPECT_TRUE(events[0].published_at_ms.has_value());
+  const http::Response metrics = Get("/metrics");
+  EXPECT_NE(metrics.body.find("\nidem_outbox_republished_total 2\n"), std::string::npos)
+      << metrics.body;
+  EXPECT_NE(metrics.body.find("\nidem_outbox_published_total 4\n"), std::string::npos)
+      << metrics.body;
+}
+
 #if !defined(IDEM_NO_FAILPOINTS)
 // Killed after the broker confirmed a page and before it was marked: the next relay appends the
 // page again, under the same event ids, and then marks it. Nothing is lost; a consumer keyed by

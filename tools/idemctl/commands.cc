@@ -26,6 +26,7 @@
 #include "server/idemd/consumers/redis_stream.h"
 #include "server/idemd/outbox/relay.h"
 #include "server/idemd/payments/books.h"
+#include "server/idemd/payments/events.h"
 #include "server/idemd/payments/table.h"
 
 namespace idem::ctl {
@@ -532,25 +533,6 @@ int DeadLetterRedrive(const DeadLetterOptions& options) {
   return kExitDone;
 }
 
-namespace {
-
-json::object ToJson(const OutboxEvent& e) {
-  json::object o{{"id", e.id},
-                 {"payment", e.aggregate},
-                 {"type", e.type},
-                 {"sequence", e.sequence},
-                 {"created_at", http::Rfc3339(e.created_at_ms)},
-                 {"published_at", e.published_at_ms ? json::value(http::Rfc3339(*e.published_at_ms))
-                                                    : json::value(nullptr)},
-                 {"publications", e.publications}};
-  boost::system::error_code ec;
-  json::value payload = json::parse(e.payload, ec);
-  o["payload"] = ec ? json::value(e.payload) : std::move(payload);
-  return o;
-}
-
-}  // namespace
-
 int OutboxList(const OutboxOptions& options) {
   auto opened = OpenFromConfig(options.config);
   if (!opened) return Fail(opened.error().message);
@@ -559,7 +541,7 @@ int OutboxList(const OutboxOptions& options) {
   if (!events) return Fail(events.error().message);
   if (options.output == Output::kJson) {
     json::array out;
-    for (const OutboxEvent& e : *events) out.push_back(ToJson(e));
+    for (const OutboxEvent& e : *events) out.push_back(idemd::EventJson(e));
     PrintJson(out);
     return kExitDone;
   }
@@ -572,6 +554,27 @@ int OutboxList(const OutboxOptions& options) {
   }
   std::cout << events->size() << " event" << (events->size() == 1 ? "" : "s")
             << (options.payment.empty() ? " unpublished" : " of " + options.payment) << "\n";
+  return kExitDone;
+}
+
+int OutboxReplay(const OutboxOptions& options) {
+  auto opened = OpenFromConfig(options.config);
+  if (!opened) return Fail(opened.error().message);
+  auto events = OutboxEventsOf(*opened->store, options.payment);
+  if (!events) return Fail(events.error().message);
+  if (events->empty()) return Fail("payment " + options.payment + " has no events to replay");
+  auto set_back = idemd::ReplayPaymentEvents(*opened->store, options.payment);
+  if (!set_back) return Fail(set_back.error().message);
+  if (options.output == Output::kJson) {
+    PrintJson(json::object{{"payment", options.payment}, {"replayed", *set_back}});
+  } else {
+    std::cout << *set_back << " event" << (*set_back == 1 ? "" : "s") << " of " << options.payment
+              << " set back to be published again"
+              << (opened->config.outbox.broker == "off"
+                      ? " (this config relays no events: [outbox] broker is off)"
+                      : "")
+              << "\n";
+  }
   return kExitDone;
 }
 

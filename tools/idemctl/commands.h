@@ -125,7 +125,7 @@ struct DeadLetterOptions {
 
 struct OutboxOptions {
   std::string config;
-  std::string payment;  // list: this payment's events; else the unpublished ones
+  std::string payment;  // list: this payment's events, else the unpublished ones; replay: its
   int limit = 100;      // list: at most this many; relay: at most this many published
   Output output = Output::kText;
 };
@@ -174,6 +174,9 @@ int DeadLetterRedrive(const DeadLetterOptions& options);
 
 // `idemctl outbox list`: a payment's events (--payment), or the oldest unpublished ones.
 int OutboxList(const OutboxOptions& options);
+// `idemctl outbox replay`: sets --payment's published events back, so that the relay publishes
+// them again (ReplayPaymentEvents).
+int OutboxReplay(const OutboxOptions& options);
 // `idemctl outbox relay`: one pass of the relay of the config's [outbox] (docs/outbox.md), under
 // the relay's lease; exit 1 when another instance relays now or the broker fails.
 int OutboxRelay(const OutboxOptions& options);

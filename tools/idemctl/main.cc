@@ -325,16 +325,27 @@ int main(int argc, char** argv) {
       "list", "Print a payment's events, or the oldest not yet published (nothing moves)");
   CLI::App* outbox_relay = outbox_cmd->add_subcommand(
       "relay", "Publish the events not yet published to [outbox]'s broker, once");
-  for (CLI::App* sub : {outbox_list, outbox_relay}) {
+  CLI::App* outbox_replay = outbox_cmd->add_subcommand(
+      "replay", "Publish a payment's events again, under their ids, with the relay's next pass");
+  for (CLI::App* sub : {outbox_list, outbox_relay, outbox_replay}) {
     AddConfigOption(sub, &outbox.config, "the idemd config whose store holds the events")
         ->required();
+    AddOutputOption(sub, &outbox.output);
+    if (sub == outbox_replay) continue;
     sub->add_option("--limit", outbox.limit,
                     "list: at most this many; relay: publish at most this many")
         ->check(CLI::Range(1, idem::limits::kOutboxPageMax))
         ->capture_default_str();
-    AddOutputOption(sub, &outbox.output);
   }
   outbox_list->add_option("--payment", outbox.payment, "this payment's events, in order");
+  outbox_replay
+      ->add_option("--payment", outbox.payment, "the payment whose events to publish again")
+      ->required();
+  outbox_replay->footer(
+      "For a consumer that lost a payment's events: each published one is set back to be\n"
+      "published again, under its own id and in sequence order, by the next pass of a relay (an\n"
+      "idemd's, or `idemctl outbox relay`). A consumer keyed by the event id drops the copies it\n"
+      "already has.");
   outbox_relay->footer(
       "One pass of the relay idemd runs every [outbox] interval_ms: under the same lease, so it\n"
       "never runs beside an instance's relay (it fails instead). An event is marked published\n"
@@ -423,6 +434,7 @@ int main(int argc, char** argv) {
   if (reconcile_cmd->parsed()) return Reconcile(reconcile);
   if (outbox_list->parsed()) return OutboxList(outbox);
   if (outbox_relay->parsed()) return OutboxRelay(outbox);
+  if (outbox_replay->parsed()) return OutboxReplay(outbox);
   if (dead_list->parsed()) return DeadLetterList(dead);
   if (dead_redrive->parsed()) return DeadLetterRedrive(dead);
   if (gen_secret_cmd->parsed()) return GenSecret();

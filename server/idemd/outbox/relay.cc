@@ -48,8 +48,15 @@ Result<RelayPass> Relay::RunOnce(int64_t max_events) {
         IDEM_RETURN_IF_ERROR(lease.Renew(*txn));
         IDEM_RETURN_IF_ERROR(MarkOutboxPublished(*txn, ids, clock_.Now()));
         IDEM_RETURN_IF_ERROR(txn->Commit());
+        // An event marked before is published again on a replay (ReplayOutboxEvents).
+        const auto republished = static_cast<int64_t>(
+            std::count_if(events.begin(), events.begin() + static_cast<std::ptrdiff_t>(confirmed),
+                          [](const OutboxEvent& e) { return e.publications > 0; }));
         pass.published += static_cast<int64_t>(confirmed);
-        if (metrics_ != nullptr) metrics_->CountOutboxPublished(static_cast<int64_t>(confirmed));
+        pass.republished += republished;
+        if (metrics_ != nullptr) {
+          metrics_->CountOutboxPublished(static_cast<int64_t>(confirmed), republished);
+        }
       }
       if (failed) return std::move(*failed);
       if (confirmed < events.size()) {

@@ -64,8 +64,9 @@ struct RelayOptions {
 
 // What one pass did.
 struct RelayPass {
-  int64_t published = 0;  // events confirmed and marked
-  int64_t swept = 0;      // published events deleted past retention
+  int64_t published = 0;    // events confirmed and marked
+  int64_t republished = 0;  // of them, events a replay set back (published before)
+  int64_t swept = 0;        // published events deleted past retention
 };
 
 // Thread-compatible: one pass at a time per object; passes on several instances exclude each

@@ -46,4 +46,26 @@ Status AddRefundEvent(StoreTxn& txn, const std::string& payment_id, const Refund
   return AddPaymentEvent(txn, kPaymentRefunded, Text(r[0]), payment, now, &refund);
 }
 
+Result<int64_t> ReplayPaymentEvents(Store& store, const std::string& payment_id) {
+  IDEM_ASSIGN_OR_RETURN(std::unique_ptr<StoreTxn> txn, store.Begin());
+  IDEM_ASSIGN_OR_RETURN(int64_t set_back, ReplayOutboxEvents(*txn, payment_id));
+  IDEM_RETURN_IF_ERROR(txn->Commit());
+  return set_back;
+}
+
+json::value EventJson(const OutboxEvent& e) {
+  json::object o{{"id", e.id},
+                 {"payment", e.aggregate},
+                 {"type", e.type},
+                 {"sequence", e.sequence},
+                 {"created_at", http::Rfc3339(e.created_at_ms)},
+                 {"published_at", e.published_at_ms ? json::value(http::Rfc3339(*e.published_at_ms))
+                                                    : json::value(nullptr)},
+                 {"publications", e.publications}};
+  boost::system::error_code ec;
+  json::value payload = json::parse(e.payload, ec);
+  o["payload"] = ec ? json::value(e.payload) : std::move(payload);
+  return o;
+}
+
 }  // namespace idem::idemd

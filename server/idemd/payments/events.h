@@ -3,10 +3,14 @@
 // transaction that changes the payment, so an event exists exactly when its change committed.
 #pragma once
 
+#include <boost/json/value.hpp>
+#include <cstdint>
 #include <string>
 #include <string_view>
 
 #include "idem/clock.h"
+#include "idem/outbox.h"
+#include "idem/result.h"
 #include "idem/store.h"
 #include "server/idemd/payments/table.h"
 
@@ -37,5 +41,15 @@ Status AddPaymentEvent(StoreTxn& txn, std::string_view type, const std::string& 
 // AddOutboxEvent's.
 Status AddRefundEvent(StoreTxn& txn, const std::string& payment_id, const RefundFacts& refund,
                       Timestamp now);
+
+// Sets payment `payment_id`'s published events back to unpublished, in a transaction of its own,
+// so that the relay publishes them again under their ids, in order (ReplayOutboxEvents): for a
+// consumer that lost them. Returns how many were set back. Errors: the store's.
+Result<int64_t> ReplayPaymentEvents(Store& store, const std::string& payment_id);
+
+// An event as idemctl and GET /v1/payments/{id}/events show it: {"id", "payment", "type",
+// "sequence", "created_at", "published_at" (null until published), "publications", "payload"
+// (parsed when it is JSON, else its text)}.
+boost::json::value EventJson(const OutboxEvent& event);
 
 }  // namespace idem::idemd

@@ -11,6 +11,7 @@
 #include "idem/canonical.h"
 #include "idem/failpoint.h"
 #include "idem/fingerprint.h"
+#include "server/idemd/payments/events.h"
 #include "server/idemd/routes.h"
 
 namespace idem::idemd {
@@ -329,6 +330,26 @@ http::Response Payments::Get(std::string_view id, const Principal& principal) {
     body = json::serialize(doc);
   }
   http::Response r{200, {}, std::move(body)};
+  r.headers.Set("Content-Type", "application/json");
+  return r;
+}
+
+http::Response Payments::Events(std::string_view id, const Principal& principal, bool replay) {
+  auto loaded = Load(id, principal.tenant);
+  if (!loaded) return http::ProblemFor(loaded.error());
+  if (!*loaded) return http::Problem(http::ProblemKind::kNotFound, "no such payment");
+  json::object body{{"payment", (*loaded)->id}};
+  if (replay) {
+    auto set_back = ReplayPaymentEvents(store_, (*loaded)->id);
+    if (!set_back) return http::ProblemFor(set_back.error());
+    body["replayed"] = *set_back;
+  }
+  auto events = OutboxEventsOf(store_, (*loaded)->id);
+  if (!events) return http::ProblemFor(events.error());
+  json::array list;
+  for (const OutboxEvent& e : *events) list.push_back(EventJson(e));
+  body["events"] = std::move(list);
+  http::Response r{replay ? 202 : 200, {}, json::serialize(body)};
   r.headers.Set("Content-Type", "application/json");
   return r;
 }

@@ -47,6 +47,11 @@ class Payments final : public Operation {
 
   // GET /v1/payments/{id}: 200, or 404 (also for another tenant's payment).
   http::Response Get(std::string_view id, const Principal& principal);
+  // GET /v1/payments/{id}/events: 200 {"payment", "events": [EventJson, ...]} in sequence order,
+  // or 404 as Get. POST /v1/payments/{id}/events/replay: sets the payment's published events
+  // back, so the relay publishes them again under their ids (ReplayPaymentEvents); 202 {"payment",
+  // "replayed": how many were set back, "events"}, or 404 as Get.
+  http::Response Events(std::string_view id, const Principal& principal, bool replay);
 
  private:
   // A body that is not JSON: the parser's message.
