@@ -251,6 +251,13 @@ def main():
         expect(request("GET", f"/v1/payments/{payment_id}", api_key=CAROL), 404, "other tenant")
         expect(request("GET", f"/v1/payments/{payment_id}", api_key=None), 401, "payment auth")
         expect(request("POST", f"/v1/payments/{payment_id}", body="{}"), 405, "payment method")
+        events = f"/v1/payments/{payment_id}/events"
+        expect(request("GET", events), 200, "events")
+        expect(request("GET", events, api_key=CAROL), 404, "other tenant's events")
+        expect(request("GET", events, api_key=None), 401, "events auth")
+        expect(request("POST", events + "/replay"), 202, "replay")
+        expect(request("POST", events + "/replay", api_key=CAROL), 404, "other tenant's replay")
+        expect(request("POST", events + "/replay", api_key=None), 401, "replay auth")
         expect(request("GET", "/v1/operations/oa-key-0001"), 200, "operation")
         expect(request("GET", "/v1/operations/oa-key-0008", api_key=CAROL), 200, "running operation")
         expect(request("GET", "/v1/operations/oa-key-0001", api_key=BOB), 404, "other principal")
