@@ -156,7 +156,8 @@ class ConsumerProofTest : public IdemdTest {
 
   void Proof(std::unique_ptr<TestBroker> broker, std::size_t processes,
              Target target = Target::kUpstream);
-  void EventsProof(std::unique_ptr<TestBroker> broker, std::size_t processes);
+  // On SQLite files (one consumer process), or fresh PostgreSQL schemas (two).
+  void EventsProof(std::unique_ptr<TestBroker> broker, bool postgres);
   // Lets the consumers run undisturbed until the broker has nothing left and they hold nothing;
   // stopped, they give back what they still hold, which must be nothing (else they run again, a
   // few times at most). Returns what is left unanswered: 0 unless the proof failed.
@@ -389,7 +390,16 @@ void ConsumerProofTest::Proof(std::unique_ptr<TestBroker> broker, std::size_t pr
 // provider, so some payments have two or three events. Afterwards every event the payments
 // wrote reached the upstream exactly once, the broker holds each payment's events in order, and
 // nothing was quarantined.
-void ConsumerProofTest::EventsProof(std::unique_ptr<TestBroker> broker, std::size_t processes) {
+void ConsumerProofTest::EventsProof(std::unique_ptr<TestBroker> broker, bool postgres) {
+  if (postgres) {
+    IDEM_NEED_SERVICE(PostgresServerUrl(), "IDEM_TEST_PG_URL");
+    store_url_ = FreshPostgresStoreUrl();
+    producer_store_ = FreshPostgresStoreUrl();
+  } else {
+    store_url_ = "sqlite://" + dir_.File("consumers.db");
+    producer_store_ = "sqlite://" + dir_.File("producer.db");
+  }
+  const std::size_t processes = postgres ? 2 : 1;
   broker_ = std::move(broker);
   target_ = Target::kEvents;
   ASSERT_NO_FATAL_FAILURE(broker_->Start());
@@ -398,12 +408,14 @@ void ConsumerProofTest::EventsProof(std::unique_ptr<TestBroker> broker, std::siz
   for (std::size_t i = 0; i < processes; ++i) ASSERT_NO_FATAL_FAILURE(StartConsumer(i));
   ASSERT_TRUE(broker_->RouteEvents());
   // The producer: its relay tries a pass every 50 ms, in pages of 8, under a lease of 1.5 s; its
-  // books look for duplicate charges every 300 ms.
+  // books look for duplicate charges every 300 ms, under a lease of 2 s (a producer killed in a
+  // run holds it that long, not the default minute).
   IdemdOptions producer;
   producer.store_url = producer_store_;
   producer.extra_tables = "[outbox]\n" + broker_->OutboxToml() +
                           "interval_ms = 50\nbatch = 8\nlease_ms = 1500\n"
-                          "[reconciliation]\ninterval_ms = 300\nwindow_ms = 600000\nlag_ms = 0\n";
+                          "[reconciliation]\ninterval_ms = 300\nwindow_ms = 600000\nlag_ms = 0\n"
+                          "lease_ms = 2000\n";
   IdemdOptions armed = producer;  // dies (86) after its first page is confirmed, before the mark
   armed.env["IDEM_FAILPOINTS"] = "outbox_after_publish=crash";
   ASSERT_NO_FATAL_FAILURE(StartIdemd(producer));
@@ -936,29 +948,19 @@ TEST_F(ConsumerProofTest,
 }
 
 TEST_F(ConsumerProofTest, PaymentEventsThroughARedisStreamExecuteOnceOnSqlite) {
-  store_url_ = "sqlite://" + dir_.File("consumers.db");
-  producer_store_ = "sqlite://" + dir_.File("producer.db");
-  EventsProof(std::make_unique<RedisBroker>(dir_), 1);
+  EventsProof(std::make_unique<RedisBroker>(dir_), /*postgres=*/false);
 }
 
 TEST_F(ConsumerProofTest, PaymentEventsThroughARedisStreamExecuteOnceOnPostgres) {
-  IDEM_NEED_SERVICE(PostgresServerUrl(), "IDEM_TEST_PG_URL");
-  store_url_ = FreshPostgresStoreUrl();
-  producer_store_ = FreshPostgresStoreUrl();
-  EventsProof(std::make_unique<RedisBroker>(dir_), 2);
+  EventsProof(std::make_unique<RedisBroker>(dir_), /*postgres=*/true);
 }
 
 TEST_F(ConsumerProofTest, PaymentEventsThroughARabbitExchangeExecuteOnceOnSqlite) {
-  store_url_ = "sqlite://" + dir_.File("consumers.db");
-  producer_store_ = "sqlite://" + dir_.File("producer.db");
-  EventsProof(std::make_unique<RabbitBroker>(dir_), 1);
+  EventsProof(std::make_unique<RabbitBroker>(dir_), /*postgres=*/false);
 }
 
 TEST_F(ConsumerProofTest, PaymentEventsThroughARabbitExchangeExecuteOnceOnPostgres) {
-  IDEM_NEED_SERVICE(PostgresServerUrl(), "IDEM_TEST_PG_URL");
-  store_url_ = FreshPostgresStoreUrl();
-  producer_store_ = FreshPostgresStoreUrl();
-  EventsProof(std::make_unique<RabbitBroker>(dir_), 2);
+  EventsProof(std::make_unique<RabbitBroker>(dir_), /*postgres=*/true);
 }
 
 // A queue of payment commands: each merchant order charged once however often its command is
