@@ -158,6 +158,15 @@ class ConsumerProofTest : public IdemdTest {
              Target target = Target::kUpstream);
   // On SQLite files (one consumer process), or fresh PostgreSQL schemas (two).
   void EventsProof(std::unique_ptr<TestBroker> broker, bool postgres);
+  // No record of the consumers' store is left PROCESSING (once they are stopped: their takeover
+  // loops have run).
+  void ExpectNothingProcessing() {
+    auto store = OpenExistingStore(store_url_);
+    ASSERT_NE(store, nullptr);
+    auto census = store->Census();
+    ASSERT_TRUE(census.has_value()) << census.error().message;
+    EXPECT_EQ(census->processing, 0);
+  }
   // Lets the consumers run undisturbed until the broker has nothing left and they hold nothing;
   // stopped, they give back what they still hold, which must be nothing (else they run again, a
   // few times at most). Returns what is left unanswered: 0 unless the proof failed.
@@ -368,12 +377,7 @@ void ConsumerProofTest::Proof(std::unique_ptr<TestBroker> broker, std::size_t pr
   EXPECT_GT(mismatched, kKeys / 8);
   EXPECT_EQ(dead.size(), static_cast<std::size_t>(mismatched + kPoison));
 
-  // Nothing is left PROCESSING (the consumers are stopped: their takeover loops have run).
-  auto store = OpenExistingStore(store_url_);
-  ASSERT_NE(store, nullptr);
-  auto census = store->Census();
-  ASSERT_TRUE(census.has_value()) << census.error().message;
-  EXPECT_EQ(census->processing, 0);
+  ASSERT_NO_FATAL_FAILURE(ExpectNothingProcessing());
   std::printf(
       "consumer proof (%s, %zu processes): %zu messages of %d keys (%d poison), %d killed, "
       "%d copies of another payload quarantined\n",
@@ -629,11 +633,7 @@ void ConsumerProofTest::EventsProof(std::unique_ptr<TestBroker> broker, bool pos
     }
   }
   EXPECT_TRUE(broker_->DeadLetters().empty()) << "an event was quarantined";
-  auto store = OpenExistingStore(store_url_);
-  ASSERT_NE(store, nullptr);
-  auto census = store->Census();
-  ASSERT_TRUE(census.has_value()) << census.error().message;
-  EXPECT_EQ(census->processing, 0);
+  ASSERT_NO_FATAL_FAILURE(ExpectNothingProcessing());
   std::printf(
       "events proof (%zu consumer processes): %zu payments (%d declined), %zu events, %zu "
       "copies published, %d executed exactly once; the producer killed %d times (once at its "
