@@ -204,6 +204,25 @@ TEST_P(OutboxTest, AReplaySetsAnAggregatesPublishedEventsBackInOrder) {
   EXPECT_EQ(b[0].published_at_ms, ToUnixMillis(t0 + Millis(10)));
 }
 
+// A page of more ids than one statement marks (200) is marked whole.
+TEST_P(OutboxTest, APageOverOneStatementsIdsIsMarkedWhole) {
+  Store& store = *main_.store;
+  const Timestamp t0 = env_.clock.Now();
+  IDEM_ASSERT_OK_AND_ASSIGN(std::unique_ptr<StoreTxn> txn, store.Begin());
+  for (int i = 0; i < 450; ++i) {
+    IDEM_ASSERT_OK(AddOutboxEvent(*txn, Event("m-" + std::to_string(i), "x"), t0));
+  }
+  IDEM_ASSERT_OK(txn->Commit());
+  IDEM_ASSERT_OK_AND_ASSIGN(auto page, UnpublishedOutboxEvents(store, 1000));
+  ASSERT_EQ(page.size(), 450u);
+  IDEM_ASSERT_OK(Marked(store, Ids(page), t0 + Millis(5)));
+  IDEM_ASSERT_OK_AND_ASSIGN(page, UnpublishedOutboxEvents(store, 1000));
+  EXPECT_TRUE(page.empty()) << page.size() << " left unmarked";
+  IDEM_ASSERT_OK_AND_ASSIGN(auto last, OutboxEventsOf(store, "m-449"));
+  ASSERT_EQ(last.size(), 1u);
+  EXPECT_EQ(last[0].publications, 1);
+}
+
 TEST_P(OutboxTest, MalformedEventsAndPagesAreRefusedAndWriteNothing) {
   Store& store = *main_.store;
   const Timestamp now = env_.clock.Now();
