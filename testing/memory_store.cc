@@ -5,6 +5,7 @@
 #include "testing/memory_store.h"
 
 #include <algorithm>
+#include <functional>
 #include <map>
 #include <string>
 #include <tuple>
@@ -318,8 +319,11 @@ class MemoryTxn final : public StoreTxn {
     overlay_.clear();
     ended_ = true;
     data_->write_lock.Unlock();
+    for (const auto& fn : after_commit_) fn();
     return Ok();
   }
+
+  void AfterCommit(std::function<void()> fn) override { after_commit_.push_back(std::move(fn)); }
 
  private:
   // Every operation after a Commit is a bug of the caller (a SQL store would run it outside the
@@ -352,6 +356,7 @@ class MemoryTxn final : public StoreTxn {
   Random& random_;
   std::map<ScopeHash, Record> overlay_;  // records are only ever deleted by Sweep, outside
   bool ended_ = false;                   // committed; the write lock is released
+  std::vector<std::function<void()>> after_commit_;  // AfterCommit's hooks, run by Commit
 };
 
 class MemoryStore final : public Store {

@@ -296,6 +296,26 @@ TEST_P(StoreContractTest, FencedFinishIsRejectedAndItsBusinessWriteRollsBack) {
   EXPECT_EQ(record->recovery_point, "done");
 }
 
+TEST_P(StoreContractTest, AfterCommitHooksRunOnceTheCommitSucceededAndNeverOnARollback) {
+  std::vector<int> ran;
+  {
+    IDEM_ASSERT_OK_AND_ASSIGN(auto txn, store_->Begin());
+    IDEM_ASSERT_OK(txn->Claim(ContractSpec("key-hooks-dropped")));
+    txn->AfterCommit([&] { ran.push_back(0); });
+  }  // dropped: rolled back
+  EXPECT_TRUE(ran.empty());
+
+  IDEM_ASSERT_OK_AND_ASSIGN(auto txn, store_->Begin());
+  IDEM_ASSERT_OK(txn->Claim(ContractSpec("key-hooks")));
+  txn->AfterCommit([&] { ran.push_back(1); });
+  txn->AfterCommit([&] { ran.push_back(2); });
+  EXPECT_TRUE(ran.empty()) << "a hook ran before the commit";
+  IDEM_ASSERT_OK(txn->Commit());
+  EXPECT_EQ(ran, (std::vector<int>{1, 2}));
+  EXPECT_TRUE(ReadOrNone(*store_, ContractSpec("key-hooks").scope).has_value());
+  EXPECT_FALSE(ReadOrNone(*store_, ContractSpec("key-hooks-dropped").scope).has_value());
+}
+
 TEST_P(StoreContractTest, RenewExtendsTheLeaseOfItsOwnerOnly) {
   const ClaimSpec spec = ContractSpec("key-renew");
   IDEM_ASSERT_OK_AND_ASSIGN(Record rec, ClaimAndCommit(*store_, spec));

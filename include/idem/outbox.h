@@ -16,6 +16,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <span>
 #include <string>
@@ -47,6 +48,10 @@ struct OutboxEventSpec {
   std::string discriminator;  // "" for the one event of this type; else what tells them apart
   std::string payload;        // at most kOutboxPayloadMaxBytes
   std::string content_type = "application/json";
+  // Called after the transaction committed, when this call wrote the event (not for one the
+  // outbox held already, nor when the transaction rolls back): StoreTxn::AfterCommit. For a count
+  // of events written that never counts one that did not commit. Empty for none.
+  std::function<void()> on_written = nullptr;
 };
 
 // An event as the outbox holds it.

@@ -208,6 +208,13 @@ class StoreTxn {
   // its group wrote before that is durable, so a decision taken on what a transaction read stands
   // only once its Commit has succeeded, even for a transaction that wrote nothing.
   virtual Status Commit() = 0;
+
+  // Calls `fn` once this transaction's Commit has succeeded, on the committing thread, before
+  // Commit returns; in the order added. Never when the transaction rolls back (destroyed without
+  // Commit) or its Commit fails, kDeadlineExceeded included: a hook counts or announces only what
+  // is known to have committed (idemd's count of outbox events written). `fn` must not throw or
+  // use this transaction.
+  virtual void AfterCommit(std::function<void()> fn) = 0;
 };
 
 // A live subscription; destroying it stops the notifications.
@@ -370,6 +377,9 @@ class StoreTxnWrapper : public StoreTxn {
   Result<std::vector<SqlRow>> Exec(std::string_view sql,
                                    const std::vector<SqlValue>& params = {}) override;
   Status Commit() override;
+  // Forwarded to the target, whose own Commit runs the hooks: an error a decorator injects after
+  // a commit that succeeded does not hide what committed from them.
+  void AfterCommit(std::function<void()> fn) override { target_->AfterCommit(std::move(fn)); }
 
  protected:
   // Runs `call`, the forwarded `operation`, and answers Ok or an error. An error is the answer

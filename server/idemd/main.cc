@@ -231,7 +231,7 @@ int Run(int argc, char** argv) {
   Payments payments(**store, store_pool, timed_provider, SystemClock(), SystemMonotonicClock(),
                     std::move(*payment_namespace), config->payments.currencies,
                     ChargeCover{config->provider.timeout, config->idempotency.lease_margin},
-                    config->provider.deduplicates_by_key, config->provider.settle);
+                    config->provider.deduplicates_by_key, config->provider.settle, &metrics);
   FilterPolicy payments_policy =
       PaymentsPolicy(keys, config->idempotency.lease, config->idempotency.retention,
                      config->idempotency.max_processing, config->idempotency.max_retained,

@@ -480,6 +480,10 @@ std::string Metrics::Render() const {
           books_runs_);
   counter("idem_reconcile_run_failures_total",
           "Runs of the reconciliation of the books that could not complete.", books_failures_);
+  counter("idem_outbox_written_total",
+          "Outbox events this instance's transactions wrote (payment.succeeded, payment.failed, "
+          "payment.refunded), each counted once its transaction committed.",
+          outbox_written_);
   counter("idem_outbox_published_total",
           "Outbox events this instance's relay published, each confirmed by the broker (a copy "
           "published again after a crash counts again).",

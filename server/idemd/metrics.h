@@ -151,6 +151,8 @@ class Metrics {
   void CountReconcileFinding(const std::string& finding_class);
   // idem_reconcile_refunds_total{outcome}: refunded, refused, unknown.
   void CountCompensation(const std::string& outcome);
+  // An outbox event this instance's transactions wrote, counted after its commit.
+  void CountOutboxWritten() { ++outbox_written_; }
   // Outbox events a relay of this instance published (the broker confirmed them), `republished`
   // of them published before (an operator's replay).
   void CountOutboxPublished(int64_t n, int64_t republished) {
@@ -239,6 +241,7 @@ class Metrics {
   std::atomic<uint64_t> books_failures_{0};
   std::atomic<uint64_t> outbox_published_{0};
   std::atomic<uint64_t> outbox_republished_{0};
+  std::atomic<uint64_t> outbox_written_{0};
   std::atomic<uint64_t> relay_passes_{0};
   std::atomic<uint64_t> relay_failures_{0};
   std::atomic<int64_t> outbox_lag_ms_{0};

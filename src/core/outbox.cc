@@ -152,6 +152,7 @@ Result<OutboxEvent> AddOutboxEvent(StoreTxn& txn, const OutboxEventSpec& spec, T
     }
     return OutboxEventOf(existing.front());
   }
+  if (spec.on_written) txn.AfterCommit(spec.on_written);
   const SqlRow& row = inserted.front();
   OutboxEvent event;
   event.id = id;

@@ -75,6 +75,31 @@ TEST_P(OutboxTest, AnEventCommitsWithTheBusinessWritesOfItsTransactionOrNotAtAll
   EXPECT_EQ(events[0].publications, 0);
 }
 
+TEST_P(OutboxTest, OnWrittenCountsAnEventOnceItCommittedAndOnlyTheCallThatWroteIt) {
+  Store& store = *main_.store;
+  const Timestamp now = env_.clock.Now();
+  int written = 0;
+  OutboxEventSpec spec = Event("o-1", "order.placed");
+  spec.on_written = [&] { ++written; };
+  {
+    IDEM_ASSERT_OK_AND_ASSIGN(std::unique_ptr<StoreTxn> txn, store.Begin());
+    IDEM_ASSERT_OK(AddOutboxEvent(*txn, spec, now));
+  }  // rolled back: nothing was written
+  EXPECT_EQ(written, 0);
+
+  IDEM_ASSERT_OK_AND_ASSIGN(std::unique_ptr<StoreTxn> txn, store.Begin());
+  IDEM_ASSERT_OK(AddOutboxEvent(*txn, spec, now));
+  EXPECT_EQ(written, 0) << "counted before its commit";
+  IDEM_ASSERT_OK(txn->Commit());
+  EXPECT_EQ(written, 1);
+
+  // The same event again is the first one: not written twice, not counted twice.
+  IDEM_ASSERT_OK_AND_ASSIGN(txn, store.Begin());
+  IDEM_ASSERT_OK(AddOutboxEvent(*txn, spec, now + Millis(5)));
+  IDEM_ASSERT_OK(txn->Commit());
+  EXPECT_EQ(written, 1);
+}
+
 TEST_P(OutboxTest, TheSameEventAddedAgainIsTheFirstAndEachAggregateCountsItsOwn) {
   Store& store = *main_.store;
   const Timestamp t0 = env_.clock.Now();

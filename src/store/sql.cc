@@ -602,6 +602,7 @@ Status SqlTxn::Commit() {
   IDEM_CHECK(!committed_);
   IDEM_RETURN_IF_ERROR(session_->Commit());
   committed_ = true;
+  for (const auto& fn : after_commit_) fn();
   return Ok();
 }
 

@@ -201,6 +201,7 @@ class SqlTxn final : public StoreTxn {
   Result<std::vector<SqlRow>> Exec(std::string_view sql,
                                    const std::vector<SqlValue>& params) override;
   Status Commit() override;
+  void AfterCommit(std::function<void()> fn) override { after_commit_.push_back(std::move(fn)); }
 
  private:
   Result<int> Change(const std::string& sql, const std::vector<SqlValue>& params);
@@ -212,6 +213,7 @@ class SqlTxn final : public StoreTxn {
   bool committed_ = false;
   // The principals (tenant, user) of the records this transaction inserted, one entry each.
   std::vector<std::pair<std::string, std::string>> inserted_;
+  std::vector<std::function<void()>> after_commit_;
 };
 
 // Store-level reads and deletes outside a write transaction, on any connection.

@@ -138,6 +138,9 @@ TEST_F(OutboxTest, EachPaymentsEventsReachTheStreamOnceInOrderAndAreMarkedPublis
   const http::Response metrics = Get("/metrics");
   EXPECT_NE(metrics.body.find("\nidem_outbox_published_total 6\n"), std::string::npos)
       << metrics.body;
+  // Written once each, after their commits: the replay and the other key's payment add none.
+  EXPECT_NE(metrics.body.find("\nidem_outbox_written_total 6\n"), std::string::npos)
+      << metrics.body;
 
   // A payment's later event (a refund by the books, here added as they add it) comes after its
   // first in the stream, with the next sequence number.

@@ -319,6 +319,8 @@ TEST_F(ReconcileTest, IdemdsPeriodicJobRefundsADuplicate) {
       << metrics;
   EXPECT_NE(metrics.find("idem_reconcile_refunds_total{outcome=\"refunded\"} 1"), std::string::npos)
       << metrics;
+  // The payment's payment.succeeded and the books' payment.refunded, each written once.
+  EXPECT_NE(metrics.find("\nidem_outbox_written_total 2\n"), std::string::npos) << metrics;
 }
 
 // A store made before the books had migrations of their own, when the payments' version 3 made

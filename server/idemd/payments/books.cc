@@ -416,7 +416,7 @@ Status Reconciliation::Record(Walk& walk, const Finding& finding, const std::str
           RefundFacts{stored.charge_id, stored.refund_id,
                       stored.refunded_amount.empty() ? stored.amount : stored.refunded_amount,
                       stored.currency},
-          FromUnixMillis(now)));
+          FromUnixMillis(now), metrics_));
     }
   }
   IDEM_RETURN_IF_ERROR(txn->Exec("UPDATE reconcile_runs SET cursor = ? WHERE id = ?",

@@ -36,8 +36,9 @@ http::Response PaymentCreated(const Payment& p, int status) {
   return r;
 }
 
-ChargeSteps::ChargeSteps(Clock& clock, MonotonicClock& monotonic, ChargeRules rules)
-    : clock_(clock), monotonic_(monotonic), rules_(rules) {}
+ChargeSteps::ChargeSteps(Clock& clock, MonotonicClock& monotonic, ChargeRules rules,
+                         Metrics* metrics)
+    : clock_(clock), monotonic_(monotonic), rules_(rules), metrics_(metrics) {}
 
 std::optional<Execution> ChargeSteps::Prepared(const Ticket& ticket,
                                                Result<std::optional<Payment>> loaded,
@@ -247,12 +248,14 @@ Execution ChargeSteps::Succeeded(Payment payment, const Charge& charge) const {
   payment.provider_charge_id = charge.id;
   const int64_t now = ToUnixMillis(clock_.Now());
   return Execution::Answer(
-      PaymentCreated(payment, 201), [payment, now](StoreTxn& txn, const Record& record) -> Status {
+      PaymentCreated(payment, 201),
+      [payment, now, metrics = metrics_](StoreTxn& txn, const Record& record) -> Status {
         IDEM_RETURN_IF_ERROR(txn.Exec(
             "UPDATE payments SET status = 'succeeded', provider_charge_id = ?, updated_at = ? "
             "WHERE id = ?",
             {payment.provider_charge_id, now, payment.id}));
-        return AddPaymentEvent(txn, kPaymentSucceeded, record.tenant, payment, FromUnixMillis(now));
+        return AddPaymentEvent(txn, kPaymentSucceeded, record.tenant, payment, FromUnixMillis(now),
+                               metrics);
       });
 }
 
@@ -262,11 +265,12 @@ Execution ChargeSteps::Declined(const Ticket& ticket, Payment payment) const {
   return Execution::Answer(
       Problem(ProductProblem::kPaymentDeclined, "the payment provider declined the charge",
               {.key_expires = ticket.record.expires_at}),
-      [payment, now](StoreTxn& txn, const Record& record) -> Status {
+      [payment, now, metrics = metrics_](StoreTxn& txn, const Record& record) -> Status {
         IDEM_RETURN_IF_ERROR(
             txn.Exec("UPDATE payments SET status = 'declined', updated_at = ? WHERE id = ?",
                      {now, payment.id}));
-        return AddPaymentEvent(txn, kPaymentFailed, record.tenant, payment, FromUnixMillis(now));
+        return AddPaymentEvent(txn, kPaymentFailed, record.tenant, payment, FromUnixMillis(now),
+                               metrics);
       });
 }
 

@@ -14,6 +14,7 @@
 #include "idem/heartbeat.h"
 #include "idem/result.h"
 #include "server/idemd/filter/filter.h"
+#include "server/idemd/metrics.h"
 #include "server/idemd/payments/provider.h"
 #include "server/idemd/payments/table.h"
 
@@ -50,10 +51,12 @@ struct ChargeRules {
   Millis settle{0};
 };
 
-// Thread-safe. Borrows the clocks: `clock` stamps the payment rows, `monotonic` times the cover.
+// Thread-safe. Borrows the clocks: `clock` stamps the payment rows, `monotonic` times the cover;
+// and `metrics`, which counts the payment events written, when not null.
 class ChargeSteps {
  public:
-  ChargeSteps(Clock& clock, MonotonicClock& monotonic, ChargeRules rules);
+  ChargeSteps(Clock& clock, MonotonicClock& monotonic, ChargeRules rules,
+              Metrics* metrics = nullptr);
 
   const ChargeRules& Rules() const { return rules_; }
 
@@ -124,6 +127,7 @@ class ChargeSteps {
   Clock& clock_;
   MonotonicClock& monotonic_;
   const ChargeRules rules_;
+  Metrics* metrics_;
 };
 
 }  // namespace idem::idemd

@@ -11,7 +11,8 @@ namespace idem::idemd {
 namespace json = boost::json;
 
 Status AddPaymentEvent(StoreTxn& txn, std::string_view type, const std::string& tenant,
-                       const Payment& payment, Timestamp now, const RefundFacts* refund) {
+                       const Payment& payment, Timestamp now, Metrics* metrics,
+                       const RefundFacts* refund) {
   json::object o;
   o["type"] = type;
   o["tenant"] = tenant;
@@ -28,12 +29,13 @@ Status AddPaymentEvent(StoreTxn& txn, std::string_view type, const std::string& 
   spec.type = std::string(type);
   spec.discriminator = refund != nullptr ? refund->charge_id : std::string();
   spec.payload = json::serialize(o);
+  if (metrics != nullptr) spec.on_written = [metrics] { metrics->CountOutboxWritten(); };
   IDEM_RETURN_IF_ERROR(AddOutboxEvent(txn, spec, now));
   return Ok();
 }
 
 Status AddRefundEvent(StoreTxn& txn, const std::string& payment_id, const RefundFacts& refund,
-                      Timestamp now) {
+                      Timestamp now, Metrics* metrics) {
   IDEM_ASSIGN_OR_RETURN(
       auto rows, txn.Exec("SELECT tenant, id, merchant_order_no, amount_minor, currency, status, "
                           "provider_charge_id, created_at FROM payments WHERE id = ?",
@@ -43,7 +45,7 @@ Status AddRefundEvent(StoreTxn& txn, const std::string& payment_id, const Refund
   IDEM_ASSIGN_OR_RETURN(PaymentStatus status, ParsePaymentStatus(Text(r[5])));
   const Payment payment{Text(r[1]), Text(r[2]), Integer(r[3]), Text(r[4]),
                         status,     Text(r[6]), Integer(r[7])};
-  return AddPaymentEvent(txn, kPaymentRefunded, Text(r[0]), payment, now, &refund);
+  return AddPaymentEvent(txn, kPaymentRefunded, Text(r[0]), payment, now, metrics, &refund);
 }
 
 Result<int64_t> ReplayPaymentEvents(Store& store, const std::string& payment_id) {

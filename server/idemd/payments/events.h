@@ -12,6 +12,7 @@
 #include "idem/outbox.h"
 #include "idem/result.h"
 #include "idem/store.h"
+#include "server/idemd/metrics.h"
 #include "server/idemd/payments/table.h"
 
 namespace idem::idemd {
@@ -32,15 +33,17 @@ struct RefundFacts {
 // payload: {"type", "tenant", "payment": the payment as GET /v1/payments/{id} answers it,
 // "occurred_at"}, and for a refund "refund": {charge_id, refund_id, amount, currency}. The event
 // id is the payment's, the type's and (for a refund) the refunded charge's, so the same change
-// written again is the same event. Errors: AddOutboxEvent's.
+// written again is the same event. `metrics`, when not null, counts the event once `txn` has
+// committed, if this call wrote it (idem_outbox_written_total). Errors: AddOutboxEvent's.
 Status AddPaymentEvent(StoreTxn& txn, std::string_view type, const std::string& tenant,
-                       const Payment& payment, Timestamp now, const RefundFacts* refund = nullptr);
+                       const Payment& payment, Timestamp now, Metrics* metrics,
+                       const RefundFacts* refund = nullptr);
 
 // payment.refunded for `refund` of payment `payment_id`, read in `txn`; nothing when the
-// payments table has no such payment (an orphan charge has none). Errors: the store's,
-// AddOutboxEvent's.
+// payments table has no such payment (an orphan charge has none). `metrics` as for
+// AddPaymentEvent. Errors: the store's, AddOutboxEvent's.
 Status AddRefundEvent(StoreTxn& txn, const std::string& payment_id, const RefundFacts& refund,
-                      Timestamp now);
+                      Timestamp now, Metrics* metrics);
 
 // Sets payment `payment_id`'s published events back to unpublished, in a transaction of its own,
 // so that the relay publishes them again under their ids, in order (ReplayOutboxEvents): for a

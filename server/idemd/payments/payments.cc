@@ -66,14 +66,14 @@ FilterPolicy PaymentsPolicy(const KeyPolicy& keys, Millis lease, Millis retentio
 Payments::Payments(Store& store, http::BlockingPool& pool, Provider& provider, Clock& clock,
                    MonotonicClock& monotonic, std::string payment_namespace,
                    std::vector<std::string> currencies, ChargeCover cover,
-                   bool provider_deduplicates_by_key, Millis settle)
+                   bool provider_deduplicates_by_key, Millis settle, Metrics* metrics)
     : store_(store),
       pool_(pool),
       provider_(provider),
       clock_(clock),
       namespace_(std::move(payment_namespace)),
       currencies_(std::move(currencies)),
-      steps_(clock, monotonic, {cover, provider_deduplicates_by_key, settle}) {}
+      steps_(clock, monotonic, {cover, provider_deduplicates_by_key, settle}, metrics) {}
 
 Payments::ParseResult Payments::Parse(const std::string& body) const {
   boost::system::error_code ec;

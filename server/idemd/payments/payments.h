@@ -27,14 +27,16 @@ FilterPolicy PaymentsPolicy(const KeyPolicy& keys, Millis lease, Millis retentio
 // Provider::CreateCharge): the attempt is abandoned at once and its order released for any key.
 // Any other failure after the send (a timeout, an undeclared 5xx, a lost connection) is an
 // unknown outcome: the record stays PROCESSING at charge_sent, and the charge is looked up
-// before anything is sent again (ChargeSteps).
+// before anything is sent again (ChargeSteps). `metrics`, when not null, counts the payment
+// events written.
 class Payments final : public Operation {
  public:
   // `pool` runs the store calls of an execution; provider calls hold no thread.
   Payments(Store& store, http::BlockingPool& pool, Provider& provider, Clock& clock,
            MonotonicClock& monotonic, std::string payment_namespace,
            std::vector<std::string> currencies, ChargeCover cover,
-           bool provider_deduplicates_by_key = false, Millis settle = Millis(0));
+           bool provider_deduplicates_by_key = false, Millis settle = Millis(0),
+           Metrics* metrics = nullptr);
 
   std::optional<http::Response> Validate(const http::Request& request,
                                          const Principal& principal) override;
