@@ -631,11 +631,22 @@ TEST_F(SecurityTest, LogsCarryNoSecretsApiKeysIdempotencyKeysOrBodies) {
   }
   EXPECT_GE(lines_401, unauthorized) << "the log has a line per request:\n" << log;
   EXPECT_GE(lines_422, 2) << log;
-  // Every line carries its time to the millisecond, which may be a payment's created_at: times
-  // are no secret, so that needle is left out here (it stays for the stores at rest).
+  // Every line carries its time to the millisecond, which may be a payment's created_at or hold
+  // an amount's digits ("12:39:55.556Z" holds 55.55): times are no secret, so each line's own is
+  // left out of the search, and so is the created_at needle (it stays for the stores at rest).
   std::vector<Needle> log_needles = w.needles;
   std::erase_if(log_needles, [](const Needle& n) { return n.what.ends_with(" created_at"); });
-  if (auto hits = Find(log, log_needles); !hits.empty()) {
+  std::string untimed;
+  std::istringstream timed(log);
+  for (std::string line; std::getline(timed, line);) {
+    constexpr std::string_view kTime = "{\"time\":\"";
+    if (line.starts_with(kTime)) {
+      const std::size_t end = line.find('"', kTime.size());
+      if (end != std::string::npos) line.erase(kTime.size(), end - kTime.size());
+    }
+    untimed += line + "\n";
+  }
+  if (auto hits = Find(untimed, log_needles); !hits.empty()) {
     ADD_FAILURE() << "idemd.log (" << dir_.File("idemd.log") << "):\n  " << Join(hits);
   }
 
