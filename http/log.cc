@@ -1,13 +1,17 @@
-// http/log.cc — one JSON line per event on stderr.
+// http/log.cc — one JSON line per event on stderr, buffered while a BufferedLog lives.
 #include "http/log.h"
 
 #include <unistd.h>
 
+#include <atomic>
 #include <boost/json/serialize.hpp>
 #include <cerrno>
 #include <chrono>
+#include <string>
+#include <thread>
 
 #include "http/message.h"
+#include "idem/mutex.h"
 
 namespace idem::http {
 namespace {
@@ -47,10 +51,136 @@ std::string LogLine(int64_t unix_ms, LogLevel level, std::string_view msg,
 }
 
 namespace {
+
 thread_local const LogSink* log_sink = nullptr;
+
+// Writes all of `text` to stderr, through EINTR; gives up on any other error (nothing to log to).
+void WriteAll(std::string_view text) {
+  while (!text.empty()) {
+    const ssize_t n = ::write(STDERR_FILENO, text.data(), text.size());
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return;
+    text.remove_prefix(static_cast<std::size_t>(n));
+  }
+}
+
+// The process's one buffer (BufferedLog). Lock order: mu_, then io_mu_; whoever takes the
+// buffer's text takes io_mu_ before releasing mu_, so batches reach stderr in the order taken.
+class LogBuffer {
+ public:
+  static LogBuffer& Get() {
+    static LogBuffer* const buffer = new LogBuffer();  // never destroyed: any thread may log late
+    return *buffer;
+  }
+
+  bool Start(const BufferedLogOptions& options) {
+    MutexLock lock(mu_);
+    if (running_) return false;
+    options_ = options;
+    running_ = true;
+    stopping_ = false;
+    thread_ = std::thread([this] { Run(); });
+    return true;
+  }
+
+  void Stop() {
+    {
+      MutexLock lock(mu_);
+      stopping_ = true;
+      wake_.NotifyAll();
+    }
+    thread_.join();
+    MutexLock lock(mu_);
+    running_ = false;
+    WriteTaken(DroppedNote());
+  }
+
+  // Takes `line` (newline included) for the writer; false when no writer runs, so the caller
+  // writes it itself.
+  bool Buffer(std::string_view line) {
+    MutexLock lock(mu_);
+    if (!running_) return false;
+    if (text_.size() + line.size() > options_.max_bytes) {
+      dropped_.fetch_add(1, std::memory_order_relaxed);
+      return true;
+    }
+    text_.append(line);
+    if (text_.size() >= options_.flush_bytes) wake_.NotifyOne();
+    return true;
+  }
+
+  // Writes what is buffered, then `line`, before returning.
+  void WriteNow(std::string_view line) {
+    MutexLock lock(mu_);
+    WriteTaken(line);
+  }
+
+  uint64_t Dropped() const { return dropped_.load(std::memory_order_relaxed); }
+
+ private:
+  void Run() {
+    MutexLock lock(mu_);
+    while (!stopping_) {
+      wake_.WaitFor(mu_, options_.interval, [this]() IDEM_REQUIRES(mu_) {
+        return stopping_ || text_.size() >= options_.flush_bytes;
+      });
+      WriteTaken(DroppedNote());
+    }
+  }
+
+  // A warning of the lines dropped since the last one, or "" when none were.
+  std::string DroppedNote() IDEM_REQUIRES(mu_) {
+    const uint64_t dropped = dropped_.load(std::memory_order_relaxed);
+    if (dropped == reported_) return "";
+    const uint64_t since = dropped - reported_;
+    reported_ = dropped;
+    return LogLine(NowMillis(), LogLevel::kWarn, "log lines dropped",
+                   {{"dropped", since}, {"reason", "the log buffer was full"}}) +
+           "\n";
+  }
+
+  // Writes the buffered text and then `line`, releasing mu_ while it writes (and taking it again).
+  void WriteTaken(std::string_view line) IDEM_REQUIRES(mu_) {
+    if (text_.empty() && line.empty()) return;
+    std::string taken;
+    taken.swap(text_);
+    io_mu_.Lock();
+    mu_.Unlock();
+    WriteAll(taken);
+    WriteAll(line);
+    io_mu_.Unlock();
+    mu_.Lock();
+  }
+
+  static int64_t NowMillis() {
+    return std::chrono::duration_cast<std::chrono::milliseconds>(
+               std::chrono::system_clock::now().time_since_epoch())
+        .count();
+  }
+
+  Mutex mu_;
+  CondVar wake_;
+  bool running_ IDEM_GUARDED_BY(mu_) = false;
+  bool stopping_ IDEM_GUARDED_BY(mu_) = false;
+  BufferedLogOptions options_ IDEM_GUARDED_BY(mu_);
+  std::string text_ IDEM_GUARDED_BY(mu_);
+  std::thread thread_;
+  Mutex io_mu_;
+  std::atomic<uint64_t> dropped_{0};
+  uint64_t reported_ IDEM_GUARDED_BY(mu_) = 0;  // dropped_ as the last note had it
+};
+
 }  // namespace
 
 void SetLogSink(const LogSink* sink) { log_sink = sink; }
+
+BufferedLog::BufferedLog(BufferedLogOptions options) : owns_(LogBuffer::Get().Start(options)) {}
+
+BufferedLog::~BufferedLog() {
+  if (owns_) LogBuffer::Get().Stop();
+}
+
+uint64_t LogLinesDropped() { return LogBuffer::Get().Dropped(); }
 
 void Log(LogLevel level, std::string_view msg, const boost::json::object& fields) {
   if (log_sink != nullptr) {
@@ -62,14 +192,9 @@ void Log(LogLevel level, std::string_view msg, const boost::json::object& fields
                           .count();
   std::string line = LogLine(now, level, msg, fields);
   line += '\n';
-  // One write(2): stderr is unbuffered, and a line below PIPE_BUF reaches a pipe whole.
-  std::string_view rest = line;
-  while (!rest.empty()) {
-    const ssize_t n = ::write(STDERR_FILENO, rest.data(), rest.size());
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return;
-    rest.remove_prefix(static_cast<std::size_t>(n));
-  }
+  LogBuffer& buffer = LogBuffer::Get();
+  if (level <= LogLevel::kInfo && buffer.Buffer(line)) return;
+  buffer.WriteNow(line);
 }
 
 }  // namespace idem::http

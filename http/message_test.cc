@@ -1,9 +1,15 @@
 // http/message_test.cc — header lists, RFC 3339 and HTTP dates both ways.
 #include "http/message.h"
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <boost/json.hpp>
+#include <cstdio>
+#include <fstream>
+#include <iterator>
 #include <regex>
 #include <set>
 #include <thread>
@@ -109,6 +115,79 @@ TEST(Log, ASinkTakesThisThreadsLinesInsteadOfStderr) {
   Log(LogLevel::kDebug, "after the sink: stderr");
   ASSERT_EQ(lines.size(), 1u);
   EXPECT_EQ(lines[0], "3 charge lost {\"payment\":\"pay_1\"}");
+}
+
+// Points stderr at a file of its own while it lives; Text() reads what reached it.
+class CapturedStderr {
+ public:
+  CapturedStderr() : path_(::testing::TempDir() + "/stderr-" + std::to_string(::getpid())) {
+    saved_ = ::dup(STDERR_FILENO);
+    const int fd = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    ::dup2(fd, STDERR_FILENO);
+    ::close(fd);
+  }
+  ~CapturedStderr() {
+    ::dup2(saved_, STDERR_FILENO);
+    ::close(saved_);
+    std::remove(path_.c_str());
+  }
+  std::string Text() const {
+    std::ifstream in(path_);
+    return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+
+ private:
+  std::string path_;
+  int saved_;
+};
+
+TEST(Log, ABufferedLogWritesInfoLinesLaterWarningsAtOnceInOrderAndAllOnStop) {
+  CapturedStderr err;
+  {
+    // An interval no test waits for: only a warning, a full batch or the stop writes.
+    BufferedLog buffered({.interval = std::chrono::hours(1), .flush_bytes = 1 << 20});
+    Log(LogLevel::kInfo, "first");
+    std::thread([] { Log(LogLevel::kInfo, "second"); }).join();
+    EXPECT_EQ(err.Text(), "") << "an info line waited for stderr";
+    Log(LogLevel::kWarn, "third");
+    const std::string text = err.Text();
+    const auto first = text.find("\"first\"");
+    const auto second = text.find("\"second\"");
+    const auto third = text.find("\"third\"");
+    ASSERT_NE(third, std::string::npos) << "a warning was not written at once: " << text;
+    EXPECT_LT(first, second) << text;
+    EXPECT_LT(second, third) << "the buffered lines come before the warning: " << text;
+    Log(LogLevel::kInfo, "fourth");
+    EXPECT_EQ(err.Text().find("\"fourth\""), std::string::npos);
+  }
+  const std::string text = err.Text();
+  EXPECT_NE(text.find("\"fourth\""), std::string::npos) << "the stop lost a line: " << text;
+  EXPECT_EQ(std::count(text.begin(), text.end(), '\n'), 4) << text;
+  // Without a BufferedLog, a line is written before Log returns.
+  Log(LogLevel::kInfo, "fifth");
+  EXPECT_NE(err.Text().find("\"fifth\""), std::string::npos);
+}
+
+TEST(Log, AFullBufferDropsLinesCountsThemAndSaysSo) {
+  CapturedStderr err;
+  const uint64_t before = LogLinesDropped();
+  {
+    BufferedLog buffered(
+        {.interval = std::chrono::hours(1), .flush_bytes = 1 << 20, .max_bytes = 300});
+    for (int i = 0; i < 10; ++i) Log(LogLevel::kInfo, "line " + std::to_string(i));
+    // A second one while the first lives buffers nothing and stops nothing.
+    { BufferedLog second; }
+    Log(LogLevel::kInfo, "after the second");
+  }
+  const uint64_t dropped = LogLinesDropped() - before;
+  const std::string text = err.Text();
+  const auto kept = static_cast<uint64_t>(std::count(text.begin(), text.end(), '\n'));
+  EXPECT_GE(dropped, 5u) << text;
+  EXPECT_NE(text.find("\"line 0\""), std::string::npos) << text;
+  EXPECT_NE(text.find("\"msg\":\"log lines dropped\",\"dropped\":" + std::to_string(dropped)),
+            std::string::npos)
+      << text;
+  EXPECT_EQ(kept + dropped, 12u) << "11 lines logged, and the writer's note: " << text;
 }
 
 TEST(Log, EveryLineIsOneJsonObjectWithTimeLevelAndMessageFirst) {

@@ -272,6 +272,9 @@ int Run(int argc, char** argv) {
     if (!sink) return Fail("outbox: " + sink.error().message);
     event_sink = std::move(*sink);
   }
+  // From here until Run returns, info lines (every request's) go through a buffer: a request
+  // never waits for stderr; warnings and errors are still written at once (http/log.h).
+  http::BufferedLog buffered_log;
   JsonAccessLog log(&metrics);
   // The routes whose records this instance resolves: any other route's PROCESSING records are
   // reported (TakeCensus).

@@ -492,6 +492,10 @@ std::string Metrics::Render() const {
           "Outbox events this instance's relay published again because an operator replayed "
           "them (a replay's confirmations; also counted in idem_outbox_published_total).",
           outbox_republished_);
+  Header(out, "idem_log_lines_dropped_total", "counter",
+         "Log lines dropped because the log buffer was full (stderr did not keep up); requests "
+         "never wait for the log.");
+  Sample(out, "idem_log_lines_dropped_total", "", http::LogLinesDropped());
   counter("idem_outbox_relay_passes_total", "Passes of the outbox relay on this instance.",
           relay_passes_);
   counter("idem_outbox_relay_failures_total",
