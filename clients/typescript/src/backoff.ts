@@ -35,7 +35,8 @@ export function parseRetryAfter(value: string | null | undefined, nowMs: number)
     if (v.length > 9) return MAX_RETRY_AFTER_MS;
     return Math.min(MAX_RETRY_AFTER_MS, Number(v) * 1000);
   }
-  if (v.length > 64) return undefined;
+  // HTTP-date (IMF-fixdate, or the obsolete RFC 850 and asctime forms): all begin with a day name.
+  if (v.length > 64 || !/^[A-Za-z]{3,9},? [0-9A-Za-z :-]+$/.test(v)) return undefined;
   const at = Date.parse(v);
   if (Number.isNaN(at)) return undefined;
   return Math.min(MAX_RETRY_AFTER_MS, Math.max(0, at - nowMs));
