@@ -50,6 +50,9 @@ if echo "$contents" | grep -Ev '^package/(dist/[a-z0-9]+\.(js|d\.ts)|README\.md|
   echo "FAIL: the tarball holds more than dist, README, LICENSE and package.json" >&2
   exit 1
 fi
+for f in package/README.md package/LICENSE package/dist/index.js package/dist/index.d.ts; do
+  echo "$contents" | grep -qx "$f" || { echo "FAIL: $f is not in the tarball" >&2; exit 1; }
+done
 smoke="$(mktemp -d)"
 cp "$tarball" "$smoke/"
 (
