@@ -293,6 +293,10 @@ export class IdemClient {
     if (!/^[A-Z]+$/.test(method)) throw new TypeError(`bad method ${method}`);
     const url = this.#resolve(path);
     if (url === undefined) throw new TypeError(`path must be on the client's origin: ${path}`);
+    const wait = options.prefer?.wait;
+    if (wait !== undefined && (!Number.isInteger(wait) || wait < 0)) {
+      throw new RangeError("prefer.wait must be a whole number of seconds >= 0");
+    }
     const bytes = serialise(body);  // once: every attempt sends these bytes
     let key: string | undefined;
     if (keyed) {
@@ -403,10 +407,7 @@ export class IdemClient {
     const prefer: string[] = [];
     if (respondAsync) prefer.push("respond-async");
     const wait = options.prefer?.wait;
-    if (wait !== undefined) {
-      if (!Number.isInteger(wait) || wait < 0) throw new RangeError("prefer.wait must be a whole number of seconds >= 0");
-      prefer.push(`wait=${wait}`);
-    }
+    if (wait !== undefined) prefer.push(`wait=${wait}`);
     if (prefer.length > 0) h.set("prefer", prefer.join(", "));
     return h;
   }

@@ -98,6 +98,9 @@ test("the caller's key, exposed and persisted before the first send", async () =
   assert.equal(failing.message, "disk full");
   assert.equal(seen.length, 1, "nothing sent when the key could not be persisted");
   await assert.rejects(client.createPayment(order, { key: "bad\r\nkey: x" }), TypeError);
+  let persisted = 0;
+  await assert.rejects(client.createPayment(order, { prefer: { wait: -1 }, onKey: () => { persisted++; } }), RangeError);
+  assert.equal(persisted, 0, "a bad option is refused before the key is handed out");
   assert.equal(seen.length, 1);
 });
 
