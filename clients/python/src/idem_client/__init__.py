@@ -6,7 +6,7 @@ routes). Standard library only.
     result = client.create_payment(PaymentRequest("ORD-1001", "100.00", "CNY"))
 """
 
-from idem_client.client import Client, JsonBody, Response
+from idem_client.client import Client, JsonBody, Response, RetryEvent
 from idem_client.errors import (
     IdemError,
     TransportError,
@@ -59,6 +59,7 @@ __all__ = [
     "Client",
     "JsonBody",
     "Response",
+    "RetryEvent",
     "PaymentRequest",
     "Payment",
     "PaymentResult",

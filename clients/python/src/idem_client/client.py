@@ -32,7 +32,7 @@ from idem_client.keys import new_key
 from idem_client.payments import Operation, Payment, PaymentRequest, PaymentResult
 from idem_client.retry import DEFAULT_BUDGET, RetryBudget, RetryPolicy, backoff_delay, parse_retry_after
 
-__all__ = ["Client", "Response", "JsonBody"]
+__all__ = ["Client", "Response", "JsonBody", "RetryEvent"]
 
 JsonBody = bytes | str | Mapping[str, Any] | list[Any] | None
 """A request body: bytes are sent as they are; str as UTF-8; anything else serialised once as JSON."""
@@ -73,6 +73,18 @@ class Response:
             err = ResponseError("the answer's body is not JSON: %s" % e, self.status, self.body[:4096])
             err.key, err.attempts = self.key, self.attempts
             raise err from None
+
+
+@dataclass(frozen=True)
+class RetryEvent:
+    """Given to ``on_retry`` before each back-off: the operation's key, the attempt that failed
+    (1-based), its error (a ProblemError with the answer's status, or a TransportError), and the
+    seconds the client will sleep before the next attempt."""
+
+    key: str
+    attempt: int
+    error: IdemError
+    delay: float
 
 
 @dataclass
@@ -123,6 +135,8 @@ class Client:
     sleep, clock, random, key_factory: injected for tests (defaults: time.sleep, time.monotonic,
                         random.random, keys.new_key); ``wall_clock`` (time.time) reads Retry-After dates.
     user_agent:         the User-Agent header.
+    on_retry:           called with a RetryEvent before each back-off (for logs and metrics); what it
+                        raises propagates and ends the operation.
     """
 
     def __init__(
@@ -140,6 +154,7 @@ class Client:
         random: Callable[[], float] = _random.random,
         key_factory: Callable[[], str] = new_key,
         user_agent: str = "idem-client-python/0.1",
+        on_retry: Callable[[RetryEvent], None] | None = None,
     ) -> None:
         parsed = urllib.parse.urlsplit(base_url)
         if parsed.scheme not in ("http", "https") or not parsed.hostname:
@@ -165,6 +180,7 @@ class Client:
         self._random = random
         self._key_factory = key_factory
         self._user_agent = user_agent
+        self._on_retry = on_retry
         self._opener = urllib.request.build_opener(_NoRedirects(), urllib.request.ProxyHandler({}))
 
     # ----------------------------------------------------------------------------------------------
@@ -301,6 +317,8 @@ class Client:
             if stop is not None:
                 step.error.key, step.error.attempts, step.error.stopped_by = op.key, attempts, stop
                 raise step.error
+            if self._on_retry is not None:
+                self._on_retry(RetryEvent(op.key, attempts, step.error, delay))
             self._sleep(delay)
             retries += 1
 
