@@ -524,8 +524,12 @@ class Client:
             want = min(_READ_CHUNK, self._max_bytes + 1 - size)
             if want <= 0:
                 return b"".join(chunks)[: self._max_bytes], True
-            chunk = resp.read1(want) if hasattr(resp, "read1") else resp.read(want)
+            chunk = resp.read(want)
             if not chunk:
+                inner = resp if isinstance(resp, http.client.HTTPResponse) else getattr(resp, "fp", None)
+                left = getattr(inner, "length", None) if isinstance(inner, http.client.HTTPResponse) else None
+                if isinstance(left, int) and left > 0:  # the connection ended before Content-Length
+                    raise http.client.IncompleteRead(b"".join(chunks), left)
                 return b"".join(chunks), False
             chunks.append(chunk)
             size += len(chunk)
