@@ -25,6 +25,7 @@ from idem_client import (
     RetryEvent,
     ProviderTimeout,
     InProgress,
+    QuotaExceeded,
     RetryPolicy,
     TransportError,
     Unauthorized,
@@ -86,7 +87,8 @@ class PaymentsScenarios(IdemdTestCase):
         self.assertTrue(r.replayed, "the retry got the first execution's answer")
         self.assertIsInstance(events[0].error, AttemptTimeout)
         self.assertIsNotNone(r.key_expires)
-        self.assertEqual(self.total_charges(), 1)
+        charges = self.total_charges()
+        self.assertEqual(charges, 1)
         self.assertEqual(self.charges_for(r.payment.id), 1)
         self.assertEqual(c.get_payment(r.payment.id), r.payment)
         op = c.get_operation(r.key)
@@ -98,7 +100,7 @@ class PaymentsScenarios(IdemdTestCase):
         with self.assertRaises(AttemptTimeout) as cm:
             one.create_payment(order("ORD-P1b"))
         self.assertEqual((cm.exception.attempts, cm.exception.stopped_by), (1, "attempts"))
-        print("\n  timeout: %d attempts, replayed=%s, charges=%d" % (r.attempts, r.replayed, 1),
+        print("\n  timeout: %d attempts, replayed=%s, charges=%d" % (r.attempts, r.replayed, charges),
               file=sys.stderr)
 
     def test_provider_timeout_504_is_retried_with_the_same_key(self) -> None:
@@ -328,6 +330,26 @@ class ProviderFailingScenarios(IdemdTestCase):
         self.assertEqual(self.total_charges(), 1)
         print("\n  outage(provider failing): %d attempts, stopped by budget; recovered" % e.attempts,
               file=sys.stderr)
+
+
+class QuotaScenarios(IdemdTestCase):
+    idemd_options = IdemdOptions(extra_idempotency="max_processing = 1")
+
+    def test_429_quota_is_retried_until_the_running_operation_ends(self) -> None:
+        """scenario 429: one running operation allowed; a second key gets 429 + Retry-After and is retried"""
+        rec = Recorder()
+        events: list[RetryEvent] = []
+        c = make_client(self, rec, events=events)
+        self.fault({"fault": "slow", "delay_ms": 600, "times": 1})
+        first = threading.Thread(target=lambda: self.pay_raw("quota-first-key", body("ORD-Q1")))
+        first.start()
+        time.sleep(0.15)
+        r = c.create_payment(order("ORD-Q2"))
+        first.join()
+        self.assertEqual(r.status, 201)
+        self.assertIsInstance(events[0].error, QuotaExceeded)
+        self.assertGreaterEqual(events[0].delay, 1.0, "Retry-After honoured")
+        self.assertEqual(self.total_charges(), 2)
 
 
 if __name__ == "__main__":
