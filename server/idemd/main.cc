@@ -132,16 +132,54 @@ int Run(int argc, char** argv) {
       std::cout << "idemd " << IDEM_VERSION << "\n";
       return 0;
     } else if (arg == "--help" || arg == "-h") {
-      std::cout << "usage: idemd [--config FILE] [--check-config] [--listen ADDRESS:PORT] "
-                   "[--store URL] [--redis URL] [--provider URL]\n"
-                   "       idemd --version\n\n"
-                   "  --config FILE   the configuration (default "
-                << kDefaultConfig
-                << "); IDEMD_<SECTION>_<KEY> environment\n"
-                   "                  variables override its keys, the flags below override both\n"
-                   "  --check-config  load and check the configuration, print it as in effect\n"
-                   "                  (passwords redacted, secrets never printed) and exit\n"
-                   "  docs/config.md lists every key; docs/idemd.md the API.\n";
+      std::cout
+          << R"(usage: idemd [--config FILE] [--check-config] [--listen ADDRESS:PORT] [--store URL] [--redis URL] [--provider URL]
+       idemd --version
+
+idemd serves payments (POST /v1/payments) and gateway routes so that a request
+sent many times under one Idempotency-Key executes once, and every copy gets
+the same answer; it also runs the queue consumers, the outbox relay and the
+reconciliation of the books its configuration names.
+
+Options:
+  --config FILE          the configuration (default )"
+          << kDefaultConfig << R"();
+                         IDEMD_<SECTION>_<KEY> environment variables override
+                         its keys, the flags below override both
+  --check-config         load and check the configuration, print it as in
+                         effect (passwords redacted, secrets never printed) and
+                         exit
+  --listen ADDRESS:PORT  where to listen ([server] host and port; port 0 picks
+                         a free one, printed on stdout as 'idemd listening on
+                         URL')
+  --store URL            the store: sqlite://PATH or postgresql://... ([store]
+                         url)
+  --redis URL            a Redis in front of the store: redis://HOST:PORT
+                         ([redis] url)
+  --provider URL         the payment provider's base URL ([provider] url)
+  --version              print the version and exit
+  -h, --help             print this help and exit
+
+Environment:
+  IDEM_SECRETS           the secrets file's TOML text (HMAC and sealing keys);
+                         else [secrets] file is read
+  IDEMD_<SECTION>_<KEY>  overrides one key of the configuration
+
+Signals:
+  SIGTERM, SIGINT        drain: stop taking requests and messages, finish those
+                         in hand within [server] drain_timeout_ms, then exit 0
+  SIGHUP                 reload the gateway routes from the file (kept as they
+                         were if the new ones do not load)
+
+Exit status:
+  0                      stopped after a drain, or --check-config, --version or
+                         --help done
+  1                      could not start (the reason is logged as 'idemd cannot
+                         start')
+
+Logs: one JSON object per line on stderr. docs/config.md lists every key,
+docs/idemd.md the API, the metrics and the logs.
+)";
       return 0;
     } else {
       overrides.push_back(arg);
