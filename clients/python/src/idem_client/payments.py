@@ -53,19 +53,21 @@ class PaymentRequest:
         return doc
 
 
+def _malformed(message: str, response: Response | None) -> ResponseError:
+    """The error for an answer that is not what its route promises, with the call's key."""
+    err = ResponseError(message, response.status if response else 0,
+                        response.body[:4096] if response else b"")
+    if response is not None:
+        err.key, err.attempts = response.key, response.attempts
+    return err
+
+
 def _field(doc: Mapping[str, Any], name: str, response: Response | None, optional: bool = False) -> Any:
     v = doc.get(name)
     if v is None and optional:
         return None
     if not isinstance(v, str):
-        err = ResponseError(
-            "the payment has no string %r" % name,
-            response.status if response else 0,
-            response.body[:4096] if response else b"",
-        )
-        if response is not None:
-            err.key, err.attempts = response.key, response.attempts
-        raise err
+        raise _malformed("the payment has no string %r" % name, response)
     return v
 
 
@@ -85,12 +87,7 @@ class Payment:
     def from_json(cls, doc: Any, response: Response | None = None) -> Payment:
         """Raises ResponseError when ``doc`` is not a payment object."""
         if not isinstance(doc, dict):
-            err = ResponseError("the answer is not a payment object",
-                                response.status if response else 0,
-                                response.body[:4096] if response else b"")
-            if response is not None:
-                err.key, err.attempts = response.key, response.attempts
-            raise err
+            raise _malformed("the answer is not a payment object", response)
         return cls(
             id=_field(doc, "id", response),
             merchant_order_no=_field(doc, "merchant_order_no", response),
@@ -153,12 +150,7 @@ class Operation:
             or not isinstance(doc.get("state"), str)
             or not (doc.get("status_code") is None or type(doc.get("status_code")) is int)
         ):
-            err = ResponseError("the answer is not an operation object",
-                                response.status if response else 0,
-                                response.body[:4096] if response else b"")
-            if response is not None:
-                err.key, err.attempts = response.key, response.attempts
-            raise err
+            raise _malformed("the answer is not an operation object", response)
         return cls(
             key=doc["key"],
             state=doc["state"],
