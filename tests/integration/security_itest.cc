@@ -722,10 +722,10 @@ TEST_F(SecurityTest, CheckConfigPrintsTheEffectiveConfigWithoutSecretsOrPassword
   // --help is the manual page's source (packaging/man): every flag, the environment, signals.
   const auto [help_status, help] = run({"--help"}, {});
   EXPECT_EQ(help_status, 0);
-  for (const char* named : {"--config FILE", "--check-config", "--listen ADDRESS:PORT",
-                            "--store URL", "--redis URL", "--provider URL", "--version",
-                            "IDEM_SECRETS", "IDEMD_<SECTION>_<KEY>", "SIGTERM", "SIGHUP",
-                            "Exit status:"}) {
+  for (const char* named :
+       {"--config FILE", "--check-config", "--listen ADDRESS:PORT", "--store URL", "--redis URL",
+        "--provider URL", "--version", "IDEM_SECRETS", "IDEMD_<SECTION>_<KEY>", "SIGTERM", "SIGHUP",
+        "Exit status:"}) {
     EXPECT_NE(help.find(named), std::string::npos) << named << " is not in --help:\n" << help;
   }
 }
