@@ -54,6 +54,12 @@ namespace {
 
 thread_local const LogSink* log_sink = nullptr;
 
+int64_t NowMillis() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
 // Writes all of `text` to stderr, through EINTR; gives up on any other error (nothing to log to).
 void WriteAll(std::string_view text) {
   while (!text.empty()) {
@@ -64,8 +70,10 @@ void WriteAll(std::string_view text) {
   }
 }
 
-// The process's one buffer (BufferedLog). Lock order: mu_, then io_mu_; whoever takes the
-// buffer's text takes io_mu_ before releasing mu_, so batches reach stderr in the order taken.
+// The process's one buffer (BufferedLog). Lock order: io_mu_, then mu_. Whoever writes holds
+// io_mu_ from before it takes the buffer's text until that text is written, so batches reach
+// stderr in the order taken; mu_ is never held during a write or while waiting for io_mu_, so
+// Buffer (an info line) never waits for stderr, even while a warning waits for a stalled one.
 class LogBuffer {
  public:
   static LogBuffer& Get() {
@@ -90,6 +98,7 @@ class LogBuffer {
       wake_.NotifyAll();
     }
     thread_.join();
+    MutexLock io(io_mu_);
     MutexLock lock(mu_);
     running_ = false;
     WriteTaken(DroppedNote());
@@ -111,6 +120,7 @@ class LogBuffer {
 
   // Writes what is buffered, then `line`, before returning.
   void WriteNow(std::string_view line) {
+    MutexLock io(io_mu_);
     MutexLock lock(mu_);
     WriteTaken(line);
   }
@@ -124,6 +134,9 @@ class LogBuffer {
       wake_.WaitFor(mu_, options_.interval, [this]() IDEM_REQUIRES(mu_) {
         return stopping_ || text_.size() >= options_.flush_bytes;
       });
+      lock.Unlock();  // io_mu_ first (the lock order)
+      MutexLock io(io_mu_);
+      lock.Lock();
       WriteTaken(DroppedNote());
     }
   }
@@ -140,22 +153,14 @@ class LogBuffer {
   }
 
   // Writes the buffered text and then `line`, releasing mu_ while it writes (and taking it again).
-  void WriteTaken(std::string_view line) IDEM_REQUIRES(mu_) {
+  void WriteTaken(std::string_view line) IDEM_REQUIRES(io_mu_, mu_) {
     if (text_.empty() && line.empty()) return;
     std::string taken;
     taken.swap(text_);
-    io_mu_.Lock();
     mu_.Unlock();
     WriteAll(taken);
     WriteAll(line);
-    io_mu_.Unlock();
     mu_.Lock();
-  }
-
-  static int64_t NowMillis() {
-    return std::chrono::duration_cast<std::chrono::milliseconds>(
-               std::chrono::system_clock::now().time_since_epoch())
-        .count();
   }
 
   Mutex mu_;
@@ -165,7 +170,7 @@ class LogBuffer {
   BufferedLogOptions options_ IDEM_GUARDED_BY(mu_);
   std::string text_ IDEM_GUARDED_BY(mu_);
   std::thread thread_;
-  Mutex io_mu_;
+  Mutex io_mu_;  // held by whoever writes to stderr through the buffer
   std::atomic<uint64_t> dropped_{0};
   uint64_t reported_ IDEM_GUARDED_BY(mu_) = 0;  // dropped_ as the last note had it
 };
@@ -187,10 +192,7 @@ void Log(LogLevel level, std::string_view msg, const boost::json::object& fields
     (*log_sink)(level, msg, fields);
     return;
   }
-  const int64_t now = std::chrono::duration_cast<std::chrono::milliseconds>(
-                          std::chrono::system_clock::now().time_since_epoch())
-                          .count();
-  std::string line = LogLine(now, level, msg, fields);
+  std::string line = LogLine(NowMillis(), level, msg, fields);
   line += '\n';
   LogBuffer& buffer = LogBuffer::Get();
   if (level <= LogLevel::kInfo && buffer.Buffer(line)) return;

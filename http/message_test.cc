@@ -9,6 +9,7 @@
 #include <boost/json.hpp>
 #include <cstdio>
 #include <fstream>
+#include <future>
 #include <iterator>
 #include <regex>
 #include <set>
@@ -166,6 +167,41 @@ TEST(Log, ABufferedLogWritesInfoLinesLaterWarningsAtOnceInOrderAndAllOnStop) {
   // Without a BufferedLog, a line is written before Log returns.
   Log(LogLevel::kInfo, "fifth");
   EXPECT_NE(err.Text().find("\"fifth\""), std::string::npos);
+}
+
+TEST(Log, AnInfoLineNeverWaitsForAStalledStderrEvenWhileAWarningDoes) {
+  int fds[2];
+  ASSERT_EQ(::pipe(fds), 0);
+  const int saved = ::dup(STDERR_FILENO);
+  ::dup2(fds[1], STDERR_FILENO);
+  ::close(fds[1]);
+  bool info_done = false;
+  std::thread drain;
+  {
+    BufferedLog buffered({.interval = std::chrono::milliseconds(1), .flush_bytes = 1});
+    // Nobody reads the pipe: once its 64 KiB are full, the writer is stuck in write(2).
+    const std::string filler(100, 'x');
+    for (int i = 0; i < 2000; ++i) Log(LogLevel::kInfo, filler);
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    std::thread warning([] { Log(LogLevel::kWarn, "waits for the pipe"); });
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));  // the warning now waits
+    auto infos = std::async(std::launch::async, [] {
+      for (int i = 0; i < 100; ++i) Log(LogLevel::kInfo, "a request's line");
+    });
+    info_done = infos.wait_for(std::chrono::seconds(2)) == std::future_status::ready;
+    drain = std::thread([fd = fds[0]] {  // reads until the last write end is gone
+      char buf[65536];
+      while (::read(fd, buf, sizeof buf) > 0) {
+      }
+    });
+    warning.join();
+    infos.wait();
+  }                              // the stop writes the rest into the pipe
+  ::dup2(saved, STDERR_FILENO);  // the pipe's last write end: the drain ends
+  ::close(saved);
+  drain.join();
+  ::close(fds[0]);
+  EXPECT_TRUE(info_done) << "an info line waited behind a warning for a stalled stderr";
 }
 
 TEST(Log, AFullBufferDropsLinesCountsThemAndSaysSo) {
