@@ -8,13 +8,15 @@
 //   pgbench -n -M prepared -c 8 -j 2 -T 30 $(cat FILE) -f first_execution.sql DBURL
 //
 // The script is the two transactions of a first execution, in idemd's order (Engine::Start with
-// the payments hook, which makes the covered advance before the provider call; Engine::Finish):
-//   claim:      BEGIN; claim; advance to `claimed`; covered advance to `charge_sent`; get;
-//               lock principal; count PROCESSING; count retained; COMMIT
-//   completion: BEGIN; finish SUCCEEDED with the sealed 201; COMMIT
-// Left out: idemd's own business rows (the payments insert and update, each inside a savepoint),
-// which are not libidem's statements; the ceiling is therefore a little higher than the work idemd
-// really does per request.
+// the payments hook, which makes the covered advance before the provider call; Engine::Finish),
+// with the store's round trips: statements the store sends together (SqlRunner::RunAll, libpq's
+// pipeline mode) are one pgbench pipeline (\startpipeline ... \endpipeline, one Sync):
+//   claim:      [BEGIN; claim] advance to `claimed`; covered advance to `charge_sent`; get;
+//               [lock principal; count PROCESSING; count retained] COMMIT
+//   completion: [BEGIN; finish SUCCEEDED with the sealed 201] COMMIT
+// Left out: idemd's own business rows (the payments insert and update and the outbox event, each
+// a round trip of its own with its savepoint), which are not libidem's statements; the ceiling is
+// therefore a little higher than the work idemd really does per request.
 //
 // Values: the scope hash is a fresh random integer per run of the script (its decimal text as the
 // bytea, unique like a real hash); the request hash, owner token and sealed response have their
@@ -231,12 +233,13 @@ int main(int argc, char** argv) {
 
   // Bindings in the order of SqlTxn (src/store/sql.cc) and PostgresSession::LockPrincipal.
   const std::string lock = WithVariables("lock principal", sql.lock_principal, {"principal"});
-  std::printf("BEGIN;\n");
+  std::printf("\\startpipeline\nBEGIN;\n");
   std::printf("%s\n", WithVariables("claim", sql.claim,
                                     {"scope", "tenant", "user_id", "route", "request_hash",
                                      "fp_version", "secret_id", "owner", "fence", "now",
                                      "lease_ttl", "now", "now", "now", "retention", "now"})
                           .c_str());
+  std::printf("\\endpipeline\n");
   std::printf("%s\n", WithVariables(
                           "advance", sql.advance,
                           {"claimed", "payment_id", "payment_id", "now", "scope", "owner", "fence"})
@@ -246,21 +249,22 @@ int main(int argc, char** argv) {
                                      "must_cover"})
                           .c_str());
   std::printf("%s\n", WithVariables("get", sql.get, {"now", "scope"}).c_str());
-  // Last, as Engine::Start counts (the lock is held from here to the commit).
-  std::printf("%s\n", lock.c_str());
+  // Last, as Engine::Start counts (the lock is held from here to the commit): the lock and both
+  // counts in one round trip (SqlTxn::CountQuota).
+  std::printf("\\startpipeline\n%s\n", lock.c_str());
   std::printf("%s\n", WithVariables("count state", sql.count_state,
                                     {"tenant", "user_id", "processing", "processing_limit"})
                           .c_str());
   // The second count needs no second lock: the transaction holds it (PostgresSession).
   // SqlTxn::Count caps the retained count itself: the statement takes no limit.
   std::printf("%s\n", WithVariables("count any", sql.count_any, {"tenant", "user_id"}).c_str());
-  std::printf("COMMIT;\n");
+  std::printf("\\endpipeline\nCOMMIT;\n");
 
-  std::printf("BEGIN;\n");
+  std::printf("\\startpipeline\nBEGIN;\n");
   std::printf("%s\n", WithVariables("finish", sql.finish,
                                     {"succeeded", "status", "response", "done", "done", "now",
                                      "now", "now", "retention", "scope", "owner", "fence"})
                           .c_str());
-  std::printf("COMMIT;\n");
+  std::printf("\\endpipeline\nCOMMIT;\n");
   return 0;
 }

@@ -196,6 +196,22 @@ class StoreTxn {
   virtual Result<int64_t> Count(std::string_view tenant, std::string_view user,
                                 std::optional<RecordState> state, int64_t limit) = 0;
 
+  // A claim's two quota counts, as the two Counts give them: the principal's PROCESSING records
+  // up to `processing_limit` and its records in any state up to `retained_limit`. One call, so a
+  // store may take both (and the principal's lock) in one round trip, as PostgreSQL does.
+  struct QuotaCounts {
+    int64_t processing = 0;
+    int64_t retained = 0;
+  };
+  virtual Result<QuotaCounts> CountQuota(std::string_view tenant, std::string_view user,
+                                         int64_t processing_limit, int64_t retained_limit) {
+    QuotaCounts counts;
+    IDEM_ASSIGN_OR_RETURN(counts.processing,
+                          Count(tenant, user, RecordState::kProcessing, processing_limit));
+    IDEM_ASSIGN_OR_RETURN(counts.retained, Count(tenant, user, std::nullopt, retained_limit));
+    return counts;
+  }
+
   // Runs one business SQL statement with '?' placeholders bound to `params`, returning its rows.
   // Errors: kAlreadyExists on a unique or primary key violation (decide from the existing row);
   // kInvalidArgument for SQL the database rejects; kUnavailable when the database is busy.
@@ -374,6 +390,8 @@ class StoreTxnWrapper : public StoreTxn {
   Result<std::optional<Record>> Get(const ScopeHash& scope) override;
   Result<int64_t> Count(std::string_view tenant, std::string_view user,
                         std::optional<RecordState> state, int64_t limit) override;
+  Result<QuotaCounts> CountQuota(std::string_view tenant, std::string_view user,
+                                 int64_t processing_limit, int64_t retained_limit) override;
   Result<std::vector<SqlRow>> Exec(std::string_view sql,
                                    const std::vector<SqlValue>& params = {}) override;
   Status Commit() override;

@@ -495,16 +495,15 @@ Result<std::vector<Result<Decision>>> Engine::ExecuteInTxn(const RoutePolicy& po
 
 Status Engine::CheckQuota(const RoutePolicy& policy, StoreTxn& txn, const Principal& who) {
   // Counted after the claim's own write, inside its transaction: over the limit rolls it back.
-  IDEM_ASSIGN_OR_RETURN(int64_t running, txn.Count(who.tenant, who.user, RecordState::kProcessing,
-                                                   policy.max_processing + 1));
-  if (running > policy.max_processing) {
+  IDEM_ASSIGN_OR_RETURN(
+      StoreTxn::QuotaCounts counted,
+      txn.CountQuota(who.tenant, who.user, policy.max_processing + 1, policy.max_retained + 1));
+  if (counted.processing > policy.max_processing) {
     return MakeError(Errc::kResourceExhausted,
                      "too many operations in progress for this principal (limit " +
                          std::to_string(policy.max_processing) + ")");
   }
-  IDEM_ASSIGN_OR_RETURN(int64_t retained,
-                        txn.Count(who.tenant, who.user, std::nullopt, policy.max_retained + 1));
-  if (retained > policy.max_retained) {
+  if (counted.retained > policy.max_retained) {
     return MakeError(Errc::kResourceExhausted,
                      "too many retained idempotency keys for this principal (limit " +
                          std::to_string(policy.max_retained) + ")");

@@ -82,6 +82,14 @@ Result<int64_t> StoreTxnWrapper::Count(std::string_view tenant, std::string_view
   return Through(StoreOperation::kCount,
                  [&] { return target_->Count(tenant, user, state, limit); });
 }
+Result<StoreTxn::QuotaCounts> StoreTxnWrapper::CountQuota(std::string_view tenant,
+                                                          std::string_view user,
+                                                          int64_t processing_limit,
+                                                          int64_t retained_limit) {
+  return Through(StoreOperation::kCount, [&] {
+    return target_->CountQuota(tenant, user, processing_limit, retained_limit);
+  });
+}
 Result<std::vector<SqlRow>> StoreTxnWrapper::Exec(std::string_view sql,
                                                   const std::vector<SqlValue>& params) {
   return Through(StoreOperation::kExec, [&] { return target_->Exec(sql, params); });

@@ -92,6 +92,17 @@ class Lent {
   ~Lent() {
     if (conn_ != nullptr) pool_->Release(conn_, conn_->Broken());
   }
+  // Gives this connection back (destroyed if broken) and borrows another from the same pool.
+  // Errors: as Pool::Acquire; the Lent then holds none, and only its destruction is left.
+  Status Replace(Millis wait) {
+    Conn* gone = std::exchange(conn_, nullptr);
+    pool_->Release(gone, gone->Broken());
+    IDEM_ASSIGN_OR_RETURN(conn_, pool_->Acquire(wait));
+    return Ok();
+  }
+
+  // Whether it holds a connection (always, unless Replace failed).
+  explicit operator bool() const { return conn_ != nullptr; }
   Conn& operator*() const { return *conn_; }
   Conn* operator->() const { return conn_; }
 

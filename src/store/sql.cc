@@ -571,26 +571,64 @@ Result<std::optional<Record>> SqlTxn::Get(const ScopeHash& scope) {
   return GetRecord(*session_, sql_, time_, scope);
 }
 
+Result<std::vector<int64_t>> SqlTxn::Counted(std::string_view tenant, std::string_view user,
+                                             std::vector<SqlStep> counts) {
+  // Claims of one principal serialise here until their transactions end, so a quota counted
+  // after the claim's own write is exact across processes. The lock comes first in the round
+  // trip, and each count is a statement of its own, whose snapshot is taken once the lock is held.
+  std::string principal = std::string(tenant) + '\x1f' + std::string(user);
+  const bool lock = !sql_.lock_principal.empty() && principal != locked_;
+  if (lock) {
+    counts.insert(counts.begin(), SqlStep{sql_.lock_principal, {principal}});
+  }
+  IDEM_RETURN_IF_ERROR(session_->RunAll(counts));
+  if (lock) locked_ = std::move(principal);
+  std::vector<int64_t> out;
+  for (std::size_t i = lock ? 1 : 0; i < counts.size(); ++i) {
+    IDEM_ASSIGN_OR_RETURN(int64_t n, SingleInteger(counts[i].rows, "count"));
+    out.push_back(n);
+  }
+  return out;
+}
+
+std::vector<SqlValue> SqlTxn::AnyParams(std::string_view tenant, std::string_view user) {
+  return {std::string(tenant), std::string(user)};
+}
+
+int64_t SqlTxn::Retained(std::string_view tenant, std::string_view user, int64_t counted,
+                         int64_t limit) const {
+  if (sql_.dialect.retained_counted_at_commit) {
+    counted += std::count_if(inserted_.begin(), inserted_.end(),
+                             [&](const auto& p) { return p.first == tenant && p.second == user; });
+  }
+  return limit < 0 ? counted : std::min(counted, limit);  // as LIMIT reads a negative one
+}
+
 Result<int64_t> SqlTxn::Count(std::string_view tenant, std::string_view user,
                               std::optional<RecordState> state, int64_t limit) {
-  // Claims of one principal serialise here until their transactions end, so a quota counted
-  // after the claim's own write is exact across processes.
-  IDEM_RETURN_IF_ERROR(session_->LockPrincipal(tenant, user));
-  std::vector<SqlValue> params{std::string(tenant), std::string(user)};
+  std::vector<SqlStep> counts(1);
   if (!state) {
-    IDEM_ASSIGN_OR_RETURN(auto rows, session_->Run(sql_.count_any, params, nullptr));
-    IDEM_ASSIGN_OR_RETURN(int64_t records, SingleInteger(rows, "count"));
-    if (sql_.dialect.retained_counted_at_commit) {
-      records += std::count_if(inserted_.begin(), inserted_.end(), [&](const auto& p) {
-        return p.first == tenant && p.second == user;
-      });
-    }
-    return limit < 0 ? records : std::min(records, limit);  // as LIMIT reads a negative one
+    counts[0] = SqlStep{sql_.count_any, AnyParams(tenant, user)};
+    IDEM_ASSIGN_OR_RETURN(auto n, Counted(tenant, user, std::move(counts)));
+    return Retained(tenant, user, n[0], limit);
   }
-  params.emplace_back(std::string(RecordStateName(*state)));
-  params.emplace_back(limit);
-  IDEM_ASSIGN_OR_RETURN(auto rows, session_->Run(sql_.count_state, params, nullptr));
-  return SingleInteger(rows, "count");
+  counts[0] = SqlStep{
+      sql_.count_state,
+      {std::string(tenant), std::string(user), std::string(RecordStateName(*state)), limit}};
+  IDEM_ASSIGN_OR_RETURN(auto n, Counted(tenant, user, std::move(counts)));
+  return n[0];
+}
+
+Result<StoreTxn::QuotaCounts> SqlTxn::CountQuota(std::string_view tenant, std::string_view user,
+                                                 int64_t processing_limit, int64_t retained_limit) {
+  std::vector<SqlStep> counts;
+  counts.push_back(
+      SqlStep{sql_.count_state,
+              {std::string(tenant), std::string(user),
+               std::string(RecordStateName(RecordState::kProcessing)), processing_limit}});
+  counts.push_back(SqlStep{sql_.count_any, AnyParams(tenant, user)});
+  IDEM_ASSIGN_OR_RETURN(auto n, Counted(tenant, user, std::move(counts)));
+  return QuotaCounts{n[0], Retained(tenant, user, n[1], retained_limit)};
 }
 
 Result<std::vector<SqlRow>> SqlTxn::Exec(std::string_view sql,

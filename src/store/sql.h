@@ -47,7 +47,7 @@ struct Dialect {
   // count then adds the records this transaction inserted itself.
   bool retained_counted_at_commit = false;
   // Serialises one principal's quota counts until the transaction ends, where the backend's write
-  // lock does not already (TxnSession::LockPrincipal); one '?', the principal. Empty: no lock.
+  // lock does not already (SqlTxn counts after it); one '?', the principal. Empty: no lock.
   std::string_view lock_principal;
 };
 
@@ -90,6 +90,21 @@ struct RecordSql {
   std::string census_retained;    // one row (records in all, now)
 };
 
+// One statement of a batch (SqlRunner::RunAll): its text in the backend's placeholder form and
+// its parameters, then what it returned.
+struct SqlStep {
+  SqlStep() = default;
+  SqlStep(std::string_view sql_text, std::vector<SqlValue> values = {}, bool prepare = true)
+      : sql(sql_text), params(std::move(values)), preparable(prepare) {}
+
+  std::string_view sql;
+  std::vector<SqlValue> params;
+  // False for the words of a transaction (BEGIN, SAVEPOINT, ...): never a prepared statement.
+  bool preparable = true;
+  std::vector<SqlRow> rows;  // out
+  int changed = 0;           // out: rows the statement changed
+};
+
 // Runs statements of the shared text on one connection; each backend's connection is one.
 class SqlRunner {
  public:
@@ -100,6 +115,17 @@ class SqlRunner {
   // database rejects), kUnavailable (busy or unreachable), kDataLoss (corruption).
   virtual Result<std::vector<SqlRow>> Run(std::string_view sql, const std::vector<SqlValue>& params,
                                           int* changed) = 0;
+
+  // Runs `steps` in order and fills in what each returned; stops at the first that fails and
+  // returns its error (the later ones did not run). A backend with a network between it and its
+  // database sends them all before it waits (PostgreSQL's pipeline mode): one round trip for
+  // the lot. Errors: as Run.
+  virtual Status RunAll(std::vector<SqlStep>& steps) {
+    for (SqlStep& step : steps) {
+      IDEM_ASSIGN_OR_RETURN(step.rows, Run(step.sql, step.params, &step.changed));
+    }
+    return Ok();
+  }
 };
 
 // The backend's half of one write transaction: a connection inside BEGIN. Destroying it without a
@@ -110,41 +136,75 @@ class TxnSession : public SqlRunner {
   // the transaction usable. Errors: as Run; kInvalidArgument for a wrong parameter count.
   virtual Result<std::vector<SqlRow>> Exec(std::string_view sql,
                                            const std::vector<SqlValue>& params) = 0;
-  // Serialises quota counts of one principal until the transaction ends, where the backend's
-  // write lock does not already.
-  virtual Status LockPrincipal(std::string_view tenant, std::string_view user) = 0;
   // Errors: kUnavailable (nothing was committed; the transaction stays open until destroyed);
   // kDeadlineExceeded when the outcome is unknown (the connection broke during COMMIT).
   virtual Status Commit() = 0;
 };
 
 // A TxnSession on a connection lent by a Pool: `Conn` is the backend's connection (a SqlRunner
-// with Script(sql) and Broken()). Rolls back on destruction unless committed, on a connection
-// that still works.
+// with Script(sql), Broken(), TimedOut() and ClearTimedOut()). BEGIN is not sent on its own: it
+// goes with the transaction's first statements, in their round trip. Rolls back on destruction
+// unless committed, on a connection that still works.
 template <typename Conn>
 class LentSession : public TxnSession {
  public:
-  explicit LentSession(Lent<Conn> conn) : conn_(std::move(conn)) {}
-  ~LentSession() override {
-    if (open_ && !conn_->Broken()) (void)conn_->Script("ROLLBACK");
+  // `begin` opens the transaction ("BEGIN"). A connection found dead by the first statements
+  // (it died while idle in the pool; nothing was committed, for no COMMIT was sent) is replaced
+  // by another of the pool, waited for up to `pool_wait`, at most `retries` times; one that timed
+  // out is not: it met a stalled server, which another would only wait for again.
+  LentSession(Lent<Conn> conn, std::string begin, int retries, Millis pool_wait)
+      : conn_(std::move(conn)), begin_(std::move(begin)), retries_(retries), pool_wait_(pool_wait) {
+    conn_->ClearTimedOut();
   }
-
-  // Opens the transaction with `begin` ("BEGIN", "BEGIN IMMEDIATE").
-  Status Begin(const std::string& begin) {
-    IDEM_RETURN_IF_ERROR(conn_->Script(begin));
-    open_ = true;
-    return Ok();
+  ~LentSession() override {
+    if (open_ && conn_ && !conn_->Broken()) (void)conn_->Script("ROLLBACK");
   }
 
   Result<std::vector<SqlRow>> Run(std::string_view sql, const std::vector<SqlValue>& params,
                                   int* changed) override {
-    return conn_->Run(sql, params, changed);
+    if (begun_) return conn_->Run(sql, params, changed);
+    std::vector<SqlStep> steps(1);
+    steps[0].sql = sql;
+    steps[0].params = params;
+    IDEM_RETURN_IF_ERROR(RunAll(steps));
+    if (changed != nullptr) *changed = steps[0].changed;
+    return std::move(steps[0].rows);
+  }
+
+  Status RunAll(std::vector<SqlStep>& steps) override {
+    if (begun_) return conn_->RunAll(steps);
+    if (lost_) return Lost();
+    std::vector<SqlStep> first;
+    first.reserve(steps.size() + 1);
+    first.push_back(SqlStep{begin_, {}, false});
+    for (SqlStep& step : steps) first.push_back(std::move(step));
+    Status run = Ok();
+    for (int attempt = 0;; ++attempt) {
+      run = conn_->RunAll(first);
+      if (run || !conn_->Broken() || attempt >= retries_ || conn_->TimedOut()) break;
+      if (Status replaced = conn_.Replace(pool_wait_); !replaced) {
+        lost_ = true;
+        return replaced;
+      }
+      conn_->ClearTimedOut();
+    }
+    for (std::size_t i = 0; i < steps.size(); ++i) steps[i] = std::move(first[i + 1]);
+    // A statement that failed on a working connection leaves the transaction open (aborted).
+    if (conn_->Broken()) {
+      lost_ = true;
+    } else {
+      begun_ = open_ = true;
+    }
+    return run;
   }
 
  protected:
   // COMMIT; on failure the transaction stays open (rolled back on destruction) unless the
-  // connection broke, when the outcome is unknown: kDeadlineExceeded.
+  // connection broke, when the outcome is unknown: kDeadlineExceeded. A transaction that ran
+  // nothing has nothing to commit.
   Status CommitOnce() {
+    if (lost_) return Lost();
+    if (!begun_) return Ok();
     Status s = conn_->Script("COMMIT");
     if (!s && conn_->Broken()) {
       open_ = false;
@@ -159,7 +219,16 @@ class LentSession : public TxnSession {
   Lent<Conn> conn_;
 
  private:
-  bool open_ = false;
+  static Error Lost() {
+    return MakeError(Errc::kUnavailable, "the transaction's connection was lost before it began");
+  }
+
+  std::string begin_;
+  int retries_;
+  Millis pool_wait_;
+  bool begun_ = false;  // BEGIN was sent and the connection still works
+  bool open_ = false;   // rolled back on destruction
+  bool lost_ = false;   // the first statements found no working connection: nothing ran
 };
 
 // What a statement's {now} parameters are bound to: the caller's clock, or null where the
@@ -198,6 +267,8 @@ class SqlTxn final : public StoreTxn {
   Result<std::optional<Record>> Get(const ScopeHash& scope) override;
   Result<int64_t> Count(std::string_view tenant, std::string_view user,
                         std::optional<RecordState> state, int64_t limit) override;
+  Result<QuotaCounts> CountQuota(std::string_view tenant, std::string_view user,
+                                 int64_t processing_limit, int64_t retained_limit) override;
   Result<std::vector<SqlRow>> Exec(std::string_view sql,
                                    const std::vector<SqlValue>& params) override;
   Status Commit() override;
@@ -205,6 +276,14 @@ class SqlTxn final : public StoreTxn {
 
  private:
   Result<int> Change(const std::string& sql, const std::vector<SqlValue>& params);
+  // Runs `counts` (statements of one integer each) after the principal's lock where this
+  // transaction does not hold it yet, in one RunAll; their integers in order.
+  Result<std::vector<int64_t>> Counted(std::string_view tenant, std::string_view user,
+                                       std::vector<SqlStep> counts);
+  // The count_any statement's parameters, and its integer as Count reports it.
+  static std::vector<SqlValue> AnyParams(std::string_view tenant, std::string_view user);
+  int64_t Retained(std::string_view tenant, std::string_view user, int64_t counted,
+                   int64_t limit) const;
 
   std::unique_ptr<TxnSession> session_;
   const RecordSql& sql_;
@@ -213,6 +292,7 @@ class SqlTxn final : public StoreTxn {
   bool committed_ = false;
   // The principals (tenant, user) of the records this transaction inserted, one entry each.
   std::vector<std::pair<std::string, std::string>> inserted_;
+  std::string locked_;  // the principal (tenant 0x1F user) whose lock this transaction holds
   std::vector<std::function<void()>> after_commit_;
 };
 

@@ -5,6 +5,7 @@
 
 #include <cstdlib>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -32,64 +33,140 @@ bool Connection::ConsumeNotifications(Millis wait,
   return PQstatus(conn_) == CONNECTION_OK;
 }
 
+namespace {
+
+// Parameters as libpq takes them: numbers and times as text, bytes as binary; they point into
+// the SqlValues bound, which must outlive them.
+struct Bound {
+  explicit Bound(const std::vector<SqlValue>& params)
+      : text(params.size()),
+        values(params.size(), nullptr),
+        lengths(params.size(), 0),
+        formats(params.size(), 0) {
+    for (std::size_t i = 0; i < params.size(); ++i) {
+      const SqlValue& p = params[i];
+      if (const int64_t* n = std::get_if<int64_t>(&p)) {
+        text[i] = std::to_string(*n);
+      } else if (const double* d = std::get_if<double>(&p)) {
+        text[i] = DoubleText(*d);
+      } else if (const Timestamp* t = std::get_if<Timestamp>(&p)) {
+        text[i] = TimestampText(*t);
+      } else if (const std::string* s = std::get_if<std::string>(&p)) {
+        values[i] = s->c_str();
+        lengths[i] = static_cast<int>(s->size());
+        continue;
+      } else if (const Blob* b = std::get_if<Blob>(&p)) {
+        values[i] = b->bytes.data();
+        lengths[i] = static_cast<int>(b->bytes.size());
+        formats[i] = 1;
+        continue;
+      } else {
+        continue;  // NULL
+      }
+      values[i] = text[i].c_str();
+    }
+  }
+  int Count() const { return static_cast<int>(values.size()); }
+
+  std::vector<std::string> text;
+  std::vector<const char*> values;
+  std::vector<int> lengths, formats;
+};
+
+}  // namespace
+
 Result<std::vector<SqlRow>> Connection::RunBy(std::string_view sql,
                                               const std::vector<SqlValue>& params, int* changed,
                                               bool prepare, SteadyTime deadline) {
+  std::vector<store_internal::SqlStep> steps(1);
+  steps[0].sql = sql;
+  steps[0].params = params;
+  steps[0].preparable = prepare;
+  IDEM_RETURN_IF_ERROR(PipelineBy(steps, deadline));
+  if (changed != nullptr) *changed = steps[0].changed;
+  return std::move(steps[0].rows);
+}
+
+Status Connection::PipelineBy(std::vector<store_internal::SqlStep>& steps, SteadyTime deadline) {
   if (broken_) return Dropped();
-  std::vector<std::string> text(params.size());
-  std::vector<const char*> values(params.size(), nullptr);
-  std::vector<int> lengths(params.size(), 0), formats(params.size(), 0);
-  for (std::size_t i = 0; i < params.size(); ++i) {
-    const SqlValue& p = params[i];
-    if (const int64_t* n = std::get_if<int64_t>(&p)) {
-      text[i] = std::to_string(*n);
-    } else if (const double* d = std::get_if<double>(&p)) {
-      text[i] = DoubleText(*d);
-    } else if (const Timestamp* t = std::get_if<Timestamp>(&p)) {
-      text[i] = TimestampText(*t);
-    } else if (const std::string* s = std::get_if<std::string>(&p)) {
-      values[i] = s->c_str();
-      lengths[i] = static_cast<int>(s->size());
-      continue;
-    } else if (const Blob* b = std::get_if<Blob>(&p)) {
-      values[i] = b->bytes.data();
-      lengths[i] = static_cast<int>(b->bytes.size());
-      formats[i] = 1;
-      continue;
-    } else {
-      continue;  // NULL
-    }
-    values[i] = text[i].c_str();
-  }
-  const int n = static_cast<int>(params.size());
-  const std::string statement(sql);
-  int sent = 0;
-  if (prepare) {
-    auto it = statements_.find(statement);
-    if (it == statements_.end()) {
-      const std::string name = "s" + std::to_string(statements_.size());
-      if (PQsendPrepare(conn_, name.c_str(), statement.c_str(), n, nullptr) == 0) {
-        return Fail(nullptr, "prepare");
+  const SteadyTime start = Now();
+  if (PQenterPipelineMode(conn_) == 0) return Fail(nullptr, "pipeline");
+  // What was sent, in order: each step, after the preparation of its statement where this
+  // connection has not prepared it yet (a prepared statement outlives any transaction).
+  struct Sent {
+    store_internal::SqlStep* step;  // null: a preparation
+    std::string prepared;           // the statement a preparation names
+  };
+  std::vector<Sent> sent;
+  sent.reserve(steps.size() * 2);
+  for (store_internal::SqlStep& step : steps) {
+    const Bound bound(step.params);
+    const std::string statement(step.sql);
+    int ok = 0;
+    if (prepared_ && step.preparable) {
+      auto it = statements_.find(statement);
+      if (it == statements_.end()) {
+        it = statements_.emplace(statement, "s" + std::to_string(next_statement_++)).first;
+        if (PQsendPrepare(conn_, it->second.c_str(), statement.c_str(), bound.Count(), nullptr) ==
+            0) {
+          statements_.erase(it);
+          return Fail(nullptr, "prepare");
+        }
+        sent.push_back({nullptr, statement});
       }
-      IDEM_ASSIGN_OR_RETURN(PgResult prep, Await(deadline, "prepare"));
-      if (PQresultStatus(prep.get()) != PGRES_COMMAND_OK) return Fail(prep.get(), "prepare");
-      it = statements_.emplace(statement, name).first;
+      ok = PQsendQueryPrepared(conn_, it->second.c_str(), bound.Count(), bound.values.data(),
+                               bound.lengths.data(), bound.formats.data(), 1);
+    } else {
+      ok = PQsendQueryParams(conn_, statement.c_str(), bound.Count(), nullptr, bound.values.data(),
+                             bound.lengths.data(), bound.formats.data(), 1);
     }
-    sent = PQsendQueryPrepared(conn_, it->second.c_str(), n, values.data(), lengths.data(),
-                               formats.data(), 1);
-  } else {
-    sent = PQsendQueryParams(conn_, statement.c_str(), n, nullptr, values.data(), lengths.data(),
-                             formats.data(), 1);
+    // A pipeline that could not be sent whole leaves the connection in no state to reuse.
+    if (ok == 0) return Fail(nullptr, "exec");
+    sent.push_back({&step, {}});
   }
-  if (sent == 0) return Fail(nullptr, "exec");
-  IDEM_ASSIGN_OR_RETURN(PgResult res, Await(deadline, "exec"));
-  const ExecStatusType status = PQresultStatus(res.get());
-  if (status != PGRES_TUPLES_OK && status != PGRES_COMMAND_OK) return Fail(res.get(), "exec");
-  if (changed != nullptr) {
+  if (PQpipelineSync(conn_) == 0) return Fail(nullptr, "exec");
+  IDEM_RETURN_IF_ERROR(Flush(deadline, "exec", start));
+  // Every result is read, those the server skipped after a failure included, so the connection
+  // comes out of the pipeline ready for the next call; the first failure is the answer.
+  std::optional<Error> failed;
+  for (const Sent& s : sent) {
+    const char* what = s.step == nullptr ? "prepare" : "exec";
+    PgResult res;
+    for (;;) {
+      IDEM_ASSIGN_OR_RETURN(PgResult next, Next(deadline, what, start));
+      if (next == nullptr) break;
+      if (res == nullptr || !IsError(res.get())) res = std::move(next);
+    }
+    if (res == nullptr) return Fail(nullptr, what);
+    const ExecStatusType status = PQresultStatus(res.get());
+    if (status == PGRES_PIPELINE_ABORTED) {
+      if (s.step == nullptr) statements_.erase(s.prepared);
+      continue;
+    }
+    if (status != PGRES_TUPLES_OK && status != PGRES_COMMAND_OK) {
+      if (s.step == nullptr) statements_.erase(s.prepared);
+      if (!failed) failed = Fail(res.get(), what);
+      if (broken_) return std::move(*failed);
+      continue;
+    }
+    if (s.step == nullptr || failed) continue;
     const char* tuples = PQcmdTuples(res.get());
-    *changed = (tuples != nullptr && *tuples != '\0') ? std::atoi(tuples) : 0;
+    s.step->changed = (tuples != nullptr && *tuples != '\0') ? std::atoi(tuples) : 0;
+    auto rows = Rows(res.get());
+    if (!rows) {
+      failed = std::move(rows).error();
+      continue;
+    }
+    s.step->rows = std::move(*rows);
   }
-  return Rows(res.get());
+  IDEM_ASSIGN_OR_RETURN(PgResult sync, Next(deadline, "exec", start));
+  if (sync == nullptr || PQresultStatus(sync.get()) != PGRES_PIPELINE_SYNC ||
+      PQexitPipelineMode(conn_) == 0) {
+    broken_ = true;
+    return MakeError(Errc::kUnavailable, "postgres exec: the pipeline did not end as sent");
+  }
+  if (failed) return std::move(*failed);
+  return Ok();
 }
 
 bool Connection::IsError(const PGresult* r) {
@@ -97,22 +174,30 @@ bool Connection::IsError(const PGresult* r) {
   return status == PGRES_FATAL_ERROR || status == PGRES_BAD_RESPONSE;
 }
 
-Result<PgResult> Connection::Await(SteadyTime deadline, const char* what) {
-  const SteadyTime start = Now();
+Status Connection::Flush(SteadyTime deadline, const char* what, SteadyTime start) {
   for (;;) {
     const int flushed = PQflush(conn_);
-    if (flushed == 0) break;
+    if (flushed == 0) return Ok();
     if (flushed < 0) return Fail(nullptr, what);
     if (!WaitFor(PQsocket(conn_), POLLIN | POLLOUT, deadline)) return GiveUp(what, start);
     if (PQconsumeInput(conn_) == 0) return Fail(nullptr, what);
   }
+}
+
+Result<PgResult> Connection::Next(SteadyTime deadline, const char* what, SteadyTime start) {
+  while (PQisBusy(conn_) != 0) {
+    if (!WaitFor(PQsocket(conn_), POLLIN, deadline)) return GiveUp(what, start);
+    if (PQconsumeInput(conn_) == 0) return Fail(nullptr, what);
+  }
+  return PgResult(PQgetResult(conn_));
+}
+
+Result<PgResult> Connection::Await(SteadyTime deadline, const char* what) {
+  const SteadyTime start = Now();
+  IDEM_RETURN_IF_ERROR(Flush(deadline, what, start));
   PgResult kept;
   for (;;) {
-    while (PQisBusy(conn_) != 0) {
-      if (!WaitFor(PQsocket(conn_), POLLIN, deadline)) return GiveUp(what, start);
-      if (PQconsumeInput(conn_) == 0) return Fail(nullptr, what);
-    }
-    PgResult next(PQgetResult(conn_));
+    IDEM_ASSIGN_OR_RETURN(PgResult next, Next(deadline, what, start));
     if (next == nullptr) break;
     if (kept == nullptr || !IsError(kept.get())) kept = std::move(next);
   }

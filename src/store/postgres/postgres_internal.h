@@ -98,6 +98,12 @@ class Connection final : public store_internal::SqlRunner {
     return RunBy(sql, params, nullptr, false, deadline);
   }
 
+  // In one round trip (libpq's pipeline mode): every step sent, then one Sync, then the
+  // answers. See SqlRunner::RunAll.
+  Status RunAll(std::vector<store_internal::SqlStep>& steps) override {
+    return PipelineBy(steps, Deadline());
+  }
+
   // Statements without parameters or results (BEGIN, COMMIT, DDL scripts).
   Status Script(const std::string& sql) { return ScriptBy(sql, Deadline()); }
   Status ScriptBy(const std::string& sql, SteadyTime deadline);
@@ -115,7 +121,15 @@ class Connection final : public store_internal::SqlRunner {
   Result<std::vector<SqlRow>> RunBy(std::string_view sql, const std::vector<SqlValue>& params,
                                     int* changed, bool prepare, SteadyTime deadline);
 
+  Status PipelineBy(std::vector<store_internal::SqlStep>& steps, SteadyTime deadline);
+
   static bool IsError(const PGresult* r);
+
+  // Writes out what libpq has queued, by `deadline` (`start`: when the call began, for the
+  // message of one given up).
+  Status Flush(SteadyTime deadline, const char* what, SteadyTime start);
+  // The next result by `deadline`: null at the end of one statement's results.
+  Result<PgResult> Next(SteadyTime deadline, const char* what, SteadyTime start);
 
   // Sends what the last PQsend* queued and collects its answer by `deadline`: the first error of
   // a script, else its last result. Past the deadline the connection is given up (closed when the
@@ -137,7 +151,8 @@ class Connection final : public store_internal::SqlRunner {
   bool broken_ = false;
   bool timed_out_ = false;
   std::string sqlstate_;
-  std::map<std::string, std::string> statements_;
+  std::map<std::string, std::string> statements_;  // SQL text → its prepared statement's name
+  int next_statement_ = 0;
 };
 
 // Connects to options.conninfo by `deadline` — TCP, TLS, authentication and the session's

@@ -45,7 +45,7 @@ const RecordSql& Sql() {
 // ---- Transaction ---------------------------------------------------------------------------
 
 // A pooled connection inside BEGIN (READ COMMITTED): claims conflict on the primary key, which
-// waits for the other inserter; quota counts take a per-principal advisory lock.
+// waits for the other inserter; quota counts take a per-principal advisory lock (SqlTxn).
 class PostgresSession final : public store_internal::LentSession<Connection> {
  public:
   using LentSession::LentSession;
@@ -54,33 +54,21 @@ class PostgresSession final : public store_internal::LentSession<Connection> {
                                    const std::vector<SqlValue>& params) override {
     IDEM_ASSIGN_OR_RETURN(std::string numbered, BusinessSql("sql", sql, params));
     // A failed statement aborts a PostgreSQL transaction; a savepoint keeps this one usable, so
-    // the caller can decide from the existing row after a unique violation.
-    IDEM_RETURN_IF_ERROR(conn_->Script("SAVEPOINT idem_exec"));
-    auto rows = conn_->Run(numbered, params, nullptr);
-    if (!rows) {
-      if (!conn_->Broken()) (void)conn_->Script("ROLLBACK TO SAVEPOINT idem_exec");
-      return rows;
+    // the caller can decide from the existing row after a unique violation. The savepoint, the
+    // statement and its release go in one round trip.
+    std::vector<store_internal::SqlStep> steps(3);
+    steps[0] = {"SAVEPOINT idem_exec", {}, false};
+    steps[1].sql = numbered;
+    steps[1].params = params;
+    steps[2] = {"RELEASE SAVEPOINT idem_exec", {}, false};
+    if (Status run = RunAll(steps); !run) {
+      if (conn_ && !conn_->Broken()) (void)conn_->Script("ROLLBACK TO SAVEPOINT idem_exec");
+      return std::move(run).error();
     }
-    IDEM_RETURN_IF_ERROR(conn_->Script("RELEASE SAVEPOINT idem_exec"));
-    return rows;
-  }
-
-  Status LockPrincipal(std::string_view tenant, std::string_view user) override {
-    std::string principal = std::string(tenant) + '\x1f' + std::string(user);
-    // Held until the transaction ends: the claim's second quota count needs no second statement.
-    if (principal == locked_) return Ok();
-    IDEM_RETURN_IF_ERROR(conn_->Run(Sql().lock_principal, {principal}, nullptr));
-    locked_ = std::move(principal);
-    return Ok();
+    return std::move(steps[1].rows);
   }
 
   Status Commit() override { return CommitOnce(); }
-
-  // Whether BEGIN (or a later statement) timed out rather than finding the connection dead.
-  bool TimedOut() const { return conn_->TimedOut(); }
-
- private:
-  std::string locked_;  // the principal whose advisory lock this transaction holds
 };
 
 // LISTENs on its own connection (not the pool's) on a thread, reconnecting with back-off. Its
@@ -208,22 +196,14 @@ class PostgresStore final : public Store {
     return Ok();
   }
 
+  // BEGIN goes with the transaction's first statements (LentSession), which also try a fresh
+  // connection when the one lent died while idle.
   Result<std::unique_ptr<StoreTxn>> Begin() override {
-    for (int attempt = 0;; ++attempt) {
-      IDEM_ASSIGN_OR_RETURN(Lent conn, store_internal::Borrow(*pool_, options_.pool_wait));
-      conn->ClearTimedOut();
-      auto session = std::make_unique<PostgresSession>(std::move(conn));
-      Status begun = session->Begin("BEGIN");
-      if (begun) {
-        return std::unique_ptr<StoreTxn>(
-            std::make_unique<SqlTxn>(std::move(session), Sql(), time_, random_));
-      }
-      // A connection that died while idle: nothing was sent, so try a fresh one. One that timed
-      // out met a stalled server, which another attempt would only wait for again.
-      if (attempt >= options_.max_retries || session->TimedOut()) {
-        return std::move(begun).error();
-      }
-    }
+    IDEM_ASSIGN_OR_RETURN(Lent conn, store_internal::Borrow(*pool_, options_.pool_wait));
+    auto session = std::make_unique<PostgresSession>(std::move(conn), "BEGIN", options_.max_retries,
+                                                     options_.pool_wait);
+    return std::unique_ptr<StoreTxn>(
+        std::make_unique<SqlTxn>(std::move(session), Sql(), time_, random_));
   }
 
   Result<std::optional<Record>> Read(const ScopeHash& scope) override {

@@ -20,6 +20,7 @@
 
 #include "idem/store/postgres.h"
 #include "testing/fakes.h"
+#include "testing/round_trips.h"
 #include "testing/services.h"
 #include "testing/stall.h"
 #include "testing/store_contract.h"
@@ -724,6 +725,116 @@ TEST(PostgresStore, AServerThatNeverAnswersIsUnavailableWithinTheConnectTimeout)
   ASSERT_FALSE(open.value.has_value());
   EXPECT_EQ(open.value.error().code, Errc::kUnavailable) << open.value.error().message;
   EXPECT_LT(open.elapsed, options.timeouts.connect + kSlack);
+}
+
+// The test server's URL with its port replaced by `port` (a relay's), or "" for a URL of
+// another form than scripts/with-services gives ("postgresql://user@127.0.0.1:PORT/db").
+std::string ThroughPort(const std::string& url, uint16_t port) {
+  const std::string host = "@127.0.0.1:";
+  const std::size_t at = url.find(host);
+  if (at == std::string::npos) return "";
+  const std::size_t digits = at + host.size();
+  const std::size_t end = url.find_first_not_of("0123456789", digits);
+  if (end == digits) return "";
+  return url.substr(0, digits) + std::to_string(port) + url.substr(end);
+}
+
+uint16_t ServerPort() {
+  const std::string url = ServerUrl();
+  const std::size_t at = url.find("@127.0.0.1:");
+  return at == std::string::npos ? 0 : static_cast<uint16_t>(std::atoi(url.c_str() + at + 11));
+}
+
+// A claim and a completion as idemd makes them (Engine::Start with the payments hook: the claim,
+// a business row, the advance, the covered advance, the read back, the quota; Engine::Finish),
+// counted in round trips through a relay: BEGIN goes with the first statement, a business
+// statement with its savepoint and release, the principal's lock with both quota counts. Before
+// the store sent statements together, the claim took 12 and the completion 6.
+TEST(PostgresStore, AClaimAndACompletionWaitForTheServerOnlyWhereTheyMust) {
+  REQUIRE_POSTGRES();
+  ASSERT_NE(ServerPort(), 0) << "IDEM_TEST_PG_URL is not a loopback URL with a port";
+  for (const bool prepared : {true, false}) {
+    SCOPED_TRACE(prepared ? "prepared statements" : "unnamed statements");
+    RoundTripCounter relay(ServerPort());
+    ASSERT_NE(relay.port(), 0);
+    const std::string schema = FreshSchema();
+    FakeClock clock;
+    SeededRandom random(6);
+    PostgresStoreOptions options = Options(schema, 1, prepared);
+    options.conninfo = ThroughPort(ServerUrl(), relay.port());
+    auto store = OpenPostgresStore(options, clock, random);
+    ASSERT_TRUE(store.has_value()) << store.error().message;
+    int64_t seen = relay.RoundTrips();
+    auto trips = [&] {
+      const int64_t now = relay.RoundTrips();
+      return now - std::exchange(seen, now);
+    };
+
+    const ClaimSpec spec = Spec(prepared ? "trips-prepared" : "trips-plain");
+    auto txn = (*store)->Begin();
+    ASSERT_TRUE(txn.has_value()) << txn.error().message;
+    EXPECT_EQ(trips(), 0) << "Begin";
+    auto claim = (*txn)->Claim(spec);
+    ASSERT_TRUE(claim.has_value() && claim->claimed) << Describe(claim);
+    EXPECT_EQ(trips(), 1) << "BEGIN and the claim";
+    ASSERT_TRUE((*txn)->Exec("INSERT INTO contract_business (k, v) VALUES (?, ?)",
+                             {std::string("order"), std::string("pending")}));
+    EXPECT_EQ(trips(), 1) << "a business row with its savepoint";
+    const Lease lease = claim->record.lease;
+    ASSERT_TRUE((*txn)->Advance(spec.scope, lease, "claimed", "pay_1"));
+    EXPECT_EQ(trips(), 1) << "the advance";
+    ASSERT_TRUE((*txn)->AdvanceCovered(spec.scope, lease, "charge_sent", Millis(1000)));
+    EXPECT_EQ(trips(), 1) << "the covered advance";
+    auto read = (*txn)->Get(spec.scope);
+    ASSERT_TRUE(read.has_value() && read->has_value()) << Describe(read);
+    EXPECT_EQ((*read)->recovery_point, "charge_sent");
+    EXPECT_EQ(trips(), 1) << "the read back";
+    auto quota = (*txn)->CountQuota(spec.tenant, spec.user, 1001, 100001);
+    ASSERT_TRUE(quota.has_value()) << Describe(quota);
+    EXPECT_EQ(quota->processing, 1);
+    EXPECT_EQ(quota->retained, 1);
+    EXPECT_EQ(trips(), 1) << "the principal's lock and both quota counts";
+    ASSERT_TRUE((*txn)->Commit());
+    EXPECT_EQ(trips(), 1) << "COMMIT";
+
+    Outcome outcome;
+    outcome.state = RecordState::kSucceeded;
+    outcome.status_code = 201;
+    outcome.sealed_response = "sealed";
+    outcome.recovery_point = "done";
+    outcome.retention = Millis(60000);
+    txn->reset();  // gives its connection back to the pool of one
+    txn = (*store)->Begin();
+    ASSERT_TRUE(txn.has_value()) << txn.error().message;
+    ASSERT_TRUE((*txn)->Finish(spec.scope, lease, outcome));
+    EXPECT_EQ(trips(), 1) << "BEGIN and the finish";
+    ASSERT_TRUE((*txn)->Exec("UPDATE contract_business SET v = ? WHERE k = ?",
+                             {std::string("paid"), std::string("order")}));
+    EXPECT_EQ(trips(), 1) << "the business update with its savepoint";
+    ASSERT_TRUE((*txn)->Commit());
+    EXPECT_EQ(trips(), 1) << "COMMIT";
+
+    // A business statement that fails as the transaction's first leaves it usable: its savepoint
+    // went with BEGIN, and rolling back to it costs one more round trip.
+    txn->reset();  // gives its connection back to the pool of one
+    txn = (*store)->Begin();
+    ASSERT_TRUE(txn.has_value()) << txn.error().message;
+    auto again = (*txn)->Exec("INSERT INTO contract_business (k, v) VALUES (?, ?)",
+                              {std::string("order"), std::string("again")});
+    ASSERT_FALSE(again.has_value());
+    EXPECT_EQ(again.error().code, Errc::kAlreadyExists) << again.error().message;
+    EXPECT_EQ(trips(), 2) << "the failed statement, then the rollback to its savepoint";
+    ASSERT_TRUE((*txn)->Exec("INSERT INTO contract_business (k, v) VALUES (?, ?)",
+                             {std::string("other"), std::string("v")}));
+    ASSERT_TRUE((*txn)->Commit());
+    EXPECT_EQ(trips(), 2);
+    txn->reset();
+    auto rows = (*store)->Query("SELECT k, v FROM contract_business ORDER BY k");
+    ASSERT_TRUE(rows.has_value()) << Describe(rows);
+    ASSERT_EQ(rows->size(), 2u);
+    EXPECT_EQ(std::get<std::string>((*rows)[0][1]), "paid");
+    EXPECT_EQ(std::get<std::string>((*rows)[1][0]), "other");
+  }
 }
 
 }  // namespace

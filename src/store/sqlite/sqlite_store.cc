@@ -369,7 +369,6 @@ class SqliteSession final : public store_internal::TxnSession {
                                    const std::vector<SqlValue>& params) override {
     return Run(sql, params, nullptr);
   }
-  Status LockPrincipal(std::string_view, std::string_view) override { return Ok(); }
   Status Commit() override {
     IDEM_CHECK(group_ != nullptr);
     return groups_.Leave(std::exchange(group_, nullptr), /*keep=*/true);
