@@ -109,8 +109,8 @@ class Worker {
     for (int i = 0; i < connections; ++i) conns_.push_back(std::make_unique<Connection>(ioc_));
     // Everything of a request but its key and body, once.
     const std::string host = config.host + ":" + std::to_string(config.port);
-    head_ = "POST " + config.target + " HTTP/1.1\r\nHost: " + host + "\r\nAuthorization: Bearer " +
-            config.api_key + "\r\nContent-Type: application/json\r\nIdempotency-Key: ";
+    head_ = "POST " + config.target + " HTTP/1.1\r\nHost: " + host + "\r\nAuthorization: Bearer ";
+    tail_ = "\r\nContent-Type: application/json\r\nIdempotency-Key: ";
   }
 
   Status ConnectAll() {
@@ -225,8 +225,15 @@ class Worker {
     const std::string& key = in.record.key;
     const std::string body = "{\"merchant_order_no\":\"" + key + "\",\"amount\":\"" +
                              config_.amount + "\",\"currency\":\"" + config_.currency + "\"}";
-    in.request.reserve(head_.size() + key.size() + body.size() + 40);
-    in.request.append(head_).append(key).append("\r\nContent-Length: ");
+    // Every worker's n-th intent goes to the same principal: principals are shared evenly.
+    const std::string api_key =
+        config_.principals > 0
+            ? config_.api_key + "-" + std::to_string((seq_ - 1) % config_.principals)
+            : config_.api_key;
+    in.request.reserve(head_.size() + api_key.size() + tail_.size() + key.size() + body.size() +
+                       40);
+    in.request.append(head_).append(api_key).append(tail_).append(key).append(
+        "\r\nContent-Length: ");
     in.request.append(std::to_string(body.size())).append("\r\n\r\n").append(body);
     intents_.push_back(std::move(in));
     return intents_.size() - 1;
@@ -525,7 +532,8 @@ class Worker {
   net::io_context ioc_{1};
   std::vector<std::unique_ptr<Connection>> conns_;
   std::vector<std::unique_ptr<Group>> groups_;
-  std::string head_;
+  std::string head_;  // a request up to its bearer key
+  std::string tail_;  // from after the key up to the idempotency key
   std::mt19937_64 rng_;
   std::deque<Intent> intents_;
   std::vector<std::size_t> answered_;  // intents with at least one answer, for mix

@@ -23,6 +23,7 @@ struct LoadConfig {
   uint16_t port = 0;
   std::string target = "/v1/payments";
   std::string api_key;
+  int principals = 0;  // > 0: intent i sends api_key + "-" + (i mod principals)
   std::string amount;
   std::string currency;
   int connections = 1;

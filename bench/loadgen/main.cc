@@ -163,6 +163,7 @@ int Run(const Options& options) {
   config.port = target->port;
   config.target = target->base_path + "/v1/payments";
   config.api_key = options.api_key;
+  config.principals = options.principals;
   config.amount = options.amount;
   config.currency = options.currency;
   config.connections = options.connections;

@@ -24,6 +24,8 @@ Load for idemd's POST /v1/payments, then the exactly-once check against provider
   --duration S          measured seconds (default 10)
   --warmup S            seconds run first and left out of the figures (default 0)
   --api-key KEY         bearer key (default: acme/alice of the development config)
+  --principals N        spread the intents over N principals: intent i sends the key
+                        KEY-(i mod N), for a server that knows KEY-0 .. KEY-(N-1)
   --keys K              replay: payments created first, then retried (default 100)
   --duplicates P        mix: percent of requests that repeat an earlier intent (default 20)
   --burst B             burst: identical requests sent at once per intent (default 4)
@@ -93,6 +95,8 @@ Result<Options> ParseOptions(const std::vector<std::string>& args) {
       {"--url", [&](const std::string& v) { return !(o.url = v).empty(); }},
       {"--provider", [&](const std::string& v) { return !(o.provider = v).empty(); }},
       {"--api-key", [&](const std::string& v) { return !(o.api_key = v).empty(); }},
+      {"--principals",
+       [&](const std::string& v) { return ParseInt(v, 1, 1'000'000, &o.principals); }},
       {"--scenario",
        [&](const std::string& v) {
          scenario_given = true;

@@ -24,6 +24,9 @@ struct Options {
   std::string url;                                  // idemd, http://host:port
   std::string provider;                             // provider-sim's admin API, http://host:port
   std::string api_key = "dev-acme-alice-7f3c9a1e";  // acme/alice of the development config
+  // More than 0: requests spread over this many principals, intent i sending the bearer key
+  // api_key + "-" + (i mod principals) (the server must know each: scripts/bench makes them).
+  int principals = 0;
   Scenario scenario = Scenario::kUnique;
   int connections = 8;
   int threads = 1;

@@ -38,6 +38,19 @@ TEST(Options, ARunNeedsTheTargetAndTheProviderForItsCheck) {
   ExpectUsage({"--url", "http://x:1", "--provider", "http://y:2", "--bogus"}, "unknown option");
 }
 
+TEST(Options, PrincipalsSpreadTheIntentsOverThatManyKeys) {
+  auto one = Parse({"--url", "http://x:1", "--provider", "http://y:2"});
+  ASSERT_TRUE(one.has_value()) << one.error().message;
+  EXPECT_EQ(one->principals, 0);  // the one --api-key
+  auto many = Parse({"--url", "http://x:1", "--provider", "http://y:2", "--api-key", "bench",
+                     "--principals", "1000"});
+  ASSERT_TRUE(many.has_value()) << many.error().message;
+  EXPECT_EQ(many->principals, 1000);
+  EXPECT_EQ(many->api_key, "bench");
+  ExpectUsage({"--url", "http://x:1", "--provider", "http://y:2", "--principals", "0"},
+              "bad value for --principals");
+}
+
 TEST(Options, NoCheckRunsWithoutAProvider) {
   auto o = Parse({"--no-check", "--url", "http://127.0.0.1:9000", "--duration", "2"});
   ASSERT_TRUE(o.has_value()) << o.error().message;
