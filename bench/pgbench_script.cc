@@ -11,8 +11,10 @@
 // the payments hook, which makes the covered advance before the provider call; Engine::Finish),
 // with the store's round trips: statements the store sends together (SqlRunner::RunAll, libpq's
 // pipeline mode) are one pgbench pipeline (\startpipeline ... \endpipeline, one Sync):
-//   claim:      [BEGIN; claim] advance to `claimed`; covered advance to `charge_sent`; get;
+//   claim:      [BEGIN; claim] advance to `claimed`; covered advance to `charge_sent`;
 //               [lock principal; count PROCESSING; count retained] COMMIT
+// (the engine's read back after the hook is answered from the record the covered advance
+// returned: SqlTxn::Get runs no statement for it)
 //   completion: [BEGIN; finish SUCCEEDED with the sealed 201] COMMIT
 // Left out: idemd's own business rows (the payments insert and update and the outbox event, each
 // a round trip of its own with its savepoint), which are not libidem's statements; the ceiling is
@@ -240,15 +242,14 @@ int main(int argc, char** argv) {
                                      "lease_ttl", "now", "now", "now", "retention", "now"})
                           .c_str());
   std::printf("\\endpipeline\n");
-  std::printf("%s\n", WithVariables(
-                          "advance", sql.advance,
-                          {"claimed", "payment_id", "payment_id", "now", "scope", "owner", "fence"})
+  std::printf("%s\n", WithVariables("advance", sql.advance,
+                                    {"claimed", "payment_id", "payment_id", "now", "scope", "owner",
+                                     "fence", "now"})
                           .c_str());
   std::printf("%s\n", WithVariables("advance covered", sql.advance_covered,
                                     {"charge_sent", "now", "now", "scope", "owner", "fence", "now",
-                                     "must_cover"})
+                                     "must_cover", "now"})
                           .c_str());
-  std::printf("%s\n", WithVariables("get", sql.get, {"now", "scope"}).c_str());
   // Last, as Engine::Start counts (the lock is held from here to the commit): the lock and both
   // counts in one round trip (SqlTxn::CountQuota).
   std::printf("\\startpipeline\n%s\n", lock.c_str());

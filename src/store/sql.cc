@@ -359,18 +359,22 @@ RecordSql::RecordSql(const Dialect& d) : dialect(d) {
                  "UPDATE idem_records SET lease_until = {now} + ?, updated_at = {now} "
                  "WHERE scope_hash = ? AND owner_token = ? AND fence = ? AND "
                  "state = 'PROCESSING' RETURNING lease_until");
+  // The advances return the record they wrote, which this transaction then reads without a
+  // statement (SqlTxn::Get).
   advance =
       Render(d,
              "UPDATE idem_records SET recovery_point = ?, "
              "resource_id = CASE WHEN ? = '' THEN resource_id ELSE ? END, updated_at = {now} "
-             "WHERE scope_hash = ? AND owner_token = ? AND fence = ? AND state = 'PROCESSING'");
+             "WHERE scope_hash = ? AND owner_token = ? AND fence = ? AND state = 'PROCESSING'" +
+                 returning);
   // The step before an external call: the lease must still run when the call's deadline (and
   // the margin) has passed, so no takeover can happen while the call may be out.
   advance_covered =
       Render(d,
              "UPDATE idem_records SET recovery_point = ?, updated_at = {now}, sent_at = {now} "
              "WHERE scope_hash = ? AND owner_token = ? AND fence = ? AND state = 'PROCESSING' AND "
-             "lease_until >= {now} + ?");
+             "lease_until >= {now} + ?" +
+                 returning);
   finish = Render(
       d,
       "UPDATE idem_records SET state = ?, status_code = ?, response = ?, "
@@ -453,6 +457,7 @@ Result<ClaimResult> SqlTxn::Claim(const ClaimSpec& spec) {
   if (!rows.empty()) {
     IDEM_ASSIGN_OR_RETURN(Record r, RecordFromRow(rows[0]));
     inserted_.emplace_back(spec.tenant, spec.user);
+    written_ = r;
     return ClaimResult{true, std::move(r)};
   }
   // The conflicting insert has committed (the insert waited for it), so this read sees it,
@@ -463,6 +468,7 @@ Result<ClaimResult> SqlTxn::Claim(const ClaimSpec& spec) {
 }
 
 Result<Record> SqlTxn::Reclaim(const ClaimSpec& spec, int64_t seen_fence) {
+  written_.reset();
   OwnerToken owner;
   random_.Fill(owner);
   const int64_t fence = seen_fence + 1;
@@ -492,6 +498,7 @@ Result<Record> SqlTxn::Reclaim(const ClaimSpec& spec, int64_t seen_fence) {
 }
 
 Result<Lease> SqlTxn::Renew(const ScopeHash& scope, const Lease& lease, Millis ttl) {
+  written_.reset();
   const SqlValue now = time_.Param();
   IDEM_ASSIGN_OR_RETURN(auto rows, session_->Run(sql_.renew,
                                                  {now, ttl.count(), now, BytesOf(scope),
@@ -507,23 +514,34 @@ Result<Lease> SqlTxn::Renew(const ScopeHash& scope, const Lease& lease, Millis t
 Status SqlTxn::Advance(const ScopeHash& scope, const Lease& lease, std::string_view point,
                        std::string_view resource_id) {
   IDEM_RETURN_IF_ERROR(CheckProgress(point, resource_id));
-  IDEM_ASSIGN_OR_RETURN(
-      int changed,
-      Change(sql_.advance, {std::string(point), std::string(resource_id), std::string(resource_id),
-                            time_.Param(), BytesOf(scope), BytesOf(lease.owner), lease.fence}));
-  if (changed == 0) return Fenced("advance");
+  written_.reset();
+  IDEM_ASSIGN_OR_RETURN(auto rows,
+                        session_->Run(sql_.advance,
+                                      {std::string(point), std::string(resource_id),
+                                       std::string(resource_id), time_.Param(), BytesOf(scope),
+                                       BytesOf(lease.owner), lease.fence, time_.Param()},
+                                      nullptr));
+  if (rows.empty()) return Fenced("advance");
+  return Wrote(rows[0]);
+}
+
+Status SqlTxn::Wrote(const SqlRow& row) {
+  IDEM_ASSIGN_OR_RETURN(Record r, RecordFromRow(row));
+  written_ = std::move(r);
   return Ok();
 }
 
 Status SqlTxn::AdvanceCovered(const ScopeHash& scope, const Lease& lease, std::string_view point,
                               Millis must_cover) {
   IDEM_RETURN_IF_ERROR(CheckProgress(point, {}));
+  written_.reset();
   const SqlValue now = time_.Param();
   IDEM_ASSIGN_OR_RETURN(
-      int changed,
-      Change(sql_.advance_covered, {std::string(point), now, now, BytesOf(scope),
-                                    BytesOf(lease.owner), lease.fence, now, must_cover.count()}));
-  if (changed == 1) return Ok();
+      auto rows, session_->Run(sql_.advance_covered,
+                               {std::string(point), now, now, BytesOf(scope), BytesOf(lease.owner),
+                                lease.fence, now, must_cover.count(), now},
+                               nullptr));
+  if (!rows.empty()) return Wrote(rows[0]);
   // Nothing matched: a lost lease (stop) or a held one that ends too soon (renew, or give up).
   IDEM_ASSIGN_OR_RETURN(std::optional<Record> current, Get(scope));
   if (current && current->state == RecordState::kProcessing &&
@@ -540,6 +558,7 @@ Status SqlTxn::AdvanceCovered(const ScopeHash& scope, const Lease& lease, std::s
 Status SqlTxn::Finish(const ScopeHash& scope, const Lease& lease, const Outcome& outcome) {
   IDEM_CHECK(outcome.state != RecordState::kProcessing);
   IDEM_RETURN_IF_ERROR(CheckProgress(outcome.recovery_point, {}));
+  written_.reset();
   SqlValue response =
       outcome.sealed_response.empty() ? SqlValue{} : SqlValue{Blob{outcome.sealed_response}};
   const SqlValue now = time_.Param();
@@ -555,6 +574,7 @@ Status SqlTxn::Finish(const ScopeHash& scope, const Lease& lease, const Outcome&
 
 Status SqlTxn::Settle(const ScopeHash& scope, int64_t seen_fence, const Outcome& outcome) {
   IDEM_RETURN_IF_ERROR(CheckSettlement(outcome));
+  written_.reset();
   SqlValue response =
       outcome.sealed_response.empty() ? SqlValue{} : SqlValue{Blob{outcome.sealed_response}};
   IDEM_ASSIGN_OR_RETURN(int changed,
@@ -568,6 +588,10 @@ Status SqlTxn::Settle(const ScopeHash& scope, int64_t seen_fence, const Outcome&
 }
 
 Result<std::optional<Record>> SqlTxn::Get(const ScopeHash& scope) {
+  // The record this transaction's last record statement wrote is what a read would find: the
+  // write holds it (its row lock, or SQLite's one writer) until the transaction ends. Its time is
+  // that statement's.
+  if (written_ && written_->scope == scope) return std::optional<Record>(*written_);
   return GetRecord(*session_, sql_, time_, scope);
 }
 
@@ -633,6 +657,7 @@ Result<StoreTxn::QuotaCounts> SqlTxn::CountQuota(std::string_view tenant, std::s
 
 Result<std::vector<SqlRow>> SqlTxn::Exec(std::string_view sql,
                                          const std::vector<SqlValue>& params) {
+  written_.reset();  // business SQL may write any table
   return session_->Exec(sql, params);
 }
 

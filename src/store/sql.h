@@ -276,6 +276,8 @@ class SqlTxn final : public StoreTxn {
 
  private:
   Result<int> Change(const std::string& sql, const std::vector<SqlValue>& params);
+  // Keeps `row`, the record a statement of this transaction wrote and returned, for Get.
+  Status Wrote(const SqlRow& row);
   // Runs `counts` (statements of one integer each) after the principal's lock where this
   // transaction does not hold it yet, in one RunAll; their integers in order.
   Result<std::vector<int64_t>> Counted(std::string_view tenant, std::string_view user,
@@ -293,6 +295,9 @@ class SqlTxn final : public StoreTxn {
   // The principals (tenant, user) of the records this transaction inserted, one entry each.
   std::vector<std::pair<std::string, std::string>> inserted_;
   std::string locked_;  // the principal (tenant 0x1F user) whose lock this transaction holds
+  // The record the last record statement of this transaction wrote and returned, while no other
+  // statement that may change it has run since.
+  std::optional<Record> written_;
   std::vector<std::function<void()>> after_commit_;
 };
 

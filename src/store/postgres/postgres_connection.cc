@@ -131,13 +131,7 @@ Status Connection::PipelineBy(std::vector<store_internal::SqlStep>& steps, Stead
   std::optional<Error> failed;
   for (const Sent& s : sent) {
     const char* what = s.step == nullptr ? "prepare" : "exec";
-    PgResult res;
-    for (;;) {
-      IDEM_ASSIGN_OR_RETURN(PgResult next, Next(deadline, what, start));
-      if (next == nullptr) break;
-      if (res == nullptr || !IsError(res.get())) res = std::move(next);
-    }
-    if (res == nullptr) return Fail(nullptr, what);
+    IDEM_ASSIGN_OR_RETURN(PgResult res, Collect(deadline, what, start));
     const ExecStatusType status = PQresultStatus(res.get());
     if (status == PGRES_PIPELINE_ABORTED) {
       if (s.step == nullptr) statements_.erase(s.prepared);
@@ -195,6 +189,10 @@ Result<PgResult> Connection::Next(SteadyTime deadline, const char* what, SteadyT
 Result<PgResult> Connection::Await(SteadyTime deadline, const char* what) {
   const SteadyTime start = Now();
   IDEM_RETURN_IF_ERROR(Flush(deadline, what, start));
+  return Collect(deadline, what, start);
+}
+
+Result<PgResult> Connection::Collect(SteadyTime deadline, const char* what, SteadyTime start) {
   PgResult kept;
   for (;;) {
     IDEM_ASSIGN_OR_RETURN(PgResult next, Next(deadline, what, start));

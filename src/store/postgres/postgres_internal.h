@@ -130,6 +130,8 @@ class Connection final : public store_internal::SqlRunner {
   Status Flush(SteadyTime deadline, const char* what, SteadyTime start);
   // The next result by `deadline`: null at the end of one statement's results.
   Result<PgResult> Next(SteadyTime deadline, const char* what, SteadyTime start);
+  // One statement's results up to the null that ends them: the first error, else the last.
+  Result<PgResult> Collect(SteadyTime deadline, const char* what, SteadyTime start);
 
   // Sends what the last PQsend* queued and collects its answer by `deadline`: the first error of
   // a script, else its last result. Past the deadline the connection is given up (closed when the
