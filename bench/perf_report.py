@@ -708,11 +708,12 @@ def method_text(meta, nginx_workers):
         f"{d} s after a {w} s warmup, on a database whose schema idemd created. The script is "
         "printed by `idem-pgbench-script` (`bench/pgbench_script.cc`) from the statement texts of "
         "`src/store/sql.cc` (`RecordSql` for PostgreSQL), so it cannot drift from the store: the "
-        "two transactions of one first execution in idemd's order — the claim (insert, the "
-        "advance to `claimed`, the covered advance to `charge_sent` before the provider call, the "
-        "read back, then the principal lock and both quota counts), the completion (finish with "
-        "the sealed 201, "
-        "which notifies listeners). Latency percentiles come from pgbench's per-transaction log.",
+        "two transactions of one first execution in idemd's order and in the store's pipelines "
+        "(`\\startpipeline` ... `\\endpipeline`, one round trip each) — the claim (BEGIN with "
+        "the insert, the advance to `claimed`, the covered advance to `charge_sent` before the "
+        "provider call, then the principal lock with both quota counts, COMMIT), the completion "
+        "(BEGIN with the finish with the sealed 201, which notifies listeners; COMMIT). Latency "
+        "percentiles come from pgbench's per-transaction log.",
         "4. **idemd** on SQLite (a file in the run's directory), on PostgreSQL and on PostgreSQL + "
         "Redis (a fresh database each), each with a provider-sim of its own, each store in this "
         "order:",

@@ -282,8 +282,10 @@ class SqlTxn final : public StoreTxn {
   // transaction does not hold it yet, in one RunAll; their integers in order.
   Result<std::vector<int64_t>> Counted(std::string_view tenant, std::string_view user,
                                        std::vector<SqlStep> counts);
-  // The count_any statement's parameters, and its integer as Count reports it.
+  // The count_any statement's parameters.
   static std::vector<SqlValue> AnyParams(std::string_view tenant, std::string_view user);
+  // count_any's integer as Count reports it: this transaction's own inserts added where the
+  // dialect counts them at commit, capped at `limit`.
   int64_t Retained(std::string_view tenant, std::string_view user, int64_t counted,
                    int64_t limit) const;
 
