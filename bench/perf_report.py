@@ -711,7 +711,8 @@ def method_text(meta, nginx_workers):
         "two transactions of one first execution in idemd's order and in the store's pipelines "
         "(`\\startpipeline` ... `\\endpipeline`, one round trip each) — the claim (BEGIN with "
         "the insert, the advance to `claimed`, the covered advance to `charge_sent` before the "
-        "provider call, then the principal lock with both quota counts, COMMIT), the completion "
+        "provider call, then both quota counts, the first locking the principal's counter row, "
+        "COMMIT), the completion "
         "(BEGIN with the finish with the sealed 201, which notifies listeners; COMMIT). Latency "
         "percentiles come from pgbench's per-transaction log.",
         "4. **idemd** on SQLite (a file in the run's directory), on PostgreSQL and on PostgreSQL + "

@@ -12,7 +12,7 @@
 // with the store's round trips: statements the store sends together (SqlRunner::RunAll, libpq's
 // pipeline mode) are one pgbench pipeline (\startpipeline ... \endpipeline, one Sync):
 //   claim:      [BEGIN; claim] advance to `claimed`; covered advance to `charge_sent`;
-//               [lock principal; count PROCESSING; count retained] COMMIT
+//               [count retained, locking the principal's counter row; count PROCESSING] COMMIT
 // (the engine's read back after the hook is answered from the record the covered advance
 // returned: SqlTxn::Get runs no statement for it)
 //   completion: [BEGIN; finish SUCCEEDED with the sealed 201] COMMIT
@@ -175,7 +175,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   const store_internal::RecordSql sql(store_internal::PostgresDialect());
-  if (sql.lock_principal.empty()) {
+  if (sql.count_any_locked.empty()) {
     std::fputs("idem-pgbench-script: the PostgreSQL dialect has no principal lock\n", stderr);
     return 1;
   }
@@ -191,7 +191,6 @@ int main(int argc, char** argv) {
   const std::vector<std::pair<std::string, std::string>> defines = {
       {"tenant", "acme"},
       {"user_id", "alice"},
-      {"principal", std::string("acme") + '\x1f' + "alice"},  // as PostgresSession locks it
       {"route", std::string(idemd::kPaymentsCreateRoute)},
       {"request_hash", Bytea(std::string_view(reinterpret_cast<const char*>(request_hash.data()),
                                               request_hash.size()))},
@@ -233,8 +232,7 @@ int main(int argc, char** argv) {
   std::printf("\\set must_cover %lld\n",
               static_cast<long long>(s.provider_timeout_ms + s.lease_margin_ms));
 
-  // Bindings in the order of SqlTxn (src/store/sql.cc) and PostgresSession::LockPrincipal.
-  const std::string lock = WithVariables("lock principal", sql.lock_principal, {"principal"});
+  // Bindings in the order of SqlTxn (src/store/sql.cc).
   std::printf("\\startpipeline\nBEGIN;\n");
   std::printf("%s\n", WithVariables("claim", sql.claim,
                                     {"scope", "tenant", "user_id", "route", "request_hash",
@@ -250,15 +248,15 @@ int main(int argc, char** argv) {
                                     {"charge_sent", "now", "now", "scope", "owner", "fence", "now",
                                      "must_cover", "now"})
                           .c_str());
-  // Last, as Engine::Start counts (the lock is held from here to the commit): the lock and both
-  // counts in one round trip (SqlTxn::CountQuota).
-  std::printf("\\startpipeline\n%s\n", lock.c_str());
+  // Last, as Engine::Start counts (the lock is held from here to the commit): both counts in one
+  // round trip, the locking one first (SqlTxn::CountQuota). SqlTxn caps the retained count itself:
+  // the statement takes no limit.
+  std::printf(
+      "\\startpipeline\n%s\n",
+      WithVariables("count any locked", sql.count_any_locked, {"tenant", "user_id"}).c_str());
   std::printf("%s\n", WithVariables("count state", sql.count_state,
                                     {"tenant", "user_id", "processing", "processing_limit"})
                           .c_str());
-  // The second count needs no second lock: the transaction holds it (PostgresSession).
-  // SqlTxn::Count caps the retained count itself: the statement takes no limit.
-  std::printf("%s\n", WithVariables("count any", sql.count_any, {"tenant", "user_id"}).c_str());
   std::printf("\\endpipeline\nCOMMIT;\n");
 
   std::printf("\\startpipeline\nBEGIN;\n");

@@ -207,6 +207,7 @@ docs/idemd.md the API, the metrics and the logs.
   StoreUrlOptions store_options;
   store_options.pool_size = config->store.pool_size;
   store_options.prepared_statements = config->store.prepared_statements;
+  store_options.notifications = config->store.notifications;
   store_options.listen_url = config->store.listen_url;
   store_options.postgres_timeouts = config->store.timeouts;
   store_options.apps = IdemdMigrations();

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <exception>
+#include <tuple>
 
 #include "idem/failpoint.h"
 
@@ -476,7 +477,12 @@ Result<std::vector<Result<Decision>>> Engine::ExecuteInTxn(const RoutePolicy& po
       principals.push_back(&request.principal);
     }
   }
-  // Last before the commit, as in a claim (ClaimInTxn).
+  // Last before the commit, as in a claim (ClaimInTxn); in the order of the principals, so two
+  // transactions that count the same principals take their locks (PostgreSQL's counter rows) in
+  // one order and cannot deadlock on them.
+  std::sort(principals.begin(), principals.end(), [](const Principal* a, const Principal* b) {
+    return std::tie(a->tenant, a->user) < std::tie(b->tenant, b->user);
+  });
   for (const Principal* who : principals) IDEM_RETURN_IF_ERROR(CheckQuota(policy, *txn, *who));
   IDEM_RETURN_IF_ERROR(IDEM_FAILPOINT("before_complete_commit"));
   IDEM_RETURN_IF_ERROR(txn->Commit());

@@ -424,6 +424,55 @@ TEST_F(EngineTest, ExecuteInTxnKeepsAFinalFailureAndRefusesAnAnswerThatIsNoStatu
   EXPECT_EQ(Payments("t3"), 0);
 }
 
+// A transaction that forwards to a real one and notes the principal of each quota count.
+class CountOrderTxn final : public StoreTxnWrapper {
+ public:
+  CountOrderTxn(std::unique_ptr<StoreTxn> target, std::vector<std::string>& counted)
+      : StoreTxnWrapper(std::move(target)), counted_(counted) {}
+
+  Result<QuotaCounts> CountQuota(std::string_view tenant, std::string_view user,
+                                 int64_t processing_limit, int64_t retained_limit) override {
+    counted_.push_back(std::string(tenant) + "/" + std::string(user));
+    return StoreTxnWrapper::CountQuota(tenant, user, processing_limit, retained_limit);
+  }
+
+ private:
+  std::vector<std::string>& counted_;
+};
+
+class CountOrderStore final : public StoreWrapper {
+ public:
+  explicit CountOrderStore(Store& target) : StoreWrapper(target) {}
+  std::vector<std::string> counted;
+
+ private:
+  std::unique_ptr<StoreTxn> WrapTxn(std::unique_ptr<StoreTxn> txn) override {
+    return std::make_unique<CountOrderTxn>(std::move(txn), counted);
+  }
+};
+
+// A batch counts each principal's quota once, in the order of the principals, whatever the order
+// of its requests (claimed in the order of their scope hashes): two batches of the same principals
+// lock them (PostgreSQL's counter rows) in one order, never each waiting for the other. Before the
+// sort they were counted in the order the scope hashes put them.
+TEST_F(EngineTest, ABatchCountsItsPrincipalsInOneOrder) {
+  CountOrderStore counting(*store_);
+  Engine engine(counting, *fingerprinter_, *sealer_, clock_);
+  const std::vector<std::string> users = {"frank", "erin", "dave", "carol", "bob", "alice"};
+  std::vector<Request> batch;
+  for (const std::string& user : users)
+    batch.push_back(Req("key-order-" + user, R"({"amount":"1.00"})", user));
+  batch.push_back(Req("key-order-alice-2", R"({"amount":"1.00"})", "alice"));
+  auto done = engine.ExecuteInTxn(
+      policy_, batch, [](std::size_t, StoreTxn&, const Ticket&) -> Result<StoredResponse> {
+        return StoredResponse{201, {}, "ok"};
+      });
+  ASSERT_TRUE(done.has_value()) << done.error().message;
+  for (const auto& answer : *done) ASSERT_TRUE(answer.has_value()) << answer.error().message;
+  EXPECT_EQ(counting.counted, (std::vector<std::string>{"acme/alice", "acme/bob", "acme/carol",
+                                                        "acme/dave", "acme/erin", "acme/frank"}));
+}
+
 TEST_F(EngineTest, RenewalKeepsATakeoverAway) {
   Decision d = MustStart(Req("key-00006"));
   clock_.Advance(kLease - Millis(1000));

@@ -233,7 +233,7 @@ END;
   return kDialect;
 }
 
-const Dialect& PostgresDialect() {
+const Dialect& PostgresDialect(bool notify_finished) {
   static const Dialect kDialect{
       "postgres", "BIGINT", "BYTEA", "", true, " FOR UPDATE SKIP LOCKED",
       // Delivered to listeners when (and only if) the transaction commits.
@@ -268,7 +268,7 @@ CREATE TRIGGER idem_retained_delete AFTER DELETE ON idem_records
       // Fired immediately, the insert trigger took the principal's counter row at a claim's first
       // statement and held it to the commit: every claim of one principal waited for the whole of
       // the one before. Deferred, it runs as the claim commits, under the principal's lock
-      // (lock_principal), which the quota count takes last. (A record inserted and deleted in one
+      // (count_any_locked), which the quota count takes last. (A record inserted and deleted in one
       // transaction of a principal without a counter row leaves it one too high: a quota only
       // ever errs towards refusing.)
       R"sql(
@@ -278,9 +278,19 @@ CREATE CONSTRAINT TRIGGER idem_retained_insert AFTER INSERT ON idem_records
 )sql",
       true,
       // Claims of one principal on several connections (or instances) serialise their quota
-      // counts here, until their transactions end.
-      "SELECT pg_advisory_xact_lock(hashtext(?))"};
-  return kDialect;
+      // counts on the principal's counter row, until their transactions end: the upsert waits for
+      // the row's holder, then reads (and locks) the row's latest version, the count the holder
+      // committed. It makes the row of a principal that has none yet, so a principal's first
+      // claims serialise too. A row lock and nothing else: no advisory lock, nothing a
+      // distributed PostgreSQL lacks (the row lives on the tenant's shard).
+      "INSERT INTO idem_retained AS r (tenant, user_id, records) VALUES (?, ?, 0) "
+      "ON CONFLICT (tenant, user_id) DO UPDATE SET records = r.records RETURNING records"};
+  static const Dialect kQuiet = [] {
+    Dialect quiet = kDialect;
+    quiet.on_finish = "";
+    return quiet;
+  }();
+  return notify_finished ? kDialect : kQuiet;
 }
 
 std::string Numbered(std::string_view sql, int* count) {
@@ -388,11 +398,11 @@ RecordSql::RecordSql(const Dialect& d) : dialect(d) {
                   "recovery_point = ?, fence = fence + 1, updated_at = {now} "
                   "WHERE scope_hash = ? AND fence = ? AND state = 'FAILED_FINAL' AND "
                   "recovery_point = 'outcome_unknown' AND expires_at > {now}");
-  lock_principal = d.lock_principal.empty() ? std::string() : Render(d, d.lock_principal);
   // One row, whatever the history (migration 4); capped at the limit by SqlTxn::Count.
   count_any = Render(d,
                      "SELECT coalesce((SELECT records FROM idem_retained WHERE tenant = ? AND "
                      "user_id = ?), 0)");
+  count_any_locked = d.count_any_locked.empty() ? std::string() : Render(d, d.count_any_locked);
   // Bounded by LIMIT, so a quota check costs at most the quota's index entries.
   count_state = Render(d,
                        "SELECT count(*) FROM (SELECT 1 FROM idem_records WHERE tenant = ? AND "
@@ -595,22 +605,28 @@ Result<std::optional<Record>> SqlTxn::Get(const ScopeHash& scope) {
   return GetRecord(*session_, sql_, time_, scope);
 }
 
-Result<std::vector<int64_t>> SqlTxn::Counted(std::string_view tenant, std::string_view user,
-                                             std::vector<SqlStep> counts) {
-  // Claims of one principal serialise here until their transactions end, so a quota counted
-  // after the claim's own write is exact across processes. The lock comes first in the round
-  // trip, and each count is a statement of its own, whose snapshot is taken once the lock is held.
+Result<SqlTxn::Counts> SqlTxn::Counted(std::string_view tenant, std::string_view user,
+                                       bool retained, std::optional<SqlStep> state_count) {
+  // Claims of one principal serialise on its lock until their transactions end, so a quota
+  // counted after the claim's own write is exact across processes. The locking count comes first
+  // in the round trip, and the state count is a statement of its own, whose snapshot is taken once
+  // the lock is held.
   std::string principal = std::string(tenant) + '\x1f' + std::string(user);
-  const bool lock = !sql_.lock_principal.empty() && principal != locked_;
-  if (lock) {
-    counts.insert(counts.begin(), SqlStep{sql_.lock_principal, {principal}});
+  const bool lock = !sql_.count_any_locked.empty() && principal != locked_;
+  std::vector<SqlStep> steps;
+  if (lock || retained) {
+    steps.emplace_back(lock ? sql_.count_any_locked : sql_.count_any, AnyParams(tenant, user));
   }
-  IDEM_RETURN_IF_ERROR(session_->RunAll(counts));
+  if (state_count) steps.push_back(std::move(*state_count));
+  IDEM_RETURN_IF_ERROR(session_->RunAll(steps));
   if (lock) locked_ = std::move(principal);
-  std::vector<int64_t> out;
-  for (std::size_t i = lock ? 1 : 0; i < counts.size(); ++i) {
-    IDEM_ASSIGN_OR_RETURN(int64_t n, SingleInteger(counts[i].rows, "count"));
-    out.push_back(n);
+  Counts out;
+  std::size_t i = 0;
+  if (lock || retained) {
+    IDEM_ASSIGN_OR_RETURN(out.retained, SingleInteger(steps[i++].rows, "count"));
+  }
+  if (state_count) {
+    IDEM_ASSIGN_OR_RETURN(out.state, SingleInteger(steps[i].rows, "count"));
   }
   return out;
 }
@@ -630,29 +646,26 @@ int64_t SqlTxn::Retained(std::string_view tenant, std::string_view user, int64_t
 
 Result<int64_t> SqlTxn::Count(std::string_view tenant, std::string_view user,
                               std::optional<RecordState> state, int64_t limit) {
-  std::vector<SqlStep> counts(1);
   if (!state) {
-    counts[0] = SqlStep{sql_.count_any, AnyParams(tenant, user)};
-    IDEM_ASSIGN_OR_RETURN(auto n, Counted(tenant, user, std::move(counts)));
-    return Retained(tenant, user, n[0], limit);
+    IDEM_ASSIGN_OR_RETURN(Counts n, Counted(tenant, user, true, std::nullopt));
+    return Retained(tenant, user, n.retained, limit);
   }
-  counts[0] = SqlStep{
-      sql_.count_state,
-      {std::string(tenant), std::string(user), std::string(RecordStateName(*state)), limit}};
-  IDEM_ASSIGN_OR_RETURN(auto n, Counted(tenant, user, std::move(counts)));
-  return n[0];
+  IDEM_ASSIGN_OR_RETURN(Counts n, Counted(tenant, user, false,
+                                          SqlStep{sql_.count_state,
+                                                  {std::string(tenant), std::string(user),
+                                                   std::string(RecordStateName(*state)), limit}}));
+  return n.state;
 }
 
 Result<StoreTxn::QuotaCounts> SqlTxn::CountQuota(std::string_view tenant, std::string_view user,
                                                  int64_t processing_limit, int64_t retained_limit) {
-  std::vector<SqlStep> counts;
-  counts.push_back(
-      SqlStep{sql_.count_state,
-              {std::string(tenant), std::string(user),
-               std::string(RecordStateName(RecordState::kProcessing)), processing_limit}});
-  counts.push_back(SqlStep{sql_.count_any, AnyParams(tenant, user)});
-  IDEM_ASSIGN_OR_RETURN(auto n, Counted(tenant, user, std::move(counts)));
-  return QuotaCounts{n[0], Retained(tenant, user, n[1], retained_limit)};
+  IDEM_ASSIGN_OR_RETURN(
+      Counts n,
+      Counted(tenant, user, true,
+              SqlStep{sql_.count_state,
+                      {std::string(tenant), std::string(user),
+                       std::string(RecordStateName(RecordState::kProcessing)), processing_limit}}));
+  return QuotaCounts{n.state, Retained(tenant, user, n.retained, retained_limit)};
 }
 
 Result<std::vector<SqlRow>> SqlTxn::Exec(std::string_view sql,

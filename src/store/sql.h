@@ -46,13 +46,15 @@ struct Dialect {
   // Whether idem_retained counts a transaction's inserts only as it commits (above): its quota
   // count then adds the records this transaction inserted itself.
   bool retained_counted_at_commit = false;
-  // Serialises one principal's quota counts until the transaction ends, where the backend's write
-  // lock does not already (SqlTxn counts after it); one '?', the principal. Empty: no lock.
-  std::string_view lock_principal;
+  // The principal's retained count (as count_any reads it), read under its counter row's lock,
+  // which serialises one principal's quota counts until the transaction ends, where the backend's
+  // write lock does not already (SqlTxn counts after it); two '?', tenant and user. Empty: no lock.
+  std::string_view count_any_locked;
 };
 
 const Dialect& SqliteDialect();
-const Dialect& PostgresDialect();
+// `notify_finished` false: the finish notifies no one (PostgresStoreOptions::notifications).
+const Dialect& PostgresDialect(bool notify_finished = true);
 
 // `sql` with its '?' placeholders written as $1, $2, ... (quoted text is left alone); `count`
 // receives the number of placeholders when non-null.
@@ -80,8 +82,8 @@ struct RecordSql {
   std::string advance_covered;
   std::string finish;
   std::string settle;
-  std::string lock_principal;  // (tenant 0x1F user); empty where the dialect needs no lock
   std::string count_any;
+  std::string count_any_locked;  // empty where the dialect needs no lock
   std::string count_state;
   std::string list_stale;
   std::string list_held;
@@ -278,10 +280,15 @@ class SqlTxn final : public StoreTxn {
   Result<int> Change(const std::string& sql, const std::vector<SqlValue>& params);
   // Keeps `row`, the record a statement of this transaction wrote and returned, for Get.
   Status Wrote(const SqlRow& row);
-  // Runs `counts` (statements of one integer each) after the principal's lock where this
-  // transaction does not hold it yet, in one RunAll; their integers in order.
-  Result<std::vector<int64_t>> Counted(std::string_view tenant, std::string_view user,
-                                       std::vector<SqlStep> counts);
+  struct Counts {
+    int64_t retained = 0;  // idem_retained's count, as read (Retained adjusts it)
+    int64_t state = 0;     // the records in the state asked
+  };
+  // A principal's counts in one RunAll: first its retained count where `retained` is asked or
+  // this transaction does not hold the principal's lock yet (count_any_locked then, which takes
+  // it), then `state_count` where given.
+  Result<Counts> Counted(std::string_view tenant, std::string_view user, bool retained,
+                         std::optional<SqlStep> state_count);
   // The count_any statement's parameters.
   static std::vector<SqlValue> AnyParams(std::string_view tenant, std::string_view user);
   // count_any's integer as Count reports it: this transaction's own inserts added where the

@@ -27,8 +27,9 @@ struct PostgresTimeouts {
   // Shorter than the lease (30 s), so a completion that stalls fails before a takeover is allowed.
   Millis statement{10000};
   // The server cancels a statement that waits longer for a lock (lock_timeout): a record's row,
-  // a business row or a quota's advisory lock held by a stuck transaction. At most `statement`,
-  // so a lock wait is reported as such. Our transactions hold row locks for milliseconds.
+  // a business row or a principal's quota counter row held by a stuck transaction. At most
+  // `statement`, so a lock wait is reported as such. Our transactions hold row locks for
+  // milliseconds.
   Millis lock{5000};
   // The server ends a session left inside a transaction without a statement for this long
   // (idle_in_transaction_session_timeout), which releases its locks: a stuck instance can hold
@@ -50,6 +51,14 @@ Status ValidatePostgresTimeouts(const PostgresTimeouts& timeouts);
 struct PostgresStoreOptions : SchemaOptions {
   // libpq connection string or URI: "postgresql://user@host:port/db".
   std::string conninfo;
+  // Completion notifications: a Finish announces its record as it commits (NOTIFY idem_finished)
+  // and SubscribeFinished listens for them. Off: no NOTIFY and no listener
+  // (capabilities().notifications is false); a request parked on a key another instance runs
+  // learns of its completion by polling, later. Nothing is less correct without them: turn them
+  // off where LISTEN/NOTIFY does not span the database (a distributed PostgreSQL such as Citus),
+  // or to spare every completion's commit the server's notification queue lock, which NOTIFYing
+  // commits take one at a time.
+  bool notifications = true;
   // Where the listener that hears other instances' completions (LISTEN idem_finished) connects;
   // empty: conninfo. Notifications do not pass a transaction pooler (PgBouncer's transaction
   // mode): behind one, point this at the database itself. It needs one connection per process.

@@ -339,6 +339,9 @@ Status CheckBetweenKeys(const Config& c, const std::string& o) {
                      "): the consumer's own records would refuse each other");
     }
   }
+  if (!c.store.listen_url.empty() && !c.store.notifications) {
+    return Bad(o, "store.listen_url has no use with store.notifications = false: nothing listens");
+  }
   if (!c.store.listen_url.empty()) {
     auto postgres = [](const std::string& url) {
       return url.rfind("postgresql://", 0) == 0 || url.rfind("postgres://", 0) == 0;

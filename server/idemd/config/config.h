@@ -59,6 +59,8 @@ struct StoreConfig {
   int64_t replay_cache_bytes = 64 << 20;
   // PostgreSQL: server-side prepared statements (off behind PgBouncer transaction pooling).
   bool prepared_statements = true;
+  // PostgreSQL: completions announced to other instances (NOTIFY/LISTEN); off, they poll.
+  bool notifications = true;
   // PostgreSQL: where the listener for other instances' completions connects; empty: url.
   // Behind a transaction pooler, the database itself (notifications do not pass the pooler).
   std::string listen_url;

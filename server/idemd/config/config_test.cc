@@ -176,6 +176,10 @@ TEST_F(ConfigTest, ErrorsNameTheProblem) {
       {Minimal("[store]\nurl = \"postgresql://pooler/idem\"\nlisten_url = \"redis://db\"\n"),
        {},
        "store.listen_url"},
+      {Minimal("[store]\nurl = \"postgresql://db/idem\"\nnotifications = false\n"
+               "listen_url = \"postgresql://db/idem\"\n"),
+       {},
+       "store.notifications = false"},
   };
   for (const Case& k : cases) {
     auto c = LoadConfig(Write("c.toml", k.toml), k.flags);

@@ -321,6 +321,7 @@ constexpr ConfigKey kKeys[] = {
     Key<&C::store, &Store::replay_cache_bytes>("store", "replay_cache_bytes", 0,
                                                kReplayCacheCeiling),
     Key<&C::store, &Store::prepared_statements>("store", "prepared_statements"),
+    Key<&C::store, &Store::notifications>("store", "notifications"),
     UrlKey<&C::store, &Store::listen_url>("store", "listen_url"),
     // Their bounds are ValidatePostgresTimeouts', the store's own.
     Key<&C::store, &Store::timeouts, &Pg::connect>("store", "connect_timeout_ms"),

@@ -29,6 +29,7 @@ Result<std::unique_ptr<Store>> OpenStoreUrl(const std::string& url,
     postgres.conninfo = url;
     postgres.pool_size = options.pool_size;
     postgres.prepared_statements = options.prepared_statements;
+    postgres.notifications = options.notifications;
     postgres.listen_conninfo = options.listen_url;
     postgres.timeouts = options.postgres_timeouts;
     postgres.apply_migrations = options.apply_migrations;

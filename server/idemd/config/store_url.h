@@ -16,6 +16,8 @@ struct StoreUrlOptions {
   int pool_size = 4;
   // PostgreSQL only: server-side prepared statements (off behind PgBouncer transaction pooling).
   bool prepared_statements = true;
+  // PostgreSQL only: completion notifications (PostgresStoreOptions::notifications).
+  bool notifications = true;
   // PostgreSQL only: where the completion listener connects; empty: the store's URL.
   std::string listen_url;
   // PostgreSQL only: the bounds on every call to the server.

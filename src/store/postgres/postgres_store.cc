@@ -37,15 +37,18 @@ using Lent = store_internal::Lent<Connection>;
 // pg_advisory_xact_lock key for migrations: "idem" in ASCII.
 constexpr int64_t kMigrationLock = 0x6964656d;
 
-const RecordSql& Sql() {
-  static const RecordSql kSql(store_internal::PostgresDialect());
-  return kSql;
+// The statements, with or without the finish's notification (PostgresStoreOptions::notifications);
+// they differ in nothing else.
+const RecordSql& Sql(bool notify = true) {
+  static const RecordSql kNotifying(store_internal::PostgresDialect(true));
+  static const RecordSql kQuiet(store_internal::PostgresDialect(false));
+  return notify ? kNotifying : kQuiet;
 }
 
 // ---- Transaction ---------------------------------------------------------------------------
 
 // A pooled connection inside BEGIN (READ COMMITTED): claims conflict on the primary key, which
-// waits for the other inserter; quota counts take a per-principal advisory lock (SqlTxn).
+// waits for the other inserter; quota counts lock the principal's counter row (SqlTxn).
 class PostgresSession final : public store_internal::LentSession<Connection> {
  public:
   using LentSession::LentSession;
@@ -143,13 +146,14 @@ class PostgresStore final : public Store {
     caps_.name = "postgres";
     caps_.shared_across_processes = true;
     caps_.durable = true;
-    caps_.notifications = true;
+    caps_.notifications = options_.notifications;
   }
 
   const StoreCapabilities& capabilities() const override { return caps_; }
 
   Result<std::unique_ptr<Subscription>> SubscribeFinished(
       std::function<void(const ScopeHash&)> on_finished) override {
+    if (!options_.notifications) return Store::SubscribeFinished(std::move(on_finished));
     return std::unique_ptr<Subscription>(
         std::make_unique<FinishedListener>(options_, std::move(on_finished)));
   }
@@ -203,7 +207,7 @@ class PostgresStore final : public Store {
     auto session = std::make_unique<PostgresSession>(std::move(conn), "BEGIN", options_.max_retries,
                                                      options_.pool_wait);
     return std::unique_ptr<StoreTxn>(
-        std::make_unique<SqlTxn>(std::move(session), Sql(), time_, random_));
+        std::make_unique<SqlTxn>(std::move(session), Sql(options_.notifications), time_, random_));
   }
 
   Result<std::optional<Record>> Read(const ScopeHash& scope) override {

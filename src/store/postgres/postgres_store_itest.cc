@@ -12,6 +12,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <functional>
 #include <random>
@@ -51,21 +52,26 @@ PostgresStoreOptions Options(const std::string& schema, int pool_size, bool prep
   return WithContractTables(options);
 }
 
-StoreFactory PostgresFactory(int pool_size, bool prepared) {
+// `notifications` false: a store that announces no completion (PostgresStoreOptions), on which
+// the whole contract holds as well.
+StoreFactory PostgresFactory(int pool_size, bool prepared, bool notifications) {
   // Every instance a test opens shares the test's schema: a second instance is a second process.
   auto schemas = std::make_shared<std::map<const StoreTestEnv*, std::string>>();
-  return StoreFactory{
-      std::string("PostgresPool") + std::to_string(pool_size) + (prepared ? "Prepared" : "Plain"),
-      [=](StoreTestEnv& env) -> Result<std::unique_ptr<Store>> {
-        auto& schema = (*schemas)[&env];
-        if (schema.empty()) schema = FreshSchema();
-        return OpenPostgresStore(Options(schema, pool_size, prepared), env.clock, env.random);
-      },
-      {"IDEM_TEST_PG_URL"}};
+  return StoreFactory{std::string("PostgresPool") + std::to_string(pool_size) +
+                          (prepared ? "Prepared" : "Plain") + (notifications ? "" : "Quiet"),
+                      [=](StoreTestEnv& env) -> Result<std::unique_ptr<Store>> {
+                        auto& schema = (*schemas)[&env];
+                        if (schema.empty()) schema = FreshSchema();
+                        PostgresStoreOptions options = Options(schema, pool_size, prepared);
+                        options.notifications = notifications;
+                        return OpenPostgresStore(options, env.clock, env.random);
+                      },
+                      {"IDEM_TEST_PG_URL"}};
 }
 
 INSTANTIATE_TEST_SUITE_P(Postgres, StoreContractTest,
-                         ::testing::Values(PostgresFactory(8, true), PostgresFactory(4, false)),
+                         ::testing::Values(PostgresFactory(8, true, true),
+                                           PostgresFactory(4, false, false)),
                          FactoryName);
 
 int64_t QueryInt(const std::string& sql) {
@@ -583,6 +589,151 @@ TEST(PostgresStore, ClaimsOfOnePrincipalWaitForEachOtherOnlyFromTheirCount) {
   EXPECT_EQ(*total, 2) << "each insert counted once, as its transaction committed";
 }
 
+// Two claims of one principal count their quota one after the other, across connections: the
+// second's count waits (a row lock, on the principal's idem_retained row) until the first has
+// committed, then counts its record. First for a principal with no counter row yet, then for one
+// with a row. The lock is a row lock and nothing else: neither transaction holds an advisory
+// lock, which a distributed PostgreSQL does not share between nodes. Before this test the
+// counts serialised on pg_advisory_xact_lock(hashtext(principal)).
+TEST(PostgresStore, QuotaCountsOfOnePrincipalSerialiseOnARowLockAlone) {
+  REQUIRE_POSTGRES();
+  FakeClock clock;
+  SeededRandom random(7);
+  PostgresStoreOptions options = Options(FreshSchema(), 2, true);
+  options.timeouts.statement = kGiveUp;  // the second count waits for the test, not a timeout
+  options.timeouts.lock = kGiveUp;
+  auto store = OpenPostgresStore(options, clock, random);
+  ASSERT_TRUE(store.has_value()) << store.error().message;
+  RawSession observer;
+  auto pid_of = [](StoreTxn& txn) -> int64_t {
+    auto rows = txn.Exec("SELECT pg_backend_pid()", {});
+    return rows && rows->size() == 1 ? std::get<int64_t>(rows->at(0).at(0)) : -1;
+  };
+  auto advisory_locks = [&](int64_t pid) {
+    return observer.Exec("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = " +
+                         std::to_string(pid));
+  };
+
+  for (int round = 0; round < 2; ++round) {
+    SCOPED_TRACE(round == 0 ? "no counter row yet" : "a counter row");
+    auto first = (*store)->Begin();
+    ASSERT_TRUE(first.has_value()) << first.error().message;
+    const int64_t first_pid = pid_of(**first);
+    auto claimed = (*first)->Claim(Spec("first-" + std::to_string(round)));
+    ASSERT_TRUE(claimed.has_value() && claimed->claimed) << Describe(claimed);
+    auto counted = (*first)->CountQuota("acme", "alice", 100, 100);
+    ASSERT_TRUE(counted.has_value()) << Describe(counted);
+    EXPECT_EQ(counted->processing, 2 * round + 1);
+    EXPECT_EQ(counted->retained, 2 * round + 1);
+    EXPECT_EQ(advisory_locks(first_pid), "0");
+
+    std::atomic<int64_t> second_pid{-1};
+    auto second = std::async(std::launch::async, [&]() -> Result<StoreTxn::QuotaCounts> {
+      IDEM_ASSIGN_OR_RETURN(auto txn, (*store)->Begin());
+      second_pid = pid_of(*txn);
+      IDEM_ASSIGN_OR_RETURN(ClaimResult claim, txn->Claim(Spec("second-" + std::to_string(round))));
+      if (!claim.claimed) return MakeError(Errc::kInternal, "not claimed");
+      IDEM_ASSIGN_OR_RETURN(StoreTxn::QuotaCounts n, txn->CountQuota("acme", "alice", 100, 100));
+      IDEM_RETURN_IF_ERROR(txn->Commit());
+      return n;
+    });
+    // Until the second transaction waits for a lock, or is done (then it did not wait).
+    bool waiting = false;
+    for (auto start = std::chrono::steady_clock::now();
+         !waiting && std::chrono::steady_clock::now() - start < kGiveUp &&
+         second.wait_for(milliseconds(10)) != std::future_status::ready;) {
+      waiting = second_pid >= 0 &&
+                observer.Exec("SELECT count(*) FROM pg_locks WHERE NOT granted AND pid = " +
+                              std::to_string(second_pid.load())) != "0";
+    }
+    EXPECT_TRUE(waiting) << "the second count did not wait for the first transaction";
+    EXPECT_NE(second.wait_for(milliseconds(0)), std::future_status::ready);
+    EXPECT_EQ(advisory_locks(second_pid), "0");
+    ASSERT_TRUE((*first)->Commit());
+    first->reset();
+    auto n = second.get();
+    ASSERT_TRUE(n.has_value()) << Describe(n);
+    EXPECT_EQ(n->processing, 2 * round + 2) << "the first claim, committed, and its own";
+    EXPECT_EQ(n->retained, 2 * round + 2);
+  }
+}
+
+// A payment's success, as Finish records it.
+Outcome Succeeded() {
+  Outcome outcome;
+  outcome.state = RecordState::kSucceeded;
+  outcome.status_code = 201;
+  outcome.sealed_response = "sealed";
+  outcome.recovery_point = "done";
+  outcome.retention = Millis(60000);
+  return outcome;
+}
+
+// Claims `key` and finishes it as succeeded, in two transactions, as an execution does.
+Status ClaimAndFinish(Store& store, const ClaimSpec& spec) {
+  Lease lease;
+  {
+    IDEM_ASSIGN_OR_RETURN(auto txn, store.Begin());
+    IDEM_ASSIGN_OR_RETURN(ClaimResult claim, txn->Claim(spec));
+    if (!claim.claimed) return MakeError(Errc::kInternal, "not claimed");
+    lease = claim.record.lease;
+    IDEM_RETURN_IF_ERROR(txn->Commit());
+  }
+  IDEM_ASSIGN_OR_RETURN(auto txn, store.Begin());
+  IDEM_RETURN_IF_ERROR(txn->Finish(spec.scope, lease, Succeeded()));
+  return txn->Commit();
+}
+
+// With notifications off a store announces no completion: it has no listener to offer, and a
+// session LISTENing on idem_finished hears the completion of a store with notifications on, and
+// never the one a quiet store committed before it (notifications arrive in commit order).
+TEST(PostgresStore, WithNotificationsOffACompletionNotifiesNoOne) {
+  REQUIRE_POSTGRES();
+  const std::string schema = FreshSchema();
+  FakeClock clock;
+  SeededRandom random(8);
+  PostgresStoreOptions options = Options(schema, 1, true);
+  options.notifications = false;
+  auto quiet = OpenPostgresStore(options, clock, random);
+  ASSERT_TRUE(quiet.has_value()) << quiet.error().message;
+  EXPECT_FALSE((*quiet)->capabilities().notifications);
+  auto subscription = (*quiet)->SubscribeFinished([](const ScopeHash&) {});
+  ASSERT_FALSE(subscription.has_value());
+  EXPECT_EQ(subscription.error().code, Errc::kUnavailable);
+  options.notifications = true;
+  auto notifying = OpenPostgresStore(options, clock, random);
+  ASSERT_TRUE(notifying.has_value()) << notifying.error().message;
+  EXPECT_TRUE((*notifying)->capabilities().notifications);
+
+  PGconn* listener = PQconnectdb(ServerUrl().c_str());
+  ASSERT_EQ(PQstatus(listener), CONNECTION_OK) << PQerrorMessage(listener);
+  PQclear(PQexec(listener, "LISTEN idem_finished"));
+  const ClaimSpec unheard = Spec("quiet-finish");
+  const ClaimSpec heard = Spec("notifying-finish");
+  ASSERT_TRUE(ClaimAndFinish(**quiet, unheard));
+  ASSERT_TRUE(ClaimAndFinish(**notifying, heard));
+  bool heard_it = false;
+  bool heard_quiet = false;
+  const std::string heard_hex = ToHex(heard.scope);
+  const std::string unheard_hex = ToHex(unheard.scope);
+  for (auto start = std::chrono::steady_clock::now();
+       !heard_it && std::chrono::steady_clock::now() - start < kGiveUp;) {
+    PQconsumeInput(listener);
+    while (PGnotify* n = PQnotifies(listener)) {
+      heard_it = heard_it || n->extra == heard_hex;
+      heard_quiet = heard_quiet || n->extra == unheard_hex;
+      PQfreemem(n);
+    }
+    if (!heard_it) std::this_thread::sleep_for(milliseconds(10));
+  }
+  PQfinish(listener);
+  EXPECT_TRUE(heard_it) << "the notifying store's completion";
+  EXPECT_FALSE(heard_quiet) << "the quiet store's completion was announced";
+  auto read = (*quiet)->Read(unheard.scope);
+  ASSERT_TRUE(read.has_value() && read->has_value()) << Describe(read);
+  EXPECT_EQ((*read)->state, RecordState::kSucceeded) << "finished all the same";
+}
+
 // The backend serving the store's only connection stops (SIGSTOP) while idle: the next call sends
 // its statement and hears nothing. It fails as retryable once the client's answer deadline
 // (statement timeout + 1 s) has passed, and the pool serves again on a fresh connection.
@@ -795,16 +946,11 @@ TEST(PostgresStore, AClaimAndACompletionWaitForTheServerOnlyWhereTheyMust) {
     ASSERT_TRUE(quota.has_value()) << Describe(quota);
     EXPECT_EQ(quota->processing, 1);
     EXPECT_EQ(quota->retained, 1);
-    EXPECT_EQ(trips(), 1) << "the principal's lock and both quota counts";
+    EXPECT_EQ(trips(), 1) << "both quota counts, the first taking the principal's lock";
     ASSERT_TRUE((*txn)->Commit());
     EXPECT_EQ(trips(), 1) << "COMMIT";
 
-    Outcome outcome;
-    outcome.state = RecordState::kSucceeded;
-    outcome.status_code = 201;
-    outcome.sealed_response = "sealed";
-    outcome.recovery_point = "done";
-    outcome.retention = Millis(60000);
+    const Outcome outcome = Succeeded();
     txn->reset();  // gives its connection back to the pool of one
     txn = (*store)->Begin();
     ASSERT_TRUE(txn.has_value()) << txn.error().message;
