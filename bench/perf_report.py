@@ -276,6 +276,7 @@ def main():
     sampled = {}   # id -> memory samples
     inflight_entry = None
     gateway = {}   # the gateway step's wrk runs, by the part of their id after "gateway/"
+    wrk_payments = {}  # wrk on POST /v1/payments: "nginx-replay", "<store>-replay"
     for e in entries:
         kind = e.get("kind")
         if kind == "idem-bench":
@@ -292,7 +293,8 @@ def main():
         elif kind == "memory":
             memory[e["store"]] = e
         elif kind == "wrk":
-            gateway[e["id"].split("/", 1)[1]] = wrk_run(work, e)
+            part, name = e["id"].split("/", 1)
+            (gateway if part == "gateway" else wrk_payments)[name] = wrk_run(work, e)
     info = machine(args.root, args.idemd)
     stores = [s for s in ("sqlite", "postgres", "postgres-redis") if f"{s}/replay" in runs]
 
@@ -327,6 +329,20 @@ def main():
             target(f"Replays' p99 ≤ 2 × nginx's p99 ({STORE_NAMES[s]})",
                    f"{ms(r['latency_ms']['p99'])} ms", f"nginx {ms(nginx['latency_ms']['p99'])} ms",
                    v, "≤ 2", v is not None and v <= 2)
+    # The second harness: wrk on the same 64 keep-alive connections, one key's replays.
+    wrk_nginx = wrk_payments.get("nginx-replay")
+    for s in stores:
+        r = wrk_payments.get(f"{s}-replay")
+        if wrk_nginx and r:
+            v = ratio(r["ok_rps"], wrk_nginx["ok_rps"])
+            target(f"Replays ≥ 0.5 × nginx's requests/s, wrk ({STORE_NAMES[s]})",
+                   f"{num(r['ok_rps'])}/s", f"nginx {num(wrk_nginx['ok_rps'])}/s",
+                   v, "≥ 0.5", v is not None and v >= 0.5)
+            v = ratio(r["latency_ms"]["p99"], wrk_nginx["latency_ms"]["p99"])
+            target(f"Replays' p99 ≤ 2 × nginx's p99, wrk ({STORE_NAMES[s]})",
+                   f"{ms(r['latency_ms']['p99'])} ms",
+                   f"nginx {ms(wrk_nginx['latency_ms']['p99'])} ms", v, "≤ 2",
+                   v is not None and v <= 2)
     full = gbench.get("full") if gbench else None
     r = runs.get("sqlite/unique")
     if r and full:
@@ -347,6 +363,13 @@ def main():
         if r:
             target(f"Provider answering in {meta['slow_delay_ms']} ms: ≥ 1,000 first executions/s "
                    f"({STORE_NAMES[s]})",
+                   f"{num(r['first_rps'])}/s", f"{num(meta['slow_rate'])}/s scheduled",
+                   r["first_rps"], "≥ 1,000/s", r["first_rps"] >= 1000)
+    for s in stores:
+        r = runs.get(f"{s}/slow-principals")
+        if r:
+            target(f"Provider answering in {meta['slow_delay_ms']} ms: ≥ 1,000 first executions/s "
+                   f"from {num(meta['principals'])} principals ({STORE_NAMES[s]})",
                    f"{num(r['first_rps'])}/s", f"{num(meta['slow_rate'])}/s scheduled",
                    r["first_rps"], "≥ 1,000/s", r["first_rps"] >= 1000)
     for s in stores:
@@ -392,8 +415,9 @@ def main():
         plot_rows.append(("pgbench same statements", pgbench["tps"], 1))
     short = {"sqlite": "SQLite", "postgres": "PG", "postgres-redis": "PG+Redis"}
     for s in stores:
-        for sc, label in (("replay", "replay"), ("unique", "unique"), ("mix", "mix"),
-                          ("slow", "slow 500 ms")):
+        for sc, label in (("replay", "replay"), ("unique", "unique"),
+                          ("unique-principals", "unique 1000p"), ("mix", "mix"),
+                          ("slow", "slow 500 ms"), ("slow-principals", "slow 1000p")):
             r = runs.get(f"{s}/{sc}")
             if r:
                 plot_rows.append((f"{short[s]} {label}", r["ok_rps"], 2))
@@ -403,8 +427,10 @@ def main():
     if pgbench and pgbench["latency_ms"]:
         lat_rows.append(("pgbench", pgbench["latency_ms"]))
     for s in stores:
-        for sc, label in (("replay", "replay"), ("unique", "unique"), ("mix", "mix"),
+        for sc, label in (("replay", "replay"), ("unique", "unique"),
+                          ("unique-principals", "unique 1000p"), ("mix", "mix"),
                           ("replay-alone", "replay alone"), ("slow", "slow"),
+                          ("slow-principals", "slow 1000p"),
                           ("replay-beside-slow", "replay+slow")):
             r = runs.get(f"{s}/{sc}")
             if r:
@@ -414,7 +440,7 @@ def main():
     # ---- performance.json ----
     summary = {"meta": meta, "machine": info, "targets": targets, "runs": runs,
                "sqlite_ceiling": gbench, "pgbench": pgbench, "memory": memory,
-               "memory_samples": sampled, "gateway": gateway}
+               "memory_samples": sampled, "gateway": gateway, "wrk_payments": wrk_payments}
     with open(os.path.join(out, "performance.json"), "w") as f:
         json.dump(summary, f, indent=1, sort_keys=True, default=str)
         f.write("\n")
@@ -519,16 +545,42 @@ def main():
                   f"{num(pgbench['tps'])} | {ms(l.get('p50'))} | {ms(l.get('p90'))} | "
                   f"{ms(l.get('p99'))} | {ms(l.get('p99_9'))} | {ms(l.get('max'))} | "
                   f"{num(pgbench['failed'])} failed | — |")
+    many = num(meta.get("principals", 0))
     names = {"replay": "replays", "unique": "first executions",
+             "unique-principals": f"first executions from {many} principals",
+             "slow-principals": f"first executions, provider {meta['slow_delay_ms']} ms, "
+                                f"from {many} principals",
              "replay-alone": "replays alone (baseline)",
              "mix": f"mix ({meta['mix_duplicates']} % repeats)",
              "slow": f"first executions, provider {meta['slow_delay_ms']} ms",
              "replay-beside-slow": "replays beside the slow run"}
     for s in stores:
-        for sc in ("replay", "unique", "mix", "replay-alone", "slow", "replay-beside-slow"):
+        for sc in ("replay", "unique", "unique-principals", "mix", "replay-alone", "slow",
+                   "slow-principals", "replay-beside-slow"):
             r = runs.get(f"{s}/{sc}")
             if r:
                 run_row(f"idemd {STORE_NAMES[s]}: {names[sc]}", r)
+    md.append("")
+    if wrk_payments:
+        md.append("The replays in the second harness: wrk (`bench/wrk/gateway.lua` with "
+                  "`WRK_ROUTE=payments WRK_MODE=replay`), 2 threads and "
+                  f"{meta['connections']} keep-alive connections for {meta['duration_s']} s, one "
+                  "key retried (idem-bench's replays spread over "
+                  f"{num(meta['keys'])} keys); wrk's latency from the send (closed loop).\n")
+        md.append("| run | requests/s | 2xx/s | p50 | p90 | p99 | p99.9 | max | errors |")
+        md.append("|---|---|---|---|---|---|---|---|---|")
+        for key, label in [("nginx-replay", "nginx, fixed 201")] + [
+                (f"{s}-replay", f"idemd {STORE_NAMES[s]}: replays") for s in stores]:
+            r = wrk_payments.get(key)
+            if not r:
+                continue
+            l = r["latency_ms"]
+            errors = ", ".join(f"{k}: {v}" for k, v in r["statuses"].items() if not k.startswith("2"))
+            errors += (", " if errors and r["transport_errors"] else "") + ", ".join(
+                f"{k}: {v}" for k, v in r["transport_errors"].items())
+            md.append(f"| {label} | {num(r['rps'])} | {num(r['ok_rps'])} | {ms(l['p50'])} | "
+                      f"{ms(l['p90'])} | {ms(l['p99'])} | {ms(l['p99_9'])} | {ms(l['max'])} | "
+                      f"{errors or '0'} |")
     if inflight:
         run_row(f"idemd SQLite: {num(meta['inflight'])} requests waiting "
                 f"{num(meta['inflight_delay_ms'])} ms for the provider", inflight)
@@ -696,7 +748,9 @@ def method_text(meta, nginx_workers):
         "processes, `bench/nginx.conf`) answers `POST /v1/payments` with a fixed 201 and a "
         "payment body of the size idemd sends, keep-alive, no access log; `idem-bench --no-check "
         f"--scenario unique`, closed loop on {meta['connections']} connections: the same requests "
-        "as idemd's first executions.",
+        "as idemd's first executions. And wrk (2 threads, the same connections) sending one "
+        "payment again and again (`bench/wrk/gateway.lua`, `WRK_ROUTE=payments WRK_MODE=replay`): "
+        "the second harness of the replays.",
         "2. **SQLite ceiling**: `BM_SqliteClaimAndFinish` (`bench/store_bench.cc`, Google "
         "Benchmark, at least " f"{meta['gbench_min_s']} s each): per iteration one claim transaction and one "
         "completion transaction through the real SQLite store (WAL), each its own commit, one "
@@ -721,10 +775,13 @@ def method_text(meta, nginx_workers):
         f"   - memory of the fresh process, and with {meta['idle_connections']} connections open "
         "and idle, each having made one `GET /healthz` (`bench/hold_connections.py`);",
         f"   - replays: `--scenario replay`, {meta['keys']} payments created first, then only "
-        f"retried, closed loop on {meta['connections']} connections;",
+        f"retried, closed loop on {meta['connections']} connections; then wrk's one payment "
+        "retried, as against nginx;",
         f"   - first executions: `--scenario unique`, closed loop on {meta['connections']} "
-        f"connections; and `--scenario mix` ({meta['mix_duplicates']} % of requests repeat an "
-        "earlier payment);",
+        f"connections, from one principal (acme/alice) and from {meta.get('principals', 0):,} "
+        "(`--principals`, intent i from principal i mod N: claims of one principal serialise "
+        "on its quota count, those of different principals do not); and `--scenario mix` "
+        f"({meta['mix_duplicates']} % of requests repeat an earlier payment);",
         f"   - replays alone, open loop at {meta['replay_rate']}/s on "
         f"{meta['replay_connections']} connections ({meta['replay_keys']} payments): the unloaded "
         "baseline;",
@@ -735,7 +792,8 @@ def method_text(meta, nginx_workers):
         "the baseline (a second idem-bench, `--no-check`, its window inside the slow run's); "
         f"idemd's memory and its connections to the provider sampled every {meta['sample_s']} s. "
         f"Each answer may take up to {meta['slow_timeout_ms'] / 1000:g} s here (a backlog shows in "
-        "the latency instead of as timeouts).",
+        "the latency instead of as timeouts). Then the same slow run again, its payments spread "
+        f"over the {meta.get('principals', 0):,} principals, with no replays beside it.",
         f"5. **Memory with provider calls in flight**: a fresh idemd on the SQLite store, "
         f"`--scenario slow` closed loop on {meta['inflight']} connections with the provider "
         f"answering {meta['inflight_delay_ms']} ms late, for {meta['inflight_s']} s, memory and "

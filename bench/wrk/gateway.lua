@@ -1,13 +1,18 @@
--- wrk script of the gateway step of scripts/bench: POST /v1/orders, to idemd's gateway route, to
--- nginx proxying the same upstream, or to the upstream itself.
+-- wrk script of scripts/bench: POST /v1/orders, to idemd's gateway route, to nginx proxying the
+-- same upstream, or to the upstream itself; or POST /v1/payments, to idemd's payments route and to
+-- nginx's fixed 201 (the replays beside idem-bench's).
 --   WRK_MODE=replay  one key again and again: through idemd, all replays after the first
 --   WRK_MODE=first   a new key per request: every request a first execution
+--   WRK_ROUTE=payments  POST /v1/payments with a payment's body instead of the gateway's order
 --   WRK_JSON=FILE    where done() writes a JSON summary (requests, duration, statuses, errors,
 --                    latency percentiles in microseconds)
 -- wrk -t2 -c64 -d15s -s bench/wrk/gateway.lua http://127.0.0.1:PORT
 local mode = os.getenv("WRK_MODE") or "first"
 local out = os.getenv("WRK_JSON")
-local body = '{"sku":"A1","amount":"10.50"}'
+local payments = os.getenv("WRK_ROUTE") == "payments"
+local path = payments and "/v1/payments" or "/v1/orders"
+local body = payments and '{"merchant_order_no":"ORD-WRK-REPLAY","amount":"100.00","currency":"CNY"}'
+  or '{"sku":"A1","amount":"10.50"}'
 local counter = 0
 local prefix
 local threads = {}
@@ -28,7 +33,7 @@ function request()
     counter = counter + 1
     key = prefix .. "-" .. counter
   end
-  return wrk.format("POST", "/v1/orders", {
+  return wrk.format("POST", path, {
     ["Authorization"] = "Bearer dev-acme-alice-7f3c9a1e",
     ["Content-Type"] = "application/json",
     ["Idempotency-Key"] = key,
