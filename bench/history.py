@@ -22,6 +22,7 @@ import subprocess
 import sys
 import time
 
+sys.dont_write_bytecode = True  # no __pycache__ in the source tree
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from perf_report import idem_bench_run  # noqa: E402  (one reading of idem-bench's JSON)
 
@@ -181,8 +182,10 @@ def report(work, out, mode, machine):
           f"first executions: `idem-bench --scenario unique`, closed loop on {meta['connections']} "
           f"connections, {meta['duration_s']} s after a {meta['warmup_s']} s warmup, the "
           "exactly-once check after it. Then idemd is started with `sweep_interval_ms = 1` (a "
-          "round of 20 batches of 500 after another) on the largest history and the same run "
-          "measures claims while the sweep deletes.\n",
+          "round of 20 batches of 500 after another, each batch followed by the sweeper's rest of "
+          "twice its time: `limits::kSweepRestPerWork`) on the largest history and the same run "
+          "measures claims while the sweep deletes. Records deleted are counted from before that "
+          "idemd started to after it stopped.\n",
           "| store | records before the run | table + indexes GiB | fill s | first/s | vs smallest | p50 ms | "
           "p99 ms | p99 vs smallest | errors | exactly-once |",
           "|---|---|---|---|---|---|---|---|---|---|---|"]

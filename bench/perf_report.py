@@ -72,7 +72,30 @@ def idem_bench_run(work, entry):
         "latency_ms": {k: lat[k] / 1000.0 for k in ("p50", "p90", "p99", "p99_9", "max", "mean")},
         "check": None if check is None else ("PASS" if check["pass"] else "FAIL"),
         "exit_status": entry.get("status", 0),
+        "waits": waits_of(work, entry),
     }
+
+
+def waits_of(work, entry):
+    """What the database's sessions did during a run (scripts/bench's bench_run): the share of
+    each wait event (or CPU, idle, idle-in-transaction) over every session of every sample."""
+    path = entry.get("waits")
+    if not path or not os.path.exists(os.path.join(work, path)):
+        return None
+    counts, samples = {}, 0
+    with open(os.path.join(work, path)) as f:
+        for line in f:
+            words = line.split()
+            if not words:
+                continue
+            samples += 1
+            for w in words:
+                counts[w] = counts.get(w, 0) + 1
+    total = sum(counts.values())
+    if not total:
+        return None
+    return {"samples": samples, "sessions": total / samples,
+            "shares": sorted(((w, n / total) for w, n in counts.items()), key=lambda x: -x[1])}
 
 
 def wrk_run(work, entry):
@@ -585,6 +608,31 @@ def main():
         run_row(f"idemd SQLite: {num(meta['inflight'])} requests waiting "
                 f"{num(meta['inflight_delay_ms'])} ms for the provider", inflight)
     md.append("")
+
+    waited = [(s, sc) for s in stores for sc in ("unique", "unique-principals", "slow",
+                                                 "slow-principals", "replay")
+              if runs.get(f"{s}/{sc}") and runs[f"{s}/{sc}"]["waits"]]
+    if waited:
+        md.append("## What PostgreSQL's sessions did\n")
+        md.append("During each run's measured window, `pg_stat_activity` of the run's database "
+                  "every 0.2 s (one psql session, `\\watch`): the share of idemd's sessions in "
+                  "each state over all samples. `Lock:transactionid` and `Lock:tuple`: waiting for "
+                  "another transaction's row lock — a principal's counter row, which its claims "
+                  "take at the quota count and hold to their commit; `Lock:object`: the queue of "
+                  "LISTEN/NOTIFY, whose lock each completion's commit takes (its `pg_notify`) "
+                  "until it is flushed; `IO:WALSync`: a commit's "
+                  "flush; `CPU`: executing; `idle`: waiting for idemd to send the next "
+                  "statement or transaction; `idle-in-transaction`: inside a transaction, waiting "
+                  "for idemd.\n")
+        md.append("| run | samples | sessions | states (share of session-samples) |")
+        md.append("|---|---|---|---|")
+        for s, sc in waited:
+            w = runs[f"{s}/{sc}"]["waits"]
+            shown = ", ".join(f"{name} {share * 100:.0f} %" for name, share in w["shares"][:6]
+                              if share >= 0.01)
+            md.append(f"| idemd {STORE_NAMES[s]}: {names[sc]} | {w['samples']} | "
+                      f"{w['sessions']:.1f} | {shown} |")
+        md.append("")
 
     if gateway:
         md.append(gateway_text(gateway, meta))

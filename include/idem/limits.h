@@ -79,5 +79,8 @@ inline constexpr int64_t kParkedCeiling = 100'000;
 // round, so it never holds the write lock for long.
 inline constexpr int kSweepBatch = 500;
 inline constexpr int kSweepBatchesPerRound = 20;
+// idemd's sweeper rests this many times as long as each batch took before the next (SweepPacing):
+// at most a third of the store's time, whatever the backlog; `idemctl sweep` does not rest.
+inline constexpr int64_t kSweepRestPerWork = 2;
 
 }  // namespace idem::limits

@@ -480,11 +480,22 @@ Status CheckSettlement(const Outcome& outcome);
 // record as the transaction now reads it: kNotFound, or kConflict saying why.
 Error SettleRefused(const std::optional<Record>& record, int64_t seen_fence);
 
+// How a sweep shares the store with the requests beside it: after each full batch but the
+// round's last it rests `rest_per_work` times as long as that batch took on `clock`, so it takes
+// at most 1 / (1 + rest_per_work) of the store's time (a SQLite file has one writer: a sweep
+// deleting back to back starves the claims). `rest` waits (idemd's cuts it short on shutdown).
+struct SweepPacing {
+  const MonotonicClock* clock = nullptr;
+  int64_t rest_per_work = 0;
+  std::function<void(Millis)> rest;
+};
+
 // Deletes expired finished records in batches of limits::kSweepBatch until a batch comes back
 // short or `max_batches` ran, and returns how many it deleted; `sent_points` as for Store::Sweep
-// (every route's that shares the store). Errors: the store's, after the batches that succeeded
-// (their deletions stand).
+// (every route's that shares the store); paced by `pacing` when given. Errors: the store's, after
+// the batches that succeeded (their deletions stand).
 Result<int> SweepExpired(Store& store, const std::vector<std::string>& sent_points,
-                         int max_batches = limits::kSweepBatchesPerRound);
+                         int max_batches = limits::kSweepBatchesPerRound,
+                         const SweepPacing* pacing = nullptr);
 
 }  // namespace idem

@@ -45,14 +45,22 @@ int Fail(const std::string& what) {
 class Loop {
  public:
   Loop(Millis interval, std::function<void()> work)
+      : Loop(interval, [work = std::move(work)](Loop&) { work(); }) {}
+  // `work` is given the loop, to Rest inside a round.
+  Loop(Millis interval, std::function<void(Loop&)> work)
       : thread_([this, interval, work = std::move(work)] {
           MutexLock lock(mu_);
           while (!cv_.WaitFor(mu_, interval, [this]() IDEM_REQUIRES(mu_) { return stop_; })) {
             lock.Unlock();
-            work();
+            work(*this);
             lock.Lock();
           }
         }) {}
+  // Waits `d` inside a round (the sweeper's rest between batches), or until the loop stops.
+  void Rest(Millis d) {
+    MutexLock lock(mu_);
+    (void)cv_.WaitFor(mu_, d, [this]() IDEM_REQUIRES(mu_) { return stop_; });
+  }
   ~Loop() {
     {
       MutexLock lock(mu_);
@@ -349,8 +357,14 @@ docs/idemd.md the API, the metrics and the logs.
     }
     // Every route's points past a send (only payments have one): such retryable records are
     // the takeover loop's, never the sweeper's.
-    Loop sweeper(config->idempotency.sweep_interval,
-                 [&] { (void)SweepExpired(**store, filter.policy().route.sent_points); });
+    // Paced, so that a backlog of expired records never starves the requests of the store (a
+    // SQLite file's one writer above all): docs/idemd.md, "Background loops".
+    Loop sweeper(config->idempotency.sweep_interval, [&](Loop& self) {
+      const SweepPacing pacing{&SystemMonotonicClock(), limits::kSweepRestPerWork,
+                               [&](Millis d) { self.Rest(d); }};
+      (void)SweepExpired(**store, filter.policy().route.sent_points, limits::kSweepBatchesPerRound,
+                         &pacing);
+    });
     Loop census(kCensusInterval, [&] {
       TakeCensus(**store, metrics, SystemClock(), served);
       (*consumers)->SampleLag();

@@ -3,6 +3,7 @@
 #include "idem/store.h"
 
 #include <array>
+#include <chrono>
 #include <optional>
 #include <string>
 
@@ -176,13 +177,18 @@ Error SettleRefused(const std::optional<Record>& record, int64_t seen_fence) {
                                         std::to_string(seen_fence) + ")");
 }
 
-Result<int> SweepExpired(Store& store, const std::vector<std::string>& sent_points,
-                         int max_batches) {
+Result<int> SweepExpired(Store& store, const std::vector<std::string>& sent_points, int max_batches,
+                         const SweepPacing* pacing) {
   int deleted = 0;
   for (int batch = 0; batch < max_batches; ++batch) {
+    const SteadyTime started = pacing ? pacing->clock->Now() : SteadyTime{};
     IDEM_ASSIGN_OR_RETURN(int n, store.Sweep(limits::kSweepBatch, sent_points));
     deleted += n;
     if (n < limits::kSweepBatch || batch + 1 == max_batches) break;
+    if (pacing && pacing->rest_per_work > 0) {
+      const auto took = std::chrono::duration_cast<Millis>(pacing->clock->Now() - started);
+      pacing->rest(took * pacing->rest_per_work);
+    }
     // Each batch is one statement that committed on its own: what a crash here leaves expired,
     // the next round deletes.
     IDEM_RETURN_IF_ERROR(IDEM_FAILPOINT("sweep_between_batches"));

@@ -1,5 +1,5 @@
-// src/core/store_test.cc — SweepExpired over a real SQLite store: batches, the round's bound, and
-// a round stopped between two batches.
+// src/core/store_test.cc — SweepExpired over a real SQLite store: batches, the round's bound, a
+// round stopped between two batches, and the pacing between them.
 #include "idem/store.h"
 
 #include <gtest/gtest.h>
@@ -86,6 +86,51 @@ TEST(SweepExpired, ARoundStoppedBetweenBatchesKeepsWhatItDeleted) {
   auto rest = SweepExpired(*store, {});
   ASSERT_TRUE(rest.has_value()) << rest.error().message;
   EXPECT_EQ(left(), 0) << "the next round finishes the sweep";
+}
+
+// A clock on which every reading is 10 ms after the one before: each batch "takes" 10 ms.
+class TickingClock final : public MonotonicClock {
+ public:
+  SteadyTime Now() const override { return SteadyTime{} + Millis(10 * ++readings_); }
+
+ private:
+  mutable int64_t readings_ = 0;
+};
+
+// Paced, a round rests twice as long as each batch took after every full batch the round goes on
+// from: not after a short batch, nor after the round's last.
+TEST(SweepExpired, PacedRestsAfterEachBatchItGoesOnFrom) {
+  testing::FakeClock clock;
+  testing::SeededRandom random(7);
+  testing::TempDir dir;
+  SqliteStoreOptions options;
+  options.path = dir.File("idem.db");
+  auto store = std::move(*OpenSqliteStore(options, clock, random));
+  FinishedRecords(*store, 3 * limits::kSweepBatch + 1);
+  clock.Advance(Millis(1000));
+  TickingClock ticking;
+  std::vector<Millis> rests;
+  const SweepPacing pacing{&ticking, 2, [&](Millis d) { rests.push_back(d); }};
+
+  auto bounded = SweepExpired(*store, {}, 2, &pacing);
+  ASSERT_TRUE(bounded.has_value()) << bounded.error().message;
+  EXPECT_EQ(*bounded, 2 * limits::kSweepBatch);
+  EXPECT_EQ(rests, std::vector<Millis>{Millis(20)}) << "one rest, between the round's two batches";
+
+  rests.clear();
+  auto rest = SweepExpired(*store, {}, limits::kSweepBatchesPerRound, &pacing);
+  ASSERT_TRUE(rest.has_value()) << rest.error().message;
+  EXPECT_EQ(*rest, limits::kSweepBatch + 1);
+  EXPECT_EQ(rests, std::vector<Millis>{Millis(20)}) << "none after the short batch";
+
+  const SweepPacing unpaced{&ticking, 0, [&](Millis d) { rests.push_back(d); }};
+  FinishedRecords(*store, 2 * limits::kSweepBatch);
+  clock.Advance(Millis(1000));
+  rests.clear();
+  auto flat_out = SweepExpired(*store, {}, limits::kSweepBatchesPerRound, &unpaced);
+  ASSERT_TRUE(flat_out.has_value()) << flat_out.error().message;
+  EXPECT_EQ(*flat_out, 2 * limits::kSweepBatch);
+  EXPECT_TRUE(rests.empty()) << "rest_per_work 0 never rests";
 }
 
 }  // namespace
