@@ -4,6 +4,9 @@
 
 #include <gtest/gtest.h>
 
+#include <memory>
+#include <vector>
+
 #include "idem/failpoint.h"
 #include "idem/store/sqlite.h"
 #include "testing/fakes.h"
@@ -30,26 +33,37 @@ void FinishedRecords(Store& store, int count) {
   ASSERT_TRUE(txn->Commit().has_value());
 }
 
-TEST(SweepExpired, DeletesWholeBatchesUpToTheRoundsBound) {
-  testing::FakeClock clock;
-  testing::SeededRandom random(7);
-  testing::TempDir dir;
-  SqliteStoreOptions options;
-  options.path = dir.File("idem.db");
-  auto store = std::move(*OpenSqliteStore(options, clock, random));
-  FinishedRecords(*store, 2 * limits::kSweepBatch + 1);
+// A SQLite store in a directory of its own, on a clock the test moves.
+class SweepExpiredTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    SqliteStoreOptions options;
+    options.path = dir_.File("idem.db");
+    auto opened = OpenSqliteStore(options, clock_, random_);
+    ASSERT_TRUE(opened.has_value()) << opened.error().message;
+    store_ = std::move(*opened);
+  }
 
-  auto early = SweepExpired(*store, {});
+  testing::FakeClock clock_;
+  testing::SeededRandom random_{7};
+  testing::TempDir dir_;
+  std::unique_ptr<Store> store_;
+};
+
+TEST_F(SweepExpiredTest, DeletesWholeBatchesUpToTheRoundsBound) {
+  FinishedRecords(*store_, 2 * limits::kSweepBatch + 1);
+
+  auto early = SweepExpired(*store_, {});
   ASSERT_TRUE(early.has_value()) << early.error().message;
   EXPECT_EQ(*early, 0) << "nothing has expired yet";
 
-  clock.Advance(Millis(1000));
+  clock_.Advance(Millis(1000));
   // A round of two batches deletes exactly two batches, though more have expired.
-  auto bounded = SweepExpired(*store, {}, 2);
+  auto bounded = SweepExpired(*store_, {}, 2);
   ASSERT_TRUE(bounded.has_value()) << bounded.error().message;
   EXPECT_EQ(*bounded, 2 * limits::kSweepBatch);
   // The next round ends at the first short batch.
-  auto rest = SweepExpired(*store, {}, 2);
+  auto rest = SweepExpired(*store_, {}, 2);
   ASSERT_TRUE(rest.has_value()) << rest.error().message;
   EXPECT_EQ(*rest, 1);
 }
@@ -57,23 +71,17 @@ TEST(SweepExpired, DeletesWholeBatchesUpToTheRoundsBound) {
 // The step between two batches (failpoint sweep_between_batches): a round that fails there keeps
 // the batches it deleted (each committed on its own) and leaves the rest to the next round. The
 // step is only between batches: not after a short batch, nor after the round's last.
-TEST(SweepExpired, ARoundStoppedBetweenBatchesKeepsWhatItDeleted) {
-  testing::FakeClock clock;
-  testing::SeededRandom random(7);
-  testing::TempDir dir;
-  SqliteStoreOptions options;
-  options.path = dir.File("idem.db");
-  auto store = std::move(*OpenSqliteStore(options, clock, random));
-  FinishedRecords(*store, 2 * limits::kSweepBatch + 1);
-  clock.Advance(Millis(1000));
+TEST_F(SweepExpiredTest, ARoundStoppedBetweenBatchesKeepsWhatItDeleted) {
+  FinishedRecords(*store_, 2 * limits::kSweepBatch + 1);
+  clock_.Advance(Millis(1000));
   auto left = [&] {
-    return std::get<int64_t>(store->Query("SELECT count(*) FROM idem_records")->at(0).at(0));
+    return std::get<int64_t>(store_->Query("SELECT count(*) FROM idem_records")->at(0).at(0));
   };
 
   ASSERT_TRUE(ArmFailpoints("sweep_between_batches=error").has_value());
-  auto stopped = SweepExpired(*store, {});
+  auto stopped = SweepExpired(*store_, {});
   const int64_t left_after_stop = left();
-  auto one_batch = SweepExpired(*store, {}, 1);
+  auto one_batch = SweepExpired(*store_, {}, 1);
   ClearFailpoints();
 #if !defined(IDEM_NO_FAILPOINTS)
   ASSERT_FALSE(stopped.has_value());
@@ -83,7 +91,7 @@ TEST(SweepExpired, ARoundStoppedBetweenBatchesKeepsWhatItDeleted) {
   EXPECT_EQ(*one_batch, limits::kSweepBatch);
   EXPECT_EQ(left(), 1);
 #endif
-  auto rest = SweepExpired(*store, {});
+  auto rest = SweepExpired(*store_, {});
   ASSERT_TRUE(rest.has_value()) << rest.error().message;
   EXPECT_EQ(left(), 0) << "the next round finishes the sweep";
 }
@@ -99,35 +107,29 @@ class TickingClock final : public MonotonicClock {
 
 // Paced, a round rests twice as long as each batch took after every full batch the round goes on
 // from: not after a short batch, nor after the round's last.
-TEST(SweepExpired, PacedRestsAfterEachBatchItGoesOnFrom) {
-  testing::FakeClock clock;
-  testing::SeededRandom random(7);
-  testing::TempDir dir;
-  SqliteStoreOptions options;
-  options.path = dir.File("idem.db");
-  auto store = std::move(*OpenSqliteStore(options, clock, random));
-  FinishedRecords(*store, 3 * limits::kSweepBatch + 1);
-  clock.Advance(Millis(1000));
+TEST_F(SweepExpiredTest, PacedRestsAfterEachBatchItGoesOnFrom) {
+  FinishedRecords(*store_, 3 * limits::kSweepBatch + 1);
+  clock_.Advance(Millis(1000));
   TickingClock ticking;
   std::vector<Millis> rests;
   const SweepPacing pacing{&ticking, 2, [&](Millis d) { rests.push_back(d); }};
 
-  auto bounded = SweepExpired(*store, {}, 2, &pacing);
+  auto bounded = SweepExpired(*store_, {}, 2, &pacing);
   ASSERT_TRUE(bounded.has_value()) << bounded.error().message;
   EXPECT_EQ(*bounded, 2 * limits::kSweepBatch);
   EXPECT_EQ(rests, std::vector<Millis>{Millis(20)}) << "one rest, between the round's two batches";
 
   rests.clear();
-  auto rest = SweepExpired(*store, {}, limits::kSweepBatchesPerRound, &pacing);
+  auto rest = SweepExpired(*store_, {}, limits::kSweepBatchesPerRound, &pacing);
   ASSERT_TRUE(rest.has_value()) << rest.error().message;
   EXPECT_EQ(*rest, limits::kSweepBatch + 1);
   EXPECT_EQ(rests, std::vector<Millis>{Millis(20)}) << "none after the short batch";
 
   const SweepPacing unpaced{&ticking, 0, [&](Millis d) { rests.push_back(d); }};
-  FinishedRecords(*store, 2 * limits::kSweepBatch);
-  clock.Advance(Millis(1000));
+  FinishedRecords(*store_, 2 * limits::kSweepBatch);
+  clock_.Advance(Millis(1000));
   rests.clear();
-  auto flat_out = SweepExpired(*store, {}, limits::kSweepBatchesPerRound, &unpaced);
+  auto flat_out = SweepExpired(*store_, {}, limits::kSweepBatchesPerRound, &unpaced);
   ASSERT_TRUE(flat_out.has_value()) << flat_out.error().message;
   EXPECT_EQ(*flat_out, 2 * limits::kSweepBatch);
   EXPECT_TRUE(rests.empty()) << "rest_per_work 0 never rests";
