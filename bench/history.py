@@ -175,7 +175,10 @@ def report(work, out, mode, machine):
     names = {"sqlite": "SQLite", "postgres": "PostgreSQL"}
     md = ["# idemd with a long history\n",
           f"Written by `scripts/bench --history{' --quick' if mode == 'quick' else ''}` "
-          f"(started {meta['started']}; {machine}). Every figure comes from that run. For each "
+          f"(started {meta['started']}"
+          + (f" on commit `{meta['commit'][:12]}`" + (" with uncommitted changes" if meta["dirty"] else "")
+             if meta.get("commit") else "")
+          + f"; {machine}). Every figure comes from that run. For each "
           "store, the records table is filled (`bench/history.py fill`: copies of one of idemd's "
           "own finished payments, expired, for the principal the load runs as) to each size in "
           "turn, and idemd (stopped during the fill, started again after it, the sweep off) runs "

@@ -319,6 +319,10 @@ def main():
             part, name = e["id"].split("/", 1)
             (gateway if part == "gateway" else wrk_payments)[name] = wrk_run(work, e)
     info = machine(args.root, args.idemd)
+    if meta.get("commit"):  # the commit the run measured, not the one the report is drawn on
+        info["commit"], info["dirty"] = meta["commit"], meta["dirty"]
+        info["commit_subject"] = command_output(["git", "log", "-1", "--format=%s",
+                                                 meta["commit"]], cwd=args.root)
     stores = [s for s in ("sqlite", "postgres", "postgres-redis") if f"{s}/replay" in runs]
 
     # ---- Targets ----
