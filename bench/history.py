@@ -24,7 +24,7 @@ import time
 
 sys.dont_write_bytecode = True  # no __pycache__ in the source tree
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from perf_report import idem_bench_run  # noqa: E402  (one reading of idem-bench's JSON)
+from perf_report import idem_bench_run, num  # noqa: E402  (one reading of idem-bench's JSON)
 
 DAY_MS = 86_400_000
 
@@ -155,10 +155,6 @@ def sqlite_size(url):
 
 
 # ---- The report ---------------------------------------------------------------------------------
-
-def num(x):
-    return "—" if x is None else f"{x:,.0f}"
-
 
 def gib(b):
     return "—" if b is None else f"{b / 2**30:.2f}"

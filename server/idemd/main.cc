@@ -358,7 +358,7 @@ docs/idemd.md the API, the metrics and the logs.
     // Every route's points past a send (only payments have one): such retryable records are
     // the takeover loop's, never the sweeper's.
     // Paced, so that a backlog of expired records never starves the requests of the store (a
-    // SQLite file's one writer above all): docs/idemd.md, "Background loops".
+    // SQLite file's one writer above all): docs/idemd.md, "Background work".
     Loop sweeper(config->idempotency.sweep_interval, [&](Loop& self) {
       const SweepPacing pacing{&SystemMonotonicClock(), limits::kSweepRestPerWork,
                                [&](Millis d) { self.Rest(d); }};
