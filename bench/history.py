@@ -181,8 +181,9 @@ def report(work, out, mode, machine):
           f"first executions: `idem-bench --scenario unique`, closed loop on {meta['connections']} "
           f"connections, {meta['duration_s']} s after a {meta['warmup_s']} s warmup, the "
           "exactly-once check after it. Then idemd is started with `sweep_interval_ms = 1` (a "
-          "round of 20 batches of 500 after another, each batch followed by the sweeper's rest of "
-          "twice its time: `limits::kSweepRestPerWork`) on the largest history and the same run "
+          "round starts 1 ms after idemd does and goes on until it has caught up, batches of 500, each "
+          "followed by the sweeper's rest of twice its time: `limits::kSweepRestPerWork`) on the "
+          "largest history and the same run "
           "measures claims while the sweep deletes. Records deleted are counted from before that "
           "idemd started to after it stopped.\n",
           "| store | records before the run | table + indexes GiB | fill s | first/s | vs smallest | p50 ms | "

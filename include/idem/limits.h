@@ -75,12 +75,14 @@ inline constexpr int64_t kMaxWaitersPerPrincipal = 100;
 inline constexpr int64_t kMaxParked = 1024;
 inline constexpr int64_t kParkedCeiling = 100'000;
 
-// The sweeper deletes expired records in batches of this many, at most this many batches a
-// round, so it never holds the write lock for long.
+// A sweep deletes expired records in batches of this many, so it never holds the write lock for
+// long; SweepExpired's rounds run at most this many batches unless told otherwise (idemd's and
+// `idemctl sweep`'s are unbounded).
 inline constexpr int kSweepBatch = 500;
 inline constexpr int kSweepBatchesPerRound = 20;
 // idemd's sweeper rests this many times as long as each batch took before the next (SweepPacing):
-// at most a third of the store's time, whatever the backlog; `idemctl sweep` does not rest.
+// at most a third of the store's time, whatever the backlog, and a round goes on until it has
+// caught up; `idemctl sweep` does not rest.
 inline constexpr int64_t kSweepRestPerWork = 2;
 
 }  // namespace idem::limits

@@ -483,17 +483,20 @@ Error SettleRefused(const std::optional<Record>& record, int64_t seen_fence);
 // How a sweep shares the store with the requests beside it: after each full batch but the
 // round's last it rests `rest_per_work` times as long as that batch took on `clock`, so it takes
 // at most 1 / (1 + rest_per_work) of the store's time (a SQLite file has one writer: a sweep
-// deleting back to back starves the claims). `rest` waits (idemd's cuts it short on shutdown).
+// deleting back to back starves the claims). `rest` waits and says whether the round goes on
+// (idemd's cuts the wait short and says no on shutdown); it is asked after every full batch but
+// the round's last, also when `rest_per_work` is 0.
 struct SweepPacing {
   const MonotonicClock* clock = nullptr;
   int64_t rest_per_work = 0;
-  std::function<void(Millis)> rest;
+  std::function<bool(Millis)> rest;
 };
 
 // Deletes expired finished records in batches of limits::kSweepBatch until a batch comes back
-// short or `max_batches` ran, and returns how many it deleted; `sent_points` as for Store::Sweep
-// (every route's that shares the store); paced by `pacing` when given. Errors: the store's, after
-// the batches that succeeded (their deletions stand).
+// short, `max_batches` ran or `pacing`'s rest says stop, and returns how many it deleted;
+// `sent_points` as for Store::Sweep (every route's that shares the store). idemd's sweeper runs
+// unbounded rounds, paced, so that it keeps up with any rate of expiry the store can take.
+// Errors: the store's, after the batches that succeeded (their deletions stand).
 Result<int> SweepExpired(Store& store, const std::vector<std::string>& sent_points,
                          int max_batches = limits::kSweepBatchesPerRound,
                          const SweepPacing* pacing = nullptr);

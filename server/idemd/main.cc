@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <iostream>
+#include <limits>
 #include <thread>
 
 #include "http/log.h"
@@ -56,10 +57,11 @@ class Loop {
             lock.Lock();
           }
         }) {}
-  // Waits `d` inside a round (the sweeper's rest between batches), or until the loop stops.
-  void Rest(Millis d) {
+  // Waits `d` inside a round (the sweeper's rest between batches), or until the loop stops, and
+  // says whether the round goes on: false once the loop stops.
+  bool Rest(Millis d) {
     MutexLock lock(mu_);
-    (void)cv_.WaitFor(mu_, d, [this]() IDEM_REQUIRES(mu_) { return stop_; });
+    return !cv_.WaitFor(mu_, d, [this]() IDEM_REQUIRES(mu_) { return stop_; });
   }
   ~Loop() {
     {
@@ -359,11 +361,32 @@ docs/idemd.md the API, the metrics and the logs.
     // the takeover loop's, never the sweeper's.
     // Paced, so that a backlog of expired records never starves the requests of the store (a
     // SQLite file's one writer above all): docs/idemd.md, "Background work".
-    Loop sweeper(config->idempotency.sweep_interval, [&](Loop& self) {
+    Loop sweeper(config->idempotency.sweep_interval, [&, failing = false](Loop& self) mutable {
+      // A round goes on until it has caught up with expiry (or idemd stops), at most a third of
+      // the store's time: its rate is the store's, not the interval's.
       const SweepPacing pacing{&SystemMonotonicClock(), limits::kSweepRestPerWork,
-                               [&](Millis d) { self.Rest(d); }};
-      (void)SweepExpired(**store, filter.policy().route.sent_points, limits::kSweepBatchesPerRound,
-                         &pacing);
+                               [&](Millis d) { return self.Rest(d); }};
+      const SteadyTime started = SystemMonotonicClock().Now();
+      Result<int> swept = SweepExpired(**store, filter.policy().route.sent_points,
+                                       std::numeric_limits<int>::max(), &pacing);
+      metrics.CountSweepRound(swept ? *swept : 0, /*failed=*/!swept);
+      if (!swept) {
+        // Once per failure, and once when it works again: a store that is down is one line.
+        if (!failing) {
+          http::Log(http::LogLevel::kWarn, "sweep stopped; the next round tries again",
+                    {{"error", swept.error().message}});
+        }
+        failing = true;
+        return;
+      }
+      // A round that had a backlog (a batch or more) is worth a line; the steady trickle is not.
+      if (failing || *swept >= limits::kSweepBatch) {
+        const auto took =
+            std::chrono::duration_cast<Millis>(SystemMonotonicClock().Now() - started);
+        http::Log(http::LogLevel::kInfo, "expired records swept",
+                  {{"deleted", *swept}, {"ms", took.count()}});
+      }
+      failing = false;
     });
     Loop census(kCensusInterval, [&] {
       TakeCensus(**store, metrics, SystemClock(), served);

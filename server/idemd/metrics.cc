@@ -500,6 +500,12 @@ std::string Metrics::Render() const {
           relay_passes_);
   counter("idem_outbox_relay_failures_total",
           "Passes of the outbox relay that the broker or the store stopped.", relay_failures_);
+  counter("idem_sweep_deleted_total",
+          "Expired finished records this instance's sweeper deleted: over time, the rate it "
+          "keeps up with.",
+          sweep_deleted_);
+  counter("idem_sweep_failures_total", "Rounds of the sweeper that the store stopped.",
+          sweep_failures_);
   Header(out, "idem_outbox_oldest_unpublished_seconds", "gauge",
          "How long the oldest outbox event not yet published has waited, at the last census (0: "
          "none waits): the relay's lag.");

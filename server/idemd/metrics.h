@@ -164,6 +164,12 @@ class Metrics {
     ++relay_passes_;
     if (failed) ++relay_failures_;
   }
+  // One round of the sweeper: the expired records it deleted, or `failed` when the store stopped
+  // it (the batches before the failure stand, uncounted).
+  void CountSweepRound(int64_t deleted, bool failed) {
+    sweep_deleted_ += static_cast<uint64_t>(deleted);
+    if (failed) ++sweep_failures_;
+  }
   // idem_outbox_oldest_unpublished_seconds: the relay's lag (nullopt: nothing unpublished).
   void SetOutboxLag(std::optional<Millis> oldest) { outbox_lag_ms_ = oldest ? oldest->count() : 0; }
 
@@ -244,6 +250,8 @@ class Metrics {
   std::atomic<uint64_t> outbox_written_{0};
   std::atomic<uint64_t> relay_passes_{0};
   std::atomic<uint64_t> relay_failures_{0};
+  std::atomic<uint64_t> sweep_deleted_{0};
+  std::atomic<uint64_t> sweep_failures_{0};
   std::atomic<int64_t> outbox_lag_ms_{0};
 };
 

@@ -185,9 +185,9 @@ Result<int> SweepExpired(Store& store, const std::vector<std::string>& sent_poin
     IDEM_ASSIGN_OR_RETURN(int n, store.Sweep(limits::kSweepBatch, sent_points));
     deleted += n;
     if (n < limits::kSweepBatch || batch + 1 == max_batches) break;
-    if (pacing && pacing->rest_per_work > 0) {
+    if (pacing) {
       const auto took = std::chrono::duration_cast<Millis>(pacing->clock->Now() - started);
-      pacing->rest(took * pacing->rest_per_work);
+      if (!pacing->rest(took * pacing->rest_per_work)) break;
     }
     // Each batch is one statement that committed on its own: what a crash here leaves expired,
     // the next round deletes.

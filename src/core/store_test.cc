@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <limits>
 #include <memory>
 #include <vector>
 
@@ -106,13 +107,17 @@ class TickingClock final : public MonotonicClock {
 };
 
 // Paced, a round rests twice as long as each batch took after every full batch the round goes on
-// from: not after a short batch, nor after the round's last.
+// from: not after a short batch, nor after the round's last. With `rest_per_work` 0 it is still
+// asked whether to go on, for no time.
 TEST_F(SweepExpiredTest, PacedRestsAfterEachBatchItGoesOnFrom) {
   FinishedRecords(*store_, 3 * limits::kSweepBatch + 1);
   clock_.Advance(Millis(1000));
   TickingClock ticking;
   std::vector<Millis> rests;
-  const SweepPacing pacing{&ticking, 2, [&](Millis d) { rests.push_back(d); }};
+  const SweepPacing pacing{&ticking, 2, [&](Millis d) {
+                             rests.push_back(d);
+                             return true;
+                           }};
 
   auto bounded = SweepExpired(*store_, {}, 2, &pacing);
   ASSERT_TRUE(bounded.has_value()) << bounded.error().message;
@@ -125,14 +130,40 @@ TEST_F(SweepExpiredTest, PacedRestsAfterEachBatchItGoesOnFrom) {
   EXPECT_EQ(*rest, limits::kSweepBatch + 1);
   EXPECT_EQ(rests, std::vector<Millis>{Millis(20)}) << "none after the short batch";
 
-  const SweepPacing unpaced{&ticking, 0, [&](Millis d) { rests.push_back(d); }};
+  const SweepPacing unpaced{&ticking, 0, [&](Millis d) {
+                              rests.push_back(d);
+                              return true;
+                            }};
   FinishedRecords(*store_, 2 * limits::kSweepBatch);
   clock_.Advance(Millis(1000));
   rests.clear();
   auto flat_out = SweepExpired(*store_, {}, limits::kSweepBatchesPerRound, &unpaced);
   ASSERT_TRUE(flat_out.has_value()) << flat_out.error().message;
   EXPECT_EQ(*flat_out, 2 * limits::kSweepBatch);
-  EXPECT_TRUE(rests.empty()) << "rest_per_work 0 never rests";
+  EXPECT_EQ(rests, (std::vector<Millis>{Millis(0), Millis(0)}))
+      << "rest_per_work 0 asks after each full batch, for no time";
+}
+
+// An unbounded round (idemd's) goes on until it has caught up, however many batches that takes,
+// and ends at the first rest that says stop (idemd shutting down), keeping what it deleted.
+TEST_F(SweepExpiredTest, AnUnboundedRoundCatchesUpOrStopsWhenItsRestSaysSo) {
+  const int kBatches = limits::kSweepBatchesPerRound + 3;
+  FinishedRecords(*store_, kBatches * limits::kSweepBatch + 7);
+  clock_.Advance(Millis(1000));
+  TickingClock ticking;
+  int asked = 0;
+  const SweepPacing stops_after_two{&ticking, 1, [&](Millis) { return ++asked < 2; }};
+
+  auto stopped = SweepExpired(*store_, {}, std::numeric_limits<int>::max(), &stops_after_two);
+  ASSERT_TRUE(stopped.has_value()) << stopped.error().message;
+  EXPECT_EQ(*stopped, 2 * limits::kSweepBatch) << "the batch before the rest that said stop stands";
+  EXPECT_EQ(asked, 2);
+
+  const SweepPacing goes_on{&ticking, 1, [](Millis) { return true; }};
+  auto caught_up = SweepExpired(*store_, {}, std::numeric_limits<int>::max(), &goes_on);
+  ASSERT_TRUE(caught_up.has_value()) << caught_up.error().message;
+  EXPECT_EQ(*caught_up, (kBatches - 2) * limits::kSweepBatch + 7)
+      << "past the default round's " << limits::kSweepBatchesPerRound << " batches";
 }
 
 }  // namespace
