@@ -18,6 +18,7 @@ import os
 import platform
 import re
 import sqlite3
+import statistics
 import subprocess
 import sys
 
@@ -300,9 +301,15 @@ def main():
     inflight_entry = None
     gateway = {}   # the gateway step's wrk runs, by the part of their id after "gateway/"
     wrk_payments = {}  # wrk on POST /v1/payments: "nginx-replay", "<store>-replay"
+    ab = []        # the A/B's runs: (build, round, harness and scenario, summary)
+    ab_meta = next((e for e in entries if e.get("kind") == "ab-meta"), None)
     for e in entries:
         kind = e.get("kind")
-        if kind == "idem-bench":
+        if "ab_build" in e:
+            summary = (idem_bench_run(work, e) if kind == "idem-bench" else wrk_run(work, e))
+            what = ("wrk " + e["mode"]) if kind == "wrk" else e["scenario"]
+            ab.append((e["ab_build"], e["ab_round"], what, summary))
+        elif kind == "idem-bench":
             runs[e["id"]] = dict(idem_bench_run(work, e), system=e["system"], store=e["store"],
                                  scenario=e["scenario"])
             if "samples" in e:
@@ -417,6 +424,15 @@ def main():
                f"{v:.1f} MiB peak", f"{num(peak_conns)} provider connections at the peak", v,
                "< 300 MiB and 10,000 in flight", reached and v < 300, note)
 
+    # The A/B: this build against the baseline's, medians of their rounds. A regression beyond
+    # the machine's noise shows here, in the report of the change that made it.
+    ab_rows = ab_table(ab)
+    for what, cur, base in ab_rows:
+        v = ratio(cur["rps"], base["rps"])
+        target(f"{AB_NAMES[what]} ≥ 0.9 × the baseline build's (A/B, SQLite)",
+               f"{num(cur['rps'])}/s", f"baseline {num(base['rps'])}/s", v, "≥ 0.9",
+               v is not None and v >= 0.9)
+
     # ---- Plots ----
     plot_rows = []  # (label, requests/s, colour 1 ceiling / 2 idemd)
     if nginx:
@@ -452,7 +468,9 @@ def main():
     # ---- performance.json ----
     summary = {"meta": meta, "machine": info, "targets": targets, "runs": runs,
                "sqlite_ceiling": gbench, "pgbench": pgbench, "memory": memory,
-               "memory_samples": sampled, "gateway": gateway, "wrk_payments": wrk_payments}
+               "memory_samples": sampled, "gateway": gateway, "wrk_payments": wrk_payments,
+               "ab": {"meta": ab_meta, "rows": [{"what": w, "current": c, "baseline": b}
+                                                for w, c, b in ab_rows]}}
     with open(os.path.join(out, "performance.json"), "w") as f:
         json.dump(summary, f, indent=1, sort_keys=True, default=str)
         f.write("\n")
@@ -622,6 +640,8 @@ def main():
 
     if gateway:
         md.append(gateway_text(gateway, meta))
+    if ab_rows:
+        md.append(ab_text(ab, ab_rows, ab_meta, meta, args.root))
 
     md.append("## Memory\n")
     md.append("idemd's resident set (`VmRSS`) and its peak (`VmHWM`) from `/proc/PID/status`; "
@@ -682,6 +702,67 @@ def main():
     with open(os.path.join(out, "performance.md"), "w") as f:
         f.write("\n".join(md).rstrip() + "\n")
     return 0
+
+
+AB_NAMES = {"replay": "Replays (idem-bench)", "wrk replay": "Replays (wrk)",
+            "unique": "First executions (idem-bench)"}
+
+
+def ab_table(ab):
+    """[(what, current, baseline)]: per harness and scenario, each build's figures as the
+    median of its rounds (requests/s and p99), in AB_NAMES' order."""
+    rows = []
+    for what in AB_NAMES:
+        per = {}
+        for build in ("current", "baseline"):
+            got = [r for b, _, w, r in ab if b == build and w == what and r["ok_rps"]]
+            if got:
+                per[build] = {"rps": statistics.median(r["ok_rps"] for r in got),
+                              "p99": statistics.median(r["latency_ms"]["p99"] for r in got),
+                              "rounds": [r["ok_rps"] for r in got],
+                              "checks": sorted({r.get("check") or "not checked" for r in got})}
+        if len(per) == 2:
+            rows.append((what, per["current"], per["baseline"]))
+    return rows
+
+
+def ab_text(ab, rows, ab_meta, meta, root):
+    """This build against the baseline's, alternating rounds in one sitting."""
+    ab_meta = ab_meta or {}
+    commit, chosen = ab_meta.get("baseline_commit", ""), ab_meta.get("baseline_from", "")
+    if commit == "same":
+        whose = ("This build against itself (no baseline given, as in a quick run): the "
+                 "difference is the machine's noise")
+    elif commit:
+        subject = command_output(["git", "log", "-1", "--format=%s", commit], cwd=root)
+        why = ("the commit the previous report names" if chosen == "report"
+               else "given by `IDEM_BASELINE`")
+        whose = (f"This build against the baseline, commit `{commit[:12]}` ({subject or '?'}; "
+                 f"{why}), built from a worktree with the same release preset")
+    else:
+        whose = f"This build against the idemd in `{ab_meta.get('baseline_bin', '?')}`"
+    order = ", ".join(f"{b}" for b, _ in sorted({(b, r) for b, r, _, _ in ab},
+                                                key=lambda x: x[1]))
+    md = ["## A/B against the baseline build\n",
+          f"{whose}. Each round is a fresh idemd of one build on a fresh SQLite file, with the same "
+          f"load generators and config: replays (idem-bench, {num(meta['keys'])} keys; then wrk, "
+          "one key), then first executions, closed loop on "
+          f"{meta['connections']} connections for {meta['duration_s']} s each. Rounds in order: "
+          f"{order}. Figures are the medians of each build's rounds (requests/s; p99 ms); "
+          "ratio = this build ÷ the baseline (successful answers/s).\n",
+          "| run | this build /s | baseline /s | ratio | this build p99 | baseline p99 | "
+          "p99 ratio | rounds (this; baseline) | exactly-once |",
+          "|---|---|---|---|---|---|---|---|---|"]
+    for what, cur, base in rows:
+        r = ratio(cur["rps"], base["rps"])
+        pr = ratio(cur["p99"], base["p99"])
+        shown = lambda xs: " / ".join(num(x) for x in xs)
+        md.append(f"| {AB_NAMES[what]} | {num(cur['rps'])} | {num(base['rps'])} | "
+                  f"{'—' if r is None else f'{r:.2f}'} | {ms(cur['p99'])} | {ms(base['p99'])} | "
+                  f"{'—' if pr is None else f'{pr:.2f}'} | {shown(cur['rounds'])}; "
+                  f"{shown(base['rounds'])} | {', '.join(sorted(set(cur['checks'] + base['checks'])))} |")
+    md.append("")
+    return "\n".join(md)
 
 
 def gateway_text(gateway, meta):
@@ -778,7 +859,7 @@ def method_text(meta, nginx_workers):
         f"One `scripts/bench{' --quick' if meta['mode'] == 'quick' else ''}` run on loopback with "
         "free ports, in the order nginx, the SQLite ceiling, idemd on SQLite, the PostgreSQL "
         "ceiling, idemd on PostgreSQL, on PostgreSQL + Redis, the in-flight run, the gateway "
-        "beside nginx: each ceiling just "
+        "beside nginx, the A/B against the baseline build: each ceiling just "
         "before the idemd runs compared with it. PostgreSQL 15 and Redis are the throwaway instances of "
         "`scripts/with-services` (PostgreSQL with its default durability: `fsync` and "
         "`synchronous_commit` on). Each HTTP measurement is `idem-bench` "
@@ -840,7 +921,8 @@ def method_text(meta, nginx_workers):
         + " Memory only, no check."
         + (f" Here {meta['inflight_note']}." if meta.get("inflight_note") else ""),
         "6. **The gateway beside nginx**: see its section below.",
-        "7. This report (`bench/perf_report.py`) and its plots (gnuplot).\n",
+        "7. **The A/B against the baseline build**: see its section below.",
+        "8. This report (`bench/perf_report.py`) and its plots (gnuplot).\n",
         "Every idemd run but the replays beside the slow run and the in-flight run ends with "
         "idem-bench's exactly-once check against provider-sim's books (docs/testing.md): each "
         "payment that succeeded was charged once, and no other charge was made. Before it, "
