@@ -276,7 +276,8 @@ def ratio(a, b):
     return a / b
 
 
-STORE_NAMES = {"sqlite": "SQLite", "postgres": "PostgreSQL", "postgres-redis": "PostgreSQL + Redis"}
+STORE_NAMES = {"sqlite": "SQLite", "postgres": "PostgreSQL", "postgres-redis": "PostgreSQL + Redis",
+               "postgres-quiet": "PostgreSQL, notifications off"}
 
 
 # ---- The report -----------------------------------------------------------------------------------
@@ -590,6 +591,10 @@ def main():
             r = runs.get(f"{s}/{sc}")
             if r:
                 run_row(f"idemd {STORE_NAMES[s]}: {names[sc]}", r)
+    for sc in ("unique", "unique-principals"):
+        r = runs.get(f"postgres-quiet/{sc}")
+        if r:
+            run_row(f"idemd {STORE_NAMES['postgres-quiet']}: {names[sc]}", r)
     if inflight:
         run_row(f"idemd SQLite: {num(meta['inflight'])} requests waiting "
                 f"{num(meta['inflight_delay_ms'])} ms for the provider", inflight)
@@ -613,8 +618,8 @@ def main():
                       f"{wrk_errors(r)} |")
     md.append("")
 
-    waited = [(s, sc) for s in stores for sc in ("unique", "unique-principals", "slow",
-                                                 "slow-principals", "replay")
+    waited = [(s, sc) for s in stores + ["postgres-quiet"]
+              for sc in ("unique", "unique-principals", "slow", "slow-principals", "replay")
               if runs.get(f"{s}/{sc}") and runs[f"{s}/{sc}"]["waits"]]
     if waited:
         md.append("## What PostgreSQL's sessions did\n")
@@ -637,6 +642,16 @@ def main():
             md.append(f"| idemd {STORE_NAMES[s]}: {names[sc]} | {w['samples']} | "
                       f"{w['sessions']:.1f} | {shown} |")
         md.append("")
+        quiet = [(sc, runs.get(f"postgres/{sc}"), runs.get(f"postgres-quiet/{sc}"))
+                 for sc in ("unique", "unique-principals")]
+        quiet = [(sc, on, off) for sc, on, off in quiet if on and off and on["first_rps"]]
+        if quiet:
+            md.append("With `[store] notifications = false` (no `NOTIFY` in a completion, no "
+                      "listener; a fresh database, the same load just after the PostgreSQL runs): "
+                      + "; ".join(f"{names[sc]} {num(off['first_rps'])}/s against "
+                                  f"{num(on['first_rps'])}/s with them "
+                                  f"({ratio(off['first_rps'], on['first_rps']):.2f}×)"
+                                  for sc, on, off in quiet) + ".\n")
 
     if gateway:
         md.append(gateway_text(gateway, meta))
@@ -914,6 +929,9 @@ def method_text(meta, nginx_workers):
         f"Each answer may take up to {meta['slow_timeout_ms'] / 1000:g} s here (a backlog shows in "
         "the latency instead of as timeouts). Then the same slow run again, its payments spread "
         f"over the {meta.get('principals', 0):,} principals, with no replays beside it.",
+        "   - on PostgreSQL, after its runs: the two closed-loop first-execution runs again on a "
+        "fresh database with `[store] notifications = false`, to show what the completions' "
+        "`NOTIFY` costs.",
         f"5. **Memory with provider calls in flight**: a fresh idemd on the SQLite store, "
         f"`--scenario slow` closed loop on {meta['inflight']} connections with the provider "
         f"answering {meta['inflight_delay_ms']} ms late, for {meta['inflight_s']} s, memory and "
