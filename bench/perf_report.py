@@ -730,7 +730,8 @@ def ab_table(ab):
     for what in AB_NAMES:
         per = {}
         for build in ("current", "baseline"):
-            got = [r for b, _, w, r in ab if b == build and w == what and r["ok_rps"]]
+            # A round that answered nothing counts (as 0/s): it is the regression to show.
+            got = [r for b, _, w, r in ab if b == build and w == what and r["ok_rps"] is not None]
             if got:
                 per[build] = {"rps": statistics.median(r["ok_rps"] for r in got),
                               "p99": statistics.median(r["latency_ms"]["p99"] for r in got),
