@@ -485,11 +485,15 @@ Error SettleRefused(const std::optional<Record>& record, int64_t seen_fence);
 // at most 1 / (1 + rest_per_work) of the store's time (a SQLite file has one writer: a sweep
 // deleting back to back starves the claims). `rest` waits and says whether the round goes on
 // (idemd's cuts the wait short and says no on shutdown); it is asked after every full batch but
-// the round's last, also when `rest_per_work` is 0.
+// the round's last, also when `rest_per_work` is 0. The rest is rounded up to whole
+// milliseconds, so a batch faster than a millisecond still rests.
 struct SweepPacing {
   const MonotonicClock* clock = nullptr;
   int64_t rest_per_work = 0;
   std::function<bool(Millis)> rest;
+  // When set, told each batch's deletions as soon as the batch has committed: idemd counts them
+  // as they go, so a round a backlog keeps going, or one that fails, still shows what it deleted.
+  std::function<void(int64_t)> swept;
 };
 
 // Deletes expired finished records in batches of limits::kSweepBatch until a batch comes back
@@ -497,8 +501,8 @@ struct SweepPacing {
 // `sent_points` as for Store::Sweep (every route's that shares the store). idemd's sweeper runs
 // unbounded rounds, paced, so that it keeps up with any rate of expiry the store can take.
 // Errors: the store's, after the batches that succeeded (their deletions stand).
-Result<int> SweepExpired(Store& store, const std::vector<std::string>& sent_points,
-                         int max_batches = limits::kSweepBatchesPerRound,
-                         const SweepPacing* pacing = nullptr);
+Result<int64_t> SweepExpired(Store& store, const std::vector<std::string>& sent_points,
+                             int max_batches = limits::kSweepBatchesPerRound,
+                             const SweepPacing* pacing = nullptr);
 
 }  // namespace idem

@@ -364,13 +364,15 @@ docs/idemd.md the API, the metrics and the logs.
     Loop sweeper(config->idempotency.sweep_interval, [&, failing = false](Loop& self) mutable {
       // A round goes on until it has caught up with expiry (or idemd stops), at most a third of
       // the store's time: its rate is the store's, not the interval's.
-      const SweepPacing pacing{&SystemMonotonicClock(), limits::kSweepRestPerWork,
-                               [&](Millis d) { return self.Rest(d); }};
+      const SweepPacing pacing{.clock = &SystemMonotonicClock(),
+                               .rest_per_work = limits::kSweepRestPerWork,
+                               .rest = [&](Millis d) { return self.Rest(d); },
+                               .swept = [&](int64_t n) { metrics.CountSwept(n); }};
       const SteadyTime started = SystemMonotonicClock().Now();
-      Result<int> swept = SweepExpired(**store, filter.policy().route.sent_points,
-                                       std::numeric_limits<int>::max(), &pacing);
-      metrics.CountSweepRound(swept ? *swept : 0, /*failed=*/!swept);
+      Result<int64_t> swept = SweepExpired(**store, filter.policy().route.sent_points,
+                                           std::numeric_limits<int>::max(), &pacing);
       if (!swept) {
+        metrics.CountSweepFailure();
         // Once per failure, and once when it works again: a store that is down is one line.
         if (!failing) {
           http::Log(http::LogLevel::kWarn, "sweep stopped; the next round tries again",
@@ -379,10 +381,10 @@ docs/idemd.md the API, the metrics and the logs.
         failing = true;
         return;
       }
-      // A round that had a backlog (a batch or more) is worth a line; the steady trickle is not.
-      if (failing || *swept >= limits::kSweepBatch) {
-        const auto took =
-            std::chrono::duration_cast<Millis>(SystemMonotonicClock().Now() - started);
+      // A round that outlasted the interval (a backlog: expiry ahead of one interval's sweep) is
+      // worth a line; a round that keeps up, however much it deletes, is the counter's.
+      const auto took = std::chrono::duration_cast<Millis>(SystemMonotonicClock().Now() - started);
+      if (failing || took >= config->idempotency.sweep_interval) {
         http::Log(http::LogLevel::kInfo, "expired records swept",
                   {{"deleted", *swept}, {"ms", took.count()}});
       }

@@ -164,12 +164,11 @@ class Metrics {
     ++relay_passes_;
     if (failed) ++relay_failures_;
   }
-  // One round of the sweeper: the expired records it deleted, or `failed` when the store stopped
-  // it (the batches before the failure stand, uncounted).
-  void CountSweepRound(int64_t deleted, bool failed) {
-    sweep_deleted_ += static_cast<uint64_t>(deleted);
-    if (failed) ++sweep_failures_;
-  }
+  // One batch of the sweeper, committed: the expired records it deleted. Counted batch by batch,
+  // so a long round shows its progress and a failed one what it deleted before it stopped.
+  void CountSwept(int64_t deleted) { sweep_deleted_ += static_cast<uint64_t>(deleted); }
+  // A round of the sweeper that the store stopped.
+  void CountSweepFailure() { ++sweep_failures_; }
   // idem_outbox_oldest_unpublished_seconds: the relay's lag (nullopt: nothing unpublished).
   void SetOutboxLag(std::optional<Millis> oldest) { outbox_lag_ms_ = oldest ? oldest->count() : 0; }
 

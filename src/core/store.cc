@@ -177,17 +177,18 @@ Error SettleRefused(const std::optional<Record>& record, int64_t seen_fence) {
                                         std::to_string(seen_fence) + ")");
 }
 
-Result<int> SweepExpired(Store& store, const std::vector<std::string>& sent_points, int max_batches,
-                         const SweepPacing* pacing) {
-  int deleted = 0;
+Result<int64_t> SweepExpired(Store& store, const std::vector<std::string>& sent_points,
+                             int max_batches, const SweepPacing* pacing) {
+  int64_t deleted = 0;
   for (int batch = 0; batch < max_batches; ++batch) {
     const SteadyTime started = pacing ? pacing->clock->Now() : SteadyTime{};
     IDEM_ASSIGN_OR_RETURN(int n, store.Sweep(limits::kSweepBatch, sent_points));
     deleted += n;
+    if (pacing && pacing->swept && n > 0) pacing->swept(n);
     if (n < limits::kSweepBatch || batch + 1 == max_batches) break;
     if (pacing) {
-      const auto took = std::chrono::duration_cast<Millis>(pacing->clock->Now() - started);
-      if (!pacing->rest(took * pacing->rest_per_work)) break;
+      const auto took = pacing->clock->Now() - started;
+      if (!pacing->rest(std::chrono::ceil<Millis>(took * pacing->rest_per_work))) break;
     }
     // Each batch is one statement that committed on its own: what a crash here leaves expired,
     // the next round deletes.

@@ -97,12 +97,15 @@ TEST_F(SweepExpiredTest, ARoundStoppedBetweenBatchesKeepsWhatItDeleted) {
   EXPECT_EQ(left(), 0) << "the next round finishes the sweep";
 }
 
-// A clock on which every reading is 10 ms after the one before: each batch "takes" 10 ms.
+// A clock on which every reading is `step` (10 ms unless told) after the one before: each batch
+// "takes" one step.
 class TickingClock final : public MonotonicClock {
  public:
-  SteadyTime Now() const override { return SteadyTime{} + Millis(10 * ++readings_); }
+  explicit TickingClock(std::chrono::microseconds step = Millis(10)) : step_(step) {}
+  SteadyTime Now() const override { return SteadyTime{} + step_ * ++readings_; }
 
  private:
+  std::chrono::microseconds step_;
   mutable int64_t readings_ = 0;
 };
 
@@ -114,10 +117,13 @@ TEST_F(SweepExpiredTest, PacedRestsAfterEachBatchItGoesOnFrom) {
   clock_.Advance(Millis(1000));
   TickingClock ticking;
   std::vector<Millis> rests;
-  const SweepPacing pacing{&ticking, 2, [&](Millis d) {
+  const SweepPacing pacing{&ticking,
+                           2,
+                           [&](Millis d) {
                              rests.push_back(d);
                              return true;
-                           }};
+                           },
+                           {}};
 
   auto bounded = SweepExpired(*store_, {}, 2, &pacing);
   ASSERT_TRUE(bounded.has_value()) << bounded.error().message;
@@ -130,10 +136,13 @@ TEST_F(SweepExpiredTest, PacedRestsAfterEachBatchItGoesOnFrom) {
   EXPECT_EQ(*rest, limits::kSweepBatch + 1);
   EXPECT_EQ(rests, std::vector<Millis>{Millis(20)}) << "none after the short batch";
 
-  const SweepPacing unpaced{&ticking, 0, [&](Millis d) {
+  const SweepPacing unpaced{&ticking,
+                            0,
+                            [&](Millis d) {
                               rests.push_back(d);
                               return true;
-                            }};
+                            },
+                            {}};
   FinishedRecords(*store_, 2 * limits::kSweepBatch);
   clock_.Advance(Millis(1000));
   rests.clear();
@@ -144,6 +153,43 @@ TEST_F(SweepExpiredTest, PacedRestsAfterEachBatchItGoesOnFrom) {
       << "rest_per_work 0 asks after each full batch, for no time";
 }
 
+// A batch faster than a millisecond still rests (the rest is rounded up, not down to 0 ms), and
+// `swept` hears of each batch as it commits: also of the one before a round fails between
+// batches, which the round's failed result cannot carry.
+TEST_F(SweepExpiredTest, TellsEachBatchAsItCommitsAndRestsAtLeastAMillisecond) {
+  FinishedRecords(*store_, 2 * limits::kSweepBatch + 3);
+  clock_.Advance(Millis(1000));
+  TickingClock fast(std::chrono::microseconds(100));
+  std::vector<Millis> rests;
+  std::vector<int64_t> batches;
+  const SweepPacing pacing{.clock = &fast,
+                           .rest_per_work = 2,
+                           .rest =
+                               [&](Millis d) {
+                                 rests.push_back(d);
+                                 return true;
+                               },
+                           .swept = [&](int64_t n) { batches.push_back(n); }};
+
+  ASSERT_TRUE(ArmFailpoints("sweep_between_batches=error").has_value());
+  auto stopped = SweepExpired(*store_, {}, std::numeric_limits<int>::max(), &pacing);
+  ClearFailpoints();
+#if !defined(IDEM_NO_FAILPOINTS)
+  ASSERT_FALSE(stopped.has_value());
+  EXPECT_EQ(batches, std::vector<int64_t>{limits::kSweepBatch}) << "the batch before the failure";
+  EXPECT_EQ(rests, std::vector<Millis>{Millis(1)}) << "200 us of rest, rounded up";
+  batches.clear();
+  auto rest = SweepExpired(*store_, {}, std::numeric_limits<int>::max(), &pacing);
+  ASSERT_TRUE(rest.has_value()) << rest.error().message;
+  EXPECT_EQ(batches, (std::vector<int64_t>{limits::kSweepBatch, 3})) << "the short batch too";
+  EXPECT_EQ(*rest, limits::kSweepBatch + 3);
+#else
+  ASSERT_TRUE(stopped.has_value()) << stopped.error().message;
+  EXPECT_EQ(batches, (std::vector<int64_t>{limits::kSweepBatch, limits::kSweepBatch, 3}));
+  EXPECT_EQ(rests, (std::vector<Millis>{Millis(1), Millis(1)})) << "200 us of rest, rounded up";
+#endif
+}
+
 // An unbounded round (idemd's) goes on until it has caught up, however many batches that takes,
 // and ends at the first rest that says stop (idemd shutting down), keeping what it deleted.
 TEST_F(SweepExpiredTest, AnUnboundedRoundCatchesUpOrStopsWhenItsRestSaysSo) {
@@ -152,14 +198,14 @@ TEST_F(SweepExpiredTest, AnUnboundedRoundCatchesUpOrStopsWhenItsRestSaysSo) {
   clock_.Advance(Millis(1000));
   TickingClock ticking;
   int asked = 0;
-  const SweepPacing stops_after_two{&ticking, 1, [&](Millis) { return ++asked < 2; }};
+  const SweepPacing stops_after_two{&ticking, 1, [&](Millis) { return ++asked < 2; }, {}};
 
   auto stopped = SweepExpired(*store_, {}, std::numeric_limits<int>::max(), &stops_after_two);
   ASSERT_TRUE(stopped.has_value()) << stopped.error().message;
   EXPECT_EQ(*stopped, 2 * limits::kSweepBatch) << "the batch before the rest that said stop stands";
   EXPECT_EQ(asked, 2);
 
-  const SweepPacing goes_on{&ticking, 1, [](Millis) { return true; }};
+  const SweepPacing goes_on{&ticking, 1, [](Millis) { return true; }, {}};
   auto caught_up = SweepExpired(*store_, {}, std::numeric_limits<int>::max(), &goes_on);
   ASSERT_TRUE(caught_up.has_value()) << caught_up.error().message;
   EXPECT_EQ(*caught_up, (kBatches - 2) * limits::kSweepBatch + 7)
