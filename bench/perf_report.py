@@ -935,8 +935,9 @@ def method_text(meta, nginx_workers):
         "`NOTIFY` costs.",
         f"5. **Memory with provider calls in flight**: a fresh idemd on the SQLite store, "
         f"`--scenario slow` closed loop on {meta['inflight']} connections with the provider "
-        f"answering {meta['inflight_delay_ms']} ms late, for {meta['inflight_s']} s, memory and "
-        f"provider connections sampled every {meta['sample_s']} s."
+        f"answering {meta['inflight_delay_ms']} ms late, for {meta['inflight_s']} s, and "
+        f"`[provider] max_connections = {meta['inflight']}` so that every call has a connection "
+        f"of its own; memory and provider connections sampled every {meta['sample_s']} s."
         + " Memory only, no check."
         + (f" Here {meta['inflight_note']}." if meta.get("inflight_note") else ""),
         "6. **The gateway beside nginx**: see its section below.",

@@ -5,6 +5,7 @@
 
 #include <boost/beast/http/message.hpp>
 #include <boost/beast/http/string_body.hpp>
+#include <iterator>
 #include <string>
 #include <utility>
 
@@ -16,6 +17,8 @@ inline Request FromBeast(boost::beast::http::request<boost::beast::http::string_
   Request out;
   out.method = std::string(in.method_string());
   out.target = std::string(in.target());
+  // Room for the fields the server sets after (traceparent, Host from an absolute target).
+  out.headers.fields.reserve(static_cast<std::size_t>(std::distance(in.begin(), in.end())) + 2);
   for (const auto& field : in) out.headers.Add(field.name_string(), field.value());
   out.body = std::move(in.body());
   return out;

@@ -16,6 +16,7 @@ namespace idem::http {
 
 // Header names are stored in lower case; lookups are case-insensitive.
 struct Headers {
+  static constexpr std::size_t kUsualFields = 12;  // reserved at the first Add
   std::vector<std::pair<std::string, std::string>> fields;
 
   // The first value of `name`, or nullopt.

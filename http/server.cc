@@ -304,8 +304,7 @@ class ServerImpl final : public Server {
           co_await Write(*conn, std::move(response), keep, request.method == "HEAD");
       if (log_ != nullptr) {
         log_->Write(AccessLog::Entry{
-            request_id, request.method, std::string(request.Path()), context.route, context.outcome,
-            status,
+            request_id, request.method, request.Path(), context.route, context.outcome, status,
             std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - started)
                 .count(),
             trace.trace_id, trace.span_id});

@@ -112,16 +112,17 @@ class Handler {
 class AccessLog {
  public:
   virtual ~AccessLog() = default;
+  // Views of the request's own strings, valid only during Write.
   struct Entry {
-    std::string request_id;
-    std::string method;
-    std::string path;
-    std::string route;
-    std::string outcome;
+    std::string_view request_id;
+    std::string_view method;
+    std::string_view path;
+    std::string_view route;
+    std::string_view outcome;
     int status = 0;
     double latency_ms = 0;
-    std::string trace_id;  // W3C Trace Context (ContinueTrace)
-    std::string span_id;
+    std::string_view trace_id;  // W3C Trace Context (ContinueTrace)
+    std::string_view span_id;
   };
   virtual void Write(const Entry& entry) = 0;
 };

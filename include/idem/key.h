@@ -4,6 +4,7 @@
 #include <array>
 #include <bitset>
 #include <cstdint>
+#include <initializer_list>
 #include <string>
 #include <string_view>
 
@@ -50,6 +51,11 @@ struct Scope {
 // `random`), lower-case with dashes: ids that sort by time and do not collide across processes
 // and restarts — operation keys (idempotency keys) and request ids.
 std::string NewUuidV7(Clock& clock, Random& random);
+
+// SHA-256 of the parts, concatenated. One fetched algorithm for the process and one context per
+// thread: OpenSSL 3's one-shot SHA256() fetches the algorithm on every call, which costs more than
+// hashing an input of a few hundred bytes.
+std::array<uint8_t, 32> Sha256(std::initializer_list<std::string_view> parts);
 
 // Lower-case hex of bytes, for logs and ids.
 std::string ToHex(const uint8_t* data, std::size_t size);

@@ -172,9 +172,9 @@ void Metrics::CountRequest(http::RequestContext& context, RequestOutcome outcome
   CountRequest(context.route, outcome);
 }
 
-void Metrics::ObserveHttpRequest(const std::string& route, int code, double seconds) {
+void Metrics::ObserveHttpRequest(std::string_view route, int code, double seconds) {
   MutexLock lock(mu_);
-  http_.try_emplace({route.empty() ? "unknown" : route, code}, bounds_.size())
+  http_.try_emplace({std::string(route.empty() ? "unknown" : route), code}, bounds_.size())
       .first->second.Observe(bounds_, seconds);
 }
 

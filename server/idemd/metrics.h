@@ -94,7 +94,7 @@ class Metrics {
   void CountRequest(http::RequestContext& context, RequestOutcome outcome);
   // idem_http_request_duration_seconds{route, code}: every answered request, from its first byte
   // read to its last byte written ("unknown" for requests refused before routing, as in the log).
-  void ObserveHttpRequest(const std::string& route, int code, double seconds);
+  void ObserveHttpRequest(std::string_view route, int code, double seconds);
   // One of kTimedStoreOperations; another is not rendered.
   void ObserveStore(StoreOperation operation, double seconds);
   void ObserveProvider(ProviderOperation operation, double seconds);

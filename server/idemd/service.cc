@@ -1,8 +1,6 @@
 // server/idemd/service.cc — idemd's routes (docs/openapi.yaml).
 #include "server/idemd/service.h"
 
-#include <openssl/sha.h>
-
 #include <algorithm>
 #include <boost/json.hpp>
 #include <cstdio>
@@ -10,6 +8,7 @@
 
 #include "http/log.h"
 #include "http/problem.h"
+#include "idem/key.h"
 #include "server/idemd/routes.h"
 
 namespace idem::idemd {
@@ -68,9 +67,7 @@ std::optional<Principal> Service::Authenticate(const http::Request& request) con
   std::string_view key = header->substr(kScheme.size());
   while (!key.empty() && key.front() == ' ') key.remove_prefix(1);
   if (key.empty() || key.size() > 512) return std::nullopt;
-  std::array<uint8_t, 32> digest;
-  SHA256(reinterpret_cast<const unsigned char*>(key.data()), key.size(), digest.data());
-  auto it = principals_.find(ToHex(digest));
+  auto it = principals_.find(ToHex(Sha256({key})));
   if (it == principals_.end()) return std::nullopt;
   return it->second;
 }
@@ -222,15 +219,20 @@ http::Async<http::Response> Service::HandleRoute(const http::Request& request,
 
 void JsonAccessLog::Write(const Entry& e) {
   if (metrics_ != nullptr) metrics_->ObserveHttpRequest(e.route, e.status, e.latency_ms / 1000.0);
-  http::Log(http::LogLevel::kInfo, "request",
-            {{"request_id", e.request_id},
-             {"trace_id", e.trace_id},
-             {"span_id", e.span_id},
-             {"method", e.method},
-             {"route", e.route.empty() ? std::string("unknown") : e.route},
-             {"outcome", e.outcome},
-             {"status", e.status},
-             {"latency_us", static_cast<int64_t>(e.latency_ms * 1000)}});
+  // The fields live on the stack: a request's line allocates nothing for them.
+  unsigned char storage[1024];
+  boost::json::monotonic_resource arena(storage, sizeof storage);
+  const boost::json::object fields(
+      {{"request_id", e.request_id},
+       {"trace_id", e.trace_id},
+       {"span_id", e.span_id},
+       {"method", e.method},
+       {"route", e.route.empty() ? std::string_view("unknown") : std::string_view(e.route)},
+       {"outcome", e.outcome},
+       {"status", e.status},
+       {"latency_us", static_cast<int64_t>(e.latency_ms * 1000)}},
+      &arena);
+  http::Log(http::LogLevel::kInfo, "request", fields);
 }
 
 }  // namespace idem::idemd

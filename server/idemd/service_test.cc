@@ -4,7 +4,6 @@
 #include "server/idemd/service.h"
 
 #include <gtest/gtest.h>
-#include <openssl/sha.h>
 
 #include <algorithm>
 #include <atomic>
@@ -15,6 +14,7 @@
 
 #include "http/problem.h"
 #include "idem/failpoint.h"
+#include "idem/key.h"
 #include "idem/mutex.h"
 #include "idem/store/sqlite.h"
 #include "server/idemd/filter/timed.h"
@@ -37,11 +37,7 @@ constexpr Millis kRetention{24LL * 3600 * 1000};
 using testing::HeaderOf;
 using testing::TypeOf;
 
-std::string Sha256Hex(std::string_view s) {
-  std::array<uint8_t, 32> digest;
-  SHA256(reinterpret_cast<const unsigned char*>(s.data()), s.size(), digest.data());
-  return ToHex(digest);
-}
+std::string Sha256Hex(std::string_view s) { return ToHex(Sha256({s})); }
 
 // A provider that charges every first request for a reference and answers repeats and lookups
 // with that charge. A test may make the next charge time out before it is made (the request left,

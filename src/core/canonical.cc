@@ -157,7 +157,11 @@ class DocBuilder {
   static constexpr std::size_t max_string_size = static_cast<std::size_t>(-1);
   static constexpr std::size_t max_key_size = static_cast<std::size_t>(-1);
 
-  DocBuilder(Doc& doc, std::size_t max_container) : doc_(doc), max_container_(max_container) {}
+  DocBuilder(Doc& doc, std::size_t max_container) : doc_(doc), max_container_(max_container) {
+    // Room for a usual body's nesting and members, so they do not grow one doubling at a time.
+    open_.reserve(8);
+    members_.reserve(16);
+  }
 
   int32_t root = -1;    // the first node this parse made
   std::string failure;  // set when the handler itself refused the input
@@ -350,17 +354,6 @@ Result<int32_t> ParseInto(Doc& doc, std::string_view json, const CanonicalRules&
 
 // ---- Rules ----------------------------------------------------------------------------------
 
-std::vector<std::string_view> SplitPath(std::string_view path) {
-  std::vector<std::string_view> parts;
-  while (true) {
-    std::size_t dot = path.find('.');
-    parts.push_back(path.substr(0, dot));
-    if (dot == std::string_view::npos) break;
-    path.remove_prefix(dot + 1);
-  }
-  return parts;
-}
-
 // Where a member is, or would go, in an object's sorted member list.
 struct MemberPos {
   int32_t parent = -1;  // the object; -1 when some step of the path is missing
@@ -368,34 +361,35 @@ struct MemberPos {
   int32_t found = -1;   // the member, if present
 };
 
-MemberPos Locate(const Doc& doc, int32_t root, const std::vector<std::string_view>& parts) {
-  MemberPos pos;
+// The member at a dotted path ("a.b.c"), each step a member name.
+MemberPos Locate(const Doc& doc, int32_t root, std::string_view path) {
   int32_t node = root;
-  for (std::size_t i = 0; i < parts.size(); ++i) {
+  while (true) {
+    const std::size_t dot = path.find('.');
+    const std::string_view part = path.substr(0, dot);
     if (doc.nodes[static_cast<std::size_t>(node)].kind != Kind::kObject) return MemberPos{};
     int32_t prev = -1, found = -1;
     for (int32_t c = doc.nodes[static_cast<std::size_t>(node)].first; c >= 0;
          c = doc.nodes[static_cast<std::size_t>(c)].next) {
       const std::string_view name = doc.View(doc.nodes[static_cast<std::size_t>(c)].key);
-      if (name == parts[i]) {
+      if (name == part) {
         found = c;
         break;
       }
-      if (!KeyLess(name, parts[i])) break;
+      if (!KeyLess(name, part)) break;
       prev = c;
     }
-    if (i + 1 == parts.size()) return MemberPos{node, prev, found};
+    if (dot == std::string_view::npos) return MemberPos{node, prev, found};
     if (found < 0) return MemberPos{};
     node = found;
+    path.remove_prefix(dot + 1);
   }
-  return pos;
 }
 
 Status ApplyRules(Doc& doc, int32_t root, const CanonicalRules& rules) {
   auto at = [&](int32_t i) -> Node& { return doc.nodes[static_cast<std::size_t>(i)]; };
   for (const auto& [path, value_json] : rules.defaults) {
-    const auto parts = SplitPath(path);
-    const MemberPos pos = Locate(doc, root, parts);
+    const MemberPos pos = Locate(doc, root, path);
     if (pos.parent < 0 || pos.found >= 0) continue;
     auto parsed = ParseInto(doc, value_json, CanonicalRules{});
     if (!parsed) {
@@ -403,7 +397,7 @@ Status ApplyRules(Doc& doc, int32_t root, const CanonicalRules& rules) {
                        "default for '" + path + "': " + parsed.error().message);
     }
     const int32_t value = *parsed;
-    at(value).key = doc.Append(parts.back());
+    at(value).key = doc.Append(std::string_view(path).substr(path.rfind('.') + 1));
     if (pos.prev < 0) {
       at(value).next = at(pos.parent).first;
       at(pos.parent).first = value;
@@ -415,7 +409,7 @@ Status ApplyRules(Doc& doc, int32_t root, const CanonicalRules& rules) {
   // Removals after the defaults, so a default cannot bring back a member that does not count
   // (a default holding a removed path): canonical output never holds a removed path.
   for (const std::string& path : rules.removed_fields) {
-    const MemberPos pos = Locate(doc, root, SplitPath(path));
+    const MemberPos pos = Locate(doc, root, path);
     if (pos.found < 0) continue;
     const int32_t after = at(pos.found).next;
     if (pos.prev < 0) {
@@ -425,7 +419,7 @@ Status ApplyRules(Doc& doc, int32_t root, const CanonicalRules& rules) {
     }
   }
   for (const std::string& path : rules.money_fields) {
-    const MemberPos pos = Locate(doc, root, SplitPath(path));
+    const MemberPos pos = Locate(doc, root, path);
     if (pos.found < 0) continue;
     Node& money = at(pos.found);
     if (money.kind == Kind::kString) {
@@ -574,7 +568,7 @@ Result<std::optional<std::string>> CanonicalScalar(std::string_view json, std::s
   Doc doc;
   IDEM_ASSIGN_OR_RETURN(const int32_t root, ParseInto(doc, json, rules));
   IDEM_RETURN_IF_ERROR(ApplyRules(doc, root, rules));
-  const MemberPos pos = Locate(doc, root, SplitPath(path));
+  const MemberPos pos = Locate(doc, root, path);
   if (pos.found < 0) return std::optional<std::string>();
   const Node& node = doc.nodes[static_cast<std::size_t>(pos.found)];
   if (node.kind != Kind::kNumber && node.kind != Kind::kString) {

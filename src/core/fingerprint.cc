@@ -1,7 +1,8 @@
 // src/core/fingerprint.cc — HMAC-SHA-256 fingerprints with OpenSSL's EVP_MAC.
 //
 // Keying HMAC costs two SHA-256 blocks and fetching the algorithm costs more than hashing a 1 KiB
-// body, so each secret's keyed context is built once; used contexts are re-initialised and reused.
+// body, so each secret's keyed context is built once; used contexts are re-initialised and reused
+// (src/core/idle_list.h).
 #include "idem/fingerprint.h"
 
 #include <openssl/core_names.h>
@@ -11,7 +12,7 @@
 #include <map>
 #include <vector>
 
-#include "idem/mutex.h"
+#include "src/core/idle_list.h"
 
 namespace idem {
 namespace {
@@ -30,14 +31,16 @@ void AppendField(std::string& input, std::string_view field) {
   input.append(field);
 }
 
-// One secret's keyed HMAC context, and a free list of copies ready for use. Duplicating a keyed
-// context costs several allocations; re-initialising a used one with its own key costs none.
+// One secret's keyed HMAC context, and idle copies ready for use. Duplicating a keyed context
+// costs several allocations; re-initialising a used one with its own key costs none.
 class KeyedMac {
  public:
   explicit KeyedMac(MacCtx keyed) : keyed_(std::move(keyed)) {}
 
   std::array<uint8_t, 32> Mac(std::string_view input) const {
-    MacCtx ctx = Take();
+    MacCtx ctx = idle_.Take();
+    if (!ctx) ctx.reset(EVP_MAC_CTX_dup(keyed_.get()));
+    IDEM_CHECK(ctx != nullptr);
     IDEM_CHECK(EVP_MAC_update(ctx.get(), reinterpret_cast<const uint8_t*>(input.data()),
                               input.size()) == 1);
     std::array<uint8_t, 32> out{};
@@ -45,35 +48,13 @@ class KeyedMac {
     IDEM_CHECK(EVP_MAC_final(ctx.get(), out.data(), &len, out.size()) == 1 && len == out.size());
     // A null key re-initialises the context with the key it already holds.
     IDEM_CHECK(EVP_MAC_init(ctx.get(), nullptr, 0, nullptr) == 1);
-    Give(std::move(ctx));
+    idle_.Give(std::move(ctx));
     return out;
   }
 
  private:
-  static constexpr std::size_t kMaxIdle = 64;
-
-  MacCtx Take() const {
-    {
-      MutexLock lock(mu_);
-      if (!idle_.empty()) {
-        MacCtx ctx = std::move(idle_.back());
-        idle_.pop_back();
-        return ctx;
-      }
-    }
-    MacCtx ctx(EVP_MAC_CTX_dup(keyed_.get()));
-    IDEM_CHECK(ctx != nullptr);
-    return ctx;
-  }
-
-  void Give(MacCtx ctx) const {
-    MutexLock lock(mu_);
-    if (idle_.size() < kMaxIdle) idle_.push_back(std::move(ctx));
-  }
-
   MacCtx keyed_;
-  mutable Mutex mu_;
-  mutable std::vector<MacCtx> idle_ IDEM_GUARDED_BY(mu_);
+  mutable IdleList<MacCtx> idle_;
 };
 
 class HmacFingerprinter final : public Fingerprinter {

@@ -1,12 +1,12 @@
 // src/core/inbox.cc — a queue consumer's messages through the engine (include/idem/inbox.h).
 #include "idem/inbox.h"
 
-#include <openssl/sha.h>
-
 #include <algorithm>
 #include <array>
 #include <boost/json.hpp>
 #include <exception>
+
+#include "idem/key.h"
 
 namespace idem {
 namespace {
@@ -196,9 +196,7 @@ std::string InboxCall::DownstreamKey(std::string_view step) const {
   std::string input = operation.empty() ? ToHex(ticket_.scope) : operation;
   input.push_back('\x1f');
   input.append(step);
-  std::array<uint8_t, SHA256_DIGEST_LENGTH> key;
-  SHA256(reinterpret_cast<const unsigned char*>(input.data()), input.size(), key.data());
-  return ToHex(key);
+  return ToHex(Sha256({input}));
 }
 
 Status InboxCall::Renew() { return engine_.Renew(ticket_); }

@@ -1,7 +1,9 @@
 // src/core/key.cc — Idempotency-Key parsing and scope hashing.
 #include "idem/key.h"
 
-#include <openssl/sha.h>
+#include <openssl/evp.h>
+
+#include <memory>
 
 namespace idem {
 namespace {
@@ -98,14 +100,24 @@ Result<ScopeHash> Scope::Hash() const {
                        std::string("scope: ") + p.name + " is empty, too long or contains 0x1f");
     }
   }
-  std::string joined;
-  joined.reserve(tenant.size() + user.size() + route.size() + key.size() + 3);
-  joined.append(tenant).push_back(kScopeSeparator);
-  joined.append(user).push_back(kScopeSeparator);
-  joined.append(route).push_back(kScopeSeparator);
-  joined.append(key);
-  ScopeHash out;
-  SHA256(reinterpret_cast<const unsigned char*>(joined.data()), joined.size(), out.data());
+  const std::string_view separator(&kScopeSeparator, 1);
+  return Sha256({tenant, separator, user, separator, route, separator, key});
+}
+
+std::array<uint8_t, 32> Sha256(std::initializer_list<std::string_view> parts) {
+  struct Free {
+    void operator()(EVP_MD_CTX* ctx) const { EVP_MD_CTX_free(ctx); }
+  };
+  // Fetched once and kept for the life of the process.
+  static EVP_MD* const md = EVP_MD_fetch(nullptr, "SHA256", nullptr);
+  thread_local const std::unique_ptr<EVP_MD_CTX, Free> ctx(EVP_MD_CTX_new());
+  IDEM_CHECK(md != nullptr && ctx != nullptr && EVP_DigestInit_ex2(ctx.get(), md, nullptr) == 1);
+  for (const std::string_view part : parts) {
+    IDEM_CHECK(EVP_DigestUpdate(ctx.get(), part.data(), part.size()) == 1);
+  }
+  std::array<uint8_t, 32> out{};
+  unsigned int size = 0;
+  IDEM_CHECK(EVP_DigestFinal_ex(ctx.get(), out.data(), &size) == 1 && size == out.size());
   return out;
 }
 
@@ -116,9 +128,16 @@ std::string NewUuidV7(Clock& clock, Random& random) {
   for (std::size_t i = 0; i < 6; ++i) b[i] = static_cast<uint8_t>(ms >> (40 - 8 * i));
   b[6] = static_cast<uint8_t>(0x70 | (b[6] & 0x0f));  // version 7
   b[8] = static_cast<uint8_t>(0x80 | (b[8] & 0x3f));  // variant 10
-  const std::string hex = ToHex(b);
-  return hex.substr(0, 8) + "-" + hex.substr(8, 4) + "-" + hex.substr(12, 4) + "-" +
-         hex.substr(16, 4) + "-" + hex.substr(20, 12);
+  // 8-4-4-4-12 lower-case hex digits, written in place.
+  static constexpr char kDigits[] = "0123456789abcdef";
+  std::string out(36, '-');
+  std::size_t at = 0;
+  for (const uint8_t byte : b) {
+    if (at == 8 || at == 13 || at == 18 || at == 23) ++at;
+    out[at++] = kDigits[byte >> 4];
+    out[at++] = kDigits[byte & 0xf];
+  }
+  return out;
 }
 
 std::string ToHex(const uint8_t* data, std::size_t size) {

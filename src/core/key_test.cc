@@ -3,6 +3,10 @@
 
 #include <gtest/gtest.h>
 
+#include <thread>
+
+#include "testing/fakes.h"
+
 namespace idem {
 namespace {
 
@@ -101,6 +105,41 @@ TEST(Scope, RejectsEmptyOversizedOrSeparatorParts) {
   EXPECT_EQ(HashError("t", "u", std::string(limits::kRouteMaxLength + 1, 'r'), "k"),
             Errc::kInvalidArgument);
   EXPECT_TRUE(HashOk("t", "u", std::string(limits::kRouteMaxLength, 'r'), "k"));
+}
+
+// FIPS 180-2's vectors, the parts hashed as one input, and the same answer on other threads.
+TEST(Sha256, KnownVectorsOfThePartsConcatenated) {
+  const std::string abc = "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad";
+  EXPECT_EQ(ToHex(Sha256({"abc"})), abc);
+  EXPECT_EQ(ToHex(Sha256({"a", "", "bc"})), abc);
+  EXPECT_EQ(ToHex(Sha256({})), "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
+  EXPECT_EQ(ToHex(Sha256({"abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq"})),
+            "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1");
+  std::string elsewhere;
+  std::thread([&] { elsewhere = ToHex(Sha256({"ab", "c"})); }).join();
+  EXPECT_EQ(elsewhere, abc);
+}
+
+// RFC 9562: the time in the first 48 bits, version 7, variant 10, the rest from the random
+// source, as 8-4-4-4-12 lower-case hex digits.
+TEST(NewUuidV7, TimeVersionVariantAndTheRandomBitsInPlace) {
+  testing::FakeClock clock(FromUnixMillis(0x0123456789ab));
+  testing::SeededRandom random(3);
+  testing::SeededRandom same(3);
+  std::array<uint8_t, 16> bytes;
+  same.Fill(bytes);
+  const std::string hex = ToHex(bytes);
+  const std::string id = NewUuidV7(clock, random);
+  ASSERT_EQ(id.size(), 36u);
+  EXPECT_EQ(id.substr(0, 14), "01234567-89ab-");
+  EXPECT_EQ(id[14], '7');
+  EXPECT_EQ(id.substr(15, 3), hex.substr(13, 3));
+  EXPECT_EQ(id[18], '-');
+  EXPECT_EQ(id[19], "0123456789abcdef"[0x8 | ((bytes[8] >> 4) & 0x3)]);
+  EXPECT_EQ(id.substr(20, 3), hex.substr(17, 3));
+  EXPECT_EQ(id[23], '-');
+  EXPECT_EQ(id.substr(24), hex.substr(20));
+  EXPECT_NE(NewUuidV7(clock, random), id);
 }
 
 }  // namespace

@@ -1,8 +1,6 @@
 // src/core/outbox.cc — the transactional outbox's table and its statements (include/idem/outbox.h).
 #include "idem/outbox.h"
 
-#include <openssl/sha.h>
-
 #include <algorithm>
 #include <array>
 
@@ -109,9 +107,7 @@ std::string OutboxEventId(std::string_view aggregate, std::string_view type,
   input.append(aggregate).push_back('\x1f');
   input.append(type).push_back('\x1f');
   input.append(discriminator);
-  std::array<uint8_t, SHA256_DIGEST_LENGTH> digest{};
-  SHA256(reinterpret_cast<const unsigned char*>(input.data()), input.size(), digest.data());
-  return "evt_" + ToHex(digest.data(), 16);
+  return "evt_" + ToHex(Sha256({input}).data(), 16);
 }
 
 Result<OutboxEvent> AddOutboxEvent(StoreTxn& txn, const OutboxEventSpec& spec, Timestamp now) {

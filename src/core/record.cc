@@ -2,8 +2,6 @@
 // encoding.
 #include "idem/record.h"
 
-#include <openssl/sha.h>
-
 #include <algorithm>
 #include <array>
 
@@ -74,9 +72,8 @@ std::string OperationKeyOf(const Record& record) {
   std::copy(record.scope.begin(), record.scope.end(), input.begin());
   std::copy(record.lease.owner.begin(), record.lease.owner.end(),
             input.begin() + static_cast<std::ptrdiff_t>(record.scope.size()));
-  std::array<uint8_t, SHA256_DIGEST_LENGTH> key{};
-  SHA256(input.data(), input.size(), key.data());
-  return ToHex(key);
+  return ToHex(
+      Sha256({std::string_view(reinterpret_cast<const char*>(input.data()), input.size())}));
 }
 
 std::string EncodeResponse(const StoredResponse& r) {
@@ -102,6 +99,7 @@ Result<StoredResponse> DecodeResponse(std::string_view bytes) {
     return MakeError(Errc::kDataLoss, "stored response: bad header");
   }
   r.status = static_cast<int>(status);
+  r.headers.reserve(count);
   for (uint32_t i = 0; i < count; ++i) {
     std::string name, value;
     if (!in.Bytes(&name) || !in.Bytes(&value)) {

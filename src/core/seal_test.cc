@@ -3,6 +3,10 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <thread>
+#include <vector>
+
 #include "testing/fakes.h"
 
 namespace idem {
@@ -52,6 +56,41 @@ TEST_F(SealTest, DetectsEveryFlippedByteAndTruncation) {
   for (std::size_t n = 0; n < sealed.size(); ++n) {
     EXPECT_EQ(sealer->Open(scope_, sealed.substr(0, n)).error().code, Errc::kDataLoss) << n;
   }
+}
+
+// Contexts are keyed once and reused: each message must start afresh, also after one that failed
+// to authenticate, and give what a sealer with new contexts makes and opens.
+TEST_F(SealTest, ReusedContextsSealAndOpenEachMessageAfresh) {
+  auto sealer = Make(1);
+  auto fresh = [&] { return Make(1); };
+  const std::string first = *sealer->Seal(scope_, "first answer");
+  std::string bad = first;
+  bad.back() = static_cast<char>(bad.back() ^ 0x01);
+  ASSERT_EQ(sealer->Open(scope_, bad).error().code, Errc::kDataLoss);
+  ASSERT_EQ(sealer->Open(other_, first).error().code, Errc::kDataLoss);
+  EXPECT_EQ(*sealer->Open(scope_, first), "first answer");
+  const std::string second = *sealer->Seal(other_, "a second, longer answer");
+  EXPECT_EQ(*fresh()->Open(other_, second), "a second, longer answer");
+  EXPECT_EQ(*sealer->Open(other_, second), "a second, longer answer");
+  EXPECT_EQ(*sealer->Open(scope_, *fresh()->Seal(scope_, "sealed elsewhere")), "sealed elsewhere");
+}
+
+TEST_F(SealTest, ConcurrentSealsAndOpensEachGetTheirOwnContext) {
+  auto sealer = Make(1);
+  std::atomic<int> wrong{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < 500; ++i) {
+        const std::string body = "answer " + std::to_string(t) + "/" + std::to_string(i);
+        auto sealed = sealer->Seal(scope_, body);
+        auto opened = sealed ? sealer->Open(scope_, *sealed) : sealed;
+        if (!opened || *opened != body) ++wrong;
+      }
+    });
+  }
+  for (auto& thread : threads) thread.join();
+  EXPECT_EQ(wrong.load(), 0);
 }
 
 TEST_F(SealTest, OlderKeysStillOpenAfterRotation) {

@@ -3,8 +3,6 @@
 // and keys. Each prints its result as text or as JSON (one value on one line).
 #include "tools/idemctl/commands.h"
 
-#include <openssl/sha.h>
-
 #include <boost/json.hpp>
 #include <charconv>
 #include <cstdio>
@@ -19,6 +17,7 @@
 
 #include "client/client.h"
 #include "idem/engine.h"
+#include "idem/key.h"
 #include "idem/outbox.h"
 #include "server/idemd/config/config.h"
 #include "server/idemd/config/store_url.h"
@@ -612,8 +611,7 @@ int ApiKeyAdd(const ApiKeyAddOptions& options) {
   std::array<uint8_t, 24> bytes;
   SystemRandom().Fill(bytes);
   const std::string key = "idem_" + ToHex(bytes);
-  std::array<uint8_t, 32> digest;
-  SHA256(reinterpret_cast<const unsigned char*>(key.data()), key.size(), digest.data());
+  const std::array<uint8_t, 32> digest = Sha256({key});
   std::ofstream out(options.config, std::ios::app);
   out << "\n[[principals]]\napi_key_sha256 = \"" << ToHex(digest) << "\"\ntenant = \""
       << options.tenant << "\"\nuser = \"" << options.user << "\"\n";

@@ -1,14 +1,13 @@
 // server/idemd/gateway/proxy.cc — a gateway route's operation.
 #include "server/idemd/gateway/proxy.h"
 
-#include <openssl/sha.h>
-
 #include <algorithm>
 #include <array>
 #include <cctype>
 
 #include "http/log.h"
 #include "http/problem.h"
+#include "idem/key.h"
 #include "idem/record.h"
 #include "server/idemd/routes.h"
 
@@ -24,8 +23,7 @@ uint32_t RulesVersion(const GatewayRoute& route) {
     text += '\x1e';
     for (const std::string& name : *list) text += name + '\x1f';
   }
-  std::array<uint8_t, SHA256_DIGEST_LENGTH> digest;
-  SHA256(reinterpret_cast<const unsigned char*>(text.data()), text.size(), digest.data());
+  const std::array<uint8_t, 32> digest = Sha256({text});
   const uint32_t hash = (uint32_t{digest[0]} << 24) | (uint32_t{digest[1]} << 16) |
                         (uint32_t{digest[2]} << 8) | uint32_t{digest[3]};
   return hash | 0x80000000u;  // never 1, the version of records made before versions were hashes

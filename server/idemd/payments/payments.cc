@@ -76,8 +76,11 @@ Payments::Payments(Store& store, http::BlockingPool& pool, Provider& provider, C
       steps_(clock, monotonic, {cover, provider_deduplicates_by_key, settle}, metrics) {}
 
 Payments::ParseResult Payments::Parse(const std::string& body) const {
+  // The parsed body lives on the stack (a usual one fits): everything kept from it is copied out.
+  unsigned char storage[4096];
+  json::monotonic_resource arena(storage, sizeof storage);
   boost::system::error_code ec;
-  json::value doc = json::parse(body, ec);
+  json::value doc = json::parse(body, ec, &arena);
   if (ec) return MalformedJson{ec.message()};
   // What the fingerprint refuses of any JSON (duplicate member names, numbers or containers past
   // its limits) is malformed JSON here already, so the body is judged before the key is.

@@ -1,8 +1,6 @@
 // server/idemd/payments/table.cc — the payments table and its values (table.h).
 #include "server/idemd/payments/table.h"
 
-#include <openssl/sha.h>
-
 #include <algorithm>
 #include <array>
 #include <boost/json.hpp>
@@ -133,9 +131,7 @@ std::string PaymentIdFor(std::string_view space, std::string_view tenant, std::s
     text += '\x1f';
     text += part;
   }
-  std::array<uint8_t, SHA256_DIGEST_LENGTH> digest;
-  SHA256(reinterpret_cast<const unsigned char*>(text.data()), text.size(), digest.data());
-  return "pay_" + ToHex(digest.data(), 12);
+  return "pay_" + ToHex(Sha256({text}).data(), 12);
 }
 
 std::optional<int64_t> AmountInMinorUnits(std::string_view amount, std::string_view currency) {
