@@ -30,10 +30,6 @@ std::string_view LevelName(LogLevel level) {
   return "info";
 }
 
-}  // namespace
-
-namespace {
-
 // Appends `value`'s JSON text to `line` through a buffer on the stack (serialize() would make a
 // string of each value on the heap first).
 template <class Value>
