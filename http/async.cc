@@ -5,6 +5,8 @@
 #include <boost/asio.hpp>
 #include <exception>
 
+#include "idem/thread_name.h"
+
 namespace idem::http {
 
 namespace net = boost::asio;
@@ -44,13 +46,22 @@ using Timer = net::basic_waitable_timer<TimerClock, TimerWaitTraits>;
 void SetTimerClock(const MonotonicClock* clock) { timer_clock = clock; }
 
 struct BlockingPool::Impl {
-  explicit Impl(int threads) : pool(std::in_place, static_cast<std::size_t>(threads)) {}
+  Impl(int threads, std::string thread_name)
+      : pool(std::in_place, static_cast<std::size_t>(threads)), name(std::move(thread_name)) {}
   Impl() = default;
+  // On a pool thread, before its work: names the thread the first time. A thread of a
+  // net::thread_pool serves that pool alone.
+  void Named() const {
+    thread_local bool named = false;
+    if (!named) NameThisThread(name);
+    named = true;
+  }
   std::optional<net::thread_pool> pool;  // none: on the loop
+  std::string name;
 };
 
-BlockingPool::BlockingPool(int threads)
-    : impl_(std::make_unique<Impl>(threads < 1 ? 1 : threads)) {}
+BlockingPool::BlockingPool(int threads, std::string name)
+    : impl_(std::make_unique<Impl>(threads < 1 ? 1 : threads, std::move(name))) {}
 
 BlockingPool::BlockingPool(OnTheLoop) : impl_(std::make_unique<Impl>()) {}
 
@@ -73,6 +84,7 @@ Async<void> BlockingPool::Run(std::function<void()> work) {
   co_await net::co_spawn(
       *impl_->pool,
       [&]() -> Async<void> {
+        impl_->Named();
         work();
         co_return;
       },
@@ -107,7 +119,10 @@ void BlockingPool::Post(std::function<void()> work) {
     work();
     return;
   }
-  net::post(*impl_->pool, std::move(work));
+  net::post(*impl_->pool, [impl = impl_.get(), work = std::move(work)] {
+    impl->Named();
+    work();
+  });
 }
 
 void BlockingPool::Join() {

@@ -12,6 +12,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <string>
 #include <type_traits>
 #include <utility>
 
@@ -25,7 +26,8 @@ using Async = boost::asio::awaitable<T>;
 // A fixed set of threads for blocking calls (the store). Thread-safe.
 class BlockingPool {
  public:
-  explicit BlockingPool(int threads);
+  // Its threads are named `name` (idem/thread_name.h) as they first run work.
+  explicit BlockingPool(int threads, std::string name = "blocking");
   // No threads: Run and Call yield to the calling coroutine's event loop (any other ready
   // coroutine goes first), run the work on that loop's thread, and yield again before the
   // caller goes on, as a hop to a pool thread and back does; Post runs it at once;

@@ -5,9 +5,11 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <fstream>
 #include <string>
 #include <thread>
 
+#include "idem/thread_name.h"
 #include "testing/fakes.h"
 
 namespace idem::http {
@@ -141,6 +143,38 @@ TEST(BlockingPoolTest, CallRunsOnAPoolThreadAndResumesTheCaller) {
   }());
   EXPECT_EQ(answer, 42);
   EXPECT_NE(ran_on, caller);
+}
+
+// The name of the calling thread, as the kernel keeps it.
+std::string ThreadName() {
+  std::ifstream comm("/proc/thread-self/comm");
+  std::string name;
+  std::getline(comm, name);
+  return name;
+}
+
+TEST(BlockingPoolTest, ItsThreadsBearItsNameForCallsAndPosts) {
+  BlockingPool pool(1, "store-test");
+  EXPECT_EQ(RunSync(pool.Call([] { return ThreadName(); })), "store-test");
+  std::atomic<bool> done = false;
+  std::string posted;
+  pool.Post([&] {
+    posted = ThreadName();
+    done = true;
+  });
+  pool.Join();
+  ASSERT_TRUE(done);
+  EXPECT_EQ(posted, "store-test");
+  EXPECT_NE(ThreadName(), "store-test");  // the caller's own name is left alone
+}
+
+TEST(NameThisThreadTest, CutsANameToTheFifteenBytesLinuxKeeps) {
+  std::string seen;
+  std::thread([&] {
+    NameThisThread("a-name-longer-than-fifteen");
+    seen = ThreadName();
+  }).join();
+  EXPECT_EQ(seen, "a-name-longer-t");
 }
 
 // The main task ends while a tick runs on the pool, hundreds of times: WhileRunning returns only

@@ -12,6 +12,7 @@
 
 #include "http/message.h"
 #include "idem/mutex.h"
+#include "idem/thread_name.h"
 
 namespace idem::http {
 namespace {
@@ -101,7 +102,10 @@ class LogBuffer {
     options_ = options;
     running_ = true;
     stopping_ = false;
-    thread_ = std::thread([this] { Run(); });
+    thread_ = std::thread([this] {
+      NameThisThread("log-writer");
+      Run();
+    });
     return true;
   }
 

@@ -19,6 +19,7 @@
 #include "http/log.h"
 #include "http/problem.h"
 #include "idem/mutex.h"
+#include "idem/thread_name.h"
 
 namespace idem::http {
 namespace {
@@ -141,7 +142,11 @@ class ServerImpl final : public Server {
     }
     port_ = acceptor_.local_endpoint().port();
     net::co_spawn(ioc_, Accept(), net::detached);
-    for (int i = 0; i < options_.io_threads; ++i) io_threads_.emplace_back([this] { ioc_.run(); });
+    for (int i = 0; i < options_.io_threads; ++i)
+      io_threads_.emplace_back([this] {
+        NameThisThread("http-io");
+        ioc_.run();
+      });
     return Ok();
   }
 

@@ -16,6 +16,7 @@
 #include "idem/mutex.h"
 #include "idem/store/redis.h"
 #include "idem/store/replay_cache.h"
+#include "idem/thread_name.h"
 #include "server/idemd/config/config.h"
 #include "server/idemd/config/store_url.h"
 #include "server/idemd/consumers/consumers.h"
@@ -45,11 +46,12 @@ int Fail(const std::string& what) {
 // Runs `work` every `interval` until stopped.
 class Loop {
  public:
-  Loop(Millis interval, std::function<void()> work)
-      : Loop(interval, [work = std::move(work)](Loop&) { work(); }) {}
+  Loop(std::string_view name, Millis interval, std::function<void()> work)
+      : Loop(name, interval, [work = std::move(work)](Loop&) { work(); }) {}
   // `work` is given the loop, to Rest inside a round.
-  Loop(Millis interval, std::function<void(Loop&)> work)
-      : thread_([this, interval, work = std::move(work)] {
+  Loop(std::string_view name, Millis interval, std::function<void(Loop&)> work)
+      : thread_([this, name = std::string(name), interval, work = std::move(work)] {
+          NameThisThread(name);
           MutexLock lock(mu_);
           while (!cv_.WaitFor(mu_, interval, [this]() IDEM_REQUIRES(mu_) { return stop_; })) {
             lock.Unlock();
@@ -271,10 +273,10 @@ docs/idemd.md the API, the metrics and the logs.
   keys.min_length = config->idempotency.key_min_length;
   keys.max_length = config->idempotency.key_max_length;
   // Every blocking store call of a request runs here; requests themselves hold no thread.
-  http::BlockingPool store_pool(StoreThreads(config->store));
+  http::BlockingPool store_pool(StoreThreads(config->store), "store");
   // Snapshot reads (replays not held in memory, parked requests' polls, GETs) on threads of their
   // own: they never queue behind claims and completions.
-  http::BlockingPool read_pool(config->store.read_threads);
+  http::BlockingPool read_pool(config->store.read_threads, "store-read");
   auto payment_namespace = PaymentsNamespace(**store, SystemRandom());
   if (!payment_namespace) return Fail("store: " + payment_namespace.error().message);
   Payments payments(**store, store_pool, timed_provider, SystemClock(), SystemMonotonicClock(),
@@ -361,40 +363,44 @@ docs/idemd.md the API, the metrics and the logs.
     // the takeover loop's, never the sweeper's.
     // Paced, so that a backlog of expired records never starves the requests of the store (a
     // SQLite file's one writer above all): docs/idemd.md, "Background work".
-    Loop sweeper(config->idempotency.sweep_interval, [&, failing = false](Loop& self) mutable {
-      // A round goes on until it has caught up with expiry (or idemd stops), at most a third of
-      // the store's time: its rate is the store's, not the interval's.
-      const SweepPacing pacing{.clock = &SystemMonotonicClock(),
-                               .rest_per_work = limits::kSweepRestPerWork,
-                               .rest = [&](Millis d) { return self.Rest(d); },
-                               .swept = [&](int64_t n) { metrics.CountSwept(n); }};
-      const SteadyTime started = SystemMonotonicClock().Now();
-      Result<int64_t> swept = SweepExpired(**store, filter.policy().route.sent_points,
-                                           std::numeric_limits<int>::max(), &pacing);
-      if (!swept) {
-        metrics.CountSweepFailure();
-        // Once per failure, and once when it works again: a store that is down is one line.
-        if (!failing) {
-          http::Log(http::LogLevel::kWarn, "sweep stopped; the next round tries again",
-                    {{"error", swept.error().message}});
-        }
-        failing = true;
-        return;
-      }
-      // A round that outlasted the interval (a backlog: expiry ahead of one interval's sweep) is
-      // worth a line; a round that keeps up, however much it deletes, is the counter's.
-      const auto took = std::chrono::duration_cast<Millis>(SystemMonotonicClock().Now() - started);
-      if (failing || took >= config->idempotency.sweep_interval) {
-        http::Log(http::LogLevel::kInfo, "expired records swept",
-                  {{"deleted", *swept}, {"ms", took.count()}});
-      }
-      failing = false;
-    });
-    Loop census(kCensusInterval, [&] {
+    Loop sweeper("sweeper", config->idempotency.sweep_interval,
+                 [&, failing = false](Loop& self) mutable {
+                   // A round goes on until it has caught up with expiry (or idemd stops), at most a
+                   // third of the store's time: its rate is the store's, not the interval's.
+                   const SweepPacing pacing{.clock = &SystemMonotonicClock(),
+                                            .rest_per_work = limits::kSweepRestPerWork,
+                                            .rest = [&](Millis d) { return self.Rest(d); },
+                                            .swept = [&](int64_t n) { metrics.CountSwept(n); }};
+                   const SteadyTime started = SystemMonotonicClock().Now();
+                   Result<int64_t> swept = SweepExpired(**store, filter.policy().route.sent_points,
+                                                        std::numeric_limits<int>::max(), &pacing);
+                   if (!swept) {
+                     metrics.CountSweepFailure();
+                     // Once per failure, and once when it works again: a store that is down is one
+                     // line.
+                     if (!failing) {
+                       http::Log(http::LogLevel::kWarn, "sweep stopped; the next round tries again",
+                                 {{"error", swept.error().message}});
+                     }
+                     failing = true;
+                     return;
+                   }
+                   // A round that outlasted the interval (a backlog: expiry ahead of one interval's
+                   // sweep) is worth a line; a round that keeps up, however much it deletes, is the
+                   // counter's.
+                   const auto took =
+                       std::chrono::duration_cast<Millis>(SystemMonotonicClock().Now() - started);
+                   if (failing || took >= config->idempotency.sweep_interval) {
+                     http::Log(http::LogLevel::kInfo, "expired records swept",
+                               {{"deleted", *swept}, {"ms", took.count()}});
+                   }
+                   failing = false;
+                 });
+    Loop census("census", kCensusInterval, [&] {
       TakeCensus(**store, metrics, SystemClock(), served);
       (*consumers)->SampleLag();
     });
-    Loop reconciler(config->idempotency.takeover_interval, [&] {
+    Loop reconciler("reconciler", config->idempotency.takeover_interval, [&] {
       // Payments and the gateway's routes side by side: a stalled provider delays no route's
       // records, and a stalled upstream no payment's (docs/idemd.md, "Ambiguous failures").
       const std::function<void(const std::string&)> notify = [&](const std::string& key) {
@@ -420,7 +426,7 @@ docs/idemd.md the API, the metrics and the logs.
                          .instance = InstanceName()});
     std::optional<Loop> bookkeeper;
     if (config->reconciliation.interval.count() > 0) {
-      bookkeeper.emplace(config->reconciliation.interval, [&] {
+      bookkeeper.emplace("books", config->reconciliation.interval, [&] {
         auto ran = books.RunPeriodic(config->reconciliation.window, config->reconciliation.lag);
         if (!ran && ran.error().code == Errc::kConflict) return;  // another instance runs it
         metrics.CountBooksRun(/*failed=*/!ran);
@@ -443,7 +449,7 @@ docs/idemd.md the API, the metrics and the logs.
                                  .lease = config->outbox.lease,
                                  .retention = config->outbox.retention},
                     &metrics);
-      relayer.emplace(config->outbox.interval, [&, failing = false]() mutable {
+      relayer.emplace("outbox-relay", config->outbox.interval, [&, failing = false]() mutable {
         Result<RelayPass> pass = relay->RunOnce(100'000);
         if (!pass && pass.error().code == Errc::kConflict) return;  // another instance relays
         metrics.CountRelayPass(/*failed=*/!pass);

@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "idem/failpoint.h"
+#include "idem/thread_name.h"
 
 namespace idem {
 namespace {
@@ -25,7 +26,12 @@ Heartbeat::Heartbeat(Engine& engine, const Ticket& ticket, MonotonicClock& clock
       poll_(std::max(options.poll, Millis(1))),
       ticket_(ticket),
       due_(clock.Now() + interval_) {
-  if (options.own_thread) thread_ = std::thread([this] { Run(); });
+  if (options.own_thread) {
+    thread_ = std::thread([this] {
+      NameThisThread("idem-heartbeat");
+      Run();
+    });
+  }
 }
 
 Heartbeat::~Heartbeat() {

@@ -53,7 +53,9 @@
 //
 // State lives in memory; the process is a test double, restarted per test run. It holds at most
 // --max-records charges and as many refunds (default 1,000,000) and answers 503 for more, so a
-// runaway test cannot exhaust memory.
+// runaway test cannot exhaust memory. It serves at most --max-connections connections at once
+// (default 2,048, the HTTP server's), each with its call in flight; more are closed as they
+// arrive, as a real provider's limit would, so a load of more concurrent calls must raise it.
 #include <signal.h>
 
 #include <boost/json.hpp>
@@ -617,6 +619,14 @@ int main(int argc, char** argv) {
       }
       options.host = address->host;
       options.port = address->port;
+    } else if (arg == "--max-connections" && i + 1 < argc) {
+      const std::string_view value = argv[++i];
+      const auto [ptr, err] =
+          std::from_chars(value.data(), value.data() + value.size(), options.max_connections);
+      if (err != std::errc() || ptr != value.data() + value.size() || options.max_connections < 1) {
+        std::fprintf(stderr, "provider-sim: --max-connections N (N >= 1)\n");
+        return 2;
+      }
     } else if (arg == "--max-records" && i + 1 < argc) {
       const std::string_view value = argv[++i];
       const auto [ptr, err] =
@@ -626,10 +636,14 @@ int main(int argc, char** argv) {
         return 2;
       }
     } else {
-      std::fprintf(stderr, "usage: provider-sim [--listen HOST:PORT] [--max-records N]\n");
+      std::fprintf(stderr,
+                   "usage: provider-sim [--listen HOST:PORT] [--max-connections N] "
+                   "[--max-records N]\n");
       return 2;
     }
   }
+  // Each connection may have its call in flight (a slow or late answer waits on a timer).
+  options.max_in_flight = options.max_connections;
   http::BlockSignals();
 
   ProviderSim sim(max_records);

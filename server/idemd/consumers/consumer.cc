@@ -11,6 +11,7 @@
 #include "http/log.h"
 #include "http/problem.h"
 #include "idem/failpoint.h"
+#include "idem/thread_name.h"
 
 namespace idem::idemd {
 namespace {
@@ -210,7 +211,10 @@ Status Consumer::Start() {
   in_hand_since_ = std::make_unique<std::atomic<int64_t>[]>(sources_.size());
   for (std::size_t i = 0; i < sources_.size(); ++i) {
     in_hand_since_[i] = 0;
-    threads_.emplace_back([this, s = sources_[i].get(), i] { Run(*s, i); });
+    threads_.emplace_back([this, s = sources_[i].get(), i] {
+      NameThisThread("consumer");
+      Run(*s, i);
+    });
   }
   return Ok();
 }

@@ -288,9 +288,16 @@ void IdempotencyFilter::AddExpires(http::Response& response, Timestamp expires) 
 http::Async<http::Response> IdempotencyFilter::Handle(const http::Request& request,
                                                       const Principal& principal,
                                                       http::RequestContext& context) {
-  http::Response response = co_await Decide(request, principal, context);
+  std::optional<Admitted> admitted;
+  http::Response response = co_await Admit(request, principal, context, admitted);
+  if (admitted) response = co_await Execute(*admitted, request, principal, context);
   if (!context.park) context.hold.reset();  // answered: no longer waiting
   co_return response;
+}
+
+void IdempotencyFilter::Count(http::RequestContext& context, RequestOutcome outcome) {
+  context.outcome = RequestOutcomeName(outcome);
+  metrics_.CountRequest(policy_.route_label, outcome);
 }
 
 bool IdempotencyFilter::TryPark(const Principal& principal, http::RequestContext& context) {
@@ -346,15 +353,13 @@ Result<std::optional<Decision>> IdempotencyFilter::Recorded(const http::Request&
   return engine_.ReplayFromStore(policy_.route, EngineRequest(request, principal));
 }
 
-http::Async<http::Response> IdempotencyFilter::Decide(const http::Request& request,
-                                                      const Principal& principal,
-                                                      http::RequestContext& context) {
+http::Async<http::Response> IdempotencyFilter::Admit(const http::Request& request,
+                                                     const Principal& principal,
+                                                     http::RequestContext& context,
+                                                     std::optional<Admitted>& admitted) {
   context.route = policy_.route_label;
   using O = RequestOutcome;
-  auto count = [&](RequestOutcome outcome) {
-    context.outcome = RequestOutcomeName(outcome);
-    metrics_.CountRequest(policy_.route_label, outcome);
-  };
+  auto count = [&](RequestOutcome outcome) { Count(context, outcome); };
   if (auto refusal = operation_.Validate(request, principal)) {
     count(O::kInvalid);
     co_return std::move(*refusal);
@@ -452,36 +457,47 @@ http::Async<http::Response> IdempotencyFilter::Decide(const http::Request& reque
     });
     co_return Accepted(decision->key, location, decision->key_expires);
   }
+  admitted.emplace(Admitted{
+      .ticket = std::move(decision->ticket),
+      .running = {std::move(decision->key), decision->record.scope, {}, decision->key_expires},
+      .location = location,
+      .wait = prefer.wait});
+  co_return http::Response{};
+}
+
+http::Async<http::Response> IdempotencyFilter::Execute(Admitted& admitted,
+                                                       const http::Request& request,
+                                                       const Principal& principal,
+                                                       http::RequestContext& context) {
   std::optional<Millis> settling;
-  http::Response response = co_await Run(std::move(decision->ticket), request, principal, location,
+  http::Response response = co_await Run(admitted.ticket, request, principal, admitted.location,
                                          context.notify, &settling);
   if (settling) {
     // Nothing was sent: an earlier send is still settling, and the record is held until it
     // has. A request that may wait parks like any duplicate of a running operation.
-    if (prefer.wait) {
-      co_return InProgress(
-          Running{decision->key, decision->record.scope, *settling, decision->key_expires},
-          /*respond_async=*/false, prefer.wait, principal, context);
+    if (admitted.wait) {
+      admitted.running.retry_after = *settling;
+      co_return InProgress(admitted.running, /*respond_async=*/false, admitted.wait, principal,
+                           context);
     }
-    count(O::kInProgress);
+    Count(context, RequestOutcome::kInProgress);
     co_return response;
   }
-  count(O::kExecuted);
-  AddExpires(response, decision->key_expires);
+  Count(context, RequestOutcome::kExecuted);
+  AddExpires(response, admitted.running.key_expires);
   co_return response;
 }
 
 http::Async<void> IdempotencyFilter::RunApart(Ticket ticket, http::Request request,
                                               Principal principal, std::string location,
                                               std::function<void(const std::string&)> notify) {
-  (void)co_await Run(std::move(ticket), request, principal, location, std::move(notify));
+  (void)co_await Run(ticket, request, principal, location, notify);
 }
 
-http::Async<http::Response> IdempotencyFilter::Run(Ticket ticket, const http::Request& request,
-                                                   const Principal& principal,
-                                                   const std::string& location,
-                                                   std::function<void(const std::string&)> notify,
-                                                   std::optional<Millis>* settling) {
+http::Async<http::Response> IdempotencyFilter::Run(
+    Ticket& ticket, const http::Request& request, const Principal& principal,
+    const std::string& location, const std::function<void(const std::string&)>& notify,
+    std::optional<Millis>* settling) {
   Execution execution;
   {
     // Renews the lease on a timer while the operation works, each renewal on the pool; stopped

@@ -184,10 +184,11 @@ class IdempotencyFilter {
   Request EngineRequest(const http::Request& request, const Principal& principal) const;
   // `location`: the operation's URL, for answers that tell a client to come back. When nothing
   // was sent because an earlier send is still settling, sets *settling (if given) to how long
-  // it has left; the record is held that long.
-  http::Async<http::Response> Run(Ticket ticket, const http::Request& request,
+  // it has left; the record is held that long. Everything is borrowed (the caller's frame
+  // holds it), so a request waiting on its execution keeps one copy of each, not two.
+  http::Async<http::Response> Run(Ticket& ticket, const http::Request& request,
                                   const Principal& principal, const std::string& location,
-                                  std::function<void(const std::string&)> notify,
+                                  const std::function<void(const std::string&)>& notify,
                                   std::optional<Millis>* settling = nullptr);
   // Run for a request answered already (202 Accepted): owns copies of what it uses.
   http::Async<void> RunApart(Ticket ticket, http::Request request, Principal principal,
@@ -202,9 +203,6 @@ class IdempotencyFilter {
                           Timestamp expires) const;
   // The stored answer of a finished record, as a replay; nullopt if it is not finished.
   std::optional<http::Response> StoredAnswer(const ScopeHash& scope);
-  // Handle, but for context.hold, which Handle gives back once the request stops waiting.
-  http::Async<http::Response> Decide(const http::Request& request, const Principal& principal,
-                                     http::RequestContext& context);
   // A running operation `key` met by this request: parks it (Prefer: wait, with a place among its
   // principal's waiters and room in the server) or answers 409 / 202.
   struct Running {
@@ -213,6 +211,24 @@ class IdempotencyFilter {
     Millis retry_after{0};
     Timestamp key_expires{};
   };
+  // A request Admit claimed to execute now: its ticket, what its answer needs, and its wait.
+  struct Admitted {
+    Ticket ticket;
+    Running running;  // the key, its scope and expiry (retry_after unused)
+    std::string location;
+    std::optional<Millis> wait;
+  };
+  // Handle up to the execution: every answer that needs none (invalid, replayed, in progress,
+  // refused, accepted to run apart), or `admitted` set and no answer. Two coroutines, not one,
+  // so that the admission's locals (the records read, the decision) are not held in the frame
+  // of a request waiting for its execution (a provider call may wait seconds).
+  http::Async<http::Response> Admit(const http::Request& request, const Principal& principal,
+                                    http::RequestContext& context,
+                                    std::optional<Admitted>& admitted);
+  // Runs an admitted request to its answer.
+  http::Async<http::Response> Execute(Admitted& admitted, const http::Request& request,
+                                      const Principal& principal, http::RequestContext& context);
+  void Count(http::RequestContext& context, RequestOutcome outcome);
   http::Response InProgress(const Running& running, bool respond_async, std::optional<Millis> wait,
                             const Principal& principal, http::RequestContext& context);
   // Takes a place among `principal`'s waiters and room in the server, into context.hold; false

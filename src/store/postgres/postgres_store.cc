@@ -13,6 +13,7 @@
 
 #include "idem/mutex.h"
 #include "idem/store/postgres.h"
+#include "idem/thread_name.h"
 #include "src/store/pool.h"
 #include "src/store/postgres/postgres_internal.h"
 #include "src/store/sql.h"
@@ -79,9 +80,10 @@ class PostgresSession final : public store_internal::LentSession<Connection> {
 class FinishedListener final : public Subscription {
  public:
   FinishedListener(PostgresStoreOptions options, std::function<void(const ScopeHash&)> on_finished)
-      : options_(std::move(options)),
-        on_finished_(std::move(on_finished)),
-        thread_([this] { Run(); }) {}
+      : options_(std::move(options)), on_finished_(std::move(on_finished)), thread_([this] {
+          NameThisThread("pg-listener");
+          Run();
+        }) {}
   ~FinishedListener() override {
     stop_ = true;
     thread_.join();
