@@ -74,6 +74,7 @@ def idem_bench_run(work, entry):
         "check": None if check is None else ("PASS" if check["pass"] else "FAIL"),
         "exit_status": entry.get("status", 0),
         "waits": waits_of(work, entry),
+        "cpu": cpu_of(work, entry),
     }
 
 
@@ -99,6 +100,46 @@ def waits_of(work, entry):
             "shares": sorted(((w, n / total) for w, n in counts.items()), key=lambda x: -x[1])}
 
 
+# Command names (as /proc/PID/stat gives them) by the part each plays in a run; any other command
+# counts as "other" (the samplers, psql, the kernel's threads).
+CPU_GROUPS = (("idemd", ("idemd",)), ("nginx", ("nginx",)), ("idem-bench", ("idem-bench",)),
+              ("wrk", ("wrk",)), ("pgbench", ("pgbench",)),
+              ("provider-sim", ("provider-sim",)), ("upstream-sim", ("upstream-sim",)),
+              ("PostgreSQL", ("postgres",)), ("Redis", ("redis-server",)))
+
+
+def cpu_of(work, entry):
+    """Where the machine's CPU went during a run's measured window (bench/cpu_share.py): the
+    share of all CPUs busy, and each part's share of all CPUs, the rest as "other"."""
+    path = entry.get("cpu")
+    if not path or not os.path.exists(os.path.join(work, path)):
+        return None
+    with open(os.path.join(work, path)) as f:
+        j = json.load(f)
+    parts = {name: 0.0 for name, _ in CPU_GROUPS}
+    parts["other"] = 0.0
+    for comm, share in j["commands"].items():
+        name = next((n for n, comms in CPU_GROUPS if comm in comms), "other")
+        parts[name] += share
+    return {"seconds": j["seconds"], "cpus": j["cpus"], "busy": j["busy"], "steal": j["steal"],
+            "parts": parts}
+
+
+def cpu_per_answer_us(r, part):
+    """CPU time of one part (idemd, nginx) per answer of the run, in microseconds."""
+    c = r.get("cpu") if r else None
+    if not c or not r.get("rps"):
+        return None
+    return c["parts"][part] * c["cpus"] * 1e6 / r["rps"]
+
+
+def cpu_text(c, top=4):
+    """"2 CPUs 97 % busy: idemd 55 %, idem-bench 30 %, ...": the busiest parts first."""
+    parts = sorted(((n, v) for n, v in c["parts"].items() if v >= 0.005), key=lambda x: -x[1])
+    return (f"{c['cpus']} CPUs {c['busy'] * 100:.0f} % busy: "
+            + ", ".join(f"{n} {v * 100:.0f} %" for n, v in parts[:top]))
+
+
 def wrk_run(work, entry):
     """A run of bench/wrk/gateway.lua: its done() summary, with the upstream's executions."""
     with open(os.path.join(work, entry["json"])) as f:
@@ -116,7 +157,34 @@ def wrk_run(work, entry):
         "transport_errors": {k: v for k, v in j["errors"].items() if v},
         "upstream_executions": entry["upstream_executions"],
         "latency_ms": {k: lat[k] / 1000.0 for k in ("p50", "p90", "p99", "p99_9", "max", "mean")},
+        "cpu": cpu_of(work, entry),
     }
+
+
+def profile_of(work, entry):
+    """A perf profile of idemd (scripts/bench's step 10): [(share, shared object)] and
+    [(share, shared object, function)], as perf report listed them, largest first."""
+    def rows(path, fields):
+        out = []
+        full = os.path.join(work, path)
+        if not os.path.exists(full):
+            return out
+        with open(full) as f:
+            for line in f:
+                m = re.match(r"\s*([0-9.]+)%\s+(.*\S)", line)
+                if not m:
+                    continue
+                rest = m.group(2)
+                if fields == 1:
+                    out.append((float(m.group(1)) / 100, rest))
+                else:
+                    parts = re.split(r"\s+\[[.k]\]\s+", rest, maxsplit=1)
+                    if len(parts) == 2:
+                        out.append((float(m.group(1)) / 100, parts[0].strip(), parts[1].strip()))
+        return out
+    return {"store": entry["store"], "scenario": entry["scenario"],
+            "objects": rows(entry["dso"], 1), "functions": rows(entry["sym"], 2),
+            "threads": rows(entry["comm"], 1) if entry.get("comm") else []}
 
 
 def gbench_runs(work, entry):
@@ -163,6 +231,7 @@ def pgbench_run(work, entry):
         "processed": int(processed.group(1)) if processed else None,
         "failed": int(failed.group(1)) if failed else None,
         "latency_ms": None,
+        "cpu": cpu_of(work, entry),
     }
     if latencies:
         run["latency_ms"] = {
@@ -302,6 +371,7 @@ def main():
     inflight_entry = None
     gateway = {}   # the gateway step's wrk runs, by the part of their id after "gateway/"
     wrk_payments = {}  # wrk on POST /v1/payments: "nginx-replay", "<store>-replay"
+    profiles = []  # perf profiles of idemd (step 10)
     ab = []        # the A/B's runs: (build, round, harness and scenario, summary)
     ab_meta = next((e for e in entries if e.get("kind") == "ab-meta"), None)
     for e in entries:
@@ -317,6 +387,8 @@ def main():
                 sampled[e["id"]] = samples(work, e["samples"])
             if e["id"] == "inflight":
                 inflight_entry = e
+        elif kind == "profile":
+            profiles.append(profile_of(work, e))
         elif kind == "gbench":
             gbench = gbench_runs(work, e)
         elif kind == "pgbench":
@@ -336,8 +408,27 @@ def main():
     # ---- Targets ----
     targets = []
 
-    def target(name, figure, against, value, bound, met, note=""):
-        # value: a ratio (bound "≥ 0.5"), or the figure itself (MiB, per second)
+    def target(name, figure, against, value, bound, met, note="", run=None, versus=None):
+        # value: a ratio (bound "≥ 0.5"), or the figure itself (MiB, per second). A target not
+        # met says what its run was bound by: where the CPU went (against the ceiling's run,
+        # versus, the CPU time per answer of each server) and what PostgreSQL's sessions waited on.
+        if not met and run:
+            bounds = [note] if note else []
+            if run.get("cpu"):
+                bounds.append(cpu_text(run["cpu"]))
+            mine = cpu_per_answer_us(run, "idemd")
+            theirs = cpu_per_answer_us(versus, "nginx")
+            if mine is not None and theirs is not None:
+                bounds.append(f"idemd's CPU per answer {mine:.0f} µs, nginx's {theirs:.0f} µs")
+            elif mine is not None:
+                bounds.append(f"idemd's CPU per answer {mine:,.0f} µs")
+            w = run.get("waits")
+            if w:
+                waiting = [(n, v) for n, v in w["shares"] if n not in ("idle", "CPU")][:2]
+                if waiting:
+                    bounds.append("PostgreSQL's sessions: " + ", ".join(
+                        f"{n} {v * 100:.0f} %" for n, v in waiting))
+            note = "; ".join(bounds)
         if value is None:
             shown = "—"
         elif "MiB" in bound:
@@ -361,13 +452,13 @@ def main():
             v = ratio(r["ok_rps"], ceiling["ok_rps"])
             target(f"Replays ≥ 0.5 × nginx's requests/s{suffix} ({STORE_NAMES[s]})",
                    f"{num(r['ok_rps'])}/s", f"nginx {num(ceiling['ok_rps'])}/s",
-                   v, "≥ 0.5", v is not None and v >= 0.5)
+                   v, "≥ 0.5", v is not None and v >= 0.5, run=r, versus=ceiling)
         for s, r in measured:
             v = ratio(r["latency_ms"]["p99"], ceiling["latency_ms"]["p99"])
             target(f"Replays' p99 ≤ 2 × nginx's p99{suffix} ({STORE_NAMES[s]})",
                    f"{ms(r['latency_ms']['p99'])} ms",
                    f"nginx {ms(ceiling['latency_ms']['p99'])} ms", v, "≤ 2",
-                   v is not None and v <= 2)
+                   v is not None and v <= 2, run=r, versus=ceiling)
     full = gbench.get("full") if gbench else None
     r = runs.get("sqlite/unique")
     if r and full:
@@ -375,14 +466,14 @@ def main():
         target("First executions on SQLite (durable commits) ≥ 5 × one commit per request",
                f"{num(r['first_rps'])}/s",
                f"{num(full['per_s'])}/s (claim + completion, each committed alone, synchronous=FULL)",
-               v, "≥ 5", v is not None and v >= 5)
+               v, "≥ 5", v is not None and v >= 5, run=r)
     for s in ("postgres", "postgres-redis"):
         r = runs.get(f"{s}/unique")
         if r and pgbench and pgbench["tps"]:
             v = ratio(r["first_rps"], pgbench["tps"])
             target(f"First executions on {STORE_NAMES[s]} ≥ 0.7 × pgbench, same statements",
                    f"{num(r['first_rps'])}/s", f"pgbench {num(pgbench['tps'])}/s", v, "≥ 0.7",
-                   v is not None and v >= 0.7)
+                   v is not None and v >= 0.7, run=r)
     for run, whose in (("slow", ""), ("slow-principals",
                                       f"from {num(meta.get('principals', 0))} principals ")):
         for s in stores:
@@ -391,7 +482,7 @@ def main():
                 target(f"Provider answering in {meta['slow_delay_ms']} ms: ≥ 1,000 first "
                        f"executions/s {whose}({STORE_NAMES[s]})",
                        f"{num(r['first_rps'])}/s", f"{num(meta['slow_rate'])}/s scheduled",
-                       r["first_rps"], "≥ 1,000/s", r["first_rps"] >= 1000)
+                       r["first_rps"], "≥ 1,000/s", r["first_rps"] >= 1000, run=r)
     for s in stores:
         alone, beside = runs.get(f"{s}/replay-alone"), runs.get(f"{s}/replay-beside-slow")
         if alone and beside:
@@ -399,7 +490,7 @@ def main():
             target(f"Replays' p99 beside the slow run ≤ 1.5 × unloaded ({STORE_NAMES[s]})",
                    f"{ms(beside['latency_ms']['p99'])} ms",
                    f"alone {ms(alone['latency_ms']['p99'])} ms", v, "≤ 1.5",
-                   v is not None and v <= 1.5)
+                   v is not None and v <= 1.5, run=runs.get(f"{s}/slow"))
     for s in stores:
         m = memory.get(s)
         if m:
@@ -618,6 +709,39 @@ def main():
                       f"{wrk_errors(r)} |")
     md.append("")
 
+    cpu_rows = [("nginx, fixed 201", nginx, "nginx"),
+                ("nginx, fixed 201 (wrk)", wrk_payments.get("nginx-replay"), "nginx"),
+                ("pgbench, same statements", pgbench, "PostgreSQL")]
+    for s in stores + ["postgres-quiet"]:
+        for sc in ("replay", "unique", "unique-principals", "mix", "replay-alone", "slow",
+                   "slow-principals"):
+            cpu_rows.append((f"idemd {STORE_NAMES[s]}: {names[sc]}", runs.get(f"{s}/{sc}"),
+                             "idemd"))
+        cpu_rows.append((f"idemd {STORE_NAMES[s]}: replays (wrk)", wrk_payments.get(f"{s}-replay"),
+                         "idemd"))
+    cpu_rows = [(label, r, server) for label, r, server in cpu_rows if r and r.get("cpu")]
+    if cpu_rows:
+        parts = [n for n, _ in CPU_GROUPS] + ["other"]
+        parts = [n for n in parts if any(r["cpu"]["parts"][n] >= 0.005 for _, r, _ in cpu_rows)]
+        md.append("## Where the CPU went\n")
+        md.append("During each run's measured window (`bench/cpu_share.py`): the share of the "
+                  "machine's CPUs that was busy (`/proc/stat`), and each process's share of them "
+                  "(user and system time from `/proc/PID/stat`, by command; `other` is everything "
+                  "else: the samplers, psql, the kernel's threads). 100 % is every CPU for the "
+                  "whole window, so a busy share near 100 % means the run was bound by this "
+                  "machine's CPUs, shared by the server, its load generator and its "
+                  "dependencies. The last column is the server's CPU time per answer (idemd's, or "
+                  "nginx's): what one answer costs, whatever else ran.\n")
+        md.append("| run | busy | " + " | ".join(parts) + " | server's CPU per answer |")
+        md.append("|---|---|" + "---|" * len(parts) + "---|")
+        for label, r, server in cpu_rows:
+            c = r["cpu"]
+            per = cpu_per_answer_us(r, server)
+            md.append(f"| {label} | {c['busy'] * 100:.0f} % | "
+                      + " | ".join(f"{c['parts'][n] * 100:.0f} %" for n in parts)
+                      + f" | {'—' if per is None else f'{per:,.0f} µs'} |")
+        md.append("")
+
     waited = [(s, sc) for s in stores + ["postgres-quiet"]
               for sc in ("unique", "unique-principals", "slow", "slow-principals", "replay")
               if runs.get(f"{s}/{sc}") and runs[f"{s}/{sc}"]["waits"]]
@@ -653,6 +777,8 @@ def main():
                                   f"({ratio(off['first_rps'], on['first_rps']):.2f}×)"
                                   for sc, on, off in quiet) + ".\n")
 
+    if profiles:
+        md.append(profile_text(profiles, meta, names))
     if gateway:
         md.append(gateway_text(gateway, meta))
     if ab_rows:
@@ -721,6 +847,33 @@ def main():
 
 AB_NAMES = {"replay": "Replays (idem-bench)", "wrk replay": "Replays (wrk)",
             "unique": "First executions (idem-bench)"}
+
+
+def profile_text(profiles, meta, names):
+    out = ["## Where idemd's CPU time went\n",
+           "Runs of their own after the A/B (so the sampling costs none of the figures above): a "
+           "fresh idemd, closed loop on "
+           f"{meta['connections']} connections, sampled by `perf record -F 499` for "
+           f"{max(1, meta['duration_s'] - 2)} s of the measured window (no call graphs). Shares "
+           "of idemd's samples: by shared object (`[kernel.kallsyms]` is the kernel working for "
+           "idemd: its sockets, its writes, its scheduling), by thread (`http-io`: the event "
+           "loops; `store`: the store's blocking calls, SQLite's writer among them; "
+           "`store-read`: snapshot reads; `log-writer`: the access log), then the functions above "
+           "0.5 %.\n"]
+    for p in profiles:
+        label = f"idemd {STORE_NAMES.get(p['store'], p['store'])}: {names.get(p['scenario'], p['scenario'])}"
+        objects = ", ".join(f"`{o}` {v * 100:.0f} %" for v, o in p["objects"][:6] if v >= 0.005)
+        threads = ", ".join(f"`{t}` {v * 100:.0f} %" for v, t in p["threads"][:6] if v >= 0.005)
+        out.append(f"**{label}.** By shared object: {objects or 'nothing recorded'}."
+                   + (f" By thread: {threads}." if threads else "") + "\n")
+        if p["functions"]:
+            out.append("| function | shared object | share |")
+            out.append("|---|---|---|")
+            for v, o, fn in p["functions"][:12]:
+                shown = fn.replace("|", "\\|")
+                out.append(f"| `{shown}` | `{o}` | {v * 100:.1f} % |")
+            out.append("")
+    return "\n".join(out) + "\n"
 
 
 def ab_table(ab):
@@ -875,7 +1028,7 @@ def method_text(meta, nginx_workers):
         f"One `scripts/bench{' --quick' if meta['mode'] == 'quick' else ''}` run on loopback with "
         "free ports, in the order nginx, the SQLite ceiling, idemd on SQLite, the PostgreSQL "
         "ceiling, idemd on PostgreSQL, on PostgreSQL + Redis, the in-flight run, the gateway "
-        "beside nginx, the A/B against the baseline build: each ceiling just "
+        "beside nginx, the A/B against the baseline build, the profiles: each ceiling just "
         "before the idemd runs compared with it. PostgreSQL 15 and Redis are the throwaway instances of "
         "`scripts/with-services` (PostgreSQL with its default durability: `fsync` and "
         "`synchronous_commit` on). Each HTTP measurement is `idem-bench` "
@@ -942,7 +1095,13 @@ def method_text(meta, nginx_workers):
         + (f" Here {meta['inflight_note']}." if meta.get("inflight_note") else ""),
         "6. **The gateway beside nginx**: see its section below.",
         "7. **The A/B against the baseline build**: see its section below.",
-        "8. This report (`bench/perf_report.py`) and its plots (gnuplot).\n",
+        "8. **Profiles**: see the section on where idemd's CPU time went.",
+        "9. This report (`bench/perf_report.py`) and its plots (gnuplot).\n",
+        "Beside each load run, `bench/cpu_share.py` reads where the machine's CPU went in the "
+        "measured window (see its section). A target that is not met names what its run was "
+        "bound by: the CPUs' busy share and the largest users of it, idemd's CPU time per "
+        "answer (against nginx's where nginx is the measure), and what PostgreSQL's sessions "
+        "waited on.\n",
         "Every idemd run but the replays beside the slow run and the in-flight run ends with "
         "idem-bench's exactly-once check against provider-sim's books (docs/testing.md): each "
         "payment that succeeded was charged once, and no other charge was made. Before it, "
