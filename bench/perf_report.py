@@ -581,7 +581,7 @@ def main():
         md.append(f"> **A quick run** (`--quick`): each measurement lasted {meta['duration_s']} s "
                   f"after a {meta['warmup_s']} s warmup. It shows that the script works end to end; "
                   "its figures are noisy and are not the project's measurement. The full run "
-                  "(`scripts/bench`, about 15 minutes, on a quiet machine) replaces them.\n")
+                  "(`scripts/bench`, about 20 minutes, on a quiet machine) replaces them.\n")
     md.append("Read the ratios, not the absolutes: every ceiling and every idemd run was measured on "
               "the same machine in the same sitting, but the machine is a small shared VM (below), "
               "and the load generator, the database and idemd share its cores.\n")

@@ -1,7 +1,13 @@
 // tests/integration/provider_sim_itest.cc — provider-sim's own contract over real loopback HTTP:
 // charge listing by time window and page, refunds with and without honoured idempotency keys,
-// injected charges, stats and the record cap (the provider calls in tools/provider_sim/main.cc).
+// injected charges, stats, the record cap and the connection bound (the provider calls in
+// tools/provider_sim/main.cc).
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <boost/json.hpp>
 #include <regex>
@@ -554,6 +560,68 @@ TEST_F(ProviderSimTest, ChargesAndRefundsAreCappedWith503) {
   EXPECT_EQ(Refund("rf-0", a, "1.00").status, 201);  // a repeat
   EXPECT_EQ(Stats()["refunded_total"].to_number<int64_t>(), 3);
   EXPECT_EQ(Str(ChargeByReference("REF-1"), "amount_refunded"), "3.00");
+}
+
+// A TCP connection held open (and idle) to the simulator until destroyed.
+class HeldConnection {
+ public:
+  explicit HeldConnection(const http::Url& url) : fd_(socket(AF_INET, SOCK_STREAM, 0)) {
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(url.port);
+    inet_pton(AF_INET, url.host.c_str(), &addr.sin_addr);
+    connected_ = fd_ >= 0 && connect(fd_, reinterpret_cast<const sockaddr*>(&addr),  // NOLINT
+                                     sizeof addr) == 0;
+  }
+  ~HeldConnection() {
+    if (fd_ >= 0) close(fd_);
+  }
+  HeldConnection(const HeldConnection&) = delete;
+  HeldConnection& operator=(const HeldConnection&) = delete;
+  bool Connected() const { return connected_; }
+
+ private:
+  int fd_;
+  bool connected_ = false;
+};
+
+TEST_F(ProviderSimTest, ServesAtMostMaxConnectionsAtOnceAndClosesTheRest) {
+  Start({"--max-connections", "2"});
+  auto stats = [&] { return http::Call(url_, http::Request{"GET", "/admin/stats", {}, {}}); };
+  ASSERT_TRUE(stats().has_value());
+  {
+    HeldConnection first(url_);
+    HeldConnection second(url_);
+    ASSERT_TRUE(first.Connected() && second.Connected());
+    // Once the simulator has taken both, a third connection is closed as it arrives.
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+    Result<http::Response> third = stats();
+    while (third && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      third = stats();
+    }
+    EXPECT_FALSE(third.has_value()) << "a third connection was served";
+  }
+  // The two closed, a new one is served again.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  Result<http::Response> again = stats();
+  while (!again && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    again = stats();
+  }
+  ASSERT_TRUE(again.has_value()) << again.error().message;
+  EXPECT_EQ(again->status, 200);
+}
+
+TEST_F(ProviderSimTest, RefusesAMaxConnectionsThatIsNotAPositiveNumber) {
+  for (const char* bad : {"0", "-3", "many", "12x"}) {
+    auto sim = testing::ChildProcess::Spawn({PROVIDER_SIM_PATH, "--max-connections", bad}, {},
+                                            dir_.path().string(), dir_.File("bad.log"));
+    ASSERT_TRUE(sim.has_value()) << sim.error().message;
+    const std::optional<int> status = sim->Wait(std::chrono::seconds(10));
+    ASSERT_TRUE(status.has_value()) << bad << ": still running";
+    EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 2) << bad << ": " << *status;
+  }
 }
 
 }  // namespace

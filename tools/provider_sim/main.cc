@@ -58,6 +58,7 @@
 // arrive, as a real provider's limit would, so a load of more concurrent calls must raise it.
 #include <signal.h>
 
+#include <algorithm>
 #include <boost/json.hpp>
 #include <charconv>
 #include <chrono>
@@ -643,7 +644,7 @@ int main(int argc, char** argv) {
     }
   }
   // Each connection may have its call in flight (a slow or late answer waits on a timer).
-  options.max_in_flight = options.max_connections;
+  options.max_in_flight = std::max(options.max_in_flight, options.max_connections);
   http::BlockSignals();
 
   ProviderSim sim(max_records);
