@@ -597,6 +597,16 @@ class ProviderSim final : public http::Handler {
   std::vector<std::jthread> late_ IDEM_GUARDED_BY(mu_);
 };
 
+// Whether `value` is all of a number >= 1, then put in `out`.
+template <class N>
+bool PositiveNumber(std::string_view value, N& out) {
+  N n{};
+  const auto [ptr, err] = std::from_chars(value.data(), value.data() + value.size(), n);
+  if (err != std::errc() || ptr != value.data() + value.size() || n < 1) return false;
+  out = n;
+  return true;
+}
+
 class StderrLog final : public http::AccessLog {
  public:
   void Write(const Entry&) override {}
@@ -621,18 +631,12 @@ int main(int argc, char** argv) {
       options.host = address->host;
       options.port = address->port;
     } else if (arg == "--max-connections" && i + 1 < argc) {
-      const std::string_view value = argv[++i];
-      const auto [ptr, err] =
-          std::from_chars(value.data(), value.data() + value.size(), options.max_connections);
-      if (err != std::errc() || ptr != value.data() + value.size() || options.max_connections < 1) {
+      if (!PositiveNumber(argv[++i], options.max_connections)) {
         std::fprintf(stderr, "provider-sim: --max-connections N (N >= 1)\n");
         return 2;
       }
     } else if (arg == "--max-records" && i + 1 < argc) {
-      const std::string_view value = argv[++i];
-      const auto [ptr, err] =
-          std::from_chars(value.data(), value.data() + value.size(), max_records);
-      if (err != std::errc() || ptr != value.data() + value.size() || max_records == 0) {
+      if (!PositiveNumber(argv[++i], max_records)) {
         std::fprintf(stderr, "provider-sim: --max-records N (N >= 1)\n");
         return 2;
       }

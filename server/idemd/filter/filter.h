@@ -214,7 +214,7 @@ class IdempotencyFilter {
   // A request Admit claimed to execute now: its ticket, what its answer needs, and its wait.
   struct Admitted {
     Ticket ticket;
-    Running running;  // the key, its scope and expiry (retry_after unused)
+    Running running;  // the key, its scope and expiry; Execute sets retry_after if it must wait
     std::string location;
     std::optional<Millis> wait;
   };
