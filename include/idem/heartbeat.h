@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <thread>
 
 #include "idem/clock.h"
@@ -50,6 +51,10 @@ class Heartbeat {
   // the first that failed: kFenced (the lease belongs to another executor), kUnavailable or
   // another store error (the lease may have run out), or a failpoint's error ("heartbeat").
   Status Check();
+
+  // Check for a caller that must not block (a coroutine on an I/O thread): what Check would
+  // return when no renewal is due, or nothing when one is, which only Check or Beat makes.
+  std::optional<Status> CheckIfNothingDue() const IDEM_EXCLUDES(mu_);
 
   // Makes a renewal that is due, as Check does, on the caller's thread (it blocks on the store).
   void Beat() { RenewIfDue(); }

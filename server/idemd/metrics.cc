@@ -74,6 +74,12 @@ std::string_view ProviderOperationName(ProviderOperation operation) {
   return kNames[static_cast<std::size_t>(operation)];
 }
 
+std::string_view SendCoverName(SendCover cover) {
+  static constexpr std::array<std::string_view, kSendCovers> kNames = {"claim", "made_again", "own",
+                                                                       "too_late"};
+  return kNames[static_cast<std::size_t>(cover)];
+}
+
 std::vector<double> LatencyBuckets(Millis longest_timeout) {
   const double top = std::max(10.0, 2.0 * static_cast<double>(longest_timeout.count()) / 1000.0);
   std::vector<double> bounds;
@@ -460,6 +466,20 @@ std::string Metrics::Render() const {
   };
   counter("idem_lease_takeovers_total",
           "Executions resumed after a lease expired or a retryable failure.", takeovers_);
+  Header(out, "idem_charge_covers_total", "counter",
+         "Charges about to be sent, by what covered the call with the lease: the claim's covered "
+         "advance (claim), that advance made again because the claim's was older than half the "
+         "lease margin (made_again: the store's queue is deep), a resumed attempt's own (own), "
+         "or nothing in time (too_late: the store answered later than the margin, not sent).");
+  for (std::size_t i = 0; i < kSendCovers; ++i) {
+    Sample(out, "idem_charge_covers_total",
+           Label("cover", SendCoverName(static_cast<SendCover>(i))), charge_covers_[i].load());
+  }
+  Header(out, "idem_replays_total", "counter",
+         "Stored answers replayed, by where the record was read: memory (the replay cache, on "
+         "the I/O thread) or store (a snapshot read on the store's read threads).");
+  Sample(out, "idem_replays_total", Label("source", "memory"), replays_from_memory_.load());
+  Sample(out, "idem_replays_total", Label("source", "store"), replays_from_store_.load());
   counter("idem_fencing_rejections_total",
           "Completions refused because another executor had taken the record over (its fence "
           "moved on).",

@@ -56,6 +56,15 @@ enum class RequestOutcome : uint8_t {
 inline constexpr std::size_t kFilterOutcomes = 9;  // kAccepted..kUnauthorized
 std::string_view RequestOutcomeName(RequestOutcome outcome);
 
+// What covered a charge about to be sent, its lease past the call (idem_charge_covers_total):
+// the claim's own covered advance (a new payment's), the advance made again because the claim's
+// was older than half the lease margin when the send came (a deep queue for the store's
+// threads), an advance of its own (a resumed attempt's), or nothing — the store answered later
+// than the margin and the charge was not sent.
+enum class SendCover : uint8_t { kClaim, kMadeAgain, kOwn, kTooLate };
+inline constexpr std::size_t kSendCovers = 4;
+std::string_view SendCoverName(SendCover cover);
+
 // The provider calls idem_provider_request_duration_seconds{operation} times (TimedProvider).
 enum class ProviderOperation : uint8_t { kCharge, kLookup, kListCharges, kRefund };
 inline constexpr std::size_t kProviderOperations = 4;
@@ -134,6 +143,12 @@ class Metrics {
   void WatchConsumers(std::function<std::vector<ConsumerLoad>()> read);
 
   void CountTakeover() { ++takeovers_; }
+  // A stored answer replayed, read from memory (the replay cache) or from the store.
+  void CountReplay(bool from_memory) {
+    ++(from_memory ? replays_from_memory_ : replays_from_store_);
+  }
+  // A charge about to be sent, by what covered it (or that nothing could: kTooLate).
+  void CountChargeCover(SendCover cover) { ++charge_covers_[static_cast<std::size_t>(cover)]; }
   // A completion refused because the record's fence moved on (another executor took over).
   void CountFenced() { ++fenced_; }
   // Redis failed (replay cache or in-flight markers): the request was served from the store.
@@ -237,6 +252,9 @@ class Metrics {
   std::vector<std::unique_ptr<Histogram>> store_;     // by StoreOperation
   std::vector<std::unique_ptr<Histogram>> provider_;  // by ProviderOperation
   std::atomic<uint64_t> takeovers_{0};
+  std::array<std::atomic<uint64_t>, kSendCovers> charge_covers_{};
+  std::atomic<uint64_t> replays_from_memory_{0};
+  std::atomic<uint64_t> replays_from_store_{0};
   std::atomic<uint64_t> fenced_{0};
   std::atomic<uint64_t> redis_fallbacks_{0};
   std::atomic<uint64_t> store_notifications_{0};

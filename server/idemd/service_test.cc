@@ -179,9 +179,10 @@ class ServiceTest : public testing::EngineFixture {
   void Build(bool deduplicates_by_key, Millis settle) {
     service_.reset();
     filter_.reset();
-    payments_ = std::make_unique<Payments>(
-        *store_, pool_, timed_provider_, clock_, monotonic_, *PaymentsNamespace(*store_, random_),
-        std::vector<std::string>{"CNY", "USD"}, kChargeCover, deduplicates_by_key, settle);
+    payments_ = std::make_unique<Payments>(*store_, pool_, timed_provider_, clock_, monotonic_,
+                                           *PaymentsNamespace(*store_, random_),
+                                           std::vector<std::string>{"CNY", "USD"}, kChargeCover,
+                                           deduplicates_by_key, settle, &metrics_);
     filter_ = std::make_unique<IdempotencyFilter>(
         *engine_, pool_, monotonic_, metrics_,
         PaymentsPolicy(KeyPolicy{}, kLease, kRetention, 100, 1000, Millis(10000)), *payments_);
@@ -1296,6 +1297,14 @@ class SlowStoreTest : public ServiceTest {
     engine_ = std::make_unique<Engine>(*slow_, *fingerprinter_, *sealer_, clock_);
     Build(false, Millis(3000));
   }
+  // idem_charge_covers_total{cover} as rendered.
+  uint64_t Covers(std::string_view cover) {
+    const std::string text = metrics_.Render();
+    const std::string sample = "idem_charge_covers_total{cover=\"" + std::string(cover) + "\"} ";
+    const std::size_t at = text.find(sample);
+    EXPECT_NE(at, std::string::npos) << text;
+    return at == std::string::npos ? 0 : std::stoull(text.substr(at + sample.size()));
+  }
   void TearDown() override {
     service_.reset();
     filter_.reset();
@@ -1316,6 +1325,8 @@ TEST_F(SlowStoreTest, AClaimsCoverServesTheSendWithWhatIsLeftOfTheMargin) {
   EXPECT_FALSE(slow.state->advance_slowed) << "no advance of its own";
   ASSERT_EQ(provider_.SendWithins().size(), 1u);
   EXPECT_EQ(provider_.SendWithins()[0], kMargin / 2 + Millis(1));
+  EXPECT_EQ(Covers("claim"), 1u);
+  EXPECT_EQ(Covers("made_again") + Covers("own") + Covers("too_late"), 0u);
 }
 
 // The covered advance proves that the lease outlasts the call and the margin from the moment its
@@ -1336,11 +1347,14 @@ TEST_F(SlowStoreTest, NoChargeIsSentWhenTheCoveredAdvanceAnsweredAfterTheMargin)
   EXPECT_EQ(provider_.Calls(), 0) << "a charge left under a lease that may not outlast it";
   EXPECT_EQ(RecordOf("slow-advance-1")->state, RecordState::kFailedRetryable);
   EXPECT_EQ(RecordOf("slow-advance-1")->recovery_point, "abandoned") << "nothing to settle";
+  EXPECT_EQ(Covers("too_late"), 1u);
 
   const http::Response paid = Handle(Pay("slow-advance-1", "alice-key", "ORD-SLOW"));
   EXPECT_EQ(paid.status, 201) << paid.body;
   EXPECT_EQ(provider_.Calls(), 1);
   EXPECT_EQ(provider_.Charges().size(), 1u);
+  EXPECT_EQ(Covers("own"), 1u) << "the retry's own advance, after its lookup";
+  EXPECT_EQ(Covers("claim") + Covers("made_again"), 0u);
 }
 
 // A claim whose cover has lost more than half the margin (a deep queue for the store's threads)
@@ -1355,6 +1369,8 @@ TEST_F(SlowStoreTest, TheChargeMustLeaveWithinWhatIsLeftOfTheMargin) {
   ASSERT_EQ(provider_.SendWithins().size(), 1u);
   EXPECT_EQ(provider_.SendWithins()[0], Millis(300)) << "the margin less the advance's 1.7 s";
   EXPECT_EQ(provider_.Charges().size(), 1u);
+  EXPECT_EQ(Covers("made_again"), 1u);
+  EXPECT_EQ(Covers("claim"), 0u);
 }
 
 }  // namespace

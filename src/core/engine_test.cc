@@ -926,6 +926,37 @@ TEST_F(EngineTest, AHeartbeatThatCannotReachTheStoreStopsForGood) {
             ToUnixMillis(renewed_until));
 }
 
+// What a coroutine on an I/O thread asks before it sends without a hop to the store's threads:
+// the lease held, nothing due; once a renewal is due it is told to go and make it (Check), and a
+// failed renewal is reported at once, without anything due.
+TEST_F(EngineTest, AHeartbeatCheckedWithoutRenewingSaysWhenARenewalIsDue) {
+  FlakyStore flaky(*store_);
+  Engine engine(flaky, *fingerprinter_, *sealer_, clock_);
+  auto started = engine.Start(policy_, Req("beat-key-005"), InsertPending("pay_b5"));
+  ASSERT_TRUE(started.has_value()) << started.error().message;
+  Heartbeat heartbeat(engine, started->ticket, monotonic_, {.own_thread = false});
+  auto fresh = heartbeat.CheckIfNothingDue();
+  ASSERT_TRUE(fresh.has_value()) << "nothing is due right after the claim";
+  EXPECT_TRUE(fresh->has_value());
+
+  monotonic_.Advance(heartbeat.Interval() - Millis(1));
+  EXPECT_TRUE(heartbeat.CheckIfNothingDue().has_value());
+  monotonic_.Advance(Millis(1));
+  EXPECT_FALSE(heartbeat.CheckIfNothingDue().has_value()) << "a due renewal was skipped";
+  EXPECT_EQ(heartbeat.Renewals(), 0) << "checking without renewing renewed";
+  ASSERT_TRUE(heartbeat.Check().has_value());
+  EXPECT_EQ(heartbeat.Renewals(), 1);
+  ASSERT_TRUE(heartbeat.CheckIfNothingDue().has_value()) << "the renewal made is not seen";
+
+  flaky.down = true;
+  monotonic_.Advance(heartbeat.Interval());
+  ASSERT_FALSE(heartbeat.Check().has_value());
+  auto failed = heartbeat.CheckIfNothingDue();
+  ASSERT_TRUE(failed.has_value()) << "a failed renewal sent the caller to renew again";
+  ASSERT_FALSE(failed->has_value()) << "a failed renewal read as a held lease";
+  EXPECT_EQ(failed->error().code, Errc::kUnavailable);
+}
+
 TEST_F(EngineTest, TheHeartbeatFailpointFailsARenewal) {
   Decision d = MustStart(Req("beat-key-004"));
   Heartbeat heartbeat(*engine_, d.ticket, monotonic_, {.poll = Millis(1)});

@@ -49,6 +49,14 @@ Status Heartbeat::Check() {
   return status_;
 }
 
+std::optional<Status> Heartbeat::CheckIfNothingDue() const {
+  const SteadyTime now = clock_.Now();
+  MutexLock lock(mu_);
+  // A failed renewal is never made again (RenewIfDue), so its error is Check's answer at once.
+  if (status_.has_value() && !stop_ && now >= due_) return std::nullopt;
+  return status_;
+}
+
 int64_t Heartbeat::Renewals() const {
   MutexLock lock(mu_);
   return renewals_;

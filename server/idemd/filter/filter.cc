@@ -378,6 +378,7 @@ http::Async<http::Response> IdempotencyFilter::Admit(const http::Request& reques
       engine_.ReplayFromMemory(policy_.route, engine_request, &mismatch_expires);
   SteadyTime claim_began{};  // Ticket::claim_began
   Result<Decision> decision = MakeError(Errc::kInternal, "undecided");
+  const bool from_memory = held && *held;
   if (held && !*held) {
     // Not in memory: a snapshot read, on the reads' threads, answers a finished record and a
     // duplicate of a running one (a parked request's every poll); only what it cannot answer
@@ -430,6 +431,7 @@ http::Async<http::Response> IdempotencyFilter::Admit(const http::Request& reques
   switch (decision->kind) {
     case Decision::Kind::kReplay: {
       count(O::kReplayed);
+      metrics_.CountReplay(from_memory);
       http::Response response;
       response.status = decision->response.status;
       for (auto& [name, value] : decision->response.headers) response.headers.Add(name, value);

@@ -722,6 +722,8 @@ TEST_F(FilterTest, AFinishedRecordHeldInMemoryIsAnsweredWithoutAStoreCall) {
   EXPECT_EQ(op_.Executed(), 1);
   EXPECT_EQ(Requests("replayed"), 4);
   EXPECT_EQ(Requests("mismatch"), 1);
+  EXPECT_EQ(Metric("idem_replays_total{source=\"memory\"}"), 4);
+  EXPECT_EQ(Metric("idem_replays_total{source=\"store\"}"), 0);
 }
 
 // A replay of a finished record that memory does not hold (another instance finished it, or this
@@ -751,6 +753,8 @@ TEST_F(FilterTest, AReplayNotHeldInMemoryDoesNotQueueBehindClaims) {
   EXPECT_EQ(HeaderOf(r, "Idempotent-Replayed"), "true");
   EXPECT_EQ(r.body, first.body);
   EXPECT_EQ(op_.Executed(), 1);
+  EXPECT_EQ(Metric("idem_replays_total{source=\"store\"}"), 1) << "read, not held in memory";
+  EXPECT_EQ(Metric("idem_replays_total{source=\"memory\"}"), 0);
 }
 
 // A parked request polls with snapshot reads: while the first execution holds its lease, a poll

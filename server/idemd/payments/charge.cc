@@ -116,7 +116,8 @@ std::optional<Execution> ChargeSteps::BeforeSend(Ticket& ticket, const Payment& 
   // claim's cover serves while at most half the margin has gone since; after a longer wait (a
   // deep queue for the store's threads) the advance is made again here, which moves sent_at
   // later (nothing has been sent) and gives the send the whole margin.
-  if (covered && monotonic_.Now() - *advanced > cover.margin / 2) covered = false;
+  const bool made_again = covered && monotonic_.Now() - *advanced > cover.margin / 2;
+  if (made_again) covered = false;
   if (!covered) {
     *advanced = monotonic_.Now();
     if (auto advance =
@@ -132,6 +133,7 @@ std::optional<Execution> ChargeSteps::BeforeSend(Ticket& ticket, const Payment& 
   // ends retryable at charge_sent, and the retry looks the charge up first, then sends it. What
   // is left of the margin bounds the send itself (Provider::CreateCharge's send_within).
   if (monotonic_.Now() - *advanced > cover.margin && !IDEM_REVERTED("margin")) {
+    CountCover(SendCover::kTooLate);
     // Nothing was sent by this attempt. Unless an earlier send may still land (a resumed one
     // that looked its charge up within the window, the provider deduplicating by key), the
     // attempt is abandoned, so a retry sends at once and the takeover loop has nothing to settle.
@@ -141,7 +143,20 @@ std::optional<Execution> ChargeSteps::BeforeSend(Ticket& ticket, const Payment& 
                                      "nothing was charged; retry with the same key"));
   }
   if (auto fp = IDEM_FAILPOINT("after_charge_sent"); !fp) return Execution::Unknown(fp.error());
+  CountCover(covered ? SendCover::kClaim : made_again ? SendCover::kMadeAgain : SendCover::kOwn);
   return std::nullopt;
+}
+
+bool ChargeSteps::SendsUnderTheClaimsCover(bool covered, SteadyTime advanced,
+                                           const std::optional<Status>& held) const {
+  if (!covered || FailpointsArmed() || !held || !held->has_value()) return false;
+  if (monotonic_.Now() - advanced > rules_.cover.margin / 2) return false;
+  CountCover(SendCover::kClaim);
+  return true;
+}
+
+void ChargeSteps::CountCover(SendCover cover) const {
+  if (metrics_ != nullptr) metrics_->CountChargeCover(cover);
 }
 
 Millis ChargeSteps::SendWithin(SteadyTime advanced) const {

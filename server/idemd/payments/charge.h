@@ -80,6 +80,14 @@ class ChargeSteps {
   std::optional<Execution> BeforeSend(Ticket& ticket, const Payment& payment, Engine& engine,
                                       Heartbeat& heartbeat, bool covered,
                                       SteadyTime* advanced) const;
+  // Whether the charge may go at once, on the calling (I/O) thread, without BeforeSend: exactly
+  // when BeforeSend would neither call the store nor stop the send. The claim made the covered
+  // advance (`covered`, no earlier than `advanced`) at most half the margin ago, the heartbeat
+  // holds the lease with no renewal due (`held`: Heartbeat::CheckIfNothingDue), and no failpoint
+  // is armed. Otherwise BeforeSend runs on the pool first, and waits there in the queue with the
+  // claims and completions. Counts the send's cover when it answers true.
+  bool SendsUnderTheClaimsCover(bool covered, SteadyTime advanced,
+                                const std::optional<Status>& held) const;
   // How long the send may still take to leave, counted from the covered advance at `advanced`.
   Millis SendWithin(SteadyTime advanced) const;
   // What the charge's answer (and the after_provider_charge failpoint's status) settles.
@@ -97,6 +105,8 @@ class ChargeSteps {
   // How long until the last send of `record` has settled, or nothing when it has, or when the
   // provider deduplicates by key.
   std::optional<Millis> Unsettled(const Record& record) const;
+  // idem_charge_covers_total{cover}, when metrics are counted.
+  void CountCover(SendCover cover) const;
   // The 201, with the payment row marked succeeded and payment.succeeded in the outbox, in the
   // completion's transaction (events.h).
   Execution Succeeded(Payment payment, const Charge& charge) const;

@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include "idem/failpoint.h"
 #include "server/idemd/payments/table.h"
 #include "testing/fakes.h"
 
@@ -54,6 +55,34 @@ TEST(PaymentStatus, NamesRoundTripAndAForeignSpellingIsDataLoss) {
   EXPECT_EQ(PaymentStatusName(PaymentStatus::kSucceeded), "succeeded");
   EXPECT_EQ(ParsePaymentStatus("refunded").error().code, Errc::kDataLoss);
   EXPECT_EQ(ParsePaymentStatus("Pending").error().code, Errc::kDataLoss);
+}
+
+// A new payment's charge goes at once, without the pool, exactly while its claim's cover is at
+// most half the margin old, the heartbeat holds the lease with nothing due, and no failpoint is
+// armed; anything else is for BeforeSend on the pool. Counted as the claim's cover when it goes.
+TEST_F(ChargeStepsTest, AChargeGoesAtOnceOnlyUnderAFreshClaimCoverWithNothingDue) {
+  Metrics metrics;
+  const ChargeSteps steps(clock_, monotonic_, {.cover = {Millis(5000), Millis(500)}}, &metrics);
+  const std::optional<Status> held = Ok();
+  const SteadyTime advanced = monotonic_.Now();
+  EXPECT_FALSE(steps.SendsUnderTheClaimsCover(false, advanced, held)) << "a resumed attempt";
+  EXPECT_FALSE(steps.SendsUnderTheClaimsCover(true, advanced, std::nullopt)) << "renewal due";
+  EXPECT_FALSE(steps.SendsUnderTheClaimsCover(true, advanced,
+                                              Status(MakeError(Errc::kFenced, "taken over"))))
+      << "a lost lease";
+  monotonic_.Advance(Millis(250));
+  EXPECT_TRUE(steps.SendsUnderTheClaimsCover(true, advanced, held)) << "half the margin";
+#if !defined(IDEM_NO_FAILPOINTS)
+  ASSERT_TRUE(ArmFailpoints("after_charge_sent=error").has_value());
+  const bool armed = steps.SendsUnderTheClaimsCover(true, advanced, held);
+  ClearFailpoints();
+  EXPECT_FALSE(armed) << "an armed failpoint must be passed on the pool";
+#endif
+  monotonic_.Advance(Millis(1));
+  EXPECT_FALSE(steps.SendsUnderTheClaimsCover(true, advanced, held)) << "past half the margin";
+  EXPECT_NE(metrics.Render().find("idem_charge_covers_total{cover=\"claim\"} 1\n"),
+            std::string::npos)
+      << metrics.Render();
 }
 
 TEST_F(ChargeStepsTest, AnUndeclared5xxAfterTheSendIsAnUnknownOutcomeNotAFailure) {

@@ -284,12 +284,18 @@ http::Async<Execution> Payments::ChargeOnce(Ticket& ticket, Payment payment, Eng
   }
   std::optional<Execution> stopped;
   // A fresh claim was advanced past the send in its own transaction (OnClaim), no earlier than
-  // claim_began: the margin is counted from there.
+  // claim_began: the margin is counted from there. While that cover is fresh and nothing else
+  // must be done first, the send goes from this thread, without waiting in the pool's queue
+  // behind the claims and completions (whose wait would eat the margin and make the advance
+  // again: a third write, just when the store is behind).
   const bool covered = !ticket.resumed && ticket.record.recovery_point == kChargeSent;
   SteadyTime advanced = ticket.claim_began;
-  co_await pool_.Run(
-      [&] { stopped = steps_.BeforeSend(ticket, payment, engine, heartbeat, covered, &advanced); });
-  if (stopped) co_return std::move(*stopped);
+  if (!steps_.SendsUnderTheClaimsCover(covered, advanced, heartbeat.CheckIfNothingDue())) {
+    co_await pool_.Run([&] {
+      stopped = steps_.BeforeSend(ticket, payment, engine, heartbeat, covered, &advanced);
+    });
+    if (stopped) co_return std::move(*stopped);
+  }
   // The charge leaves within the margin after the covered advance or not at all (then it is
   // kUnavailable, nothing sent): the lease covers the call's timeout from then.
   const std::string amount = FormatAmount(payment.amount_minor, MinorDigits(payment.currency));
