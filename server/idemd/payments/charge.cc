@@ -116,7 +116,7 @@ std::optional<Execution> ChargeSteps::BeforeSend(Ticket& ticket, const Payment& 
   // claim's cover serves while at most half the margin has gone since; after a longer wait (a
   // deep queue for the store's threads) the advance is made again here, which moves sent_at
   // later (nothing has been sent) and gives the send the whole margin.
-  const bool made_again = covered && monotonic_.Now() - *advanced > cover.margin / 2;
+  const bool made_again = covered && !CoverIsFresh(*advanced);
   if (made_again) covered = false;
   if (!covered) {
     *advanced = monotonic_.Now();
@@ -150,9 +150,13 @@ std::optional<Execution> ChargeSteps::BeforeSend(Ticket& ticket, const Payment& 
 bool ChargeSteps::SendsUnderTheClaimsCover(bool covered, SteadyTime advanced,
                                            const std::optional<Status>& held) const {
   if (!covered || FailpointsArmed() || !held || !held->has_value()) return false;
-  if (monotonic_.Now() - advanced > rules_.cover.margin / 2) return false;
+  if (!CoverIsFresh(advanced)) return false;
   CountCover(SendCover::kClaim);
   return true;
+}
+
+bool ChargeSteps::CoverIsFresh(SteadyTime advanced) const {
+  return monotonic_.Now() - advanced <= rules_.cover.margin / 2;
 }
 
 void ChargeSteps::CountCover(SendCover cover) const {

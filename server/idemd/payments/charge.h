@@ -105,6 +105,9 @@ class ChargeSteps {
   // How long until the last send of `record` has settled, or nothing when it has, or when the
   // provider deduplicates by key.
   std::optional<Millis> Unsettled(const Record& record) const;
+  // Whether a claim's covered advance made at `advanced` still serves a send: at most half the
+  // margin has gone since (BeforeSend and SendsUnderTheClaimsCover ask the same question).
+  bool CoverIsFresh(SteadyTime advanced) const;
   // idem_charge_covers_total{cover}, when metrics are counted.
   void CountCover(SendCover cover) const;
   // The 201, with the payment row marked succeeded and payment.succeeded in the outbox, in the
