@@ -58,6 +58,7 @@ struct BlockingPool::Impl {
   }
   std::optional<net::thread_pool> pool;  // none: on the loop
   std::string name;
+  std::atomic<uint64_t> given{0};
 };
 
 BlockingPool::BlockingPool(int threads, std::string name)
@@ -68,6 +69,7 @@ BlockingPool::BlockingPool(OnTheLoop) : impl_(std::make_unique<Impl>()) {}
 BlockingPool::~BlockingPool() { Join(); }
 
 Async<void> BlockingPool::Run(std::function<void()> work) {
+  impl_->given.fetch_add(1, std::memory_order_relaxed);
   if (!impl_->pool) {
     // As from a pool thread: the caller hops away before the work and back after it.
     const net::any_io_executor ex = co_await net::this_coro::executor;
@@ -93,7 +95,7 @@ Async<void> BlockingPool::Run(std::function<void()> work) {
 
 Async<bool> BlockingPool::RunWithin(std::function<void()> work, std::chrono::milliseconds limit) {
   if (!impl_->pool) {
-    co_await Run(std::move(work));
+    co_await Run(std::move(work));  // counted there
     co_return true;
   }
   // The waiter polls a flag the work sets: nothing of the waiter (its timer, its executor) is
@@ -115,6 +117,7 @@ Async<bool> BlockingPool::RunWithin(std::function<void()> work, std::chrono::mil
 }
 
 void BlockingPool::Post(std::function<void()> work) {
+  impl_->given.fetch_add(1, std::memory_order_relaxed);
   if (!impl_->pool) {
     work();
     return;
@@ -124,6 +127,8 @@ void BlockingPool::Post(std::function<void()> work) {
     work();
   });
 }
+
+uint64_t BlockingPool::Given() const { return impl_->given.load(std::memory_order_relaxed); }
 
 void BlockingPool::Join() {
   if (impl_->pool) impl_->pool->join();

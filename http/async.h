@@ -9,6 +9,7 @@
 
 #include <boost/asio/awaitable.hpp>
 #include <chrono>
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -61,6 +62,10 @@ class BlockingPool {
 
   // Waits for queued work to finish and stops the threads. Idempotent.
   void Join();
+
+  // How many pieces of work Run, Call, RunWithin and Post have been given so far (counted
+  // before each is queued).
+  uint64_t Given() const;
 
  private:
   struct Impl;

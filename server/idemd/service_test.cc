@@ -45,18 +45,20 @@ std::string Sha256Hex(std::string_view s) { return ToHex(Sha256({s})); }
 // set, charges fail with it and charge nothing (kUnavailable: it never left, or a 5xx the provider
 // declares as nothing charged). While `unknown` is set, charges answer an unknown outcome with it
 // (an undeclared 5xx, a connection lost after the send) and charge nothing; a test plants the
-// charge that lands after all. `on_find` runs at the start of every lookup. Those three are set
-// while no request runs; the rest is thread-safe.
+// charge that lands after all. `on_find` runs at the start of every lookup, `on_create` at the
+// start of every charge. Those four are set while no request runs; the rest is thread-safe.
 class FakeProvider final : public Provider {
  public:
   std::optional<Error> create_error;
   std::string unknown;
   std::function<void()> on_find;
+  std::function<void()> on_create;
 
   http::Async<Result<ChargeResult>> CreateCharge(const std::string& reference,
                                                  const std::string& amount,
                                                  const std::string& currency, Millis send_within,
                                                  const std::string&) override {
+    if (on_create) on_create();
     {
       MutexLock lock(mu_);
       send_withins_.push_back(send_within);
@@ -1208,20 +1210,31 @@ TEST_F(ServiceTest, AProviderThatDeduplicatesByKeyIsAskedAgainAtOnce) {
 }
 
 // A new key's first execution commits twice: the claim, which also makes the covered advance to
-// charge_sent before the provider call, and the completion.
+// charge_sent before the provider call, and the completion. Under the claim's fresh cover the
+// charge leaves after one piece of work on the store pool, the payment's read (a queue there,
+// behind a backlog of claims, eats the margin), with no BeforeSend there.
 TEST_F(ServiceTest, ANewKeysChargeIsCoveredByTheClaimTransaction) {
   auto calls = std::make_shared<std::vector<StoreOperation>>();
-  testing::FaultyStore counted(*store_, {.plan = testing::FaultPlan([calls](const auto& call) {
-                                           calls->push_back(call.op);
-                                           return testing::Fault::Pass();
-                                         }),
-                                         .clock = &clock_,
-                                         .on_delay = {}});
+  std::optional<uint64_t> given_at_claim;  // the pool's work given when the claim committed
+  testing::FaultyStore counted(*store_,
+                               {.plan = testing::FaultPlan([&, calls](const auto& call) {
+                                  if (call.op == StoreOperation::kCommit && !given_at_claim) {
+                                    given_at_claim = pool_.Given();
+                                  }
+                                  calls->push_back(call.op);
+                                  return testing::Fault::Pass();
+                                }),
+                                .clock = &clock_,
+                                .on_delay = {}});
   engine_ = std::make_unique<Engine>(counted, *fingerprinter_, *sealer_, clock_);
   Build(false, Millis(3000));
+  std::optional<uint64_t> given_at_send;
+  provider_.on_create = [&] { given_at_send = pool_.Given(); };
 
   const http::Response paid = Handle(Pay("covered-by-claim", "alice-key", "ORD-COVER"));
   EXPECT_EQ(paid.status, 201) << paid.body;
+  ASSERT_TRUE(given_at_claim && given_at_send);
+  EXPECT_EQ(*given_at_send, *given_at_claim + 1) << "only the payment's read between them";
   EXPECT_EQ(provider_.Calls(), 1);
   const auto count = [&](StoreOperation op) {
     return std::count(calls->begin(), calls->end(), op);
