@@ -218,6 +218,7 @@ docs/idemd.md the API, the metrics and the logs.
 
   StoreUrlOptions store_options;
   store_options.pool_size = config->store.pool_size;
+  store_options.sqlite_cache_bytes = config->store.sqlite_cache_bytes;
   store_options.prepared_statements = config->store.prepared_statements;
   store_options.notifications = config->store.notifications;
   store_options.listen_url = config->store.listen_url;

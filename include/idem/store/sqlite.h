@@ -2,6 +2,7 @@
 #pragma once
 
 #include <chrono>
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -11,6 +12,10 @@
 #include "idem/store.h"
 
 namespace idem {
+
+inline constexpr int64_t kSqliteWriteCacheBytes = int64_t{64} << 20;
+inline constexpr int64_t kSqliteWriteCacheMinBytes = int64_t{1} << 20;
+inline constexpr int64_t kSqliteWriteCacheMaxBytes = int64_t{16} << 30;
 
 struct SqliteStoreOptions : SchemaOptions {
   std::string path;  // the database file; created when missing
@@ -29,6 +34,15 @@ struct SqliteStoreOptions : SchemaOptions {
   // COMMIT (one sync) ends them all; each Commit() answers after that COMMIT. 1: each
   // transaction commits alone.
   int max_group = 64;
+  // The page cache of the write connection, on which every write of this process runs (SQLite's
+  // own default is 2 MiB, which a few thousand records outgrow: each write then reads its index
+  // pages from the file again). Memory is taken as pages are read, up to this bound.
+  // kSqliteWriteCacheMinBytes..kSqliteWriteCacheMaxBytes.
+  int64_t write_cache_bytes = kSqliteWriteCacheBytes;
+  // The WAL pages after which a commit checkpoints them into the database file (SQLite's
+  // wal_autocheckpoint; its own default is 1,000): fewer, larger checkpoints copy a page written
+  // many times over once, at the price of a WAL file up to about this many pages (4 KiB each).
+  int wal_autocheckpoint_pages = 10'000;
 };
 
 // Opens (creating if needed) the store and applies pending migrations in one IMMEDIATE

@@ -14,6 +14,7 @@
 #include "idem/result.h"
 #include "idem/secret.h"
 #include "idem/store/postgres.h"
+#include "idem/store/sqlite.h"
 #include "server/idemd/consumers/consumer_route.h"
 #include "server/idemd/gateway/routes.h"
 
@@ -57,6 +58,8 @@ struct StoreConfig {
   int read_threads = 2;
   // Bytes of finished records kept in memory for replays (Redis or not); 0 turns it off.
   int64_t replay_cache_bytes = 64 << 20;
+  // SQLite: the write connection's page cache (SqliteStoreOptions::write_cache_bytes).
+  int64_t sqlite_cache_bytes = kSqliteWriteCacheBytes;
   // PostgreSQL: server-side prepared statements (off behind PgBouncer transaction pooling).
   bool prepared_statements = true;
   // PostgreSQL: completions announced to other instances (NOTIFY/LISTEN); off, they poll.

@@ -320,6 +320,8 @@ constexpr ConfigKey kKeys[] = {
     Key<&C::store, &Store::read_threads>("store", "read_threads", 1, kStoreThreadsCeiling),
     Key<&C::store, &Store::replay_cache_bytes>("store", "replay_cache_bytes", 0,
                                                kReplayCacheCeiling),
+    Key<&C::store, &Store::sqlite_cache_bytes>(
+        "store", "sqlite_cache_bytes", kSqliteWriteCacheMinBytes, kSqliteWriteCacheMaxBytes),
     Key<&C::store, &Store::prepared_statements>("store", "prepared_statements"),
     Key<&C::store, &Store::notifications>("store", "notifications"),
     UrlKey<&C::store, &Store::listen_url>("store", "listen_url"),

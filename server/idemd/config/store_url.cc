@@ -15,6 +15,7 @@ Result<std::unique_ptr<Store>> OpenStoreUrl(const std::string& url,
     SqliteStoreOptions sqlite;
     sqlite.path = url.substr(kSqlite.size());
     sqlite.pool_size = options.pool_size;
+    sqlite.write_cache_bytes = options.sqlite_cache_bytes;
     sqlite.apply_migrations = options.apply_migrations;
     sqlite.apps = options.apps;
     const std::filesystem::path parent = std::filesystem::path(sqlite.path).parent_path();

@@ -9,11 +9,14 @@
 
 #include "idem/store.h"
 #include "idem/store/postgres.h"
+#include "idem/store/sqlite.h"
 
 namespace idem::idemd {
 
 struct StoreUrlOptions {
   int pool_size = 4;
+  // SQLite only: the write connection's page cache (SqliteStoreOptions::write_cache_bytes).
+  int64_t sqlite_cache_bytes = kSqliteWriteCacheBytes;
   // PostgreSQL only: server-side prepared statements (off behind PgBouncer transaction pooling).
   bool prepared_statements = true;
   // PostgreSQL only: completion notifications (PostgresStoreOptions::notifications).

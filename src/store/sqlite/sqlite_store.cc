@@ -497,6 +497,13 @@ Result<std::unique_ptr<Store>> OpenSqliteStore(const SqliteStoreOptions& options
   if (options.max_group < 1 || options.max_group > 1024) {
     return MakeError(Errc::kInvalidArgument, "sqlite: max_group must be 1..1024");
   }
+  if (options.write_cache_bytes < kSqliteWriteCacheMinBytes ||
+      options.write_cache_bytes > kSqliteWriteCacheMaxBytes) {
+    return MakeError(Errc::kInvalidArgument, "sqlite: write_cache_bytes must be 1 MiB..16 GiB");
+  }
+  if (options.wal_autocheckpoint_pages < 1 || options.wal_autocheckpoint_pages > 1'000'000) {
+    return MakeError(Errc::kInvalidArgument, "sqlite: wal_autocheckpoint_pages must be 1..1000000");
+  }
   IDEM_RETURN_IF_ERROR(store_internal::CheckAppNames("sqlite", options.apps));
   std::vector<std::unique_ptr<Connection>> conns;
   for (int i = 0; i < options.pool_size + 1; ++i) {
@@ -507,6 +514,12 @@ Result<std::unique_ptr<Store>> OpenSqliteStore(const SqliteStoreOptions& options
   IDEM_RETURN_IF_ERROR(PrepareSchema(*conns.front(), options, clock));
   std::unique_ptr<Connection> writer = std::move(conns.front());
   conns.erase(conns.begin());
+  // Every write runs on this connection: its cache and checkpoints are the writer's alone (a
+  // negative cache_size is in KiB).
+  IDEM_RETURN_IF_ERROR(
+      writer->Script("PRAGMA cache_size=-" + std::to_string(options.write_cache_bytes / 1024)));
+  IDEM_RETURN_IF_ERROR(writer->Script("PRAGMA wal_autocheckpoint=" +
+                                      std::to_string(options.wal_autocheckpoint_pages)));
   return std::unique_ptr<Store>(std::make_unique<SqliteStore>(
       std::move(writer), std::make_unique<Pool>("sqlite", std::move(conns)), options, clock,
       random));

@@ -211,8 +211,47 @@ TEST(SqliteStore, RejectsBadOptions) {
   SqliteStoreOptions as_idem = Options(env.dir.File("d.db"), 1);
   as_idem.apps.at(0).name = "idem";
   EXPECT_EQ(OpenSqliteStore(as_idem, env.clock, env.random).error().code, Errc::kInvalidArgument);
+  for (const int64_t cache : {kSqliteWriteCacheMinBytes - 1, kSqliteWriteCacheMaxBytes + 1}) {
+    SqliteStoreOptions options = Options(env.dir.File("e.db"), 1);
+    options.write_cache_bytes = cache;
+    EXPECT_EQ(OpenSqliteStore(options, env.clock, env.random).error().code, Errc::kInvalidArgument)
+        << cache;
+  }
+  for (const int pages : {0, 1'000'001}) {
+    SqliteStoreOptions options = Options(env.dir.File("f.db"), 1);
+    options.wal_autocheckpoint_pages = pages;
+    EXPECT_EQ(OpenSqliteStore(options, env.clock, env.random).error().code, Errc::kInvalidArgument)
+        << pages;
+  }
   SqliteStoreOptions nowhere = Options("/nonexistent-dir/x/idem.db", 1);
   EXPECT_EQ(OpenSqliteStore(nowhere, env.clock, env.random).error().code, Errc::kUnavailable);
+}
+
+// The writer checkpoints the WAL into the database file after wal_autocheckpoint_pages: with a
+// few pages the WAL file stays a few pages long; with many, the same writes stay in the WAL.
+TEST(SqliteStore, TheWriterCheckpointsAfterTheWalPagesItIsGiven) {
+  const auto wal_bytes_after_writes = [](int pages) {
+    StoreTestEnv env;
+    SqliteStoreOptions options = Options(env.dir.File("idem.db"), 1);
+    options.wal_autocheckpoint_pages = pages;
+    auto store = OpenSqliteStore(options, env.clock, env.random);
+    EXPECT_TRUE(store.has_value()) << store.error().message;
+    if (!store) return std::uintmax_t{0};
+    const std::string value(3000, 'v');  // about a page a row
+    for (int i = 0; i < 400; ++i) {
+      auto txn = (*store)->Begin();
+      EXPECT_TRUE(txn.has_value());
+      if (!txn) break;
+      EXPECT_TRUE((*txn)->Exec("INSERT INTO contract_business (k, v) VALUES (?, ?)",
+                               {"k" + std::to_string(i), value}));
+      EXPECT_TRUE((*txn)->Commit());
+    }
+    return std::filesystem::file_size(env.dir.File("idem.db") + "-wal");
+  };
+  const std::uintmax_t few = wal_bytes_after_writes(10);
+  const std::uintmax_t many = wal_bytes_after_writes(100'000);
+  EXPECT_LT(few, std::uintmax_t{64} * 4096) << "checkpointed every 10 pages or so";
+  EXPECT_GT(many, std::uintmax_t{400} * 4096) << "400 rows of a page each, none checkpointed";
 }
 
 TEST(SqliteStore, BeginReportsUnavailableWhenThePoolStaysBusy) {
