@@ -61,8 +61,9 @@ bool FailpointsArmed();
 // (RevertFixes); builds without failpoints compile it to false. Nothing but a test arms one: no
 // environment variable, flag or configuration reaches them.
 inline constexpr std::array<std::string_view, 6> kRevertibleFixes = {
-    // A charge leaves only within the lease margin after its covered advance (ChargeSteps::
-    // BeforeSend and SendWithin); taken back, it leaves however late the store answered.
+    // A charge leaves only within the lease margin after its covered advance, the claim's own
+    // included (ChargeSteps::BeforeSend, CoverIsFresh and SendWithin); taken back, it leaves
+    // however late the store answered.
     "margin",
     // A provider 5xx it does not declare as "nothing charged" is an unknown outcome
     // (ChargeSteps::AfterSend); taken back, it abandons the attempt as if nothing was charged.

@@ -455,11 +455,12 @@ TEST_P(ClockSkewTest, NoInstanceTakesALiveLeaseOverWhateverItsClockSays) {
         << "from " << from << ": the retry charged again";
   }
 
-  // The skew was real: the skewed instance dated its payment by its own wall clock.
+  // The skew was real: the skewed instance dated its payment's completion by its own wall clock
+  // (a payment's creation is dated by the database's, as the claim is).
   const int64_t dated_normal = std::stoll(PostgresSql(
-      "SELECT created_at FROM " + schema_ + ".payments WHERE merchant_order_no = 'ORD-SKEW-0'"));
+      "SELECT updated_at FROM " + schema_ + ".payments WHERE merchant_order_no = 'ORD-SKEW-0'"));
   const int64_t dated_skewed = std::stoll(PostgresSql(
-      "SELECT created_at FROM " + schema_ + ".payments WHERE merchant_order_no = 'ORD-SKEW-1'"));
+      "SELECT updated_at FROM " + schema_ + ".payments WHERE merchant_order_no = 'ORD-SKEW-1'"));
   const int64_t apart_ms = dated_skewed - dated_normal;  // about 3 s of real time, plus the skew
   EXPECT_GT(GetParam()[0] == '+' ? apart_ms : -apart_ms, 30'000) << "the clock was not skewed";
 

@@ -81,6 +81,10 @@ std::optional<Execution> ChargeSteps::Prepared(const Ticket& ticket,
   return std::nullopt;
 }
 
+bool ChargeSteps::ClaimedAfresh(const Ticket& ticket) {
+  return !ticket.resumed && ticket.record.recovery_point == kChargeSent;
+}
+
 bool ChargeSteps::LooksUpFirst(const Ticket& ticket) {
   const std::string& point = ticket.record.recovery_point;
   return ticket.resumed && (point == kChargeSent || point == kAbandonedPoint);
@@ -156,7 +160,7 @@ bool ChargeSteps::SendsUnderTheClaimsCover(bool covered, SteadyTime advanced,
 }
 
 bool ChargeSteps::CoverIsFresh(SteadyTime advanced) const {
-  return monotonic_.Now() - advanced <= rules_.cover.margin / 2;
+  return monotonic_.Now() - advanced <= rules_.cover.margin / 2 || IDEM_REVERTED("margin");
 }
 
 void ChargeSteps::CountCover(SendCover cover) const {

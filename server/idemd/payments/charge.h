@@ -68,6 +68,9 @@ class ChargeSteps {
   // Whether an execution asks the provider for its charge before sending one: a resumed one
   // whose charge may have left, or whose attempt was abandoned (in case that charge landed).
   static bool LooksUpFirst(const Ticket& ticket);
+  // Whether this execution's claim inserted its payment and made the covered advance to
+  // charge_sent in its own transaction (Payments::OnClaim): a new operation, not resumed.
+  static bool ClaimedAfresh(const Ticket& ticket);
   // What the lookup found: an answer, or nothing when the charge is to be sent. Nothing found
   // after a send whose outcome is unknown proves nothing while that send has not settled.
   std::optional<Execution> Found(const Ticket& ticket, const Payment& payment,

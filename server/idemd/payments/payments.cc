@@ -70,7 +70,6 @@ Payments::Payments(Store& store, http::BlockingPool& pool, Provider& provider, C
     : store_(store),
       pool_(pool),
       provider_(provider),
-      clock_(clock),
       namespace_(std::move(payment_namespace)),
       currencies_(std::move(currencies)),
       steps_(clock, monotonic, {cover, provider_deduplicates_by_key, settle}, metrics) {}
@@ -182,7 +181,10 @@ Status Payments::OnClaim(StoreTxn& txn, const Record& record, const http::Reques
   const PaymentRequest* p = std::get_if<PaymentRequest>(&parsed);
   // Validate accepted this body before the claim; Parse gives the same answer every time.
   if (p == nullptr) return MakeError(Errc::kInvalidArgument, "the request body failed validation");
-  const int64_t now = ToUnixMillis(clock_.Now());
+  // Dated by the store's clock: a new operation's payment by its record's creation, which
+  // Execute reads from its ticket without reading the row back; any other by this claim.
+  const int64_t now =
+      ToUnixMillis(record.resource_id.empty() ? record.created_at : record.observed_at);
   // One live payment per order (the unique index payments_live_order). This key takes the order:
   // a retry after its attempt was abandoned takes its own payment back; any other key inserts a
   // new payment. If another payment holds the order, the key answers from that one. Between a
@@ -250,8 +252,27 @@ Result<std::optional<Payment>> Payments::Load(std::string_view id, std::string_v
 http::Async<Execution> Payments::Execute(Ticket& ticket, const http::Request& request,
                                          const Principal& principal, Engine& engine,
                                          Heartbeat& heartbeat) {
-  std::optional<Execution> answered;
+  // The server put idemd's own span in the request's traceparent (http::ContinueTrace).
+  std::string traceparent(request.headers.Get("traceparent").value_or(""));
   Payment payment;
+  if (ChargeSteps::ClaimedAfresh(ticket)) {
+    // The claim has just inserted this payment from this very body (OnClaim), pending and
+    // dated by the record's creation: it is known here, and the charge needs no read of it
+    // (a wait in the pool's queue, behind the claims and completions).
+    ParseResult parsed = Parse(request.body);
+    if (auto* p = std::get_if<PaymentRequest>(&parsed)) {
+      payment = Payment{.id = ticket.record.resource_id,
+                        .merchant_order_no = std::move(p->merchant_order_no),
+                        .amount_minor = p->amount_minor,
+                        .currency = std::move(p->currency),
+                        .status = PaymentStatus::kPending,
+                        .provider_charge_id = {},
+                        .created_at_ms = ToUnixMillis(ticket.record.created_at)};
+      co_return co_await ChargeOnce(ticket, std::move(payment), engine, heartbeat,
+                                    std::move(traceparent));
+    }
+  }
+  std::optional<Execution> answered;
   co_await pool_.Run([&] {
     // Only a key that answers from another key's payment compares its request with that one.
     std::optional<PaymentRequest> asked;
@@ -263,9 +284,8 @@ http::Async<Execution> Payments::Execute(Ticket& ticket, const http::Request& re
         steps_.Prepared(ticket, Load(ticket.record.resource_id, principal.tenant), asked, &payment);
   });
   if (answered) co_return std::move(*answered);
-  // The server put idemd's own span in the request's traceparent (http::ContinueTrace).
-  const std::string traceparent(request.headers.Get("traceparent").value_or(""));
-  co_return co_await ChargeOnce(ticket, std::move(payment), engine, heartbeat, traceparent);
+  co_return co_await ChargeOnce(ticket, std::move(payment), engine, heartbeat,
+                                std::move(traceparent));
 }
 
 http::Async<Execution> Payments::ChargeOnce(Ticket& ticket, Payment payment, Engine& engine,
@@ -288,7 +308,7 @@ http::Async<Execution> Payments::ChargeOnce(Ticket& ticket, Payment payment, Eng
   // must be done first, the send goes from this thread, without waiting in the pool's queue
   // behind the claims and completions (whose wait would eat the margin and make the advance
   // again: a third write, just when the store is behind).
-  const bool covered = !ticket.resumed && ticket.record.recovery_point == kChargeSent;
+  const bool covered = ChargeSteps::ClaimedAfresh(ticket);
   SteadyTime advanced = ticket.claim_began;
   if (!steps_.SendsUnderTheClaimsCover(covered, advanced, heartbeat.CheckIfNothingDue())) {
     co_await pool_.Run([&] {

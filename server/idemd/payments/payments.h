@@ -74,7 +74,6 @@ class Payments final : public Operation {
   Store& store_;
   http::BlockingPool& pool_;
   Provider& provider_;
-  Clock& clock_;
   const std::string namespace_;
   std::vector<std::string> currencies_;
   const ChargeSteps steps_;
