@@ -218,14 +218,16 @@ class ServerImpl final : public Server {
         socket.close(ignored);
         continue;
       }
+      // Counted as it is accepted, not when its session first runs on its strand: a burst of
+      // connections accepted before their sessions start would otherwise pass the bound.
+      ++open_connections_;
       auto strand = net::make_strand(ioc_);
       auto conn = std::make_shared<Connection>(std::move(socket), strand);
       net::co_spawn(strand, Session(conn), net::detached);
     }
   }
 
-  net::awaitable<void> Session(std::shared_ptr<Connection> conn) {
-    ++open_connections_;
+  net::awaitable<void> Session(std::shared_ptr<Connection> conn) {  // counted by Accept
     const uint64_t id = next_id_++;
     {
       MutexLock lock(conn_mu_);
