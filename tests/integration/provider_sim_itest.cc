@@ -563,7 +563,7 @@ TEST_F(ProviderSimTest, ChargesAndRefundsAreCappedWith503) {
   EXPECT_EQ(Str(ChargeByReference("REF-1"), "amount_refunded"), "3.00");
 }
 
-// A TCP connection held open (and idle) to the simulator until destroyed.
+// A TCP connection held open to the simulator until destroyed (idle but for Served's requests).
 class HeldConnection {
  public:
   explicit HeldConnection(const http::Url& url) : fd_(socket(AF_INET, SOCK_STREAM, 0)) {
@@ -579,7 +579,6 @@ class HeldConnection {
   }
   HeldConnection(const HeldConnection&) = delete;
   HeldConnection& operator=(const HeldConnection&) = delete;
-  bool Connected() const { return connected_; }
   // Whether the simulator serves this connection: a request on it is answered (and the
   // connection kept open), so the simulator has taken it, not closed it as one too many.
   bool Served() {
