@@ -48,7 +48,9 @@ class Random {
   virtual void Fill(std::span<uint8_t> out) = 0;
 };
 
-// The process-wide real implementations: system_clock, steady_clock and OpenSSL's RAND_bytes.
+// The process-wide real implementations: system_clock, steady_clock and OpenSSL's RAND_bytes
+// (fills of up to 64 bytes from a block of its output per thread, each byte given once, and none
+// given again in a child after fork()).
 Clock& SystemClock();
 MonotonicClock& SystemMonotonicClock();
 Random& SystemRandom();
