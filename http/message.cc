@@ -177,16 +177,54 @@ TraceContext ContinueTrace(const Request& request, Random& random) {
 }
 
 namespace {
-// The UTC calendar time of `unix_ms` rounded down to the second (also before 1970: the second that
-// began before it), and the milliseconds past that second (0..999).
-std::tm UtcTime(int64_t unix_ms, int* millis) {
+// The UTC calendar time of `unix_ms`: the second it falls in (also before 1970: the second that
+// began before it) and the milliseconds past that second. Plain arithmetic (std::chrono's civil
+// calendar): gmtime_r takes glibc's time-zone lock on every call, and every request's log line
+// and many answers' headers format a time.
+struct UtcTime {
+  int year, month, day, weekday;  // weekday 0 = Sunday
+  int hour, minute, second, millis;
+
+  explicit UtcTime(int64_t unix_ms) {
+    using namespace std::chrono;
+    const sys_time<milliseconds> t{milliseconds(unix_ms)};
+    const sys_days date = floor<days>(t);
+    const year_month_day ymd(date);
+    year = static_cast<int>(ymd.year());
+    month = static_cast<int>(static_cast<unsigned>(ymd.month()));
+    day = static_cast<int>(static_cast<unsigned>(ymd.day()));
+    weekday = static_cast<int>(std::chrono::weekday(date).c_encoding());
+    const int64_t in_day = (t - date).count();  // 0 .. 86'399'999
+    hour = static_cast<int>(in_day / 3'600'000);
+    minute = static_cast<int>(in_day / 60'000 % 60);
+    second = static_cast<int>(in_day / 1000 % 60);
+    millis = static_cast<int>(in_day % 1000);
+  }
+};
+
+// Writes `value` (0 <= value < 10^digits) as exactly `digits` decimal digits at `at`.
+char* Digits(char* at, int value, int digits) {
+  for (int i = digits - 1; i >= 0; --i) {
+    at[i] = static_cast<char>('0' + value % 10);
+    value /= 10;
+  }
+  return at + digits;
+}
+
+// Times in years 0000..9999 (every time ParseRfc3339 reads) are written in place; others, which
+// only a caller's arithmetic can make, as before: gmtime_r and snprintf.
+bool InFourDigitYears(int64_t unix_ms) {
+  return unix_ms >= -62'167'219'200'000 && unix_ms < 253'402'300'800'000;
+}
+
+std::tm GmTime(int64_t unix_ms, int* millis) {
   int64_t seconds = unix_ms / 1000;
   int64_t rest = unix_ms % 1000;
   if (rest < 0) {
     rest += 1000;
     seconds -= 1;
   }
-  if (millis != nullptr) *millis = static_cast<int>(rest);
+  *millis = static_cast<int>(rest);
   const auto t = static_cast<std::time_t>(seconds);
   std::tm tm{};
   gmtime_r(&t, &tm);
@@ -195,13 +233,30 @@ std::tm UtcTime(int64_t unix_ms, int* millis) {
 }  // namespace
 
 std::string Rfc3339(int64_t unix_ms) {
-  int millis = 0;
-  const std::tm tm = UtcTime(unix_ms, &millis);
-  // Not strftime's %Y, which writes years before 1000 with fewer than four digits.
-  char buf[48];
-  std::snprintf(buf, sizeof buf, "%04d-%02d-%02dT%02d:%02d:%02d.%03dZ", tm.tm_year + 1900,
-                tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, millis);
-  return buf;
+  if (!InFourDigitYears(unix_ms)) {
+    int millis = 0;
+    const std::tm tm = GmTime(unix_ms, &millis);
+    char buf[48];
+    std::snprintf(buf, sizeof buf, "%04d-%02d-%02dT%02d:%02d:%02d.%03dZ", tm.tm_year + 1900,
+                  tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, millis);
+    return buf;
+  }
+  const UtcTime t(unix_ms);
+  std::string out(24, '-');  // YYYY-MM-DDTHH:MM:SS.mmmZ
+  char* at = out.data();
+  at = Digits(at, t.year, 4) + 1;
+  at = Digits(at, t.month, 2) + 1;
+  at = Digits(at, t.day, 2);
+  *at++ = 'T';
+  at = Digits(at, t.hour, 2);
+  *at++ = ':';
+  at = Digits(at, t.minute, 2);
+  *at++ = ':';
+  at = Digits(at, t.second, 2);
+  *at++ = '.';
+  at = Digits(at, t.millis, 3);
+  *at = 'Z';
+  return out;
 }
 
 std::optional<int64_t> ParseRfc3339(std::string_view s) {
@@ -265,9 +320,31 @@ std::optional<int64_t> ParseRfc3339(std::string_view s) {
 }
 
 std::string HttpDate(int64_t unix_ms) {
-  const std::tm tm = UtcTime(unix_ms, nullptr);
-  char buf[64];
-  return std::string(buf, std::strftime(buf, sizeof buf, "%a, %d %b %Y %H:%M:%S GMT", &tm));
+  static constexpr std::array<std::string_view, 7> kDays = {"Sun", "Mon", "Tue", "Wed",
+                                                            "Thu", "Fri", "Sat"};
+  static constexpr std::array<std::string_view, 12> kMonths = {
+      "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"};
+  if (!InFourDigitYears(unix_ms)) {
+    int millis = 0;
+    const std::tm tm = GmTime(unix_ms, &millis);
+    char buf[64];
+    return std::string(buf, std::strftime(buf, sizeof buf, "%a, %d %b %Y %H:%M:%S GMT", &tm));
+  }
+  const UtcTime t(unix_ms);
+  std::string out(29, ' ');  // "Sun, 06 Nov 1994 08:49:37 GMT" (RFC 9110's IMF-fixdate)
+  char* at = out.data();
+  at = std::copy_n(kDays[static_cast<std::size_t>(t.weekday)].data(), 3, at);
+  *at = ',';
+  at = Digits(at + 2, t.day, 2) + 1;
+  at = std::copy_n(kMonths[static_cast<std::size_t>(t.month - 1)].data(), 3, at) + 1;
+  at = Digits(at, t.year, 4) + 1;
+  at = Digits(at, t.hour, 2);
+  *at++ = ':';
+  at = Digits(at, t.minute, 2);
+  *at++ = ':';
+  at = Digits(at, t.second, 2) + 1;
+  std::copy_n("GMT", 3, at);
+  return out;
 }
 
 Result<HostPort> ParseListenAddress(std::string_view text) {

@@ -8,12 +8,15 @@
 #include <algorithm>
 #include <boost/json.hpp>
 #include <cstdio>
+#include <ctime>
 #include <fstream>
 #include <future>
 #include <iterator>
+#include <random>
 #include <regex>
 #include <set>
 #include <thread>
+#include <vector>
 
 #include "http/log.h"
 #include "testing/fakes.h"
@@ -287,6 +290,48 @@ TEST(Rfc3339, WritesTimesBefore1970AndEarlyYearsReadably) {
     EXPECT_EQ(Rfc3339(*ms), text);
   }
   EXPECT_EQ(HttpDate(-1), "Wed, 31 Dec 1969 23:59:59 GMT") << "rounded down, as documented";
+}
+
+// Rfc3339 and HttpDate compute the calendar themselves (no gmtime_r, no strftime): they write
+// what gmtime_r and strftime write (four digits of year always), across the years 0000..9999,
+// leap days and the edges.
+TEST(Rfc3339, WritesWhatTheCLibraryWrites) {
+  auto reference = [](int64_t ms, bool http) {
+    int64_t seconds = ms / 1000, rest = ms % 1000;
+    if (rest < 0) rest += 1000, seconds -= 1;
+    const auto t = static_cast<std::time_t>(seconds);
+    std::tm tm{};
+    gmtime_r(&t, &tm);
+    char buf[64];
+    if (http) {  // strftime's %Y writes years before 1000 with fewer digits than IMF-fixdate's four
+      std::string out(buf, std::strftime(buf, sizeof buf, "%a, %d %b ", &tm));
+      std::snprintf(buf, sizeof buf, "%04d", tm.tm_year + 1900);
+      out += buf;
+      return out + std::string(buf, std::strftime(buf, sizeof buf, " %H:%M:%S GMT", &tm));
+    }
+    std::snprintf(buf, sizeof buf, "%04d-%02d-%02dT%02d:%02d:%02d.%03dZ", tm.tm_year + 1900,
+                  tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec,
+                  static_cast<int>(rest));
+    return std::string(buf);
+  };
+  std::vector<int64_t> times = {0,
+                                -1,
+                                1,
+                                951'782'400'000 /* 2000-02-29 */,
+                                4'107'542'399'999,
+                                -62'167'219'200'000,
+                                -62'167'219'199'999,
+                                253'402'300'799'999,
+                                -2'208'988'800'000 /* 1900-01-01 */,
+                                1'796'118'123'456};
+  std::mt19937_64 random(7);
+  std::uniform_int_distribution<int64_t> any(-62'167'219'200'000, 253'402'300'799'999);
+  for (int i = 0; i < 20000; ++i) times.push_back(any(random));
+  for (int64_t day = -800; day < 800; ++day) times.push_back(day * 86'400'000 + 86'399'999);
+  for (const int64_t ms : times) {
+    ASSERT_EQ(Rfc3339(ms), reference(ms, false)) << ms;
+    ASSERT_EQ(HttpDate(ms), reference(ms, true)) << ms;
+  }
 }
 
 TEST(Rfc3339, RefusesWhatIsNotOne) {
