@@ -2,13 +2,16 @@
 // made before: SystemRandom's small fills against RAND_bytes per call, and Rfc3339 and HttpDate
 // against gmtime_r with snprintf or strftime.
 #include <benchmark/benchmark.h>
+#include <fcntl.h>
 #include <openssl/rand.h>
+#include <unistd.h>
 
 #include <array>
 #include <cstdint>
 #include <cstdio>
 #include <ctime>
 
+#include "http/log.h"
 #include "http/message.h"
 #include "idem/clock.h"
 #include "idem/key.h"
@@ -89,6 +92,30 @@ void BM_HttpDateByGmtimeAndStrftime(benchmark::State& state) {  // as HttpDate w
   }
 }
 BENCHMARK(BM_HttpDateByGmtimeAndStrftime);
+
+// A request's access-log line through the buffered log (its writer thread writing to /dev/null
+// here): the line built, taken into the buffer, and its share of the writes.
+void BM_AccessLogLine(benchmark::State& state) {
+  const int saved = dup(STDERR_FILENO);
+  const int null = open("/dev/null", O_WRONLY);
+  dup2(null, STDERR_FILENO);
+  {
+    http::BufferedLog buffered(http::BufferedLogOptions{});
+    const boost::json::object fields = {{"request_id", "0193a5d2-6b1e-7c3a-9f41-2d8e5b7a1c90"},
+                                        {"trace_id", "4bf92f3577b34da6a3ce929d0e0e4736"},
+                                        {"span_id", "00f067aa0ba902b7"},
+                                        {"method", "POST"},
+                                        {"route", "payments.create"},
+                                        {"outcome", "replayed"},
+                                        {"status", 201},
+                                        {"latency_us", 412}};
+    for (auto _ : state) http::Log(http::LogLevel::kInfo, "request", fields);
+  }
+  dup2(saved, STDERR_FILENO);
+  close(saved);
+  close(null);
+}
+BENCHMARK(BM_AccessLogLine)->UseRealTime();
 
 }  // namespace
 }  // namespace idem
