@@ -437,6 +437,13 @@ def main():
             shown = f"{value:,.0f}/s"
         else:
             shown = f"{value:.2f}"
+            # Where two digits would round onto the other side of the bound (0.496 shown as
+            # "0.50" beside "≥ 0.5" and not met), the figure gets a third.
+            edge = re.match(r"([≥≤])\s*([0-9.]+)$", bound)
+            if edge:
+                rounded, limit = float(shown), float(edge.group(2))
+                if (rounded >= limit if edge.group(1) == "≥" else rounded <= limit) != bool(met):
+                    shown = f"{value:.3f}"
         targets.append({"target": name, "figure": figure, "against": against, "value": value,
                         "shown": shown, "bound": bound, "met": bool(met), "note": note})
 
