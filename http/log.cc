@@ -182,6 +182,8 @@ class LogBuffer {
     WriteAll(line);
     spare_.clear();
     mu_.Lock();
+    // A stalled stderr can have grown the text to max_bytes: that much is not kept for ever.
+    if (spare_.capacity() > 2 * options_.flush_bytes) std::string().swap(spare_);
   }
 
   Mutex mu_;
