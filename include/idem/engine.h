@@ -67,6 +67,10 @@ struct Request {
   std::string_view api_version;
   std::string_view body;
   std::string_view target = {};  // RequestFacts::target: "" where the route fixes the path
+  // Engine::Canonical of this request under the policy it is given with, when the caller has made
+  // it already (idemd's filter makes it once, before judging the body): the engine's every step
+  // uses it instead of making it again. Null: the engine makes it where it needs it.
+  const CanonicalRequest* canonical = nullptr;
 };
 
 // The right to execute one claimed operation, and what the claim saw.
@@ -154,6 +158,11 @@ class Engine {
   // database; see include/idem/inflight.h.
   Engine(Store& store, const Fingerprinter& fingerprinter, const Sealer& sealer, Clock& clock,
          InFlightMarkers* markers = nullptr);
+
+  // The request as its fingerprint covers it: the body canonicalised under policy.rules
+  // (MakeCanonicalRequest). Errors: those of MakeCanonicalRequest, which Start returns for the
+  // request after any error of its key.
+  static Result<CanonicalRequest> Canonical(const RoutePolicy& policy, const Request& request);
 
   // Steps 1–4 and 13: parses the key, fingerprints the request, and claims or decides.
   // `on_claim` runs inside the claim transaction when this call wins the right to execute (fix

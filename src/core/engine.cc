@@ -122,8 +122,11 @@ Result<Prepared> Prepare(const RoutePolicy& policy, const Request& request) {
   IDEM_ASSIGN_OR_RETURN(prepared.key, ParseIdempotencyKey(*request.key_header, policy.key_policy));
   const Scope scope{request.principal.tenant, request.principal.user, policy.route, prepared.key};
   IDEM_ASSIGN_OR_RETURN(prepared.hash, scope.Hash());
-  IDEM_ASSIGN_OR_RETURN(prepared.canonical,
-                        MakeCanonicalRequest(FactsOf(policy, request), policy.rules));
+  if (request.canonical != nullptr) {
+    prepared.canonical = *request.canonical;
+  } else {
+    IDEM_ASSIGN_OR_RETURN(prepared.canonical, Engine::Canonical(policy, request));
+  }
   return prepared;
 }
 
@@ -228,6 +231,10 @@ Result<StoredResponse> RunOperation(const TxnOperation& operation, std::size_t i
 
 }  // namespace
 
+Result<CanonicalRequest> Engine::Canonical(const RoutePolicy& policy, const Request& request) {
+  return MakeCanonicalRequest(FactsOf(policy, request), policy.rules);
+}
+
 Result<Decision> Engine::Start(const RoutePolicy& policy, const Request& request,
                                const TxnHook& on_claim, Timestamp* mismatch_expires,
                                bool read_first) {
@@ -316,8 +323,11 @@ Result<std::optional<Decision>> Engine::ReplayOf(
   if (!hash) return std::optional<Decision>();
   IDEM_ASSIGN_OR_RETURN(std::optional<Record> held, read(*hash));
   if (!held || !DecidedByRead(*held)) return std::optional<Decision>();
-  IDEM_ASSIGN_OR_RETURN(CanonicalRequest canonical,
-                        MakeCanonicalRequest(FactsOf(policy, request), policy.rules));
+  CanonicalRequest made;
+  if (request.canonical == nullptr) {
+    IDEM_ASSIGN_OR_RETURN(made, Canonical(policy, request));
+  }
+  const CanonicalRequest& canonical = request.canonical != nullptr ? *request.canonical : made;
   Decision decision;
   decision.key = std::move(*key);
   IDEM_ASSIGN_OR_RETURN(Decision answer,

@@ -150,6 +150,29 @@ TEST_F(EngineTest, SameKeyWithADifferentRequestIsAMismatch) {
             Decision::Kind::kExecute);
 }
 
+// A canonical request the caller made (Request::canonical: idemd's filter makes it once) is the
+// one the engine fingerprints, on the claim and on every replay: it is not made again from the
+// body. Given another body's canonical form, the record follows that body.
+TEST_F(EngineTest, ACanonicalRequestTheCallerMadeIsTheOneFingerprinted) {
+  const CanonicalRequest other =
+      IDEM_VALUE_OF((Engine::Canonical(policy_, Req("key-00009", R"({"amount":"7.00"})")))).value();
+  Request given = Req("key-00009");
+  given.canonical = &other;
+  Decision first = MustStart(given);
+  ASSERT_EQ(first.kind, Decision::Kind::kExecute);
+  ASSERT_TRUE(engine_->Finish(first.ticket, RecordState::kSucceeded, Created("p")).has_value());
+  EXPECT_EQ(MustStart(Req("key-00009", R"({"amount":7})")).kind, Decision::Kind::kReplay);
+  EXPECT_EQ(StartError(Req("key-00009")), Errc::kFingerprintMismatch);
+  // The store's snapshot read alike.
+  auto mismatch = engine_->ReplayFromStore(policy_, Req("key-00009"));
+  ASSERT_FALSE(mismatch.has_value());
+  EXPECT_EQ(mismatch.error().code, Errc::kFingerprintMismatch);
+  auto replayed = engine_->ReplayFromStore(policy_, given);
+  ASSERT_TRUE(replayed.has_value()) << replayed.error().message;
+  ASSERT_TRUE(replayed->has_value());
+  EXPECT_EQ((*replayed)->kind, Decision::Kind::kReplay);
+}
+
 // Start reports the expiry of the record that holds the key with every mismatch (decided on the
 // snapshot read or in the claim transaction), and touches the out-parameter on nothing else.
 TEST_F(EngineTest, AMismatchReportsTheExpiryOfTheRecordThatHoldsTheKey) {

@@ -360,7 +360,13 @@ http::Async<http::Response> IdempotencyFilter::Admit(const http::Request& reques
   context.route = policy_.route_label;
   using O = RequestOutcome;
   auto count = [&](RequestOutcome outcome) { Count(context, outcome); };
-  if (auto refusal = operation_.Validate(request, principal)) {
+  // The body canonicalised under the route's rules once, for the operation's check and for each
+  // of the engine's steps (a replay from memory, the snapshot read, the claim). A body that does
+  // not canonicalise is left to the check and to the engine, which say why.
+  Request engine_request = EngineRequest(request, principal);
+  const Result<CanonicalRequest> canonical = Engine::Canonical(policy_.route, engine_request);
+  if (canonical) engine_request.canonical = &*canonical;
+  if (auto refusal = operation_.Validate(request, principal, canonical.has_value())) {
     count(O::kInvalid);
     co_return std::move(*refusal);
   }
@@ -369,7 +375,6 @@ http::Async<http::Response> IdempotencyFilter::Admit(const http::Request& reques
     co_return http::Problem(http::ProblemKind::kInvalidRequest,
                             "send exactly one Idempotency-Key header");
   }
-  const Request engine_request = EngineRequest(request, principal);
   const Preferences prefer = ParsePrefer(request.headers);
 
   Timestamp mismatch_expires{};  // set by the engine with kFingerprintMismatch

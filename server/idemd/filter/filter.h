@@ -62,9 +62,11 @@ class Operation {
  public:
   virtual ~Operation() = default;
   // Checks the request before any record exists; a response here ends the request and leaves
-  // nothing behind (400, 415, ...).
+  // nothing behind (400, 415, ...). `canonical`: the body has canonicalised under the route's
+  // rules (Engine::Canonical, made by the filter before this check), so it is JSON the
+  // fingerprint accepts where the route's rules hold its limits.
   virtual std::optional<http::Response> Validate(const http::Request& request,
-                                                 const Principal& principal) = 0;
+                                                 const Principal& principal, bool canonical) = 0;
   // Runs in the claim transaction when this request wins the right to execute (also on resumes;
   // record.resource_id is set once).
   virtual Status OnClaim(StoreTxn& txn, const Record& record, const http::Request& request,

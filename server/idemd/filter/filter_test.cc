@@ -68,7 +68,7 @@ class FakeOperation final : public Operation {
   std::function<Execution(int n, Ticket& ticket)> execute;
   std::function<Execution(Ticket& ticket)> reconcile;
 
-  std::optional<http::Response> Validate(const http::Request&, const Principal&) override {
+  std::optional<http::Response> Validate(const http::Request&, const Principal&, bool) override {
     MutexLock lock(mu_);
     ++validated_;
     return refusal;

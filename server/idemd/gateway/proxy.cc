@@ -78,7 +78,7 @@ ProxyOperation::ProxyOperation(const GatewayRoute& route, http::Upstream& upstre
 }
 
 std::optional<http::Response> ProxyOperation::Validate(const http::Request& request,
-                                                       const Principal&) {
+                                                       const Principal&, bool) {
   if (!route_.json_body) return std::nullopt;
   return RefuseUnlessJson(request);
 }

@@ -35,8 +35,8 @@ class ProxyOperation final : public Operation {
 
   // On a route with JSON bodies (the fingerprint canonicalises them): 415 for another media
   // type. A route of bytes takes any.
-  std::optional<http::Response> Validate(const http::Request& request,
-                                         const Principal& principal) override;
+  std::optional<http::Response> Validate(const http::Request& request, const Principal& principal,
+                                         bool canonical) override;
   // Fixes the operation's upstream key (UpstreamKeyOf) as the record's resource id in its first
   // claim; a resume keeps it. Errors: the store's (the claim is then not made).
   Status OnClaim(StoreTxn& txn, const Record& record, const http::Request& request,

@@ -74,7 +74,7 @@ Payments::Payments(Store& store, http::BlockingPool& pool, Provider& provider, C
       currencies_(std::move(currencies)),
       steps_(clock, monotonic, {cover, provider_deduplicates_by_key, settle}, metrics) {}
 
-Payments::ParseResult Payments::Parse(const std::string& body) const {
+Payments::ParseResult Payments::Parse(const std::string& body, bool judge) const {
   // The parsed body lives on the stack (a usual one fits): everything kept from it is copied out.
   unsigned char storage[4096];
   json::monotonic_resource arena(storage, sizeof storage);
@@ -83,8 +83,10 @@ Payments::ParseResult Payments::Parse(const std::string& body) const {
   if (ec) return MalformedJson{ec.message()};
   // What the fingerprint refuses of any JSON (duplicate member names, numbers or containers past
   // its limits) is malformed JSON here already, so the body is judged before the key is.
-  if (auto canonical = Canonicalize(body, CanonicalRules{}); !canonical) {
-    return MalformedJson{canonical.error().message};
+  if (judge) {
+    if (auto canonical = Canonicalize(body, CanonicalRules{}); !canonical) {
+      return MalformedJson{canonical.error().message};
+    }
   }
   std::vector<http::FieldError> errors;
   auto fail = [&](std::string field, std::string message) {
@@ -157,9 +159,13 @@ Payments::ParseResult Payments::Parse(const std::string& body) const {
   return p;
 }
 
-std::optional<http::Response> Payments::Validate(const http::Request& request, const Principal&) {
+std::optional<http::Response> Payments::Validate(const http::Request& request, const Principal&,
+                                                 bool canonical) {
   if (auto refused = RefuseUnlessJson(request)) return refused;
-  ParseResult parsed = Parse(request.body);
+  // A body that canonicalised under the route's rules (PaymentsPolicy: those of any JSON, and
+  // stricter) needs no second judging; one that did not is judged here, so that what any JSON
+  // refuses answers as malformed and what only the rules refuse (the amount) as a field.
+  ParseResult parsed = Parse(request.body, /*judge=*/!canonical);
   if (auto* malformed = std::get_if<MalformedJson>(&parsed)) {
     return http::Problem(http::ProblemKind::kMalformedJson,
                          "malformed JSON: " + malformed->message);

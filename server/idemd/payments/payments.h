@@ -38,8 +38,8 @@ class Payments final : public Operation {
            bool provider_deduplicates_by_key = false, Millis settle = Millis(0),
            Metrics* metrics = nullptr);
 
-  std::optional<http::Response> Validate(const http::Request& request,
-                                         const Principal& principal) override;
+  std::optional<http::Response> Validate(const http::Request& request, const Principal& principal,
+                                         bool canonical) override;
   Status OnClaim(StoreTxn& txn, const Record& record, const http::Request& request,
                  const Principal& principal) override;
   http::Async<Execution> Execute(Ticket& ticket, const http::Request& request,
@@ -64,7 +64,9 @@ class Payments final : public Operation {
   // (at least one field error, in the order the checks run).
   using ParseResult = std::variant<PaymentRequest, MalformedJson, std::vector<http::FieldError>>;
 
-  ParseResult Parse(const std::string& body) const;
+  // `judge`: also refuse, as malformed, what the fingerprint refuses of any JSON (Validate's
+  // check; OnClaim and Execute parse a body Validate has accepted, so they skip it).
+  ParseResult Parse(const std::string& body, bool judge = false) const;
   Result<std::optional<Payment>> Load(std::string_view id, std::string_view tenant);
   // The charge's awaits, between ChargeSteps' steps. `traceparent` goes with the provider calls
   // (W3C Trace Context; "" for none).
